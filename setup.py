@@ -1,0 +1,64 @@
+"""Install paddle_grpo: `pip install -e ".[test]"`.
+
+CPU users get the CPU build of PaddlePaddle from PyPI. GPU users install `paddlepaddle-gpu` 3.x from Paddle's own
+package index *first*; this file then sees it in the target environment and does not add the CPU build beside it
+(two paddle builds in one environment shadow each other's files).
+"""
+import glob
+import os
+import sys
+import sysconfig
+
+from setuptools import find_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def gpu_paddle_installed(prefix=sys.prefix):
+    """True when a paddlepaddle-gpu distribution is installed in the environment rooted at `prefix`.
+
+    Looked up on disk rather than with importlib.metadata because pip runs this file in an isolated build
+    environment whose sys.path hides the target environment's packages; sys.prefix still points at it.
+    """
+    purelib = sysconfig.get_paths(vars={"base": prefix, "platbase": prefix})["purelib"]
+    return bool(glob.glob(os.path.join(purelib, "paddlepaddle_gpu-*.dist-info")))
+
+
+PADDLE = [] if gpu_paddle_installed() or os.environ.get("PADDLE_GRPO_SKIP_PADDLE") == "1" else [
+    # 3.x: the paddle.distributed/fleet APIs and the CPU kernels this project relies on (tested with 3.3.1).
+    "paddlepaddle>=3.0,<3.4",
+]
+
+INSTALL_REQUIRES = PADDLE + [
+    # The newest PaddleNLP; a pre-release, so it must be pinned exactly for pip to pick it (2.8.1 predates paddle 3).
+    "paddlenlp==3.0.0b4",
+    # aistudio-sdk >= 0.3 removed `aistudio_sdk.hub.download`, which `import paddlenlp` 3.0.0b4 needs.
+    "aistudio-sdk<0.3",
+    # paddlenlp 3.0.0b4 pins numpy<=1.26.4; pyarrow 26 (pulled in by `datasets`) refuses numpy 1.x at import.
+    "numpy<=1.26.4",
+    "pyarrow>=21,<26",
+    "visualdl>=2.5",
+    "flask>=3.0",
+    "waitress>=3.0",
+    "requests>=2.31",
+    "pyyaml>=6.0",
+    "tqdm>=4.66",
+    "math-verify>=0.7",
+    "rouge-score>=0.1.2",
+    "matplotlib>=3.7",
+]
+
+setup(
+    name="paddle_grpo",
+    version="0.1.0",
+    description="GRPO / REINFORCE++ reinforcement learning for PaddlePaddle / PaddleNLP language models",
+    long_description=open(os.path.join(HERE, "README.md"), encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=find_packages(include=["paddle_grpo", "paddle_grpo.*", "reward_server", "reward_server.*"]),
+    py_modules=["run_rl"],
+    install_requires=INSTALL_REQUIRES,
+    extras_require={"test": ["pytest>=7.4"]},
+    entry_points={"console_scripts": ["paddle-grpo-reward-server=reward_server.__main__:main"]},
+    license="Apache-2.0",
+)
