@@ -1,0 +1,669 @@
+"""Configuration: PaddleNLP's GRPO keys as dataclass fields, loaded from flat YAML/JSON plus `--key value` overrides.
+
+An existing PaddleNLP `grpo_argument.yaml` loads unchanged: every key of PaddleNLP's GRPO / REINFORCE++ configs is a
+field here with PaddleNLP's meaning, or is accepted with a one-line warning saying why it has no effect. Keys this
+project adds are marked "(new)" in their help text. Everything is validated at load time; every error names the file,
+line and key (see `ConfigError`).
+
+PaddleNLP's own `PdArgumentParser` is not used: it cannot say which line of a YAML file is wrong, does not suggest
+the closest key, and importing paddlenlp only to read a config costs seconds.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import os
+import logging
+import typing
+from dataclasses import dataclass, field
+from typing import List, Optional, Union
+
+import yaml
+
+logger = logging.getLogger("paddle_grpo.config")
+
+ADVANTAGE_ESTIMATORS = ("grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+LR_SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
+REPORT_TO = ("visualdl", "all", "none")
+
+# Older PaddleNLP configs used these names; they load as the key they became.
+ALIASES = {
+    "mini_batch_size": "global_mini_batch_size",
+    "per_device_rollout_batch_size": "rollout_max_num_seqs",
+    "quant_type": "rollout_quant_type",
+    "num_return_sequences": "rollout_n",
+}
+
+
+SECRET_KEYS = ("reward_server_token",)  # never printed or written out
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the source (file:line or command line) and the key."""
+
+
+def arg(default, help, *, choices=None, inert=None, gpu_only=None, default_factory=None):
+    """A config field. `inert`: why the key never has an effect here; `gpu_only`: why it has none on a CPU run."""
+    meta = {"help": help, "choices": choices, "inert": inert, "gpu_only": gpu_only}
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class ModelArguments:
+    actor_model_name_or_path: str = arg("", "Local directory of the policy (actor) model and tokenizer; the "
+                                            "reference model is a frozen copy of it.")
+    reward_model_name_or_path: str = arg("", "A reward *model* (not supported: use reward functions in-process or a "
+                                             "reward server). Must be empty.")
+    use_rm_server: bool = arg(True, "Score completions through the reward server at `reward_server`; false scores "
+                                    "them in-process with `reward_funcs`.")
+    reward_server: str = arg("http://127.0.0.1:8731", "Reward server URL; several comma-separated URLs spread the "
+                                                      "requests across servers.")
+    reward_funcs: str = arg("", "(new) Comma-separated reward functions for in-process scoring "
+                                "(`use_rm_server: false`): built-in names (kk, gsm8k, tag_format, rouge_l, ...), "
+                                "`module:function` or `path/file.py:function`.")
+    reward_weights: Optional[List[float]] = arg(None, "(new) One weight per reward function (default 1.0 each); "
+                                                      "the total is the weighted sum.")
+    reward_server_token: str = arg("", "(new) Bearer token sent to the reward server (empty: none).")
+    reward_server_timeout: float = arg(60.0, "(new) Read timeout in seconds for one reward-server request.")
+    reward_server_max_retries: int = arg(3, "(new) Retries (exponential backoff) on connection errors, timeouts and "
+                                            "5xx before the step fails loudly.")
+
+
+@dataclass
+class DataArguments:
+    train_datasets: str = arg("", "Training data: JSONL (or parquet) file(s) with `src`/`tgt` fields; "
+                                  "comma-separated for several.")
+    eval_datasets: str = arg("", "Evaluation data, same format as `train_datasets`.")
+    prompt_key: str = arg("src", "Field holding the prompt.")
+    response_key: str = arg("tgt", "Field holding the reference answer passed to reward functions as `tgt`.")
+    chat_template: str = arg("auto", "(new) auto: prompts already containing `<|im_start|>` pass through unchanged, "
+                                     "others are wrapped in Qwen's chat format; none: never wrap; qwen: always wrap.",
+                             choices=("auto", "none", "qwen"))
+    dataloader_drop_last: bool = arg(True, "Drop the last incomplete batch of prompts of an epoch.")
+    dataloader_shuffle: bool = arg(False, "Shuffle prompts each epoch (seeded by `seed` and the epoch).")
+    balance_batch: bool = arg(False, "Balance token counts across data-parallel ranks.",
+                              inert="ranks receive whole prompt groups in order; no token balancing is done")
+    use_remove_padding: bool = arg(False, "Pack sequences without padding.",
+                                   inert="sequences are left-padded; padding is masked out of every sum")
+
+
+@dataclass
+class ParallelArguments:
+    tensor_parallel_degree: int = arg(1, "Tensor (model) parallel degree.")
+    sequence_parallel: bool = arg(False, "Sequence parallelism inside tensor-parallel groups.",
+                                  gpu_only="needs fleet's tensor-parallel kernels, which have no CPU implementation")
+    sharding_parallel_degree: int = arg(-1, "Sharding degree (-1: all data-parallel ranks).")
+    sharding: str = arg("", "Sharding stage: stage1 or stage2 (empty: none).", choices=("", "stage1", "stage2"))
+    sharding_parallel_config: str = arg("", "Extra sharding options, space-separated (e.g. enable_release_grads).")
+    pipeline_parallel_degree: int = arg(1, "Pipeline parallel degree.")
+    virtual_pp_degree: int = arg(1, "Virtual pipeline stages per pipeline rank.")
+    rollout_tensor_parallel_degree: int = arg(-1, "Tensor-parallel degree used for generation (-1: same as training).")
+
+
+@dataclass
+class RolloutArguments:
+    max_prompt_len: int = arg(512, "Prompts longer than this are truncated from the left (the end is kept).")
+    max_dec_len: int = arg(4096, "Maximum number of generated tokens per completion.")
+    min_dec_len: int = arg(32, "Minimum number of generated tokens before EOS is allowed.")
+    top_p: float = arg(1.0, "Nucleus sampling threshold, in (0, 1].")
+    temperature: float = arg(0.7, "Sampling temperature (> 0); log-probs are computed at the same temperature.")
+    repetition_penalty: float = arg(1.0, "Repetition penalty (1.0: none).")
+    rollout_max_num_seqs: int = arg(32, "Most sequences one generation call handles; larger rollouts are chunked.")
+    rollout_quant_type: str = arg("", "Weight quantisation of the rollout model (e.g. weight_only_int8).",
+                                  gpu_only="quantised inference kernels are GPU-only in PaddleNLP")
+
+
+@dataclass
+class TrainingArguments:
+    do_train: bool = arg(True, "Run training.")
+    seed: int = arg(42, "Random seed (data order, sampling, initialisation).")
+    global_batch_size: int = arg(8, "Prompts sampled per step (over all data-parallel ranks).")
+    global_gen_batch_size: int = arg(-1, "Prompts per generation round with dynamic sampling "
+                                         "(-1: global_batch_size).")
+    global_mini_batch_size: int = arg(-1, "Prompts per optimizer step (-1: global_batch_size).")
+    rollout_n: int = arg(8, "Completions sampled per prompt (the group size G).")
+    update_iters: int = arg(1, "Passes of mini-batch updates over each rollout.")
+    per_device_logprob_batch_size: int = arg(8, "Sequences per forward pass when computing log-probs.")
+    per_device_reward_batch_size: int = arg(8, "Sequences per reward-model forward pass.",
+                                            inert="no reward model; reward functions score whole batches")
+    per_device_value_batch_size: int = arg(8, "Sequences per critic forward pass.",
+                                           inert="GRPO and REINFORCE++ have no critic")
+    per_device_train_batch_size: int = arg(8, "Sequences per micro-batch of the policy update.")
+    num_train_epochs: float = arg(6.0, "Epochs over the training prompts (max_steps > 0 takes precedence).")
+    max_steps: int = arg(-1, "Total training steps (-1: from num_train_epochs).")
+    max_length: int = arg(4608, "Longest prompt + completion; at least max_prompt_len + max_dec_len.")
+    learning_rate: float = arg(5e-7, "Peak learning rate of AdamW.")
+    lr_scheduler_type: str = arg("constant", "Learning-rate schedule after warm-up.", choices=LR_SCHEDULERS)
+    warmup_steps: int = arg(0, "Linear warm-up steps (optimizer steps).")
+    warmup_ratio: float = arg(0.0, "Warm-up as a fraction of all optimizer steps (used when warmup_steps is 0).")
+    weight_decay: float = arg(0.01, "AdamW weight decay.")
+    adam_beta1: float = arg(0.9, "AdamW beta1.")
+    adam_beta2: float = arg(0.999, "AdamW beta2.")
+    adam_epsilon: float = arg(1e-8, "AdamW epsilon.")
+    max_grad_norm: float = arg(1.0, "Clip the global gradient norm to this value (0: no clipping).")
+    save_steps: int = arg(500, "Save a checkpoint every this many steps.")
+    save_strategy: str = arg("steps", "When to save: steps or no.", choices=("steps", "no"))
+    save_total_limit: int = arg(-1, "Keep at most this many checkpoints (-1: all).")
+    ignore_save_lr_and_optim: bool = arg(False, "Save only model and tokenizer, not optimizer/scheduler/RNG state.")
+    resume_from_checkpoint: Optional[Union[bool, str]] = arg(None, "Checkpoint directory to resume from, or true for "
+                                                                   "the latest in output_dir.")
+    disable_tqdm: bool = arg(False, "Disable the progress bar.")
+    max_consecutive_nonfinite: int = arg(3, "(new) Stop the run after this many consecutive updates with a "
+                                            "non-finite loss or gradient (each is skipped and counted).")
+
+
+@dataclass
+class AlgorithmArguments:
+    rl_algorithm: str = arg("grpo", "Advantage estimator.", choices=ADVANTAGE_ESTIMATORS)
+    norm_adv_by_std: bool = arg(True, "(new) GRPO: divide by the group std; false gives Dr.GRPO.")
+    kl_coeff: float = arg(0.001, "KL penalty coefficient inside the reward (REINFORCE++ style).")
+    kl_estimator: str = arg("k1", "(new) KL estimator for the KL in the reward.", choices=KL_ESTIMATORS)
+    kl_loss_coeff: float = arg(0.0, "KL loss coefficient (GRPO style); works for every estimator.")
+    kl_loss_estimator: str = arg("k3", "(new) KL estimator for the KL loss.", choices=KL_ESTIMATORS)
+    pg_loss_coeff: float = arg(1.0, "Policy-gradient loss coefficient.")
+    entropy_coeff: float = arg(0.0, "Entropy bonus coefficient.")
+    clip_range_ratio: float = arg(0.2, "PPO clip range of the ratio.")
+    clip_range_ratio_low: Optional[float] = arg(None, "Lower clip range (default: clip_range_ratio).")
+    clip_range_ratio_high: Optional[float] = arg(None, "Upper clip range (default: clip_range_ratio; DAPO's "
+                                                       "clip-higher uses a larger value).")
+    clip_ratio_c: Optional[float] = arg(None, "(new) Dual-clip constant c > 1 for negative advantages (off when "
+                                              "unset).")
+    importance_sampling_level: str = arg("token", "(new) token: per-token ratio; sequence: GSPO's sequence ratio.",
+                                         choices=("token", "sequence"))
+    loss_agg_mode: str = arg("token-mean", "(new) How per-token losses are averaged.", choices=LOSS_AGG_MODES)
+    clip_range_score: float = arg(10.0, "Rewards are clipped to [-c, c] (0: no clipping).")
+    clip_range_value: float = arg(5.0, "Value clip range.", inert="GRPO and REINFORCE++ have no critic")
+    normalize_reward: bool = arg(False, "Normalise rewards with running statistics.")
+    normalize_advantage: bool = arg(False, "Whiten advantages over the global batch.")
+    enable_overlong_reward_buffer: bool = arg(False, "DAPO overlong shaping of the reward.")
+    overlong_reward_buffer: int = arg(256, "DAPO overlong buffer length L_b.")
+    overlong_penalty_factor: float = arg(1.0, "DAPO overlong penalty factor.")
+    dynamic_sampling: bool = arg(False, "DAPO dynamic sampling: drop groups with zero reward variance and sample "
+                                        "more prompts.")
+    max_gen_batches: int = arg(2, "Most generation rounds per step with dynamic sampling.")
+    use_fp32_compute: bool = arg(True, "Compute log-probs, rewards, advantages and losses in float32 "
+                                       "(always the case here).")
+    sync_ref_model: bool = arg(False, "(new) Periodically mix the policy into the reference model (TR-DPO).")
+    ref_model_mixup_alpha: float = arg(0.9, "(new) ref <- alpha * policy + (1 - alpha) * ref.")
+    ref_model_sync_steps: int = arg(64, "(new) Steps between reference-model syncs.")
+
+
+@dataclass
+class EvalArguments:
+    do_eval: bool = arg(False, "Evaluate on eval_datasets every eval_steps.")
+    per_device_eval_batch_size: int = arg(32, "Prompts per evaluation generation call.")
+    evaluation_strategy: str = arg("steps", "When to evaluate: steps or no.", choices=("steps", "no"))
+    eval_steps: int = arg(20, "Evaluate every this many steps.")
+    eval_do_sample: bool = arg(False, "(new) Sample at evaluation (with temperature/top_p) instead of greedy.")
+
+
+@dataclass
+class LoggingArguments:
+    output_dir: str = arg("output", "Checkpoints, metrics.jsonl and rollout samples go here.")
+    logging_dir: str = arg("vdl_log", "VisualDL log directory.")
+    logging_steps: int = arg(1, "Log sample completions every this many steps.")
+    report_to: str = arg("visualdl", "visualdl, all (= visualdl here) or none.", choices=REPORT_TO)
+    wandb_http_proxy: str = arg("", "HTTP proxy for wandb.", inert="wandb is not used; metrics go to VisualDL and "
+                                                                   "metrics.jsonl")
+    run_name: str = arg("", "Experiment name, used as the VisualDL run name.")
+
+
+@dataclass
+class KernelArguments:
+    use_flash_attention: bool = arg(False, "FlashAttention-2.", gpu_only="flash attention kernels are GPU-only")
+    use_fused_rms_norm: bool = arg(False, "Fused RMSNorm kernel.", gpu_only="fused kernels are GPU-only")
+    use_fused_rope: bool = arg(False, "Fused rotary embedding kernel.", gpu_only="fused kernels are GPU-only")
+    use_fused_head_and_loss_fn: bool = arg(False, "Fused LM head and loss.", gpu_only="fused kernels are GPU-only")
+    use_fused_linear: bool = arg(False, "Fused linear kernel.", gpu_only="fused kernels are GPU-only")
+    recompute: bool = arg(False, "Recompute activations in the backward pass to save memory.")
+    recompute_use_reentrant: bool = arg(True, "Use the re-entrant recompute implementation.")
+    recompute_granularity: str = arg("full", "Recompute granularity.", choices=("full", "full_attn", "core_attn"))
+    bf16: bool = arg(False, "bfloat16 mixed precision.", gpu_only="CPU runs compute in float32")
+    fp16: bool = arg(False, "float16 mixed precision.", gpu_only="CPU runs compute in float32")
+    fp16_opt_level: str = arg("O1", "AMP level O1 or O2.", choices=("O1", "O2"),
+                              gpu_only="CPU runs compute in float32")
+    amp_master_grad: bool = arg(False, "Keep float32 master gradients under AMP.",
+                                gpu_only="CPU runs compute in float32")
+    amp_custom_black_list: List[str] = arg(None, "Ops kept in float32 under AMP.", default_factory=list,
+                                           gpu_only="CPU runs compute in float32")
+    amp_custom_white_list: List[str] = arg(None, "Ops run in low precision under AMP.", default_factory=list,
+                                           gpu_only="CPU runs compute in float32")
+    offload_level: str = arg("", "Offload frozen models/optimizer states to host memory.",
+                             gpu_only="on a CPU run everything is already in host memory")
+    release_grads: bool = arg(False, "Free gradient memory after each optimizer step.",
+                              gpu_only="a GPU memory-pool optimisation")
+    offload_optim: bool = arg(False, "Offload optimizer states to host memory.",
+                              gpu_only="on a CPU run everything is already in host memory")
+    skip_profile_timer: bool = arg(False, "Skip PaddleNLP's profiling timers.",
+                                   inert="phase timings are always measured and logged as perf/* metrics; they cost microseconds")
+
+
+def yaml_value(value):
+    """`value` as it would be written after `key: ` in a YAML file (one line)."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6)
+    return text.removesuffix("\n").removesuffix("...").strip()
+
+
+@dataclass
+class Config(ModelArguments, DataArguments, ParallelArguments, RolloutArguments, TrainingArguments,
+             AlgorithmArguments, EvalArguments, LoggingArguments, KernelArguments):
+    """The whole configuration, flat (one attribute per key) like PaddleNLP's YAML files."""
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    def format(self):
+        """The resolved configuration as YAML text, grouped as in the documentation."""
+        lines = []
+        for group in GROUPS:
+            lines.append(f"# {group.__name__}")
+            for f in dataclasses.fields(group):
+                value = getattr(self, f.name)
+                if f.name in SECRET_KEYS and value:
+                    value = "***"
+                lines.append(f"{f.name}: {yaml_value(value)}")
+        return "\n".join(lines) + "\n"
+
+    # Derived values (PaddleNLP semantics of ALGORITHMS.md section 6).
+    @property
+    def eps_low(self):
+        return self.clip_range_ratio if self.clip_range_ratio_low is None else self.clip_range_ratio_low
+
+    @property
+    def eps_high(self):
+        return self.clip_range_ratio if self.clip_range_ratio_high is None else self.clip_range_ratio_high
+
+    @property
+    def mini_batch_prompts(self):
+        return self.global_batch_size if self.global_mini_batch_size == -1 else self.global_mini_batch_size
+
+    @property
+    def needs_reference_model(self):
+        return self.kl_coeff != 0 or self.kl_loss_coeff != 0
+
+    def batch_geometry(self, world_size=1):
+        """Per-rank batch sizes for `world_size` processes; raises ConfigError naming the keys when they don't fit."""
+        return BatchGeometry.from_config(self, world_size)
+
+
+GROUPS = (ModelArguments, DataArguments, ParallelArguments, RolloutArguments, TrainingArguments,
+          AlgorithmArguments, EvalArguments, LoggingArguments, KernelArguments)
+FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+
+@dataclass(frozen=True)
+class BatchGeometry:
+    """How one step's batch is split: data-parallel ranks, mini-batches, micro-batches (all counts per step)."""
+    data_parallel_degree: int       # ranks that receive different prompts (world / (tp * pp))
+    prompts_per_rank: int           # prompts each data rank samples per step
+    sequences_per_rank: int         # prompts_per_rank * rollout_n
+    mini_batches_per_rollout: int   # optimizer steps per pass over the rollout
+    sequences_per_mini_batch: int   # per rank
+    grad_accum_steps: int           # micro-batches per optimizer step, per rank
+    optimizer_steps_per_step: int   # mini_batches_per_rollout * update_iters
+
+    @classmethod
+    def from_config(cls, cfg, world_size):
+        model_ranks = cfg.tensor_parallel_degree * cfg.pipeline_parallel_degree
+        if world_size % model_ranks:
+            raise ConfigError(f"tensor_parallel_degree ({cfg.tensor_parallel_degree}) x pipeline_parallel_degree "
+                              f"({cfg.pipeline_parallel_degree}) = {model_ranks} does not divide the number of "
+                              f"processes ({world_size})")
+        dp = world_size // model_ranks
+        if cfg.sharding_parallel_degree > 0 and dp % cfg.sharding_parallel_degree:
+            raise ConfigError(f"sharding_parallel_degree ({cfg.sharding_parallel_degree}) does not divide the "
+                              f"data-parallel degree {dp} (= {world_size} processes / {model_ranks} model ranks)")
+        mini = cfg.mini_batch_prompts
+        _divides(dp, "data-parallel degree", cfg.global_batch_size, "global_batch_size",
+                 f"{world_size} processes / (tensor_parallel_degree x pipeline_parallel_degree)")
+        _divides(dp, "data-parallel degree", mini, "global_mini_batch_size", "")
+        seqs_per_mini = mini // dp * cfg.rollout_n
+        if seqs_per_mini % cfg.per_device_train_batch_size:
+            raise ConfigError(
+                f"per_device_train_batch_size ({cfg.per_device_train_batch_size}) must divide the sequences of one "
+                f"mini-batch on one rank: global_mini_batch_size ({mini}) / data-parallel degree ({dp}) x rollout_n "
+                f"({cfg.rollout_n}) = {seqs_per_mini}")
+        per_rank = cfg.global_batch_size // dp
+        return cls(data_parallel_degree=dp, prompts_per_rank=per_rank, sequences_per_rank=per_rank * cfg.rollout_n,
+                   mini_batches_per_rollout=cfg.global_batch_size // mini, sequences_per_mini_batch=seqs_per_mini,
+                   grad_accum_steps=seqs_per_mini // cfg.per_device_train_batch_size,
+                   optimizer_steps_per_step=cfg.global_batch_size // mini * cfg.update_iters)
+
+
+def _divides(divisor, divisor_name, value, key, how):
+    if value % divisor:
+        extra = f" ({how})" if how else ""
+        raise ConfigError(f"{key} ({value}) must be divisible by the {divisor_name} {divisor}{extra}")
+
+
+# ----------------------------------------------------------------------------------------------------- loading
+
+class _Source:
+    """Where a value came from, for error messages: 'file.yaml:12' or 'command line'."""
+
+    def __init__(self, path=None, lines=None):
+        self.path, self.lines = path, lines or {}
+
+    def where(self, key):
+        if self.path is None:
+            return "command line"
+        line = self.lines.get(key)
+        return f"{self.path}:{line}" if line else str(self.path)
+
+
+def _read_file(path):
+    """Flat mapping from a YAML or JSON file, with the line number of each key."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file not found: {path}")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        node = yaml.compose(text)  # JSON is YAML, and the node tree keeps line numbers
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML/JSON: {e}") from None
+    if node is None:
+        return {}, {}
+    if not isinstance(node, yaml.MappingNode):
+        raise ConfigError(f"{path}: the top level must be a mapping of key: value, got a {node.tag.rsplit(':', 1)[-1]}")
+    values = yaml.safe_load(text)
+    lines = {}
+    for key_node, _ in node.value:
+        if key_node.value in lines:
+            raise ConfigError(f"{path}:{key_node.start_mark.line + 1}: key '{key_node.value}' appears twice "
+                              f"(first on line {lines[key_node.value]})")
+        lines[key_node.value] = key_node.start_mark.line + 1
+    return values, lines
+
+
+def _parse_overrides(argv):
+    """`--key value` / `--key=value` pairs; values stay strings and are converted by field type."""
+    out, i = {}, 0
+    while i < len(argv):
+        tok = argv[i]
+        if not tok.startswith("--") or tok == "--":
+            raise ConfigError(f"command line: expected --key value, got '{tok}'")
+        if "=" in tok:
+            key, val = tok[2:].split("=", 1)
+            i += 1
+        else:
+            key = tok[2:]
+            if i + 1 >= len(argv) or (argv[i + 1].startswith("--") and len(argv[i + 1]) > 2):
+                raise ConfigError(f"command line: --{key} needs a value")
+            val = argv[i + 1]
+            i += 2
+        out[key] = val
+    return out
+
+
+_BOOL_STRINGS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False, "on": True,
+                 "off": False}
+
+
+def _convert(value, tp, key, where):
+    """Value of YAML/JSON/command-line origin converted to the field type `tp`, or ConfigError."""
+    origin, targs = typing.get_origin(tp), typing.get_args(tp)
+
+    def bad(expected):
+        return ConfigError(f"{where}: key '{key}' expects {expected}, got {value!r} ({type(value).__name__})")
+
+    if origin is Union:
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if type(None) in targs:
+                return None
+        members = [a for a in targs if a is not type(None)]
+        if len(members) == 1:  # Optional[X]: X's own, more specific message
+            return _convert(value, members[0], key, where)
+        for t in members:
+            try:
+                return _convert(value, t, key, where)
+            except ConfigError:
+                pass
+        raise bad(" or ".join(_type_name(a) for a in members))
+    if origin in (list, List):
+        if isinstance(value, str):  # command line or a YAML scalar: comma-separated
+            value = [v.strip() for v in value.strip("[]").split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise bad("a list")
+        return [_convert(v, targs[0], f"{key}[{i}]", where) for i, v in enumerate(value)]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):  # PaddleNLP scripts write `--recompute 1`
+            return bool(value)
+        if isinstance(value, str) and value.strip().lower() in _BOOL_STRINGS:
+            return _BOOL_STRINGS[value.strip().lower()]
+        raise bad("true or false")
+    if tp is int:
+        if isinstance(value, bool):
+            raise bad("an integer")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                try:
+                    f = float(value)
+                except ValueError:
+                    raise bad("an integer") from None
+                if f.is_integer():
+                    return int(f)
+        raise bad("an integer")
+    if tp is float:
+        if isinstance(value, bool):
+            raise bad("a number")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            # PyYAML reads `5e-7` (no dot) as a string; PaddleNLP's own configs are written that way.
+            try:
+                return float(value.strip())
+            except ValueError:
+                pass
+        raise bad("a number")
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise bad("a string")
+        return "" if value is None else str(value)
+    raise TypeError(f"unsupported field type {tp} for {key}")
+
+
+def _type_name(tp):
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, "a list")
+
+
+def _field_type(f):
+    hints = typing.get_type_hints(Config)
+    return hints[f.name]
+
+
+def _apply(values, source, cfg_values, given):
+    for raw_key, value in values.items():
+        key = ALIASES.get(raw_key, raw_key)
+        if key not in FIELDS:
+            close = difflib.get_close_matches(raw_key, list(FIELDS) + list(ALIASES), n=1, cutoff=0.6)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"{source.where(raw_key)}: unknown key '{raw_key}'{hint}")
+        f = FIELDS[key]
+        cfg_values[key] = _convert(value, _field_type(f), raw_key, source.where(raw_key))
+        given[key] = source.where(raw_key)
+
+
+def load_config(path=None, overrides=(), *, device=None, warn=True):
+    """Load `path` (YAML or JSON, flat keys), apply `--key value` `overrides`, validate, and return a `Config`.
+
+    `device` ("cpu"/"gpu"; default: what paddle is compiled for, or "cpu" when paddle is absent) decides which
+    GPU-only keys are reported as having no effect. Raises `ConfigError` on any problem.
+    """
+    values, given = {}, {}
+    if path is not None:
+        file_values, lines = _read_file(path)
+        _apply(file_values, _Source(path, lines), values, given)
+    _apply(_parse_overrides(list(overrides)), _Source(), values, given)
+    cfg = Config(**values)
+    validate(cfg, given)
+    if warn:
+        for message in inert_key_messages(cfg, given, device or _default_device()):
+            logger.warning(message)
+    return cfg
+
+
+def _default_device():
+    try:
+        import paddle
+        return "gpu" if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0 else "cpu"
+    except ImportError:
+        return "cpu"
+
+
+def inert_key_messages(cfg, given, device):
+    """One line per key set (file or command line) to a non-default value that has no effect on this run, and why.
+
+    Inert switches default to off, so setting one on is always reported."""
+    defaults = Config()
+    out = []
+    for key, where in given.items():
+        meta = FIELDS[key].metadata
+        reason = meta["inert"] or (meta["gpu_only"] if device == "cpu" else None)
+        if reason and getattr(cfg, key) != getattr(defaults, key):
+            out.append(f"{where}: key '{key}' has no effect here: {reason}")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- validation
+
+def validate(cfg, given=None):
+    """Check ranges, choices and combinations; raise ConfigError naming the key, its value and where it was set."""
+    given = given or {}
+
+    def fail(key, msg):
+        where = given.get(key)
+        prefix = f"{where}: " if where else ""
+        raise ConfigError(f"{prefix}key '{key}' = {getattr(cfg, key)!r}: {msg}")
+
+    for key, f in FIELDS.items():
+        choices = f.metadata["choices"]
+        if choices is not None and getattr(cfg, key) not in choices:
+            fail(key, f"must be one of {', '.join(repr(c) for c in choices)}")
+        value = getattr(cfg, key)
+        if isinstance(value, float) and not math.isfinite(value):
+            fail(key, "must be a finite number")
+
+    positive = ("global_batch_size", "rollout_n", "update_iters", "per_device_logprob_batch_size",
+                "per_device_train_batch_size", "per_device_eval_batch_size", "max_prompt_len", "max_dec_len",
+                "rollout_max_num_seqs", "logging_steps", "tensor_parallel_degree", "pipeline_parallel_degree",
+                "virtual_pp_degree", "max_gen_batches", "max_consecutive_nonfinite", "ref_model_sync_steps",
+                "overlong_reward_buffer", "max_length")
+    for key in positive:
+        if getattr(cfg, key) < 1:
+            fail(key, "must be at least 1")
+    non_negative = ("learning_rate", "weight_decay", "max_grad_norm", "clip_range_ratio", "clip_range_score",
+                    "kl_coeff", "kl_loss_coeff", "pg_loss_coeff", "entropy_coeff", "min_dec_len", "warmup_steps",
+                    "overlong_penalty_factor", "adam_epsilon", "num_train_epochs", "reward_server_timeout",
+                    "reward_server_max_retries", "seed")
+    for key in non_negative:
+        if getattr(cfg, key) < 0:
+            fail(key, "must not be negative")
+    for key in ("clip_range_ratio_low", "clip_range_ratio_high"):
+        if getattr(cfg, key) is not None and getattr(cfg, key) < 0:
+            fail(key, "must not be negative")
+    if cfg.eps_low >= 1:
+        fail("clip_range_ratio_low" if cfg.clip_range_ratio_low is not None else "clip_range_ratio",
+             "the lower clip range must be below 1 (the ratio is clipped to [1 - low, 1 + high])")
+    if cfg.clip_ratio_c is not None and cfg.clip_ratio_c <= 1:
+        fail("clip_ratio_c", "the dual-clip constant must be greater than 1 (leave it unset to disable dual-clip)")
+    if not 0 < cfg.top_p <= 1:
+        fail("top_p", "must be in (0, 1]")
+    if cfg.temperature <= 0:
+        fail("temperature", "must be greater than 0")
+    if cfg.repetition_penalty <= 0:
+        fail("repetition_penalty", "must be greater than 0")
+    for key in ("adam_beta1", "adam_beta2"):
+        if not 0 <= getattr(cfg, key) < 1:
+            fail(key, "must be in [0, 1)")
+    if not 0 <= cfg.warmup_ratio < 1:
+        fail("warmup_ratio", "must be in [0, 1)")
+    if not 0 <= cfg.ref_model_mixup_alpha <= 1:
+        fail("ref_model_mixup_alpha", "must be in [0, 1]")
+    for key in ("global_mini_batch_size", "global_gen_batch_size", "sharding_parallel_degree",
+                "rollout_tensor_parallel_degree", "save_total_limit"):
+        if getattr(cfg, key) != -1 and getattr(cfg, key) < 1:
+            fail(key, "must be -1 (automatic) or at least 1")
+    if cfg.max_steps == 0 or cfg.max_steps < -1:
+        fail("max_steps", "must be -1 (from num_train_epochs) or at least 1")
+
+    # Combinations.
+    if cfg.min_dec_len > cfg.max_dec_len:
+        fail("min_dec_len", f"must not exceed max_dec_len ({cfg.max_dec_len})")
+    if cfg.max_length < cfg.max_prompt_len + cfg.max_dec_len:
+        fail("max_length", f"must be at least max_prompt_len + max_dec_len = {cfg.max_prompt_len} + "
+                           f"{cfg.max_dec_len} = {cfg.max_prompt_len + cfg.max_dec_len}")
+    if cfg.global_batch_size % cfg.mini_batch_prompts:
+        fail("global_mini_batch_size", f"must divide global_batch_size ({cfg.global_batch_size}): each rollout is "
+                                       "split into whole mini-batches")
+    if cfg.global_gen_batch_size != -1 and cfg.global_gen_batch_size < cfg.global_batch_size and \
+            not cfg.dynamic_sampling:
+        fail("global_gen_batch_size", f"is smaller than global_batch_size ({cfg.global_batch_size}); it only "
+                                      "differs from it with dynamic_sampling")
+    if cfg.enable_overlong_reward_buffer and cfg.overlong_reward_buffer > cfg.max_dec_len:
+        fail("overlong_reward_buffer", f"must not exceed max_dec_len ({cfg.max_dec_len})")
+    if cfg.rl_algorithm == "rloo" and cfg.rollout_n < 2:
+        fail("rollout_n", "rloo needs at least 2 samples per prompt (its baseline is the other samples' mean)")
+    if cfg.reward_model_name_or_path:
+        fail("reward_model_name_or_path", "reward models are not supported; score with reward functions "
+                                          "in-process (use_rm_server: false, reward_funcs: ...) or a reward server")
+    if cfg.use_rm_server and not cfg.reward_server.strip():
+        fail("reward_server", "is empty while use_rm_server is true")
+    if not cfg.use_rm_server and not cfg.reward_funcs.strip():
+        fail("reward_funcs", "is empty while use_rm_server is false: name the reward functions to run in-process "
+                             "(for example reward_funcs: kk)")
+    if cfg.reward_weights is not None:
+        n_funcs = len([r for r in cfg.reward_funcs.split(",") if r.strip()])
+        if not cfg.use_rm_server and len(cfg.reward_weights) != n_funcs:
+            fail("reward_weights", f"has {len(cfg.reward_weights)} weights for {n_funcs} reward functions "
+                                   f"({cfg.reward_funcs})")
+        if cfg.use_rm_server:
+            fail("reward_weights", "applies to in-process reward functions; with use_rm_server the server "
+                                   "weighs its functions (python -m reward_server --weights ...)")
+    if cfg.do_eval and cfg.evaluation_strategy == "steps" and not cfg.eval_datasets.strip():
+        fail("eval_datasets", "is empty while do_eval is true")
+    if cfg.do_eval and cfg.eval_steps < 1:
+        fail("eval_steps", "must be at least 1")
+    if cfg.save_strategy == "steps" and cfg.save_steps < 1:
+        fail("save_steps", "must be at least 1")
+    if cfg.fp16 and cfg.bf16:
+        fail("fp16", "fp16 and bf16 cannot both be true")
+    return cfg
+
+
+def parse_args(argv):
+    """`[CONFIG.yaml|CONFIG.json] [--key value ...]` -> Config (PaddleNLP's run_rl.py convention)."""
+    argv = list(argv)
+    path = argv.pop(0) if argv and not argv[0].startswith("--") else None
+    return load_config(path, argv)
+
+
+def config_from_dict(values, **kwargs):
+    """A validated Config from a plain dict (tests, tools); the same conversions and errors as a file."""
+    cfg_values, given = {}, {}
+    _apply(values, _Source("<dict>"), cfg_values, given)
+    cfg = Config(**cfg_values)
+    validate(cfg, given)
+    return cfg
+
+
+def dump_config(cfg, path):
+    """Write the resolved configuration as YAML (JSON if `path` ends in .json)."""
+    with open(path, "w", encoding="utf-8") as f:
+        if str(path).endswith(".json"):
+            json.dump({k: ("***" if k in SECRET_KEYS and v else v) for k, v in cfg.to_dict().items()}, f, indent=2)
+        else:
+            f.write(cfg.format())

@@ -1,0 +1,400 @@
+"""Configuration loading and validation (paddle_grpo/config.py).
+
+PaddleNLP's own grpo_argument.yaml and reinforce_plus_plus_argument.yaml are rebuilt here from the key table in
+PADDLENLP_KEYS.md (values as PaddleNLP ships them) and must load unchanged.
+"""
+import json
+import logging
+import pathlib
+import re
+
+import pytest
+import yaml
+
+from paddle_grpo.config import (ALIASES, FIELDS, Config, ConfigError, config_from_dict, dump_config,
+                                load_config, parse_args)
+
+PADDLENLP_GRPO_YAML = """\
+# PaddleNLP llm/config/qwen/grpo_argument.yaml, keys and values as PADDLENLP_KEYS.md lists them
+rl_algorithm: grpo
+actor_model_name_or_path: Qwen/Qwen2.5-7B-Instruct-1M
+reward_model_name_or_path: ""
+use_rm_server: true
+reward_server: http://127.0.0.1:8731
+logging_dir: vdl_log
+logging_steps: 1
+output_dir: checkpoints/qwen_grpo
+report_to: visualdl
+wandb_http_proxy: ""
+run_name: "qwen_grpo"
+train_datasets: "ppo-kk/34567ppl/train.jsonl"
+eval_datasets: "ppo-kk/5ppl/test.jsonl"
+prompt_key: "src"
+response_key: "tgt"
+dataloader_drop_last: true
+dataloader_shuffle: false
+balance_batch: true
+use_remove_padding: true
+tensor_parallel_degree: 2
+sequence_parallel: true
+sharding_parallel_degree: -1
+sharding: "stage1"
+sharding_parallel_config: "enable_release_grads"
+pipeline_parallel_degree: 1
+virtual_pp_degree: 1
+rollout_tensor_parallel_degree: -1
+max_prompt_len: 512
+max_dec_len: 4096
+min_dec_len: 32
+top_p: 1.0
+temperature: 0.7
+repetition_penalty: 1.0
+rollout_max_num_seqs: 32
+rollout_quant_type: ""
+do_train: true
+seed: 42
+global_batch_size: 8
+global_gen_batch_size: -1
+global_mini_batch_size: -1
+rollout_n: 8
+update_iters: 1
+per_device_logprob_batch_size: 8
+per_device_reward_batch_size: 8
+per_device_value_batch_size: 8
+per_device_train_batch_size: 8
+num_train_epochs: 6
+max_length: 4608
+learning_rate: 5e-7
+lr_scheduler_type: "constant"
+weight_decay: 1e-2
+adam_beta1: 0.9
+adam_beta2: 0.999
+adam_epsilon: 1e-8
+max_grad_norm: 1.0
+max_steps: 3600
+save_steps: 300
+save_strategy: "steps"
+ignore_save_lr_and_optim: true
+disable_tqdm: true
+kl_coeff: 0.001
+kl_loss_coeff: 0.000
+pg_loss_coeff: 1.0
+entropy_coeff: 0.0
+clip_range_ratio: 0.2
+clip_range_ratio_low: 0.2
+clip_range_ratio_high: 0.2
+clip_range_score: 10.0
+enable_overlong_reward_buffer: false
+overlong_reward_buffer: 256
+overlong_penalty_factor: 1.0
+clip_range_value: 5.0
+normalize_reward: false
+normalize_advantage: false
+dynamic_sampling: false
+max_gen_batches: 2
+use_fp32_compute: true
+do_eval: true
+per_device_eval_batch_size: 32
+evaluation_strategy: "steps"
+eval_steps: 20
+use_flash_attention: true
+use_fused_rms_norm: false
+use_fused_rope: false
+use_fused_head_and_loss_fn: true
+use_fused_linear: true
+recompute: true
+recompute_use_reentrant: true
+recompute_granularity: "full"
+bf16: true
+fp16_opt_level: "O2"
+amp_master_grad: false
+amp_custom_black_list: ["reduce_sum", "softmax_with_cross_entropy", "c_softmax_with_cross_entropy", "elementwise_div", "sin", "cos"]
+amp_custom_white_list: ["lookup_table", "lookup_table_v2", "flash_attn", "matmul", "matmul_v2", "fused_gemm_epilogue"]
+offload_level: "freeze_model"
+release_grads: true
+offload_optim: false
+skip_profile_timer: false
+"""
+
+# Keys PaddleNLP's file sets that have no effect on a CPU run here, each to be named in a warning.
+EXPECTED_INERT_ON_CPU = {
+    "balance_batch", "use_remove_padding", "sequence_parallel", "use_flash_attention", "use_fused_head_and_loss_fn",
+    "use_fused_linear", "bf16", "fp16_opt_level", "amp_custom_black_list", "amp_custom_white_list", "offload_level",
+    "release_grads",
+}
+# skip_profile_timer: false (keep timers) is what happens here anyway, so it is not reported.
+EXPECTED_INERT_ON_GPU = {"balance_batch", "use_remove_padding"}
+
+
+def write(tmp_path, text, name="cfg.yaml"):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def error_of(tmp_path, text, overrides=()):
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, text), overrides, device="cpu")
+    return str(e.value)
+
+
+def warned_keys(caplog):
+    return {re.search(r"key '(\w+)'", r.getMessage()).group(1) for r in caplog.records
+            if r.name == "paddle_grpo.config"}
+
+
+# ------------------------------------------------------------------------------------------------ PaddleNLP files
+
+def test_paddlenlp_grpo_yaml_loads_unchanged_with_its_values(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="paddle_grpo.config"):
+        cfg = load_config(write(tmp_path, PADDLENLP_GRPO_YAML), device="cpu")
+    expected = yaml.safe_load(PADDLENLP_GRPO_YAML)
+    for key, value in expected.items():
+        got = getattr(cfg, key)
+        if key in ("learning_rate", "weight_decay", "adam_epsilon"):
+            # YAML 1.1 reads `5e-7` without a dot as a string; the config must still give the float.
+            assert isinstance(got, float) and got == float(value), key
+        else:
+            assert got == value, key
+    assert cfg.eps_low == 0.2 and cfg.eps_high == 0.2
+    assert cfg.mini_batch_prompts == 8
+    assert warned_keys(caplog) == EXPECTED_INERT_ON_CPU
+    # Each warning is one line naming file, line number and key.
+    first = next(r.getMessage() for r in caplog.records if "'bf16'" in r.getMessage())
+    bf16_line = PADDLENLP_GRPO_YAML.splitlines().index("bf16: true") + 1
+    assert first.startswith(f"{tmp_path / 'cfg.yaml'}:{bf16_line}: key 'bf16' has no effect here")
+    assert "\n" not in first
+
+
+def test_paddlenlp_yaml_on_gpu_warns_only_about_keys_inert_everywhere(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="paddle_grpo.config"):
+        load_config(write(tmp_path, PADDLENLP_GRPO_YAML), device="gpu")
+    assert warned_keys(caplog) == EXPECTED_INERT_ON_GPU
+
+
+def test_paddlenlp_reinforce_plus_plus_yaml_loads(tmp_path):
+    text = PADDLENLP_GRPO_YAML.replace("rl_algorithm: grpo", "rl_algorithm: reinforce_plus_plus")
+    cfg = load_config(write(tmp_path, text), device="cpu", warn=False)
+    assert cfg.rl_algorithm == "reinforce_plus_plus" and cfg.kl_coeff == 0.001
+
+
+def test_every_key_of_paddlenlp_keys_md_is_accepted(repo_root):
+    doc = repo_root.parent / "shared" / "PADDLENLP_KEYS.md"
+    if not doc.is_file():
+        pytest.skip(f"{doc} not found (only beside the project's own checkout)")
+    text = doc.read_text(encoding="utf-8")
+    table = [line for line in text.splitlines() if line.startswith("| ") and "`" in line]
+    keys = {m for line in table for m in re.findall(r"`(\w+)(?::[^`]*)?`", line)}
+    keys |= set(re.findall(r"`(\w+)`", text.split("Older PaddleNLP configs")[1].split("\n\n")[0]))
+    assert len(keys) > 90
+    missing = sorted(k for k in keys if k not in FIELDS and k not in ALIASES)
+    assert missing == []
+
+
+def test_shipped_configs_load_and_validate(repo_root):
+    paths = sorted((repo_root / "configs").glob("*.yaml"))
+    assert {p.name for p in paths} >= {"grpo.yaml", "reinforce_plus_plus.yaml"}
+    for path in paths:
+        cfg = load_config(path, device="cpu", warn=False)
+        assert isinstance(cfg, Config), path
+    grpo = load_config(repo_root / "configs" / "grpo.yaml", device="cpu", warn=False)
+    rpp = load_config(repo_root / "configs" / "reinforce_plus_plus.yaml", device="cpu", warn=False)
+    assert (grpo.rl_algorithm, rpp.rl_algorithm) == ("grpo", "reinforce_plus_plus")
+    assert grpo.use_rm_server and grpo.reward_server == "http://127.0.0.1:8731"
+    # PaddleNLP's 4-GPU launch: 4 processes, tensor parallel 2 -> 2 data ranks, 32 sequences each, 4 micro-batches.
+    geo = grpo.batch_geometry(world_size=4)
+    assert (geo.data_parallel_degree, geo.prompts_per_rank, geo.sequences_per_rank, geo.grad_accum_steps) == \
+        (2, 4, 32, 4)
+
+
+def test_old_alias_keys_load_as_the_new_key(tmp_path):
+    cfg = load_config(write(tmp_path, "mini_batch_size: 4\nquant_type: weight_only_int8\n"
+                                      "per_device_rollout_batch_size: 16\nnum_return_sequences: 4\n"),
+                      device="cpu", warn=False)
+    assert (cfg.global_mini_batch_size, cfg.rollout_quant_type, cfg.rollout_max_num_seqs, cfg.rollout_n) == \
+        (4, "weight_only_int8", 16, 4)
+
+
+def test_json_config_file(tmp_path):
+    path = write(tmp_path, json.dumps({"rl_algorithm": "rloo", "rollout_n": 4, "learning_rate": 1e-6}), "c.json")
+    cfg = load_config(path, device="cpu")
+    assert (cfg.rl_algorithm, cfg.rollout_n, cfg.learning_rate) == ("rloo", 4, 1e-6)
+
+
+# ------------------------------------------------------------------------------------------- command line
+
+def test_command_line_overrides_the_file(tmp_path):
+    path = write(tmp_path, "learning_rate: 1e-5\nrollout_n: 4\ndo_eval: false\n")
+    cfg = parse_args([str(path), "--learning_rate", "3e-6", "--rollout_n=2", "--recompute", "1",
+                      "--reward_weights", "1,0.5", "--reward_funcs", "kk,tag_format", "--use_rm_server", "false",
+                      "--resume_from_checkpoint", "true"])
+    assert cfg.learning_rate == 3e-6 and cfg.rollout_n == 2 and cfg.recompute is True
+    assert cfg.reward_weights == [1.0, 0.5] and cfg.use_rm_server is False
+    assert cfg.resume_from_checkpoint is True
+    cfg = parse_args(["--resume_from_checkpoint", "out/checkpoint-4", "--use_rm_server", "false",
+                      "--reward_funcs", "kk"])
+    assert cfg.resume_from_checkpoint == "out/checkpoint-4"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rollout_n"], "command line: --rollout_n needs a value"),
+    (["rollout_n", "3"], "command line: expected --key value, got 'rollout_n'"),
+    (["--rollout_nn", "3"], "command line: unknown key 'rollout_nn' (did you mean 'rollout_n'?)"),
+    (["--rollout_n", "many"], "command line: key 'rollout_n' expects an integer, got 'many' (str)"),
+    (["--do_eval", "maybe"], "command line: key 'do_eval' expects true or false, got 'maybe' (str)"),
+    (["--reward_weights", "1,x"], "command line: key 'reward_weights[1]' expects a number, got 'x' (str)"),
+])
+def test_command_line_errors(argv, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, argv, device="cpu")
+    assert str(e.value) == message
+
+
+# -------------------------------------------------------------------------------------------- bad input
+
+def test_unknown_key_names_file_line_and_suggestion(tmp_path):
+    msg = error_of(tmp_path, "rl_algorithm: grpo\n\nlearning_rat: 1e-6\n")
+    assert msg == f"{tmp_path / 'cfg.yaml'}:3: unknown key 'learning_rat' (did you mean 'learning_rate'?)"
+    msg = error_of(tmp_path, "zzzz_qqq: 1\n")
+    assert msg.endswith("unknown key 'zzzz_qqq'")
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("rollout_n: eight", "key 'rollout_n' expects an integer, got 'eight' (str)"),
+    ("rollout_n: 2.5", "key 'rollout_n' expects an integer, got 2.5 (float)"),
+    ("learning_rate: fast", "key 'learning_rate' expects a number, got 'fast' (str)"),
+    ("learning_rate: true", "key 'learning_rate' expects a number, got True (bool)"),
+    ("do_eval: 3", "key 'do_eval' expects true or false, got 3 (int)"),
+    ("amp_custom_black_list: {a: 1}", "key 'amp_custom_black_list' expects a list, got {'a': 1} (dict)"),
+    ("run_name: [a, b]", "key 'run_name' expects a string, got ['a', 'b'] (list)"),
+])
+def test_wrong_type_names_key_and_value(tmp_path, line, expected):
+    msg = error_of(tmp_path, "seed: 1\n" + line + "\n")
+    assert msg == f"{tmp_path / 'cfg.yaml'}:2: {expected}"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("learning_rate: -1e-6", "key 'learning_rate' = -1e-06: must not be negative"),
+    ("rollout_n: 0", "key 'rollout_n' = 0: must be at least 1"),
+    ("clip_range_ratio: -0.1", "key 'clip_range_ratio' = -0.1: must not be negative"),
+    ("clip_range_ratio_high: -0.2", "key 'clip_range_ratio_high' = -0.2: must not be negative"),
+    ("clip_range_ratio_low: 1.0", "key 'clip_range_ratio_low' = 1.0: the lower clip range must be below 1"),
+    ("clip_ratio_c: 1.0", "key 'clip_ratio_c' = 1.0: the dual-clip constant must be greater than 1"),
+    ("top_p: 0", "key 'top_p' = 0.0: must be in (0, 1]"),
+    ("temperature: 0", "key 'temperature' = 0.0: must be greater than 0"),
+    ("kl_coeff: -0.1", "key 'kl_coeff' = -0.1: must not be negative"),
+    ("rl_algorithm: ppo", "key 'rl_algorithm' = 'ppo': must be one of 'grpo', 'reinforce_plus_plus', "
+                          "'reinforce_plus_plus_baseline', 'rloo'"),
+    ("loss_agg_mode: mean", "key 'loss_agg_mode' = 'mean': must be one of 'token-mean'"),
+    ("max_steps: 0", "key 'max_steps' = 0: must be -1 (from num_train_epochs) or at least 1"),
+    ("global_mini_batch_size: 0", "key 'global_mini_batch_size' = 0: must be -1 (automatic) or at least 1"),
+    ("adam_beta2: 1.0", "key 'adam_beta2' = 1.0: must be in [0, 1)"),
+    ("learning_rate: .nan", "key 'learning_rate' = nan: must be a finite number"),
+])
+def test_out_of_range_values(tmp_path, text, expected):
+    msg = error_of(tmp_path, "seed: 1\n" + text + "\n")
+    assert msg.startswith(f"{tmp_path / 'cfg.yaml'}:2: {expected}")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("global_batch_size: 8\nglobal_mini_batch_size: 3",
+     "key 'global_mini_batch_size' = 3: must divide global_batch_size (8)"),
+    ("max_prompt_len: 512\nmax_dec_len: 1024\nmax_length: 1000",
+     "key 'max_length' = 1000: must be at least max_prompt_len + max_dec_len = 512 + 1024 = 1536"),
+    ("min_dec_len: 64\nmax_dec_len: 32\nmax_length: 1024", "key 'min_dec_len' = 64: must not exceed max_dec_len (32)"),
+    ("use_rm_server: false", "key 'reward_funcs' = '': is empty while use_rm_server is false"),
+    ("use_rm_server: false\nreward_funcs: kk,gsm8k\nreward_weights: [1.0]",
+     "key 'reward_weights' = [1.0]: has 1 weights for 2 reward functions (kk,gsm8k)"),
+    ("reward_weights: [1.0]", "key 'reward_weights' = [1.0]: applies to in-process reward functions"),
+    ("rl_algorithm: rloo\nrollout_n: 1", "key 'rollout_n' = 1: rloo needs at least 2 samples per prompt"),
+    ("reward_model_name_or_path: my/rm", "key 'reward_model_name_or_path' = 'my/rm': reward models are not "
+                                         "supported"),
+    ("do_eval: true", "key 'eval_datasets' = '': is empty while do_eval is true"),
+    ("use_rm_server: true\nreward_server: ''", "key 'reward_server' = '': is empty while use_rm_server is true"),
+    ("global_gen_batch_size: 4", "key 'global_gen_batch_size' = 4: is smaller than global_batch_size (8)"),
+    ("enable_overlong_reward_buffer: true\nmax_dec_len: 128\nmax_length: 1024\noverlong_reward_buffer: 256",
+     "key 'overlong_reward_buffer' = 256: must not exceed max_dec_len (128)"),
+])
+def test_inconsistent_combinations(tmp_path, text, expected):
+    assert expected in error_of(tmp_path, text + "\n")
+
+
+def test_combination_error_names_where_the_key_was_set(tmp_path):
+    msg = error_of(tmp_path, "global_batch_size: 8\n", ["--global_mini_batch_size", "3"])
+    assert msg.startswith("command line: key 'global_mini_batch_size' = 3")
+
+
+def test_structural_file_errors(tmp_path):
+    assert error_of(tmp_path, "- a\n- b\n").endswith("the top level must be a mapping of key: value, got a seq")
+    assert "not valid YAML/JSON" in error_of(tmp_path, "a: [1,\n")
+    assert error_of(tmp_path, "seed: 1\nrollout_n: 2\nseed: 3\n") == \
+        f"{tmp_path / 'cfg.yaml'}:3: key 'seed' appears twice (first on line 1)"
+    with pytest.raises(ConfigError, match="config file not found: .*nope.yaml"):
+        load_config(tmp_path / "nope.yaml")
+    assert load_config(write(tmp_path, "# only a comment\n"), device="cpu") == Config()
+
+
+# ----------------------------------------------------------------------------------------- batch geometry
+
+def test_batch_geometry_hand_computed():
+    cfg = config_from_dict({"global_batch_size": 16, "global_mini_batch_size": 8, "rollout_n": 4,
+                            "per_device_train_batch_size": 4, "update_iters": 2})
+    geo = cfg.batch_geometry(world_size=2)
+    # 2 data ranks: 8 prompts x 4 samples = 32 sequences per rank; mini-batch 8 prompts -> 4 per rank x 4 = 16
+    # sequences -> 4 micro-batches of 4; 16/8 = 2 mini-batches per pass, 2 passes -> 4 optimizer steps.
+    assert (geo.data_parallel_degree, geo.prompts_per_rank, geo.sequences_per_rank, geo.mini_batches_per_rollout,
+            geo.sequences_per_mini_batch, geo.grad_accum_steps, geo.optimizer_steps_per_step) == \
+        (2, 8, 32, 2, 16, 4, 4)
+
+
+@pytest.mark.parametrize("values, world, expected", [
+    ({"tensor_parallel_degree": 2}, 1, "tensor_parallel_degree (2) x pipeline_parallel_degree (1) = 2 does not "
+                                       "divide the number of processes (1)"),
+    ({"global_batch_size": 6, "per_device_train_batch_size": 1}, 4,
+     "global_batch_size (6) must be divisible by the data-parallel degree 4"),
+    ({"global_batch_size": 8, "rollout_n": 3, "per_device_train_batch_size": 8}, 2,
+     "per_device_train_batch_size (8) must divide the sequences of one mini-batch on one rank: global_mini_batch_size"
+     " (8) / data-parallel degree (2) x rollout_n (3) = 12"),
+    ({"sharding_parallel_degree": 3}, 4, "sharding_parallel_degree (3) does not divide the data-parallel degree 4"),
+])
+def test_batch_geometry_errors_name_the_keys(values, world, expected):
+    cfg = config_from_dict(values)
+    with pytest.raises(ConfigError) as e:
+        cfg.batch_geometry(world_size=world)
+    assert str(e.value).startswith(expected)
+
+
+# ------------------------------------------------------------------------------------------------ output
+
+def test_printed_config_round_trips_and_hides_the_token(tmp_path):
+    cfg = config_from_dict({"rl_algorithm": "reinforce_plus_plus", "learning_rate": 2e-6,
+                            "amp_custom_black_list": ["a", "b"], "run_name": "x: {y}",
+                            "reward_server_token": "s3cret", "clip_ratio_c": 3.0})
+    text = cfg.format()
+    assert "s3cret" not in text and "reward_server_token: '***'" in text
+    reloaded = load_config(write(tmp_path, text.replace("'***'", "s3cret")), device="cpu")
+    assert reloaded == cfg
+    dump_config(cfg, tmp_path / "resolved.json")
+    data = json.loads((tmp_path / "resolved.json").read_text())
+    assert data["reward_server_token"] == "***" and data["learning_rate"] == 2e-6
+    dump_config(cfg, tmp_path / "resolved.yaml")
+    assert (tmp_path / "resolved.yaml").read_text() == text
+
+
+def test_every_field_has_help_and_a_valid_default():
+    for name, f in FIELDS.items():
+        assert f.metadata["help"], name
+    Config()  # defaults validate
+    from paddle_grpo.config import validate
+    validate(Config())
+
+
+def test_configuration_doc_is_generated_from_the_fields_and_current(repo_root):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gen_config_doc", repo_root / "tools" / "gen_config_doc.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert gen.main(["--check"]) == 0, "docs/configuration.md is stale: run python tools/gen_config_doc.py"
+    doc = (repo_root / "docs" / "configuration.md").read_text(encoding="utf-8")
+    missing = [k for k in FIELDS if f"| `{k}` |" not in doc]
+    assert missing == []
