@@ -43,6 +43,8 @@ INSTALL_REQUIRES = PADDLE + [
     "requests>=2.31",
     "pyyaml>=6.0",
     "tqdm>=4.66",
+    # Trains the byte-level BPE of the locally built tiny models (paddlenlp depends on it too).
+    "tokenizers>=0.19",
     "math-verify>=0.7",
     "rouge-score>=0.1.2",
     "matplotlib>=3.7",

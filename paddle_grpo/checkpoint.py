@@ -1,0 +1,121 @@
+"""Checkpoints: `<output_dir>/checkpoint-<step>/`, written to a temporary directory and renamed into place.
+
+Contents: the policy in `save_pretrained` format (loadable by `AutoModelForCausalLM`) and its tokenizer, and unless
+`ignore_save_lr_and_optim`, `optimizer.pdopt`, `trainer_state.json` (step, data position, running reward statistics,
+counters, scheduler state) and `rng_state.pkl` (paddle, numpy and python generators). A crash while saving leaves
+only a `.tmp-*` directory behind; the previous checkpoint stays intact and `latest_checkpoint` never picks a partial
+one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+import re
+import shutil
+
+import numpy as np
+import paddle
+
+STATE_FILE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.pdopt"
+RNG_FILE = "rng_state.pkl"
+REFERENCE_DIR = "reference"
+_NAME = re.compile(r"^checkpoint-(\d+)$")
+
+
+def rng_state():
+    return {"paddle": paddle.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state):
+    paddle.set_rng_state(state["paddle"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def save_checkpoint(output_dir, step, model, tokenizer, *, trainer_state, optimizer=None, reference=None,
+                    full=True, total_limit=-1):
+    """Write checkpoint-<step> atomically; returns its path. `full=False` saves only model and tokenizer."""
+    final = os.path.join(output_dir, f"checkpoint-{step}")
+    tmp = os.path.join(output_dir, f".tmp-checkpoint-{step}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    _unwrap(model).save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if reference is not None:
+        _unwrap(reference).save_pretrained(os.path.join(tmp, REFERENCE_DIR))
+    if full:
+        paddle.save(optimizer.state_dict(), os.path.join(tmp, OPTIMIZER_FILE))
+        with open(os.path.join(tmp, RNG_FILE), "wb") as f:
+            pickle.dump(rng_state(), f)
+    with open(os.path.join(tmp, STATE_FILE), "w", encoding="utf-8") as f:
+        json.dump({"step": step, "full": full, **trainer_state}, f, indent=2)
+    if os.path.exists(final):  # re-saving the same step (e.g. after an interrupt): replace it whole
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    if total_limit and total_limit > 0:
+        for old in list_checkpoints(output_dir)[:-total_limit]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(output_dir):
+    """Complete checkpoints in `output_dir`, oldest first."""
+    if not os.path.isdir(output_dir):
+        return []
+    found = []
+    for name in os.listdir(output_dir):
+        m = _NAME.match(name)
+        path = os.path.join(output_dir, name)
+        if m and os.path.isfile(os.path.join(path, STATE_FILE)):
+            found.append((int(m.group(1)), path))
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(output_dir):
+    found = list_checkpoints(output_dir)
+    return found[-1] if found else None
+
+
+def resolve_resume_path(resume_from_checkpoint, output_dir):
+    """`true` -> the latest checkpoint in output_dir; a path -> that path; None/false -> None."""
+    if resume_from_checkpoint in (None, False, ""):
+        return None
+    if resume_from_checkpoint is True:
+        path = latest_checkpoint(output_dir)
+        if path is None:
+            raise FileNotFoundError(f"resume_from_checkpoint: true, but {output_dir} holds no complete checkpoint")
+        return path
+    path = str(resume_from_checkpoint)
+    if not os.path.isfile(os.path.join(path, STATE_FILE)):
+        raise FileNotFoundError(f"resume_from_checkpoint: {path} is not a complete checkpoint (no {STATE_FILE})")
+    return path
+
+
+def load_trainer_state(path):
+    with open(os.path.join(path, STATE_FILE), encoding="utf-8") as f:
+        state = json.load(f)
+    if not state.get("full"):
+        raise ValueError(f"{path} was saved with ignore_save_lr_and_optim: true (model only); it can be used as "
+                         "actor_model_name_or_path but not resumed from")
+    return state
+
+
+def load_optimizer_and_rng(path, optimizer):
+    optimizer.set_state_dict(paddle.load(os.path.join(path, OPTIMIZER_FILE)))
+    with open(os.path.join(path, RNG_FILE), "rb") as f:
+        set_rng_state(pickle.load(f))
+
+
+def load_weights(model, path):
+    """Load the weights of a save_pretrained directory into an existing model (same architecture)."""
+    from paddlenlp.transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+    _unwrap(model).set_state_dict(loaded.state_dict())
+
+
+def _unwrap(model):
+    return getattr(model, "_layers", model)  # paddle.DataParallel keeps the model in ._layers

@@ -1,0 +1,84 @@
+"""Where metrics go: `<output_dir>/metrics.jsonl`, VisualDL (`report_to: visualdl`), a tqdm bar, rollout samples.
+
+Only rank 0 writes; other ranks get a logger whose methods do nothing. Each step appends exactly one JSON object per
+line to metrics.jsonl (`{"step": N, "train/reward": ...}`), so a crashed run keeps every finished step.
+"""
+from __future__ import annotations
+
+import json
+import logging as _pylogging
+import math
+import os
+
+logger = _pylogging.getLogger("paddle_grpo")
+
+
+class MetricsLogger:
+    def __init__(self, output_dir, logging_dir=None, report_to="visualdl", run_name="", disable_tqdm=False,
+                 total_steps=None, initial_step=0, enabled=True):
+        self.enabled = enabled
+        self.writer = None
+        self.bar = None
+        if not enabled:
+            return
+        os.makedirs(output_dir, exist_ok=True)
+        self.metrics_path = os.path.join(output_dir, "metrics.jsonl")
+        self.samples_path = os.path.join(output_dir, "rollouts.jsonl")
+        if report_to in ("visualdl", "all") and logging_dir:
+            from visualdl import LogWriter
+
+            self.writer = LogWriter(logdir=os.path.join(logging_dir, run_name) if run_name else logging_dir)
+        if not disable_tqdm:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=initial_step, desc="train", unit="step", dynamic_ncols=True)
+
+    def log(self, step, metrics):
+        """Append one line to metrics.jsonl and send every scalar to VisualDL under its slash name."""
+        if not self.enabled:
+            return
+        record = {"step": int(step)}
+        record.update({k: _plain(v) for k, v in sorted(metrics.items())})
+        with open(self.metrics_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+                    self.writer.add_scalar(tag=key, value=value, step=int(step))
+
+    def advance(self, step, metrics):
+        """Move the progress bar to `step`, showing reward and step time."""
+        if self.bar is None:
+            return
+        shown = {k.split("/")[-1]: f"{metrics[k]:.3g}" for k in ("train/reward", "perf/step_s", "eval/accuracy")
+                 if k in metrics}
+        self.bar.set_postfix(shown, refresh=False)
+        self.bar.update(step - self.bar.n)
+
+    def log_samples(self, step, rows, tag="rollout"):
+        """Sample completions with their rewards: one JSON line each in rollouts.jsonl, and as VisualDL text."""
+        if not self.enabled or not rows:
+            return
+        with open(self.samples_path, "a", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps({"step": int(step), "kind": tag, **{k: _plain(v) for k, v in row.items()}},
+                                   ensure_ascii=False) + "\n")
+        if self.writer is not None:
+            text = "\n\n".join(f"reward {row.get('reward')}: {row.get('prompt_tail', '')}**{row.get('response')}**"
+                               for row in rows)
+            self.writer.add_text(tag=f"samples/{tag}", text_string=text, step=int(step))
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _plain(v):
+    """JSON-able python value (numpy scalars, paddle 0-d tensors, non-finite floats as strings)."""
+    if hasattr(v, "item") and not isinstance(v, (list, dict, str)):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v

@@ -1,0 +1,96 @@
+"""Loading policy/reference models and tokenizers, and per-token log-probs of completions.
+
+Models are PaddleNLP causal LMs loaded from a local directory with `AutoModelForCausalLM`; nothing is downloaded.
+Log-probs are computed from the decoder's hidden states at the completion positions only, so the `[bs, T, V]`
+logits of the prompt positions are never materialised (with a 150k vocabulary they would dominate memory).
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import paddle
+
+from .algorithms import entropy_from_logits, logprobs_from_logits
+
+# paddle's cpp_extension warns at import time that ccache is missing; it concerns building custom ops, not us.
+warnings.filterwarnings("ignore", message="No ccache found")
+
+
+def load_tokenizer(path):
+    """PaddleNLP tokenizer from a local directory; the pad token falls back to EOS; padding side left."""
+    from paddlenlp.transformers import AutoTokenizer
+
+    _require_local_dir(path, "actor_model_name_or_path")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_causal_lm(path, *, trainable=True, recompute=False):
+    """`AutoModelForCausalLM` from a local directory, in float32; frozen (eval, no grads) unless `trainable`."""
+    from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
+
+    _require_local_dir(path, "actor_model_name_or_path")
+    config = AutoConfig.from_pretrained(path)
+    config.recompute = bool(recompute and trainable)
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype="float32")
+    if trainable:
+        model.train()
+    else:
+        freeze(model)
+    return model
+
+
+def freeze(model):
+    model.eval()
+    for p in model.parameters():
+        p.stop_gradient = True
+    return model
+
+
+def _require_local_dir(path, key):
+    if not path or not os.path.isdir(path):
+        raise FileNotFoundError(f"{key}: '{path}' is not a local model directory (models are never downloaded; "
+                                "point it at a directory written by save_pretrained)")
+
+
+def position_ids_from_mask(attention_mask):
+    """Positions counted over real tokens only, so a left-padded prompt starts at position 0. [bs, L] int64."""
+    return paddle.clip(paddle.cumsum(attention_mask.astype("int64"), axis=-1) - 1, min=0)
+
+
+def completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *, temperature=1.0,
+                        with_entropy=False):
+    """Log-probs (and optionally entropies) of the completion tokens under `model`.
+
+    prompt_ids/prompt_mask: [bs, L] left-padded; completion_ids/completion_mask: [bs, T].
+    Returns `(logprobs [bs, T], entropy [bs, T] or None)`, float32, with logits divided by `temperature` (the
+    distribution the rollout sampled from). Positions where completion_mask is 0 hold meaningless values.
+    """
+    input_ids = paddle.concat([prompt_ids, completion_ids], axis=1)
+    attention_mask = paddle.concat([prompt_mask, completion_mask], axis=1).astype("int64")
+    position_ids = position_ids_from_mask(attention_mask)
+    L = prompt_ids.shape[1]
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                     use_cache=False, return_dict=True).last_hidden_state
+    # The token at position L + t is predicted from the hidden state at L + t - 1.
+    logits = head(hidden[:, L - 1:-1]).astype("float32")
+    logprobs = logprobs_from_logits(logits, completion_ids, temperature=temperature)
+    entropy = entropy_from_logits(logits / temperature) if with_entropy else None
+    return logprobs, entropy
+
+
+def parameters_by_decay(model):
+    """Names of parameters that get weight decay: not biases and not normalisation weights (as PaddleNLP)."""
+    return {p.name for n, p in model.named_parameters() if not any(k in n for k in ("bias", "norm", "ln_"))}
+
+
+def mix_into(reference, policy, alpha):
+    """TR-DPO reference sync: ref <- alpha * policy + (1 - alpha) * ref, in place (seed 001's ref_model_mixup_alpha)."""
+    with paddle.no_grad():
+        for r, p in zip(reference.parameters(), policy.parameters()):
+            r.set_value(alpha * p.detach() + (1.0 - alpha) * r)

@@ -1,0 +1,162 @@
+"""Sampling `G` completions per prompt with a KV cache.
+
+Each prompt is run through the model once (prefill) and its cache is shared by its `G` samples, instead of
+prefilling `G` identical copies. Decoding stops as soon as every sequence has produced EOS. Rows are ordered prompt
+by prompt: rows `i*G .. i*G+G-1` are the samples of prompt `i`.
+
+Sampling: logits / temperature -> repetition penalty -> EOS masked until `min_new_tokens` -> top-p -> multinomial
+(paddle's global generator, so `paddle.seed` and `paddle.get_rng_state` make a rollout reproducible). The returned
+`sample_logprobs` are the log-probs of the sampled tokens under the temperature-scaled distribution before the
+penalty/top-p/min-length processing, i.e. exactly what `completion_logprobs` recomputes with a full forward pass.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+
+from .modeling import position_ids_from_mask
+
+
+@dataclass
+class Rollout:
+    prompt_ids: paddle.Tensor        # [N, L] int64, left-padded, each prompt repeated G times
+    prompt_mask: paddle.Tensor       # [N, L] int64
+    completion_ids: paddle.Tensor    # [N, T] int64, pad after EOS; T = longest completion in the batch
+    completion_mask: paddle.Tensor   # [N, T] int64, 1 on generated tokens up to and including EOS
+    lengths: np.ndarray              # [N] generated tokens (EOS included)
+    truncated: np.ndarray            # [N] bool: stopped by max_new_tokens without EOS
+    sample_logprobs: paddle.Tensor   # [N, T] float32
+
+
+@paddle.no_grad()
+def generate(model, prompt_ids, prompt_mask, *, num_samples=1, max_new_tokens=64, min_new_tokens=0,
+             eos_token_ids=(), pad_token_id=0, temperature=1.0, top_p=1.0, repetition_penalty=1.0,
+             do_sample=True, max_num_seqs=None):
+    """Sample `num_samples` completions for each of the `B` prompts; returns a `Rollout` with `N = B * num_samples`.
+
+    prompt_ids/prompt_mask: [B, L] (paddle or numpy), left-padded. `max_num_seqs` bounds the sequences decoded at
+    once (rollout_max_num_seqs); larger rollouts are processed in chunks of whole prompts.
+    """
+    prompt_ids = paddle.to_tensor(prompt_ids, dtype="int64")
+    prompt_mask = paddle.to_tensor(prompt_mask, dtype="int64")
+    eos = sorted({int(e) for e in np.atleast_1d(eos_token_ids)})
+    if not eos:
+        raise ValueError("generate needs at least one EOS token id")
+    B = prompt_ids.shape[0]
+    per_chunk = max(1, (max_num_seqs or B * num_samples) // num_samples)
+    was_training = model.training
+    model.eval()
+    try:
+        chunks = [_generate_chunk(model, prompt_ids[s:s + per_chunk], prompt_mask[s:s + per_chunk], num_samples,
+                                  max_new_tokens, min_new_tokens, eos, pad_token_id, temperature, top_p,
+                                  repetition_penalty, do_sample)
+                  for s in range(0, B, per_chunk)]
+    finally:
+        if was_training:
+            model.train()
+    T = max(c[0].shape[1] for c in chunks)
+    ids = paddle.concat([_pad_right(c[0], T, pad_token_id) for c in chunks], axis=0)
+    logps = paddle.concat([_pad_right(c[1], T, 0.0) for c in chunks], axis=0)
+    lengths = np.concatenate([c[2] for c in chunks])
+    truncated = np.concatenate([c[3] for c in chunks])
+    mask = paddle.to_tensor((np.arange(T)[None, :] < lengths[:, None]).astype("int64"))
+    return Rollout(prompt_ids=paddle.repeat_interleave(prompt_ids, num_samples, axis=0),
+                   prompt_mask=paddle.repeat_interleave(prompt_mask, num_samples, axis=0),
+                   completion_ids=ids, completion_mask=mask, lengths=lengths, truncated=truncated,
+                   sample_logprobs=logps)
+
+
+def _pad_right(x, T, value):
+    if x.shape[1] == T:
+        return x
+    pad = paddle.full([x.shape[0], T - x.shape[1]], value, dtype=x.dtype)
+    return paddle.concat([x, pad], axis=1)
+
+
+def _generate_chunk(model, prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id, temperature,
+                    top_p, repetition_penalty, do_sample):
+    P, L = prompt_ids.shape
+    N = P * G
+    position_ids = position_ids_from_mask(prompt_mask)
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids, use_cache=True,
+                return_dict=True)
+    # Share each prompt's prefill among its G samples.
+    cache = _expand_cache(out.past_key_values, G)
+    logits = paddle.repeat_interleave(out.logits[:, -1, :].astype("float32"), G, axis=0)
+    attention_mask = paddle.repeat_interleave(prompt_mask, G, axis=0)
+    next_pos = paddle.repeat_interleave(position_ids[:, -1:], G, axis=0) + 1
+    vocab = logits.shape[-1]
+    eos_t = paddle.to_tensor(eos, dtype="int64")
+    eos_cols = paddle.to_tensor(np.isin(np.arange(vocab), eos)[None, :])  # [1, V] bool
+    seen = None
+    if repetition_penalty != 1.0:
+        seen = paddle.zeros([N, vocab], dtype="bool")
+        seen = _mark(seen, paddle.repeat_interleave(paddle.where(prompt_mask.astype("bool"), prompt_ids,
+                                                                 paddle.full_like(prompt_ids, -1)), G, axis=0))
+    finished = paddle.zeros([N], dtype="bool")
+    lengths = np.zeros(N, dtype=np.int64)
+    tokens, logps = [], []
+    for t in range(max_new_tokens):
+        scaled = logits / temperature
+        logp = F.log_softmax(scaled, axis=-1)
+        processed = scaled
+        if seen is not None:
+            processed = paddle.where(seen, paddle.where(processed > 0, processed / repetition_penalty,
+                                                        processed * repetition_penalty), processed)
+        if t < min_new_tokens:
+            processed = paddle.where(eos_cols, paddle.full_like(processed, -float("inf")), processed)
+        if do_sample:
+            probs = F.softmax(processed, axis=-1)
+            if top_p < 1.0:
+                probs = _top_p_filter(probs, top_p)
+            token = paddle.multinomial(probs, num_samples=1).squeeze(-1)
+        else:
+            token = paddle.argmax(processed, axis=-1)
+        token = paddle.where(finished, paddle.full_like(token, pad_id), token)
+        token_logp = paddle.take_along_axis(logp, token.unsqueeze(-1), axis=-1).squeeze(-1)
+        tokens.append(token)
+        logps.append(paddle.where(finished, paddle.zeros_like(token_logp), token_logp))
+        lengths += (~finished).numpy()
+        finished = finished | (token.unsqueeze(-1) == eos_t.unsqueeze(0)).any(axis=-1)
+        if bool(finished.all()) or t == max_new_tokens - 1:
+            break
+        if seen is not None:
+            seen = _mark(seen, token.unsqueeze(-1))
+        attention_mask = paddle.concat([attention_mask, paddle.ones([N, 1], dtype="int64")], axis=1)
+        out = model(input_ids=token.unsqueeze(-1), attention_mask=attention_mask, position_ids=next_pos,
+                    past_key_values=cache, use_cache=True, return_dict=True)
+        cache = out.past_key_values
+        logits = out.logits[:, -1, :].astype("float32")
+        next_pos = next_pos + 1
+    ids = paddle.stack(tokens, axis=1)
+    truncated = ~finished.numpy()
+    return ids, paddle.stack(logps, axis=1), lengths, truncated
+
+
+def _expand_cache(past_key_values, G):
+    if G == 1:
+        return past_key_values
+    return tuple(tuple(paddle.repeat_interleave(t, G, axis=0) for t in layer) for layer in past_key_values)
+
+
+def _mark(seen, ids):
+    """seen[i, ids[i, j]] = True for ids >= 0 (negative ids are padding)."""
+    valid = ids >= 0
+    safe = paddle.where(valid, ids, paddle.zeros_like(ids))
+    hits = paddle.zeros(seen.shape, dtype="float32")
+    hits = paddle.put_along_axis(hits, safe, valid.astype("float32"), axis=1, reduce="add")
+    return seen | (hits > 0)
+
+
+def _top_p_filter(probs, top_p):
+    """Keep the smallest set of most likely tokens whose probability reaches top_p; renormalise."""
+    sorted_probs = paddle.sort(probs, axis=-1, descending=True)
+    cumulative = paddle.cumsum(sorted_probs, axis=-1)
+    # The probability of the last token kept: tokens less likely than it are dropped (ties kept).
+    keep_count = paddle.sum((cumulative - sorted_probs) < top_p, axis=-1, keepdim=True)
+    threshold = paddle.take_along_axis(sorted_probs, keep_count - 1, axis=-1)
+    filtered = paddle.where(probs >= threshold, probs, paddle.zeros_like(probs))
+    return filtered / filtered.sum(axis=-1, keepdim=True)

@@ -1,0 +1,605 @@
+"""The RL step: rollout -> rewards -> log-probs -> advantages -> mini-batch updates; evaluation; checkpoints.
+
+One `Trainer` serves one process; with several data-parallel processes each samples its share of the prompts and
+the per-sequence data (rewards, lengths, masks) is gathered so that group statistics, reward normalisation,
+REINFORCE++ whitening and the `token-mean` denominators are computed over the global batch (ALGORITHMS.md).
+What it deliberately leaves out: reward *models* (rewards come from functions or a reward server) and a critic.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import paddle
+
+from . import checkpoint as ckpt
+from . import distributed as dist
+from .algorithms import (RunningRewardNormalizer, aggregate_loss, clip_reward, compute_policy_loss,
+                         get_advantage_estimator, global_denominators, kl_penalty, masked_mean,
+                         normalize_advantage, overlong_penalty, scalar_to_token_level)
+from .data import PromptSampler, collate_prompts, read_jsonl, tokenize_prompts, apply_chat_template
+from .logging import MetricsLogger
+from .modeling import completion_logprobs, freeze, load_causal_lm, load_tokenizer, mix_into, parameters_by_decay
+from .rewards.client import make_rewarder
+from .rollout import generate
+
+logger = logging.getLogger("paddle_grpo.trainer")
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (for example too many non-finite updates in a row)."""
+
+
+@dataclass
+class Batch:
+    """One step's experience on this rank, ready for the updates. Row order: prompt by prompt, G samples each."""
+    prompt_ids: paddle.Tensor
+    prompt_mask: paddle.Tensor
+    completion_ids: paddle.Tensor
+    completion_mask: paddle.Tensor
+    advantages: paddle.Tensor        # [n, T]
+    old_logprobs: paddle.Tensor      # [n, T] or None (on-policy: the detach trick)
+    ref_logprobs: paddle.Tensor      # [n, T] or None (no reference model)
+
+
+def lr_lambda(kind, warmup, total):
+    """Multiplier of the peak learning rate at optimizer step s: linear warm-up, then constant/linear/cosine."""
+    def f(s):
+        if warmup > 0 and s < warmup:
+            return (s + 1) / warmup
+        if kind in ("constant", "constant_with_warmup"):
+            return 1.0
+        progress = min(1.0, (s - warmup) / max(1, total - warmup))
+        if kind == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
+    return f
+
+
+class Trainer:
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.world = dist.init(cfg)
+        self.rank = dist.rank()
+        self.geometry = cfg.batch_geometry(self.world)
+        paddle.seed(cfg.seed + self.rank)
+        np.random.seed(cfg.seed + self.rank)
+
+        self.tokenizer = load_tokenizer(cfg.actor_model_name_or_path)
+        self.eos_ids = sorted({self.tokenizer.eos_token_id})
+        self.model = load_causal_lm(cfg.actor_model_name_or_path, recompute=cfg.recompute)
+        self.reference = None
+        if cfg.needs_reference_model:
+            self.reference = load_causal_lm(cfg.actor_model_name_or_path, trainable=False)
+        self.train_model = dist.wrap_for_data_parallel(self.model)
+
+        self.train_records = read_jsonl(cfg.train_datasets, prompt_key=cfg.prompt_key,
+                                        response_key=cfg.response_key)
+        self.eval_records = (read_jsonl(cfg.eval_datasets, prompt_key=cfg.prompt_key, response_key=cfg.response_key)
+                             if cfg.do_eval and cfg.eval_datasets else [])
+        gen_prompts = cfg.global_batch_size if cfg.global_gen_batch_size == -1 else cfg.global_gen_batch_size
+        self.sampler = PromptSampler(len(self.train_records), gen_prompts, shuffle=cfg.dataloader_shuffle,
+                                     seed=cfg.seed, drop_last=cfg.dataloader_drop_last)
+        self.max_steps = cfg.max_steps if cfg.max_steps > 0 else max(
+            1, int(cfg.num_train_epochs * len(self.sampler)))
+        self._token_cache = {}
+
+        self.rewarder = make_rewarder(cfg.use_rm_server, reward_server=cfg.reward_server,
+                                      reward_funcs=cfg.reward_funcs, reward_weights=cfg.reward_weights,
+                                      token=cfg.reward_server_token or None, read_timeout=cfg.reward_server_timeout,
+                                      max_retries=cfg.reward_server_max_retries) \
+            if cfg.use_rm_server else make_rewarder(False, reward_funcs=cfg.reward_funcs,
+                                                    reward_weights=cfg.reward_weights)
+        self.estimator = get_advantage_estimator(cfg.rl_algorithm)
+        self.normalizer = RunningRewardNormalizer() if cfg.normalize_reward else None
+
+        total_opt_steps = self.max_steps * self.geometry.optimizer_steps_per_step
+        warmup = cfg.warmup_steps or int(cfg.warmup_ratio * total_opt_steps)
+        self.scheduler = paddle.optimizer.lr.LambdaDecay(cfg.learning_rate,
+                                                         lr_lambda(cfg.lr_scheduler_type, warmup, total_opt_steps))
+        decay = parameters_by_decay(self.model)
+        self.optimizer = paddle.optimizer.AdamW(
+            learning_rate=self.scheduler, parameters=self.model.parameters(), weight_decay=cfg.weight_decay,
+            beta1=cfg.adam_beta1, beta2=cfg.adam_beta2, epsilon=cfg.adam_epsilon,
+            apply_decay_param_fun=lambda name: name in decay,
+            grad_clip=paddle.nn.ClipGradByGlobalNorm(cfg.max_grad_norm) if cfg.max_grad_norm > 0 else None)
+
+        self.step = 0
+        self.nonfinite_in_a_row = 0
+        self.nonfinite_total = 0
+        self.optimizer_steps = 0
+        resume = ckpt.resolve_resume_path(cfg.resume_from_checkpoint, cfg.output_dir)
+        if resume:
+            self._resume(resume)
+        self.log = MetricsLogger(cfg.output_dir, cfg.logging_dir, cfg.report_to, cfg.run_name, cfg.disable_tqdm,
+                                 total_steps=self.max_steps, initial_step=self.step, enabled=dist.is_main())
+
+    # ------------------------------------------------------------------------------------------------ data
+
+    def _encode(self, records, indices):
+        """Left-padded prompt ids [B, L] and mask for the given dataset rows (tokenisation cached per row)."""
+        token_lists = []
+        for i in indices:
+            key = (id(records), i)
+            if key not in self._token_cache:
+                text = apply_chat_template(records[i]["src"], self.tokenizer, mode=self.cfg.chat_template)
+                self._token_cache[key] = tokenize_prompts(self.tokenizer, [text])[0]
+            token_lists.append(self._token_cache[key])
+        collated = collate_prompts(token_lists, self.tokenizer.pad_token_id, self.cfg.max_prompt_len)
+        return collated[0], collated[1]
+
+    def _responses(self, rollout):
+        """Completion texts without the EOS token (what reward functions and the server see)."""
+        ids = rollout.completion_ids.numpy()
+        texts = []
+        for row, n, cut in zip(ids, rollout.lengths, rollout.truncated):
+            keep = row[:n] if cut else row[:max(0, n - 1)]
+            texts.append(self.tokenizer.decode(keep.tolist(), skip_special_tokens=False))
+        return texts
+
+    def _score(self, records, indices, rollout, texts, G):
+        rows = [records[i] for i in indices for _ in range(G)]
+        extra = {k: [r.get(k) for r in rows] for k in rows[0] if k not in ("src", "tgt")} if rows else {}
+        if self.cfg.use_rm_server:
+            result = self.rewarder.score_detailed([r["src"] for r in rows], [r.get("tgt") or "" for r in rows],
+                                                  texts)
+        else:
+            ids = rollout.completion_ids.numpy()
+            extra["completion_ids"] = [ids[j, :rollout.lengths[j]].tolist() for j in range(len(rows))]
+            result = self.rewarder.score_detailed([r["src"] for r in rows], [r.get("tgt") for r in rows], texts,
+                                                  **extra)
+        return result
+
+    # ---------------------------------------------------------------------------------------------- rollout
+
+    def _rollout_round(self, indices, G, do_sample=True, records=None):
+        cfg = self.cfg
+        records = self.train_records if records is None else records
+        prompt_ids, prompt_mask = self._encode(records, indices)
+        rollout = generate(self.model, prompt_ids, prompt_mask, num_samples=G, max_new_tokens=cfg.max_dec_len,
+                           min_new_tokens=cfg.min_dec_len, eos_token_ids=self.eos_ids,
+                           pad_token_id=self.tokenizer.pad_token_id, temperature=cfg.temperature, top_p=cfg.top_p,
+                           repetition_penalty=cfg.repetition_penalty, do_sample=do_sample,
+                           max_num_seqs=cfg.rollout_max_num_seqs)
+        return rollout
+
+    def _collect(self, metrics):
+        """Sample the step's prompts (with DAPO dynamic sampling: more rounds until enough groups have reward
+        variance) and score them. Returns (rollout, per-rank rewards info) for this rank's rows."""
+        cfg, G, geo = self.cfg, self.cfg.rollout_n, self.geometry
+        kept, dropped, rounds = [], 0, 0
+        t_roll = t_rew = 0.0
+        while True:
+            rounds += 1
+            global_indices = self.sampler.next_batch()
+            per_rank = len(global_indices) // self.world
+            mine = global_indices[self.rank * per_rank:(self.rank + 1) * per_rank]
+            t0 = time.perf_counter()
+            rollout = self._rollout_round(mine, G)
+            t1 = time.perf_counter()
+            texts = self._responses(rollout)
+            result = self._score(self.train_records, mine, rollout, texts, G)
+            t_rew += time.perf_counter() - t1
+            t_roll += t1 - t0
+            groups = _split_groups(mine, rollout, texts, result, G)
+            if not cfg.dynamic_sampling:
+                kept = groups
+                break
+            informative = [g for g in groups if g["informative"]]
+            dropped += len(groups) - len(informative)
+            kept.extend(informative)
+            # every rank must agree whether to continue: count kept groups globally
+            enough = min(dist.all_gather_object(len(kept))) >= geo.prompts_per_rank
+            if enough or rounds >= cfg.max_gen_batches:
+                if not enough:  # fill with the zero-variance groups of the last round (their advantage is 0)
+                    kept.extend(g for g in groups if not g["informative"])
+                break
+        kept = kept[:geo.prompts_per_rank]
+        metrics["perf/rollout_s"] = t_roll
+        metrics["perf/reward_s"] = t_rew
+        if cfg.dynamic_sampling:
+            metrics["train/dynamic_sampling_dropped_groups"] = float(sum(dist.all_gather_object(dropped)))
+            metrics["train/dynamic_sampling_rounds"] = float(rounds)
+        return _merge_groups(kept, self.tokenizer.pad_token_id)
+
+    # --------------------------------------------------------------------------------------------- log-probs
+
+    @paddle.no_grad()
+    def _logprobs(self, model, b, with_entropy=False):
+        out, ent = [], []
+        n, mb = b["completion_ids"].shape[0], self.cfg.per_device_logprob_batch_size
+        for s in range(0, n, mb):
+            lp, e = completion_logprobs(model, b["prompt_ids"][s:s + mb], b["prompt_mask"][s:s + mb],
+                                        b["completion_ids"][s:s + mb], b["completion_mask"][s:s + mb],
+                                        temperature=self.cfg.temperature, with_entropy=with_entropy)
+            out.append(lp)
+            ent.append(e)
+        return paddle.concat(out, 0), (paddle.concat(ent, 0) if with_entropy else None)
+
+    # ------------------------------------------------------------------------------------------- advantages
+
+    def _shape_rewards(self, local, metrics):
+        """Global rewards after combination, None handling, clipping, overlong shaping and normalisation."""
+        cfg = self.cfg
+        gathered = dist.all_gather_object({k: local[k] for k in ("rewards", "valid", "lengths", "by_function")})
+        rewards = np.concatenate([g["rewards"] for g in gathered]).astype(np.float64)
+        valid = np.concatenate([g["valid"] for g in gathered])
+        lengths = np.concatenate([g["lengths"] for g in gathered])
+        metrics["train/reward"] = float(rewards[valid].mean()) if valid.any() else 0.0
+        metrics["train/reward_std"] = float(rewards[valid].std(ddof=1)) if valid.sum() > 1 else 0.0
+        metrics["train/reward_none_frac"] = float(1.0 - valid.mean())
+        for name in gathered[0]["by_function"]:
+            vals = [v for g in gathered for v in g["by_function"][name] if v is not None]
+            if vals:
+                metrics[f"train/reward/{name}"] = float(np.mean(vals))
+        if cfg.clip_range_score > 0:
+            rewards = clip_reward(rewards, cfg.clip_range_score)
+        if cfg.enable_overlong_reward_buffer:
+            rewards = rewards + np.asarray(overlong_penalty(lengths, cfg.max_dec_len, cfg.overlong_reward_buffer,
+                                                            cfg.overlong_penalty_factor), dtype=np.float64)
+        if self.normalizer is not None and valid.any():
+            self.normalizer.update(rewards[valid])
+            rewards = np.asarray(self.normalizer.normalize(rewards), dtype=np.float64)
+        rewards = np.where(valid, rewards, 0.0)
+        return rewards.astype(np.float32), valid
+
+    def _advantages(self, b, rewards, valid, old_for_reward, ref_lp, metrics):
+        """Advantages of the global batch (gathered), returned for this rank's rows. [n_local, T_local]."""
+        cfg, G = self.cfg, self.cfg.rollout_n
+        mask = b["completion_mask"]
+        local = {"mask": mask.numpy()}
+        if old_for_reward is not None:
+            local["old"] = old_for_reward.numpy()
+            local["ref"] = ref_lp.numpy()
+        gathered = dist.all_gather_object(local)
+        T = max(g["mask"].shape[1] for g in gathered)
+        pad = lambda a: np.pad(a, ((0, 0), (0, T - a.shape[1])))  # noqa: E731
+        g_mask = np.concatenate([pad(g["mask"]) for g in gathered]) * valid[:, None]
+        index = np.repeat(np.arange(len(rewards) // G), G)
+        options = {}
+        seq_rewards = rewards.copy()
+        if old_for_reward is not None:
+            old = np.concatenate([pad(g["old"]) for g in gathered])
+            ref = np.concatenate([pad(g["ref"]) for g in gathered])
+            if cfg.rl_algorithm.startswith("reinforce_plus_plus"):
+                options = dict(kl_coeff=cfg.kl_coeff, old_log_probs=paddle.to_tensor(old),
+                               ref_log_probs=paddle.to_tensor(ref), kl_estimator=cfg.kl_estimator)
+            else:
+                # Sequence-level form of the KL-shaped reward for group estimators: R - kl_coeff * sum_t KL_t.
+                kl = kl_penalty(paddle.to_tensor(old), paddle.to_tensor(ref), cfg.kl_estimator).numpy()
+                seq_rewards = rewards - cfg.kl_coeff * (kl * g_mask).sum(-1)
+        if cfg.rl_algorithm == "grpo":
+            options["norm_adv_by_std"] = cfg.norm_adv_by_std
+        g_mask_t = paddle.to_tensor(g_mask.astype(np.float32))
+        token_rewards = scalar_to_token_level(paddle.to_tensor(seq_rewards.astype(np.float32)), g_mask_t)
+        adv, _ = self.estimator(token_rewards, g_mask_t, index, **options)
+        if cfg.normalize_advantage:
+            adv = normalize_advantage(adv, g_mask_t)
+        adv_np = adv.numpy()
+        m = g_mask.astype(bool)
+        metrics["train/advantage_mean"] = float(adv_np[m].mean()) if m.any() else 0.0
+        metrics["train/advantage_std"] = float(adv_np[m].std()) if m.any() else 0.0
+        grouped = rewards.reshape(-1, G)
+        metrics["train/frac_reward_zero_std"] = float((grouped.std(axis=1) < 1e-6).mean())
+        start = self.rank * mask.shape[0]
+        return paddle.to_tensor(adv_np[start:start + mask.shape[0], :mask.shape[1]])
+
+    # -------------------------------------------------------------------------------------------- the step
+
+    def train_step(self):
+        cfg, geo = self.cfg, self.geometry
+        metrics = {}
+        t_start = time.perf_counter()
+        b = self._collect(metrics)
+        rewards, valid = self._shape_rewards(b, metrics)
+
+        t0 = time.perf_counter()
+        on_policy = geo.optimizer_steps_per_step == 1
+        ref_lp = self._logprobs(self.reference, b)[0] if self.reference is not None else None
+        old_lp = None if on_policy else self._logprobs(self.model, b)[0]
+        # The reward's KL uses the sampling policy's log-probs: recomputed when off-policy, else the rollout's own
+        # (equal to a recomputation up to float rounding, and free).
+        old_for_reward = None
+        if cfg.kl_coeff > 0 and ref_lp is not None:
+            old_for_reward = old_lp if old_lp is not None else b["sample_logprobs"]
+        metrics["perf/logprob_s"] = time.perf_counter() - t0
+
+        advantages = self._advantages(b, rewards, valid, old_for_reward, ref_lp, metrics)
+        # Rows whose reward no function could judge are left out of every loss (advantage 0 and masked).
+        local_valid = valid[self.rank * len(b["lengths"]):(self.rank + 1) * len(b["lengths"])]
+        b["completion_mask_loss"] = b["completion_mask"] * paddle.to_tensor(local_valid.astype("int64"))[:, None]
+        if ref_lp is not None:
+            k3 = kl_penalty(b["sample_logprobs"], ref_lp, "k3")
+            metrics["train/kl"] = float(masked_mean(k3, b["completion_mask"]))
+
+        t0 = time.perf_counter()
+        self._update(b, advantages, old_lp, ref_lp, on_policy, metrics)
+        metrics["perf/update_s"] = time.perf_counter() - t0
+
+        lengths = np.concatenate(dist.all_gather_object(b["lengths"]))
+        truncated = np.concatenate(dist.all_gather_object(b["truncated"]))
+        metrics.update({"response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
+                        "response_length/min": float(lengths.min()),
+                        "response_length/clip_ratio": float(truncated.mean())})
+        metrics["train/lr"] = float(self.optimizer.get_lr())
+        metrics["perf/step_s"] = time.perf_counter() - t_start
+        metrics["perf/completion_tokens_per_s"] = float(lengths.sum()) / max(metrics["perf/rollout_s"], 1e-9)
+        self.step += 1
+        if self.reference is not None and cfg.sync_ref_model and self.step % cfg.ref_model_sync_steps == 0:
+            mix_into(self.reference, self.model, cfg.ref_model_mixup_alpha)
+        return metrics, b, rewards
+
+    def _update(self, b, advantages, old_lp, ref_lp, on_policy, metrics):
+        cfg, geo = self.cfg, self.geometry
+        n = b["completion_ids"].shape[0]
+        per_mini, mb = geo.sequences_per_mini_batch, cfg.per_device_train_batch_size
+        sums = {}
+        self.model.train()
+        for _ in range(cfg.update_iters):
+            for m0 in range(0, n, per_mini):
+                mini_mask = b["completion_mask_loss"][m0:m0 + per_mini]
+                local = global_denominators(mini_mask, cfg.loss_agg_mode)
+                keys = sorted(local)
+                denominators = dict(zip(keys, dist.all_reduce_sum([local[k] for k in keys]).tolist()))
+                agg = {k: v for k, v in denominators.items()}
+                if cfg.loss_agg_mode == "seq-mean-token-sum-norm":
+                    agg["max_dec_len"] = cfg.max_dec_len
+                finite = True
+                for s in range(m0, m0 + per_mini, mb):
+                    sl = slice(s, s + mb)
+                    stats = self._micro_step(b, advantages, old_lp, ref_lp, sl, agg)
+                    finite = finite and stats.pop("finite")
+                    for k, v in stats.items():
+                        sums.setdefault(k, []).append(v)
+                grad_norm = self._grad_norm()
+                finite = finite and math.isfinite(grad_norm)
+                if finite:
+                    self.optimizer.step()
+                    self.nonfinite_in_a_row = 0
+                    sums.setdefault("train/grad_norm", []).append(grad_norm)
+                else:
+                    self.nonfinite_total += 1
+                    self.nonfinite_in_a_row += 1
+                    logger.warning("step %d: non-finite loss or gradient, optimizer step skipped (%d in a row)",
+                                   self.step + 1, self.nonfinite_in_a_row)
+                    if self.nonfinite_in_a_row >= cfg.max_consecutive_nonfinite:
+                        raise TrainingError(
+                            f"{self.nonfinite_in_a_row} consecutive updates had a non-finite loss or gradient "
+                            f"(max_consecutive_nonfinite = {cfg.max_consecutive_nonfinite}); stopping. Lower "
+                            "learning_rate, set max_grad_norm, or check the rewards for inf/NaN.")
+                self.optimizer.clear_grad(set_to_zero=False)
+                self.scheduler.step()
+                self.optimizer_steps += 1
+        for k, v in sums.items():
+            metrics[k] = float(np.mean(v))
+        metrics["train/nonfinite_updates"] = float(self.nonfinite_total)
+        metrics["train/optimizer_steps"] = float(self.optimizer_steps)
+
+    def _micro_step(self, b, advantages, old_lp, ref_lp, sl, agg):
+        cfg = self.cfg
+        mask = b["completion_mask_loss"][sl]
+        need_entropy = True  # logged every step (train/entropy); its cost is one pass over the logits
+        lp, entropy = completion_logprobs(self.train_model, b["prompt_ids"][sl], b["prompt_mask"][sl],
+                                          b["completion_ids"][sl], b["completion_mask"][sl],
+                                          temperature=cfg.temperature, with_entropy=need_entropy)
+        old = lp.detach() if old_lp is None else old_lp[sl]
+        out = compute_policy_loss(lp, old, advantages[sl], mask, clip_ratio_low=cfg.eps_low,
+                                  clip_ratio_high=cfg.eps_high, clip_ratio_c=cfg.clip_ratio_c,
+                                  importance_sampling_level=cfg.importance_sampling_level,
+                                  loss_agg_mode=cfg.loss_agg_mode, **agg)
+        loss = cfg.pg_loss_coeff * out["pg_loss"]
+        stats = {"train/policy_loss": float(out["pg_loss"]), "train/clip_frac_low": float(out["clip_frac_low"]),
+                 "train/clip_frac_high": float(out["clip_frac_high"]),
+                 "train/clip_frac_dual": float(out["clip_frac_dual"]),
+                 "train/approx_kl_old": float(out["approx_kl_old"])}
+        if cfg.kl_loss_coeff > 0:
+            kl = kl_penalty(lp, ref_lp[sl], cfg.kl_loss_estimator)
+            kl_loss = aggregate_loss(kl, mask, cfg.loss_agg_mode, **agg)
+            loss = loss + cfg.kl_loss_coeff * kl_loss
+            stats["train/kl_loss"] = float(kl_loss)
+        ent_agg = aggregate_loss(entropy, mask, cfg.loss_agg_mode, **agg)
+        if cfg.entropy_coeff > 0:
+            loss = loss - cfg.entropy_coeff * ent_agg
+        stats["train/entropy"] = float(masked_mean(entropy.detach(), mask))
+        finite = bool(paddle.isfinite(loss))
+        if finite:
+            loss.backward()
+        stats["finite"] = finite
+        return stats
+
+    def _grad_norm(self):
+        sq = [paddle.sum(paddle.square(p.grad.astype("float32"))) for p in self.model.parameters()
+              if p.grad is not None]
+        return float(paddle.sqrt(paddle.add_n(sq))) if sq else 0.0
+
+    # ------------------------------------------------------------------------------------------ evaluation
+
+    def evaluate(self):
+        """Greedy (or sampled, `eval_do_sample`) completions for the eval set: eval/reward and eval/accuracy
+        (share of samples with the maximal reward the reward functions can give)."""
+        cfg = self.cfg
+        shard = list(range(self.rank, len(self.eval_records), self.world))
+        rewards, samples = [], []
+        t0 = time.perf_counter()
+        for s in range(0, len(shard), cfg.per_device_eval_batch_size):
+            idx = shard[s:s + cfg.per_device_eval_batch_size]
+            rollout = self._rollout_round(idx, 1, do_sample=cfg.eval_do_sample, records=self.eval_records)
+            texts = self._responses(rollout)
+            result = self._score(self.eval_records, idx, rollout, texts, 1)
+            rewards.extend(result.scores)
+            if not samples:
+                samples = [{"prompt_tail": self.eval_records[i]["src"][-120:], "response": t, "reward": r}
+                           for i, t, r in zip(idx[:2], texts, result.scores)]
+        everything = [r for part in dist.all_gather_object(rewards) for r in part]
+        scores = np.array([np.nan if r is None else r for r in everything], dtype=np.float64)
+        best = self._max_reward()
+        judged = scores[~np.isnan(scores)]
+        metrics = {"eval/reward": float(judged.mean()) if judged.size else 0.0,
+                   "eval/accuracy": float((np.nan_to_num(scores, nan=-np.inf) >= best - 1e-6).mean())
+                   if best is not None else float("nan"),
+                   "eval/samples": float(len(scores)), "perf/eval_s": time.perf_counter() - t0}
+        self.log.log_samples(self.step, samples, tag="eval")
+        return metrics
+
+    def _max_reward(self):
+        """Largest total reward the configured functions can give (None when unknown, e.g. a remote server)."""
+        rs = getattr(self.rewarder, "reward_set", None)
+        if rs is None:
+            return getattr(self.rewarder, "max_score", None)
+        best = getattr(rs, "max_score", None)
+        return best() if callable(best) else best
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+
+    def trainer_state(self):
+        return {"sampler": self.sampler.state_dict(),
+                "normalizer": self.normalizer.state_dict() if self.normalizer is not None else None,
+                "scheduler": self.scheduler.state_dict(), "nonfinite_total": self.nonfinite_total,
+                "nonfinite_in_a_row": self.nonfinite_in_a_row, "optimizer_steps": self.optimizer_steps}
+
+    def save(self):
+        if dist.is_main():
+            full = not self.cfg.ignore_save_lr_and_optim
+            path = ckpt.save_checkpoint(
+                self.cfg.output_dir, self.step, self.model, self.tokenizer, trainer_state=self.trainer_state(),
+                optimizer=self.optimizer, full=full, total_limit=self.cfg.save_total_limit,
+                reference=self.reference if (self.cfg.sync_ref_model and full) else None)
+            logger.info("saved %s", path)
+        dist.barrier()
+
+    def _resume(self, path):
+        state = ckpt.load_trainer_state(path)
+        ckpt.load_weights(self.model, path)
+        if self.reference is not None and os.path.isdir(os.path.join(path, ckpt.REFERENCE_DIR)):
+            ckpt.load_weights(self.reference, os.path.join(path, ckpt.REFERENCE_DIR))
+        ckpt.load_optimizer_and_rng(path, self.optimizer)
+        self.scheduler.set_state_dict(state["scheduler"])
+        self.sampler.set_state_dict(state["sampler"])
+        if self.normalizer is not None and state.get("normalizer"):
+            self.normalizer.set_state_dict(state["normalizer"])
+        self.nonfinite_total = state["nonfinite_total"]
+        self.nonfinite_in_a_row = state["nonfinite_in_a_row"]
+        self.optimizer_steps = state["optimizer_steps"]
+        self.step = state["step"]
+        logger.info("resumed from %s at step %d", path, self.step)
+
+    # ------------------------------------------------------------------------------------------- main loop
+
+    def _should_eval(self):
+        return self.cfg.do_eval and self.cfg.evaluation_strategy == "steps" and self.eval_records and (
+            self.step % self.cfg.eval_steps == 0 or self.step == self.max_steps)
+
+    def train(self):
+        """Run to max_steps. Ctrl-C saves a checkpoint and stops cleanly. Returns the last step's metrics."""
+        cfg = self.cfg
+        metrics = {}
+        interrupted = False
+        previous = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            if self.step == 0 and self._should_eval_at_start():
+                first = self.evaluate()
+                self.log.log(0, first)
+            while self.step < self.max_steps:
+                metrics, b, rewards = self.train_step()
+                if self._should_eval():
+                    metrics.update(self.evaluate())
+                self.log.log(self.step, metrics)
+                self.log.advance(self.step, metrics)
+                if self.step % cfg.logging_steps == 0:
+                    self.log.log_samples(self.step, _sample_rows(b, rewards, self.rank))
+                if cfg.save_strategy == "steps" and self.step % cfg.save_steps == 0 and self.step < self.max_steps:
+                    self.save()
+        except KeyboardInterrupt:
+            interrupted = True
+            logger.warning("interrupted at step %d: saving a checkpoint before stopping", self.step)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        if cfg.save_strategy == "steps" or interrupted:
+            self.save()
+        self.log.close()
+        if interrupted:
+            raise KeyboardInterrupt
+        return metrics
+
+    def _should_eval_at_start(self):
+        return self.cfg.do_eval and self.cfg.evaluation_strategy == "steps" and bool(self.eval_records)
+
+
+def _raise_interrupt(*_):
+    """SIGTERM (a scheduler stopping the job) is handled like Ctrl-C: save, then stop."""
+    raise KeyboardInterrupt
+
+
+def _split_groups(indices, rollout, texts, result, G):
+    """Per-prompt groups of this round (so dynamic sampling can keep or drop whole groups)."""
+    groups = []
+    for i, idx in enumerate(indices):
+        rows = slice(i * G, (i + 1) * G)
+        scores = result.scores[rows]
+        judged = [s for s in scores if s is not None]
+        groups.append({
+            "index": idx, "prompt_ids": rollout.prompt_ids[rows], "prompt_mask": rollout.prompt_mask[rows],
+            "completion_ids": rollout.completion_ids[rows], "completion_mask": rollout.completion_mask[rows],
+            "sample_logprobs": rollout.sample_logprobs[rows], "lengths": rollout.lengths[rows],
+            "truncated": rollout.truncated[rows], "texts": texts[rows], "scores": scores,
+            "by_function": {k: v[rows] for k, v in result.scores_by_function.items()},
+            # DAPO: a group whose rewards all agree (variance < 1e-6) gives no gradient under group baselines.
+            "informative": len(judged) > 1 and float(np.var(judged)) >= 1e-6,
+        })
+    return groups
+
+
+def _merge_groups(groups, pad_id):
+    """Stack groups into one batch, padding prompts (left) and completions (right) to common lengths."""
+    L = max(g["prompt_ids"].shape[1] for g in groups)
+    T = max(g["completion_ids"].shape[1] for g in groups)
+
+    def left(x, width, value):
+        return x if x.shape[1] == width else paddle.concat(
+            [paddle.full([x.shape[0], width - x.shape[1]], value, dtype=x.dtype), x], axis=1)
+
+    def right(x, width, value):
+        return x if x.shape[1] == width else paddle.concat(
+            [x, paddle.full([x.shape[0], width - x.shape[1]], value, dtype=x.dtype)], axis=1)
+
+    scores = [s for g in groups for s in g["scores"]]
+    names = list(groups[0]["by_function"])
+    return {
+        "prompt_ids": paddle.concat([left(g["prompt_ids"], L, pad_id) for g in groups]),
+        "prompt_mask": paddle.concat([left(g["prompt_mask"], L, 0) for g in groups]),
+        "completion_ids": paddle.concat([right(g["completion_ids"], T, pad_id) for g in groups]),
+        "completion_mask": paddle.concat([right(g["completion_mask"], T, 0) for g in groups]),
+        "sample_logprobs": paddle.concat([right(g["sample_logprobs"], T, 0.0) for g in groups]),
+        "lengths": np.concatenate([g["lengths"] for g in groups]),
+        "truncated": np.concatenate([g["truncated"] for g in groups]),
+        "texts": [t for g in groups for t in g["texts"]],
+        "rewards": np.array([0.0 if s is None else s for s in scores], dtype=np.float64),
+        "valid": np.array([s is not None for s in scores]),
+        "by_function": {k: [v for g in groups for v in g["by_function"][k]] for k in names},
+    }
+
+
+def _sample_rows(b, rewards, rank, k=4):
+    n = len(b["texts"])
+    start = rank * n
+    return [{"response": b["texts"][i], "reward": float(rewards[start + i]), "length": int(b["lengths"][i])}
+            for i in range(min(k, n))]
+
+
+def train(cfg):
+    """Entry point used by run_rl.py: build the trainer and run it; returns a process exit status."""
+    trainer = Trainer(cfg)
+    if dist.is_main():
+        logger.info("%d training prompts, %d eval prompts, %d steps; batch geometry %s",
+                    len(trainer.train_records), len(trainer.eval_records), trainer.max_steps, trainer.geometry)
+    try:
+        trainer.train()
+    except KeyboardInterrupt:
+        return 130
+    return 0
