@@ -42,7 +42,7 @@ def generate(model, prompt_ids, prompt_mask, *, num_samples=1, max_new_tokens=64
     """
     prompt_ids = paddle.to_tensor(prompt_ids, dtype="int64")
     prompt_mask = paddle.to_tensor(prompt_mask, dtype="int64")
-    eos = sorted({int(e) for e in np.atleast_1d(eos_token_ids)})
+    eos = sorted({int(eos_token_ids)} if np.isscalar(eos_token_ids) else {int(e) for e in eos_token_ids})
     if not eos:
         raise ValueError("generate needs at least one EOS token id")
     B = prompt_ids.shape[0]

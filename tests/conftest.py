@@ -24,3 +24,22 @@ def shared_data():
 @pytest.fixture(scope="session")
 def repo_root():
     return REPO
+
+
+TINY_CORPUS = [
+    "<|im_start|>user\nA very special island is inhabited only by knights and knaves. Knights always tell the "
+    "truth, and knaves always lie. You meet 2 inhabitants: Zoey and Ethan.<|im_end|>\n<|im_start|>assistant\n"
+    "<think> Zoey says Ethan is a knave. </think><answer>(1) Zoey is a knight\n(2) Ethan is a knave</answer>"
+    "<|im_end|>",
+    "What is 12 + 35? The answer is 47. #### 47",
+] * 10
+
+
+@pytest.fixture(scope="session")
+def tiny_policy_dir(tmp_path_factory):
+    """A tiny random Qwen2 policy + byte-level BPE tokenizer saved with save_pretrained (built once per session)."""
+    from paddle_grpo.tiny import build_tiny_policy
+
+    path = tmp_path_factory.mktemp("tiny_policy")
+    build_tiny_policy(str(path), TINY_CORPUS, vocab_size=320, seed=0)
+    return str(path)

@@ -1,0 +1,85 @@
+"""Model helpers (paddle_grpo/modeling.py) and the learning-rate schedule, against independent references."""
+import math
+
+import numpy as np
+import paddle
+import pytest
+
+from paddle_grpo.modeling import (completion_logprobs, load_causal_lm, load_tokenizer, mix_into,
+                                  parameters_by_decay, position_ids_from_mask)
+from paddle_grpo.trainer import lr_lambda
+
+
+def test_position_ids_skip_left_padding():
+    mask = paddle.to_tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]])
+    assert position_ids_from_mask(mask).numpy().tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4], [0, 0, 0, 0, 0]]
+
+
+def test_completion_logprobs_equal_unpadded_full_forward(tiny_policy_dir):
+    """Each row separately, without padding, through the ordinary forward; numpy log-softmax at temperature."""
+    model, tok = load_causal_lm(tiny_policy_dir), load_tokenizer(tiny_policy_dir)
+    model.eval()
+    rng = np.random.default_rng(0)
+    V = len(tok)
+    prompts = [rng.integers(3, V, size=n).tolist() for n in (5, 9, 2)]
+    completions = [rng.integers(3, V, size=n).tolist() for n in (4, 1, 6)]
+    L, T = max(map(len, prompts)), max(map(len, completions))
+    pid = np.array([[0] * (L - len(p)) + p for p in prompts])
+    pm = np.array([[0] * (L - len(p)) + [1] * len(p) for p in prompts])
+    cid = np.array([c + [0] * (T - len(c)) for c in completions])
+    cm = np.array([[1] * len(c) + [0] * (T - len(c)) for c in completions])
+    temp = 0.7
+    with paddle.no_grad():
+        lp, ent = completion_logprobs(model, paddle.to_tensor(pid), paddle.to_tensor(pm), paddle.to_tensor(cid),
+                                      paddle.to_tensor(cm), temperature=temp, with_entropy=True)
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        with paddle.no_grad():
+            logits = model(paddle.to_tensor([p + c]), return_dict=True).logits[0].numpy().astype(np.float64)
+        z = logits[len(p) - 1:len(p) + len(c) - 1] / temp
+        logsm = z - z.max(-1, keepdims=True) - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True))
+        expected = logsm[np.arange(len(c)), c]
+        np.testing.assert_allclose(lp.numpy()[i, :len(c)], expected, atol=2e-5)
+        probs = np.exp(logsm)
+        np.testing.assert_allclose(ent.numpy()[i, :len(c)], -(probs * logsm).sum(-1), atol=2e-5)
+
+
+def test_load_refuses_a_missing_directory(tmp_path):
+    with pytest.raises(FileNotFoundError, match="actor_model_name_or_path: '.*nope' is not a local model directory"):
+        load_causal_lm(str(tmp_path / "nope"))
+
+
+def test_frozen_reference_has_no_gradients(tiny_policy_dir):
+    ref = load_causal_lm(tiny_policy_dir, trainable=False)
+    assert not ref.training and all(p.stop_gradient for p in ref.parameters())
+
+
+def test_weight_decay_skips_biases_and_norms(tiny_policy_dir):
+    model = load_causal_lm(tiny_policy_dir)
+    decay = parameters_by_decay(model)
+    names = {p.name: n for n, p in model.named_parameters()}
+    assert all("norm" not in names[d] and "bias" not in names[d] for d in decay)
+    assert any("q_proj.weight" in names[d] for d in decay)
+    assert not any("norm" in n for n in (names[d] for d in decay))
+    assert any("norm" in n for n in names.values())
+
+
+def test_mix_into_is_the_tr_dpo_average(tiny_policy_dir):
+    a, b = load_causal_lm(tiny_policy_dir), load_causal_lm(tiny_policy_dir)
+    with paddle.no_grad():
+        for p in a.parameters():
+            p.set_value(p + 1.0)
+    before = [p.numpy().copy() for p in b.parameters()]
+    mix_into(b, a, 0.25)
+    for r, pa, old in zip(b.parameters(), a.parameters(), before):
+        np.testing.assert_allclose(r.numpy(), 0.25 * pa.numpy() + 0.75 * old, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["constant", "linear", "cosine"])
+def test_lr_schedule_hand_computed(kind):
+    f = lr_lambda(kind, warmup=4, total=20)
+    assert [f(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    values = [f(s) for s in range(4, 21)]
+    progress = [(s - 4) / 16 for s in range(4, 21)]
+    expected = {"constant": [1.0] * 17, "linear": [1 - p for p in progress],
+                "cosine": [0.5 * (1 + math.cos(math.pi * p)) for p in progress]}[kind]
+    np.testing.assert_allclose(values, expected, atol=1e-12)
