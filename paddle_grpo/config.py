@@ -82,8 +82,10 @@ class DataArguments:
     eval_datasets: str = arg("", "Evaluation data, same format as `train_datasets`.")
     prompt_key: str = arg("src", "Field holding the prompt.")
     response_key: str = arg("tgt", "Field holding the reference answer passed to reward functions as `tgt`.")
-    chat_template: str = arg("auto", "(new) auto: prompts already containing `<|im_start|>` pass through unchanged, "
-                                     "others are wrapped in Qwen's chat format; none: never wrap; qwen: always wrap.",
+    chat_template: str = arg("auto", "(new) How raw prompts become model input. Prompts already containing "
+                                     "`<|im_start|>` pass through unchanged in every mode (PaddleNLP's data is "
+                                     "templated). auto: the tokenizer's own chat template when it has one, else "
+                                     "Qwen's format; qwen: always Qwen's format; none: the prompt as is.",
                              choices=("auto", "none", "qwen"))
     dataloader_drop_last: bool = arg(True, "Drop the last incomplete batch of prompts of an epoch.")
     dataloader_shuffle: bool = arg(False, "Shuffle prompts each epoch (seeded by `seed` and the epoch).")

@@ -139,7 +139,9 @@ class Trainer:
         texts = []
         for row, n, cut in zip(ids, rollout.lengths, rollout.truncated):
             keep = row[:n] if cut else row[:max(0, n - 1)]
-            texts.append(self.tokenizer.decode(keep.tolist(), skip_special_tokens=False))
+            # clean_up_tokenization_spaces would rewrite the text (" ..." -> "..."); rewards see it verbatim.
+            texts.append(self.tokenizer.decode(keep.tolist(), skip_special_tokens=False,
+                                               clean_up_tokenization_spaces=False))
         return texts
 
     def _score(self, records, indices, rollout, texts, G):
