@@ -58,6 +58,10 @@ def arg(default, help, *, choices=None, inert=None, gpu_only=None, default_facto
 class ModelArguments:
     actor_model_name_or_path: str = arg("", "Local directory of the policy (actor) model and tokenizer; the "
                                             "reference model is a frozen copy of it.")
+    build_actor_if_missing: str = arg("", "(new) When actor_model_name_or_path does not exist yet, build it with this "
+                                          "recipe first (quickstart: the embedded default's tiny policy, made "
+                                          "locally in a few minutes). Empty: the directory must exist.",
+                                      choices=("", "quickstart"))
     reward_model_name_or_path: str = arg("", "A reward *model* (not supported: use reward functions in-process or a "
                                              "reward server). Must be empty.")
     use_rm_server: bool = arg(True, "Score completions through the reward server at `reward_server`; false scores "

@@ -70,6 +70,8 @@ class Trainer:
         paddle.seed(cfg.seed + self.rank)
         np.random.seed(cfg.seed + self.rank)
 
+        if cfg.build_actor_if_missing and not os.path.isdir(cfg.actor_model_name_or_path):
+            _build_actor(cfg)
         self.tokenizer = load_tokenizer(cfg.actor_model_name_or_path)
         self.eos_ids = sorted({self.tokenizer.eos_token_id})
         self.model = load_causal_lm(cfg.actor_model_name_or_path, recompute=cfg.recompute)
@@ -531,6 +533,17 @@ class Trainer:
 
     def _should_eval_at_start(self):
         return self.cfg.do_eval and self.cfg.evaluation_strategy == "steps" and bool(self.eval_records)
+
+
+def _build_actor(cfg):
+    """Make the policy directory with the named recipe (rank 0 builds; the others wait and load it)."""
+    if dist.is_main():
+        from .quickstart import build_quickstart_policy
+
+        logger.info("%s does not exist: building it with the '%s' recipe", cfg.actor_model_name_or_path,
+                    cfg.build_actor_if_missing)
+        build_quickstart_policy(cfg.actor_model_name_or_path, seed=cfg.seed)
+    dist.barrier()
 
 
 def _raise_interrupt(*_):
