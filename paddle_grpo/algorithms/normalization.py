@@ -1,0 +1,90 @@
+"""Reward normalisation with running statistics, and batch whitening of advantages (ALGORITHMS.md sections 1, 2)."""
+from typing import Dict
+
+import numpy as np
+import paddle
+
+from ._common import as_float, as_mask, compute_dtype, masked_centered_var
+
+
+class RunningRewardNormalizer:
+    """Running mean / variance of scalar rewards, updated with Chan et al.'s parallel algorithm.
+
+    For a batch with `n_b` rewards, mean `mean_b` and POPULATION variance `var_b` (divided by `n_b`):
+        delta = mean_b - mu;  mu' = mu + delta n_b / (N + n_b)
+        var'  = (var N + var_b n_b + delta^2 N n_b / (N + n_b)) / (N + n_b);  N' = N + n_b
+    With population variances this merge is exact: after any sequence of updates `mu`, `var` are the mean and
+    population variance (`np.var`) of every reward seen (an unbiased `var_b` would not compose). Initial state
+    mean 0, var 1, count 0, so before the first update `normalize` is the identity.
+
+    The update is done in float64 and the mean and variance are stored rounded to float32 (PaddleNLP keeps them in
+    bf16, which loses them). The count is kept as an exact integer-valued float: a float32 count stops growing
+    at 2^24 rewards. Pass the global batch (all ranks) so every rank keeps the same statistics.
+    """
+
+    def __init__(self, epsilon: float = 1e-8):
+        self.epsilon = epsilon
+        self.mean = np.float32(0.0)
+        self.var = np.float32(1.0)
+        self.count = 0.0
+
+    @staticmethod
+    def _to_numpy(rewards) -> np.ndarray:
+        if isinstance(rewards, paddle.Tensor):
+            rewards = rewards.astype("float32").numpy() if rewards.dtype != paddle.float64 else rewards.numpy()
+        return np.asarray(rewards, dtype=np.float64).reshape(-1)
+
+    def update(self, rewards) -> None:
+        """Fold a batch of scalar rewards `[n]` (paddle tensor, numpy array or list) into the statistics."""
+        batch = self._to_numpy(rewards)
+        n_b = batch.size
+        if n_b == 0:
+            return
+        mean_b = batch.mean()
+        var_b = np.mean((batch - mean_b) ** 2)
+        n, mu, var = self.count, float(self.mean), float(self.var)
+        total = n + n_b
+        delta = mean_b - mu
+        self.mean = np.float32(mu + delta * n_b / total)
+        self.var = np.float32((var * n + var_b * n_b + delta * delta * n * n_b / total) / total)
+        self.count = float(total)
+
+    def normalize(self, rewards):
+        """`(R - mu) / (sqrt(var) + 1e-8)` with the current statistics; a paddle tensor in gives a float32 paddle
+        tensor out, anything else a float32 numpy array."""
+        denominator = float(np.sqrt(np.float32(self.var)) + np.float32(self.epsilon))
+        if isinstance(rewards, paddle.Tensor):
+            return (as_float(rewards, "float32") - float(self.mean)) / denominator
+        return ((np.asarray(rewards, dtype=np.float64) - float(self.mean)) / denominator).astype(np.float32)
+
+    def update_and_normalize(self, rewards):
+        """`update(rewards)` then `normalize(rewards)` (ALGORITHMS.md normalises with the updated statistics)."""
+        self.update(rewards)
+        return self.normalize(rewards)
+
+    __call__ = update_and_normalize
+
+    def state_dict(self) -> Dict[str, float]:
+        """Plain python floats, so the state can go into a JSON checkpoint file."""
+        return {"mean": float(self.mean), "var": float(self.var), "count": float(self.count)}
+
+    def set_state_dict(self, state: Dict[str, float]) -> None:
+        self.mean = np.float32(state["mean"])
+        self.var = np.float32(state["var"])
+        self.count = float(state["count"])
+
+    def __repr__(self) -> str:
+        return f"RunningRewardNormalizer(mean={float(self.mean):.6g}, var={float(self.var):.6g}, count={self.count:g})"
+
+
+def normalize_advantage(advantages, response_mask, epsilon: float = 1e-8) -> paddle.Tensor:
+    """`(A - mean) / (std + 1e-8) * m` over all valid tokens of the batch (ALGORITHMS.md section 2).
+
+    `advantages`, `response_mask`: `[bs, T]`. `std` is unbiased (Bessel; with one valid token it is taken as 0).
+    Pass the global batch. Returns `[bs, T]` float32 (float64 for float64 input), 0 on masked positions.
+    """
+    dtype = compute_dtype(advantages)
+    values = as_float(advantages, dtype)
+    mask = as_mask(response_mask, dtype)
+    centered, var = masked_centered_var(values, mask)
+    return centered / (paddle.sqrt(var) + epsilon)
