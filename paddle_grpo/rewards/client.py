@@ -1,0 +1,186 @@
+"""Trainer-side scoring: `RewardClient` for reward servers, `InProcessRewarder` for the same functions in-process.
+
+Both have `score(src, tgt, response) -> list[float | None]` and `score_detailed(...) -> RewardResult`, so the
+trainer treats them alike (`make_rewarder` picks one from `use_rm_server`). None means the reward function could
+not judge that sample. A failure is never turned into reward 0 (PaddleNLP's client does that): after its retries
+the client raises RewardServerError saying which servers were tried and how each failed.
+"""
+import itertools
+import logging
+import math
+import random
+import re
+import time
+import uuid
+
+import requests
+
+from .combine import RewardResult, RewardSet
+
+logger = logging.getLogger(__name__)
+
+# 408 and 429 are 4xx but mean "try again later"; other 4xx mean the request itself is wrong.
+_RETRYABLE_4XX = (408, 429)
+
+
+class RewardServerError(RuntimeError):
+    """The reward server(s) could not score a batch; the message names each server tried and the failure."""
+
+
+class RewardRequestError(RewardServerError):
+    """A server rejected the request (4xx): retrying the same request cannot help."""
+
+
+class RewardResponseError(RewardServerError):
+    """A server answered 200 with a reply that breaks the protocol (not JSON, error_code != 0, wrong length)."""
+
+
+def _short(exc):
+    text = str(exc)
+    # requests buries the useful part ("[Errno 111] Connection refused") at the end of a long message.
+    errno = re.search(r"\[Errno -?\d+\][^'\")]*", text)
+    if errno:
+        text = errno.group(0).strip()
+    return f"{type(exc).__name__}: {text[:200]}"
+
+
+def _split_urls(urls):
+    if isinstance(urls, str):
+        urls = urls.split(",")
+    urls = [u.strip().rstrip("/") for u in urls if u and u.strip()]
+    if not urls:
+        raise ValueError("RewardClient needs at least one reward server URL (e.g. http://127.0.0.1:8731)")
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"reward server URL must start with http:// or https://, got {url!r}")
+    return urls
+
+
+class RewardClient:
+    """HTTP client for one or more reward servers (PaddleNLP's protocol).
+
+    urls: list or comma-separated string. Each `score` call goes to the next server in turn (round-robin); a failed
+    attempt moves on to the next server, after an exponential backoff (backoff * 2**k seconds, capped at
+    max_backoff, with +-20 % jitter so many trainer ranks do not retry in lockstep). Retried: connection errors,
+    timeouts, 5xx, 408, 429; total attempts = 1 + max_retries. Not retried: other 4xx (RewardRequestError, with
+    the server's error_msg) and protocol violations in a 200 reply (RewardResponseError).
+    """
+
+    def __init__(self, urls, connect_timeout=5, read_timeout=60, max_retries=3, backoff=0.5, token=None,
+                 session=None, max_backoff=30.0):
+        self.urls = _split_urls(urls)
+        self.timeout = (connect_timeout, read_timeout)
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.session = session or requests.Session()
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._turn = itertools.count()  # next() is atomic in CPython, so threads may share a client
+
+    def score(self, src, tgt, response):
+        """Weighted total reward per sample (None: the server could not judge that sample)."""
+        return self.score_detailed(src, tgt, response).scores
+
+    def score_detailed(self, src, tgt, response):
+        """RewardResult with the totals, the per-function scores and per-sample reasons (when the server sends
+        them; a PaddleNLP server sends only `score`)."""
+        batch = {"src": list(src), "tgt": list(tgt), "response": list(response)}
+        n = len(batch["response"])
+        if not (len(batch["src"]) == len(batch["tgt"]) == n):
+            raise ValueError(f"src, tgt and response must have equal lengths, got {len(batch['src'])}, "
+                             f"{len(batch['tgt'])}, {n}")
+        if n == 0:
+            return RewardResult([], {}, [])
+        request_id = uuid.uuid4().hex[:16]
+        first = next(self._turn)
+        failures = []
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                delay = min(self.backoff * 2 ** (attempt - 1), self.max_backoff) * random.uniform(0.8, 1.2)
+                time.sleep(delay)
+            url = self.urls[(first + attempt) % len(self.urls)]
+            try:
+                reply = self.session.post(url + "/", json=batch, timeout=self.timeout,
+                                          headers={**self.headers, "X-Request-Id": request_id})
+            except requests.RequestException as exc:
+                failures.append(f"{url} -> {_short(exc)}")
+                logger.warning("reward server %s failed (attempt %d/%d, request %s): %s", url, attempt + 1,
+                               self.max_retries + 1, request_id, _short(exc))
+                continue
+            status = reply.status_code
+            if status >= 500 or status in _RETRYABLE_4XX:
+                failures.append(f"{url} -> HTTP {status}: {_error_msg(reply)}")
+                logger.warning("reward server %s answered HTTP %d (attempt %d/%d, request %s): %s", url, status,
+                               attempt + 1, self.max_retries + 1, request_id, _error_msg(reply))
+                continue
+            if status != 200:
+                raise RewardRequestError(f"reward server {url} rejected the request (request {request_id}) with "
+                                         f"HTTP {status}: {_error_msg(reply)}")
+            return _check_reply(reply, url, n, request_id)
+        raise RewardServerError(f"reward servers failed {len(failures)} times for a batch of {n} "
+                                f"(request {request_id}): " + "; ".join(failures))
+
+
+def _error_msg(reply):
+    try:
+        body = reply.json()
+        if isinstance(body, dict) and "error_msg" in body:
+            return str(body["error_msg"])[:500]
+    except ValueError:
+        pass
+    return reply.text[:200].strip() or reply.reason or "(empty body)"
+
+
+def _check_reply(reply, url, n, request_id):
+    where = f"reward server {url} (request {request_id})"
+    try:
+        body = reply.json()
+    except ValueError:
+        raise RewardResponseError(f"{where} answered 200 with a body that is not JSON: {reply.text[:200]!r}")
+    if not isinstance(body, dict):
+        raise RewardResponseError(f"{where} answered with a JSON {type(body).__name__}, not an object")
+    if body.get("error_code") != 0:
+        raise RewardResponseError(f"{where} answered error_code={body.get('error_code')!r}: "
+                                  f"{body.get('error_msg')!r}")
+    scores = body.get("score")
+    if not isinstance(scores, list) or len(scores) != n:
+        got = f"{len(scores)} scores" if isinstance(scores, list) else f"score={type(scores).__name__}"
+        raise RewardResponseError(f"{where} answered {got} for a batch of {n}")
+    for i, value in enumerate(scores):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value)):
+            raise RewardResponseError(f"{where} answered a non-numeric score at index {i}: {value!r}")
+    scores = [None if v is None else float(v) for v in scores]
+    by_function = body.get("scores_by_function") or {}
+    errors = body.get("errors") or [None] * n
+    if not isinstance(by_function, dict) or not isinstance(errors, list) or len(errors) != n:
+        raise RewardResponseError(f"{where} answered a malformed scores_by_function / errors field")
+    return RewardResult(scores, by_function, errors)
+
+
+class InProcessRewarder:
+    """The same `score` / `score_detailed` interface, computed in this process with a RewardSet
+    (`use_rm_server: false`). Extra dataset columns may be passed as keyword arguments."""
+
+    def __init__(self, reward_funcs, weights=None, timeout_s=None):
+        self.reward_set = RewardSet(reward_funcs, weights=weights, timeout_s=timeout_s)
+
+    def score(self, src, tgt, response, **columns):
+        return self.score_detailed(src, tgt, response, **columns).scores
+
+    def score_detailed(self, src, tgt, response, **columns):
+        return self.reward_set(list(src), list(response), tgt=list(tgt), **columns)
+
+
+def make_rewarder(use_rm_server, reward_server=None, reward_funcs=None, reward_weights=None, token=None,
+                  timeout_s=None, **client_kwargs):
+    """RewardClient(reward_server) when use_rm_server, else InProcessRewarder(reward_funcs, reward_weights)."""
+    if use_rm_server:
+        if not reward_server:
+            raise ValueError("use_rm_server is true but reward_server is empty; give e.g. http://127.0.0.1:8731")
+        return RewardClient(reward_server, token=token, **client_kwargs)
+    if not reward_funcs:
+        raise ValueError("use_rm_server is false: set reward_funcs (e.g. 'kk' or 'gsm8k,tag_format')")
+    return InProcessRewarder(reward_funcs, weights=reward_weights, timeout_s=timeout_s)

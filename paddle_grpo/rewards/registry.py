@@ -1,0 +1,93 @@
+"""Reward functions by name: built-ins register themselves; users point at `module:function` or
+`path/to/file.py:function`.
+
+    @register_reward("my_reward")
+    def my_reward(prompts, completions, **kwargs): ...
+
+    get_reward_fn("kk")                      # a registered name
+    get_reward_fn("my_pkg.rewards:score")    # an importable module
+    get_reward_fn("rewards/mine.py:score")   # a file
+"""
+import hashlib
+import importlib
+import importlib.util
+import os
+
+_REGISTRY = {}
+
+
+def register_reward(name):
+    """Decorator registering `fn(prompts, completions, **kwargs) -> list[float | None]` under `name`."""
+    if not isinstance(name, str) or not name or ":" in name or "," in name:
+        raise ValueError(f"reward name must be a non-empty string without ':' or ',', got {name!r}")
+
+    def decorator(fn):
+        if not callable(fn):
+            raise TypeError(f"register_reward({name!r}) must decorate a callable, got {type(fn).__name__}")
+        if name in _REGISTRY and _REGISTRY[name] is not fn:
+            raise ValueError(f"a reward named {name!r} is already registered ({_REGISTRY[name]!r})")
+        _REGISTRY[name] = fn
+        return fn
+
+    return decorator
+
+
+def available_rewards():
+    """Sorted names of the registered reward functions."""
+    return sorted(_REGISTRY)
+
+
+def get_reward_fn(name_or_spec):
+    """Resolve a registered name, `module:function` or `path/to/file.py:function` to the function.
+
+    A callable is returned as it is. Errors say what was asked for and what went wrong (unknown name with the
+    valid ones listed; the module or file that failed to import and why; a missing attribute)."""
+    if callable(name_or_spec):
+        return name_or_spec
+    if not isinstance(name_or_spec, str) or not name_or_spec.strip():
+        raise ValueError(f"a reward is given by name or 'module:function', got {name_or_spec!r}")
+    spec = name_or_spec.strip()
+    if ":" not in spec:
+        if spec in _REGISTRY:
+            return _REGISTRY[spec]
+        raise KeyError(f"unknown reward {spec!r}; registered rewards: {', '.join(available_rewards())}; "
+                       "or give 'module:function' / 'path/to/file.py:function'")
+    # rsplit: a Windows path like C:\x.py:fn has a colon of its own.
+    target, attr = spec.rsplit(":", 1)
+    if not target or not attr:
+        raise ValueError(f"reward spec {spec!r} must look like 'module:function' or 'path/to/file.py:function'")
+    module = _load_file(target, spec) if _looks_like_file(target) else _import_module(target, spec)
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise AttributeError(f"reward spec {spec!r}: {target} has no attribute {attr!r}")
+    if not callable(fn):
+        raise TypeError(f"reward spec {spec!r}: {attr} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+def _looks_like_file(target):
+    return target.endswith(".py") or os.sep in target or "/" in target
+
+
+def _import_module(target, spec):
+    try:
+        return importlib.import_module(target)
+    except Exception as exc:  # ImportError, or any error raised by the module's own top-level code
+        raise ImportError(f"reward spec {spec!r}: could not import module {target!r}: "
+                          f"{type(exc).__name__}: {exc}") from exc
+
+
+def _load_file(path, spec):
+    path = os.path.abspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"reward spec {spec!r}: file {path} does not exist")
+    # A name derived from the path so two user files called rewards.py do not replace each other.
+    digest = hashlib.sha1(path.encode()).hexdigest()[:10]
+    module_name = f"paddle_grpo_user_reward_{digest}"
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        raise ImportError(f"reward spec {spec!r}: executing {path} failed: {type(exc).__name__}: {exc}") from exc
+    return module

@@ -1,0 +1,67 @@
+"""`python -m reward_server --host 127.0.0.1 --port 8731 --reward kk[,gsm8k] [--weights 1,0.5] [--token T]`
+
+Serves the reward functions over HTTP with waitress (multi-threaded; no lock around scoring). Binds to 127.0.0.1
+unless --host says otherwise. The token may also come from $REWARD_SERVER_TOKEN, which keeps it out of `ps`.
+"""
+import argparse
+import logging
+import os
+import sys
+
+from . import DEFAULT_TIMEOUT_S, create_app
+from .serving import make_server
+
+logger = logging.getLogger("reward_server")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m reward_server", description=__doc__.split("\n\n")[1])
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this host only)")
+    parser.add_argument("--port", type=int, default=8731, help="port (default 8731; 0 picks a free one)")
+    parser.add_argument("--reward", default="kk",
+                        help="comma-separated reward names or module:function / file.py:function specs")
+    parser.add_argument("--weights", default=None, help="comma-separated weights, one per reward (default all 1)")
+    parser.add_argument("--token", default=os.environ.get("REWARD_SERVER_TOKEN"),
+                        help="require 'Authorization: Bearer TOKEN' on POST / (default $REWARD_SERVER_TOKEN)")
+    parser.add_argument("--threads", type=int, default=8, help="waitress worker threads (default 8)")
+    parser.add_argument("--max-body-mb", type=float, default=100.0, help="request body limit in MB (default 100)")
+    parser.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S,
+                        help=f"time limit per reward-function call; 0 disables (default {DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO; WARNING hides access logs)")
+    args = parser.parse_args(argv)
+    if args.threads < 1:
+        parser.error("--threads must be >= 1")
+    if args.max_body_mb <= 0:
+        parser.error("--max-body-mb must be positive")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    max_bytes = int(args.max_body_mb * 1024 * 1024)
+    try:
+        app = create_app(args.reward, weights=args.weights, token=args.token or None, max_content_length=max_bytes,
+                         timeout_s=args.timeout_s or None)
+    except (KeyError, ValueError, ImportError, AttributeError, TypeError, OSError) as exc:
+        print(f"reward_server: cannot load rewards: {exc}", file=sys.stderr)
+        return 2
+    rewards = app.extensions["reward_set"]
+    server = make_server(app, host=args.host, port=args.port, threads=args.threads, max_body_bytes=max_bytes)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.token:
+        logger.warning("listening on %s without --token: anyone who can reach this port can use the server",
+                       args.host)
+    logger.info("reward server listening on http://%s:%d rewards=%s weights=%s threads=%d", args.host,
+                int(server.effective_port), ",".join(rewards.names), rewards.weights, args.threads)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
