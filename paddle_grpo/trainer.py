@@ -444,19 +444,23 @@ class Trainer:
         best = self._max_reward()
         judged = scores[~np.isnan(scores)]
         metrics = {"eval/reward": float(judged.mean()) if judged.size else 0.0,
-                   "eval/accuracy": float((np.nan_to_num(scores, nan=-np.inf) >= best - 1e-6).mean())
-                   if best is not None else float("nan"),
                    "eval/samples": float(len(scores)), "perf/eval_s": time.perf_counter() - t0}
+        if best is not None:  # unjudged samples (None) count as wrong
+            metrics["eval/accuracy"] = float((np.nan_to_num(scores, nan=-np.inf) >= best - 1e-6).mean())
         self.log.log_samples(self.step, samples, tag="eval")
         return metrics
 
     def _max_reward(self):
-        """Largest total reward the configured functions can give (None when unknown, e.g. a remote server)."""
-        rs = getattr(self.rewarder, "reward_set", None)
-        if rs is None:
-            return getattr(self.rewarder, "max_score", None)
-        best = getattr(rs, "max_score", None)
-        return best() if callable(best) else best
+        """The reward that counts as correct: eval_max_reward, else the maximum the reward functions declare
+        (None when unknown, e.g. a PaddleNLP server; eval/accuracy is then not reported)."""
+        if self.cfg.eval_max_reward is not None:
+            return self.cfg.eval_max_reward
+        best = self.rewarder.max_score
+        if best is None and not getattr(self, "_warned_max", False):
+            self._warned_max = True
+            logger.warning("eval/accuracy is not reported: the reward functions do not declare a maximum score; "
+                           "set eval_max_reward")
+        return best
 
     # ------------------------------------------------------------------------------------------ checkpoints
 

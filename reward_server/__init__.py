@@ -3,7 +3,7 @@
     POST /        {"src": [str], "tgt": [str], "response": [str]}
                -> {"error_code": 0, "error_msg": "Success", "score": [float | null],
                    "scores_by_function": {name: [...]}, "errors": [reason | null], "request_id": "..."}
-    GET /health -> {"status": "ok", "rewards": [...], "weights": [...]}
+    GET /health -> {"status": "ok", "rewards": [...], "weights": [...], "max_score": float or null}
 
 Rejected requests get a 4xx status and `{"error_code": <the status>, "error_msg": "<what was wrong>"}`. A sample
 a reward function failed on gets `null` with its reason in `errors`; the batch still succeeds. Model output is only
@@ -86,7 +86,7 @@ def create_app(reward_names_or_fns, weights=None, token=None, max_content_length
 
     @app.get("/health")
     def health():
-        return jsonify(status="ok", rewards=rewards.names, weights=rewards.weights)
+        return jsonify(status="ok", rewards=rewards.names, weights=rewards.weights, max_score=rewards.max_score)
 
     @app.post("/")
     def score():

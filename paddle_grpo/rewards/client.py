@@ -79,6 +79,23 @@ class RewardClient:
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._turn = itertools.count()  # next() is atomic in CPython, so threads may share a client
 
+    @property
+    def max_score(self):
+        """The best total reward the server's functions can give (from its GET /health), or None when the server
+        does not say (a PaddleNLP server) or cannot be asked. Asked once."""
+        if not hasattr(self, "_max_score"):
+            self._max_score = None
+            for url in self.urls:
+                try:
+                    reply = self.session.get(url + "/health", timeout=self.timeout, headers=self.headers)
+                    if reply.status_code == 200:
+                        value = reply.json().get("max_score")
+                        self._max_score = None if value is None else float(value)
+                        break
+                except (requests.RequestException, ValueError, AttributeError) as exc:
+                    logger.warning("could not read max_score from %s/health: %s", url, _short(exc))
+        return self._max_score
+
     def score(self, src, tgt, response):
         """Weighted total reward per sample (None: the server could not judge that sample)."""
         return self.score_detailed(src, tgt, response).scores
@@ -166,6 +183,10 @@ class InProcessRewarder:
 
     def __init__(self, reward_funcs, weights=None, timeout_s=None):
         self.reward_set = RewardSet(reward_funcs, weights=weights, timeout_s=timeout_s)
+
+    @property
+    def max_score(self):
+        return self.reward_set.max_score
 
     def score(self, src, tgt, response, **columns):
         return self.score_detailed(src, tgt, response, **columns).scores

@@ -104,6 +104,15 @@ class RewardSet:
             raise ValueError(f"timeout_s must be positive or None, got {timeout_s}")
         self.timeout_s = timeout_s
 
+    @property
+    def max_score(self):
+        """The best weighted total: sum of w * fn.max_score, or None when a function does not declare its
+        maximum or a weight is negative (the total's maximum would then depend on the function's minimum)."""
+        maxima = [getattr(fn, "max_score", None) for fn in self.fns]
+        if any(m is None for m in maxima) or any(w < 0 for w in self.weights):
+            return None
+        return float(sum(w * m for w, m in zip(self.weights, maxima)))
+
     def _unique(self, name):
         candidate, k = name, 2
         while candidate in self.names:

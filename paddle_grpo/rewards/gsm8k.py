@@ -88,4 +88,4 @@ def make_gsm8k_reward(timeout_s=DEFAULT_TIMEOUT_S, pool=None):
     return gsm8k
 
 
-gsm8k = register_reward("gsm8k")(make_gsm8k_reward())
+gsm8k = register_reward("gsm8k", max_score=1.0)(make_gsm8k_reward())

@@ -93,7 +93,7 @@ def kk_score(response, tgt):
     return FORMAT_OK + (ANSWER_CORRECT if parsed == truth else ANSWER_WRONG)
 
 
-@register_reward("kk")
+@register_reward("kk", max_score=3.0)
 def kk(prompts, completions, tgt=None, **kwargs):
     """Knights-and-Knaves reward (PaddleNLP's rules): 3, -0.5, -1 or -3 per completion."""
     refs = references(tgt, completions, "kk")

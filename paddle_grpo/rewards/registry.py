@@ -16,8 +16,11 @@ import os
 _REGISTRY = {}
 
 
-def register_reward(name):
-    """Decorator registering `fn(prompts, completions, **kwargs) -> list[float | None]` under `name`."""
+def register_reward(name, max_score=None):
+    """Decorator registering `fn(prompts, completions, **kwargs) -> list[float | None]` under `name`.
+
+    `max_score`: the best score the function can give (kept as `fn.max_score`); the trainer's eval/accuracy is the
+    share of samples that reach the maximum. A user function may also set the attribute itself."""
     if not isinstance(name, str) or not name or ":" in name or "," in name:
         raise ValueError(f"reward name must be a non-empty string without ':' or ',', got {name!r}")
 
@@ -27,6 +30,8 @@ def register_reward(name):
         if name in _REGISTRY and _REGISTRY[name] is not fn:
             raise ValueError(f"a reward named {name!r} is already registered ({_REGISTRY[name]!r})")
         _REGISTRY[name] = fn
+        if max_score is not None:
+            fn.max_score = float(max_score)
         return fn
 
     return decorator

@@ -26,7 +26,7 @@ def _rouge_scorer():
         return _scorer
 
 
-@register_reward("rouge_l")
+@register_reward("rouge_l", max_score=1.0)
 def rouge_l(prompts, completions, tgt=None, **kwargs):
     """ROUGE-L F1 against the reference, in [0, 1]."""
     refs = references(tgt, completions, "rouge_l")
@@ -39,7 +39,7 @@ def length_ratio(text, ref):
     return 1.0 if max(n, m) == 0 else min(n, m) / max(n, m)
 
 
-@register_reward("length_similarity")
+@register_reward("length_similarity", max_score=1.0)
 def length_similarity(prompts, completions, tgt=None, **kwargs):
     """min/max ratio of the word counts of completion and reference, in [0, 1]."""
     refs = references(tgt, completions, "length_similarity")

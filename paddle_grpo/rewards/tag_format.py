@@ -36,6 +36,7 @@ def make_tag_format_reward(tag="answer", strict=False, match_score=1.0, miss_sco
                 for c in completions]
 
     tag_format.__name__ = "tag_format_strict" if strict else "tag_format"
+    tag_format.max_score = float(max(match_score, miss_score))
     tag_format.__doc__ = (f"{'Strict' if strict else 'Loose'} <{tag}> format reward: "
                           f"{match_score} when it matches, else {miss_score}.")
     return tag_format

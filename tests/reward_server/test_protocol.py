@@ -40,7 +40,7 @@ def test_scores_batch(url):
 def test_health(url):
     reply = requests.get(url + "/health", timeout=5)
     assert reply.status_code == 200
-    assert reply.json() == {"status": "ok", "rewards": ["kk", "tag_format"], "weights": [1.0, 0.5]}
+    assert reply.json() == {"status": "ok", "rewards": ["kk", "tag_format"], "weights": [1.0, 0.5], "max_score": 3.5}
 
 
 @pytest.mark.parametrize("body, message", [
