@@ -47,7 +47,8 @@ def save_checkpoint(output_dir, step, model, tokenizer, *, trainer_state, optimi
     if reference is not None:
         _unwrap(reference).save_pretrained(os.path.join(tmp, REFERENCE_DIR))
     if full:
-        paddle.save(optimizer.state_dict(), os.path.join(tmp, OPTIMIZER_FILE))
+        paddle.save(_rename_optimizer_state(optimizer.state_dict(), _param_names(model)),
+                    os.path.join(tmp, OPTIMIZER_FILE))
         with open(os.path.join(tmp, RNG_FILE), "wb") as f:
             pickle.dump(rng_state(), f)
     with open(os.path.join(tmp, STATE_FILE), "w", encoding="utf-8") as f:
@@ -103,8 +104,9 @@ def load_trainer_state(path):
     return state
 
 
-def load_optimizer_and_rng(path, optimizer):
-    optimizer.set_state_dict(paddle.load(os.path.join(path, OPTIMIZER_FILE)))
+def load_optimizer_and_rng(path, optimizer, model):
+    inverse = {v: k for k, v in _param_names(model).items()}
+    optimizer.set_state_dict(_rename_optimizer_state(paddle.load(os.path.join(path, OPTIMIZER_FILE)), inverse))
     with open(os.path.join(path, RNG_FILE), "rb") as f:
         set_rng_state(pickle.load(f))
 
@@ -115,6 +117,25 @@ def load_weights(model, path):
 
     loaded = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
     _unwrap(model).set_state_dict(loaded.state_dict())
+
+
+def _param_names(model):
+    """paddle's generated parameter names (`linear_12.w_0`, different in every process that builds a model) ->
+    the model's structured names (`qwen2.layers.0.self_attn.q_proj.weight`, stable)."""
+    return {p.name: n for n, p in _unwrap(model).named_parameters()}
+
+
+def _rename_optimizer_state(state, mapping):
+    """Optimizer accumulators are keyed `<param name>_<accumulator>`; rename the parameter part by `mapping`."""
+    by_length = sorted(mapping, key=len, reverse=True)
+    out = {}
+    for key, value in state.items():
+        if key == "master_weights" and isinstance(value, dict):
+            out[key] = {mapping.get(k, k): v for k, v in value.items()}
+            continue
+        name = next((n for n in by_length if key == n or key.startswith(n + "_")), None)
+        out[key if name is None else mapping[name] + key[len(name):]] = value
+    return out
 
 
 def _unwrap(model):

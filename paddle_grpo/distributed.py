@@ -47,6 +47,13 @@ def wrap_for_data_parallel(model):
     return paddle.DataParallel(model) if world_size() > 1 else model
 
 
+def loss_scale_for_data_parallel():
+    """Factor for the loss before backward so that DataParallel's gradient *average* becomes the *sum* of the
+    ranks' shares. With global denominators (algorithms.aggregate_loss) each rank's loss is its share of the
+    whole-batch loss, and the whole-batch gradient is the sum of the shares."""
+    return float(world_size())
+
+
 def all_gather_object(obj):
     """List of `obj` from every rank, in rank order (a one-element list in a single process)."""
     if world_size() == 1:

@@ -412,7 +412,7 @@ class Trainer:
         stats["train/entropy"] = float(masked_mean(entropy.detach(), mask))
         finite = bool(paddle.isfinite(loss))
         if finite:
-            loss.backward()
+            (loss * dist.loss_scale_for_data_parallel()).backward()
         stats["finite"] = finite
         return stats
 
@@ -485,7 +485,7 @@ class Trainer:
         ckpt.load_weights(self.model, path)
         if self.reference is not None and os.path.isdir(os.path.join(path, ckpt.REFERENCE_DIR)):
             ckpt.load_weights(self.reference, os.path.join(path, ckpt.REFERENCE_DIR))
-        ckpt.load_optimizer_and_rng(path, self.optimizer)
+        ckpt.load_optimizer_and_rng(path, self.optimizer, self.model)
         self.scheduler.set_state_dict(state["scheduler"])
         self.sampler.set_state_dict(state["sampler"])
         if self.normalizer is not None and state.get("normalizer"):

@@ -1,0 +1,183 @@
+"""The embedded default's policy: a tiny Qwen2 that half knows addition, made locally in about two minutes.
+
+Task: `What is A+B?` with A and B drawn from 0..999, answered with the bare sum (`1037`) and `<|im_end|>`.
+The prompt is Qwen's chat format without a system turn (~19 tokens), the completion 2-5 tokens, so a GRPO step is
+cheap on a CPU; digits are single tokens (Qwen2's pre-tokenizer splits numbers into digits).
+
+`build_quickstart_policy(out_dir, seed)` trains a byte-level BPE tokenizer on the task's text, initialises a random
+Qwen2ForCausalLM (`paddle_grpo.tiny`) and fine-tunes it briefly (SFT) on generated problems: cross-entropy on the
+answer tokens only (prompt masked), in exactly the chat format the RL prompts use. The SFT budget is deliberately
+short, so the policy answers some held-out problems right and others wrong (mostly at carries), which is what
+GRPO needs to show learning in minutes. `addition_reward` scores a completion 1.0 when it is the right sum.
+
+Held-out problems: `eval_problems()` is a fixed set (seed 0, independent of the run's seed); SFT and the RL train
+file never contain them. Left out on purpose: subtraction/multiplication, chain-of-thought, and any download.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import shutil
+import time
+
+from .data import format_qwen_chat, tokenize_prompts
+from .rewards.base import completion_text, references
+from .rewards.registry import register_reward
+
+logger = logging.getLogger("paddle_grpo.quickstart")
+
+MAX_OPERAND = 999
+EVAL_SEED = 0        # the held-out set is the same for every run seed
+EVAL_SIZE = 400
+
+# Model and SFT defaults (measured on 2 CPU cores: see docs/quickstart.md).
+MODEL = dict(hidden_size=64, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2,
+             max_position_embeddings=64)
+SFT = dict(steps=500, batch_size=128, learning_rate=3e-3, warmup_steps=20, weight_decay=0.0)
+
+
+def question(a, b):
+    return f"What is {a}+{b}?"
+
+
+def prompt(a, b):
+    """The templated prompt (`src`) the trainer feeds verbatim: user turn, then the assistant turn opened."""
+    return format_qwen_chat(question(a, b), system=None)
+
+
+def _draw(rng):
+    return rng.randint(0, MAX_OPERAND), rng.randint(0, MAX_OPERAND)
+
+
+def eval_problems(n=EVAL_SIZE):
+    """The fixed held-out problems: `n` distinct (a, b) pairs, the same for every run."""
+    rng, out, seen = random.Random(EVAL_SEED), [], set()
+    while len(out) < n:
+        p = _draw(rng)
+        if p not in seen:
+            seen.add(p)
+            out.append(p)
+    return out
+
+
+def train_problems(n, seed, exclude=None):
+    """`n` problems drawn with `seed`, none of them in `exclude` (default: the held-out set). Repeats allowed."""
+    exclude = set(eval_problems()) if exclude is None else set(exclude)
+    rng, out = random.Random(seed), []
+    while len(out) < n:
+        p = _draw(rng)
+        if p not in exclude:
+            out.append(p)
+    return out
+
+
+def record(a, b):
+    """A src/tgt dataset row for the trainer."""
+    return {"src": prompt(a, b), "tgt": str(a + b)}
+
+
+@register_reward("quickstart_addition")
+def addition_reward(prompts, completions, tgt=None, **kwargs):
+    """1.0 when the completion (surrounding whitespace ignored) is exactly the reference sum, else 0.0."""
+    refs = references(tgt, completions, "quickstart_addition")
+    return [1.0 if completion_text(c).strip() == str(r).strip() else 0.0 for c, r in zip(completions, refs)]
+
+
+addition_reward.max_score = 1.0
+
+
+# ------------------------------------------------------------------------------------------------------ building
+
+def _encode(tokenizer, problems):
+    """Left-padded prompt ids/mask [n, L] and right-padded answer ids/mask [n, T] (answer + EOS), numpy int64."""
+    import numpy as np
+
+    prompts = tokenize_prompts(tokenizer, [prompt(a, b) for a, b in problems])
+    answers = [tokenizer(str(a + b), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+               for a, b in problems]
+    L, T = max(map(len, prompts)), max(map(len, answers))
+    pid = np.full((len(problems), L), tokenizer.pad_token_id, dtype="int64")
+    pm = np.zeros_like(pid)
+    cid = np.full((len(problems), T), tokenizer.pad_token_id, dtype="int64")
+    cm = np.zeros_like(cid)
+    for i, (p, c) in enumerate(zip(prompts, answers)):
+        pid[i, L - len(p):], pm[i, L - len(p):] = p, 1
+        cid[i, :len(c)], cm[i, :len(c)] = c, 1
+    return pid, pm, cid, cm
+
+
+def sft_loss(model, tokenizer, problems):
+    """Mean negative log-likelihood per answer token (prompt tokens masked), through the same
+    `completion_logprobs` the RL loss uses. A scalar paddle tensor."""
+    import paddle
+
+    from .modeling import completion_logprobs
+
+    pid, pm, cid, cm = (paddle.to_tensor(x) for x in _encode(tokenizer, problems))
+    lp, _ = completion_logprobs(model, pid, pm, cid, cm)
+    mask = cm.astype("float32")
+    return -(lp * mask).sum() / mask.sum()
+
+
+def build_quickstart_policy(out_dir, seed=0, *, sft_steps=None, batch_size=None, learning_rate=None,
+                            model_kwargs=None, log_every=50):
+    """Build the quickstart policy (tokenizer + SFT'd tiny Qwen2) in `out_dir`; returns a dict of SFT statistics.
+
+    The directory is written under a temporary name and renamed at the end, so an interrupted build never leaves
+    a half-made policy that a later run would load. `sft_steps` etc. override the defaults (tests use a tiny budget).
+    Returns {"loss_init", "loss_final"} (held-out answer-token NLL before/after SFT), "sft_steps" and "seconds".
+    """
+    import paddle
+
+    from .tiny import build_model, build_tokenizer
+
+    t0 = time.perf_counter()
+    steps = SFT["steps"] if sft_steps is None else int(sft_steps)
+    bs = SFT["batch_size"] if batch_size is None else int(batch_size)
+    lr = SFT["learning_rate"] if learning_rate is None else float(learning_rate)
+    tmp = out_dir.rstrip("/") + ".building"
+    shutil.rmtree(tmp, ignore_errors=True)
+
+    problems = train_problems(steps * bs, seed=seed)
+    # The tokenizer only needs the task's characters and words; a slice of the data is plenty.
+    corpus = [prompt(a, b) + str(a + b) + "<|im_end|>" for a, b in problems[:2000]]
+    tokenizer = build_tokenizer(corpus, tmp, vocab_size=300)
+    model = build_model(tmp, tokenizer, seed=seed, **{**MODEL, **(model_kwargs or {})})
+    held_out = eval_problems()[:256]
+
+    paddle.seed(seed)
+    warmup = min(SFT["warmup_steps"], max(1, steps // 10))
+    # Linear warm-up, then cosine decay to 10% of the peak: a short run wants its largest steps early.
+    schedule = paddle.optimizer.lr.LambdaDecay(lr, lambda s: (s + 1) / warmup if s < warmup else
+                                               0.1 + 0.45 * (1 + math.cos(math.pi * (s - warmup) /
+                                                                            max(1, steps - warmup))))
+    opt = paddle.optimizer.AdamW(learning_rate=schedule, parameters=model.parameters(),
+                                 weight_decay=SFT["weight_decay"], grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0))
+    with paddle.no_grad():
+        model.eval()
+        loss_init = float(sft_loss(model, tokenizer, held_out))
+    model.train()
+    for step in range(steps):
+        loss = sft_loss(model, tokenizer, problems[step * bs:(step + 1) * bs])
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+        schedule.step()
+        if log_every and (step + 1) % log_every == 0:
+            logger.info("quickstart SFT step %d/%d: loss %.3f (%.0f s)", step + 1, steps, float(loss),
+                        time.perf_counter() - t0)
+    model.eval()
+    with paddle.no_grad():
+        loss_final = float(sft_loss(model, tokenizer, held_out))
+    model.save_pretrained(tmp)
+    if os.path.isdir(out_dir):
+        shutil.rmtree(out_dir)
+    os.makedirs(os.path.dirname(os.path.abspath(out_dir)), exist_ok=True)
+    os.replace(tmp, out_dir)
+    stats = {"loss_init": loss_init, "loss_final": loss_final, "sft_steps": steps,
+             "seconds": time.perf_counter() - t0}
+    logger.info("quickstart policy saved to %s: held-out answer loss %.3f -> %.3f in %.0f s", out_dir, loss_init,
+                loss_final, stats["seconds"])
+    return stats
