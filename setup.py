@@ -50,17 +50,18 @@ INSTALL_REQUIRES = PADDLE + [
     "matplotlib>=3.7",
 ]
 
-setup(
-    name="paddle_grpo",
-    version="0.1.0",
-    description="GRPO / REINFORCE++ reinforcement learning for PaddlePaddle / PaddleNLP language models",
-    long_description=open(os.path.join(HERE, "README.md"), encoding="utf-8").read(),
-    long_description_content_type="text/markdown",
-    python_requires=">=3.9",
-    packages=find_packages(include=["paddle_grpo", "paddle_grpo.*", "reward_server", "reward_server.*"]),
-    py_modules=["run_rl"],
-    install_requires=INSTALL_REQUIRES,
-    extras_require={"test": ["pytest>=7.4"]},
-    entry_points={"console_scripts": ["paddle-grpo-reward-server=reward_server.__main__:main"]},
-    license="Apache-2.0",
-)
+if __name__ == "__main__":  # setuptools runs this file as __main__; tests import it for gpu_paddle_installed
+    setup(
+        name="paddle_grpo",
+        version="0.1.0",
+        description="GRPO / REINFORCE++ reinforcement learning for PaddlePaddle / PaddleNLP language models",
+        long_description=open(os.path.join(HERE, "README.md"), encoding="utf-8").read(),
+        long_description_content_type="text/markdown",
+        python_requires=">=3.9",
+        packages=find_packages(include=["paddle_grpo", "paddle_grpo.*", "reward_server", "reward_server.*"]),
+        py_modules=["run_rl"],
+        install_requires=INSTALL_REQUIRES,
+        extras_require={"test": ["pytest>=7.4"]},
+        entry_points={"console_scripts": ["paddle-grpo-reward-server=reward_server.__main__:main"]},
+        license="Apache-2.0",
+    )

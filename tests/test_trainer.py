@@ -288,3 +288,16 @@ def test_run_rl_ctrl_c_saves_a_checkpoint_and_exits_130(workdir, tiny_policy_dir
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert os.path.isfile(out / f"checkpoint-{steps[-1]}" / "trainer_state.json")
     assert "interrupted at step" in output
+
+
+def test_sync_ref_model_mixes_the_policy_into_the_reference(workdir, tiny_policy_dir, tmp_path):
+    cfg = make_cfg(workdir, tiny_policy_dir, tmp_path / "out", kl_loss_coeff=0.01, sync_ref_model=True,
+                   ref_model_sync_steps=2, ref_model_mixup_alpha=0.25, max_steps=2)
+    trainer = Trainer(cfg)
+    initial = params(trainer.reference)
+    trainer.train_step()
+    assert all(np.array_equal(initial[k], v) for k, v in params(trainer.reference).items())  # not yet (step 1)
+    trainer.train_step()
+    policy, ref = params(trainer.model), params(trainer.reference)
+    for k in ref:
+        np.testing.assert_allclose(ref[k], 0.25 * policy[k] + 0.75 * initial[k], rtol=1e-6, atol=1e-7)
