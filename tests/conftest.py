@@ -43,3 +43,21 @@ def tiny_policy_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny_policy")
     build_tiny_policy(str(path), TINY_CORPUS, vocab_size=320, seed=0)
     return str(path)
+
+
+@pytest.fixture
+def serve():
+    """serve(app, **kw) -> a started BackgroundServer (real waitress on a free loopback port; has .url); all are
+    stopped after the test."""
+    from reward_server.serving import BackgroundServer
+
+    servers = []
+
+    def start(app, **kwargs):
+        server = BackgroundServer(app, **kwargs).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()

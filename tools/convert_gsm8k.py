@@ -20,7 +20,6 @@ few-shot examples, and `<think>` prefixes (GSM8K prompts are plain chat turns). 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -30,7 +29,8 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from paddle_grpo.data import DataError, format_qwen_chat, shuffle_split, split_paths, write_jsonl  # noqa: E402
+from paddle_grpo.convert import conversion_main  # noqa: E402
+from paddle_grpo.data import DataError, format_qwen_chat  # noqa: E402
 
 INSTRUCTION = ("Solve the problem step by step. Then give the final answer as a plain number on its own last line, "
                "in the form \"#### <number>\".")
@@ -73,33 +73,7 @@ def load_problems(path: str):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--input", required=True, help="input JSONL, or several separated by commas")
-    parser.add_argument("--output", required=True, help="output JSONL (training part)")
-    parser.add_argument("--limit", type=int, default=None, help="keep at most N rows (after shuffling)")
-    parser.add_argument("--seed", type=int, default=0, help="shuffling seed (default 0)")
-    parser.add_argument("--eval-fraction", type=float, default=0.0,
-                        help="fraction of the rows written to --eval-output")
-    parser.add_argument("--eval-output", default=None, help="output JSONL for the evaluation part")
-    args = parser.parse_args(argv)
-    if args.limit is not None and args.limit <= 0:
-        parser.error("--limit must be positive")
-    if not 0.0 <= args.eval_fraction < 1.0:
-        parser.error("--eval-fraction must be in [0, 1)")
-    if (args.eval_fraction > 0) != (args.eval_output is not None):
-        parser.error("--eval-fraction and --eval-output go together")
-
-    records = []
-    for path in split_paths(args.input):
-        records.extend(load_problems(path))
-    train, evaluation = shuffle_split(records, args.seed, args.limit, args.eval_fraction)
-    write_jsonl(args.output, train)
-    msg = f"wrote {len(train)} problems to {args.output}"
-    if args.eval_output:
-        write_jsonl(args.eval_output, evaluation)
-        msg += f" and {len(evaluation)} to {args.eval_output}"
-    print(msg, file=sys.stderr)
-    return 0
+    return conversion_main(argv, __doc__.split("\n")[0], load_problems, "problems")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ Left out on purpose: the dataset's chain-of-thought columns (`cot_*`) and its ow
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -29,7 +28,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from paddle_grpo.data import shuffle_split, split_paths, write_jsonl  # noqa: E402
+from paddle_grpo.convert import conversion_main  # noqa: E402
 from paddle_grpo.kk_puzzles import build_kk_prompt, format_kk_solution, parse_statements, solve  # noqa: E402
 
 
@@ -70,41 +69,8 @@ def load_puzzles(path: str):
     return out
 
 
-def add_common_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--input", required=True, help="input file, or several separated by commas")
-    parser.add_argument("--output", required=True, help="output JSONL (training part)")
-    parser.add_argument("--limit", type=int, default=None, help="keep at most N rows (after shuffling)")
-    parser.add_argument("--seed", type=int, default=0, help="shuffling seed (default 0)")
-    parser.add_argument("--eval-fraction", type=float, default=0.0,
-                        help="fraction of the rows written to --eval-output")
-    parser.add_argument("--eval-output", default=None, help="output JSONL for the evaluation part")
-
-
-def check_common_args(parser: argparse.ArgumentParser, args) -> None:
-    if args.limit is not None and args.limit <= 0:
-        parser.error("--limit must be positive")
-    if not 0.0 <= args.eval_fraction < 1.0:
-        parser.error("--eval-fraction must be in [0, 1)")
-    if (args.eval_fraction > 0) != (args.eval_output is not None):
-        parser.error("--eval-fraction and --eval-output go together")
-
-
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_common_args(parser)
-    args = parser.parse_args(argv)
-    check_common_args(parser, args)
-    records = []
-    for path in split_paths(args.input):
-        records.extend(load_puzzles(path))
-    train, evaluation = shuffle_split(records, args.seed, args.limit, args.eval_fraction)
-    write_jsonl(args.output, train)
-    msg = f"wrote {len(train)} puzzles to {args.output}"
-    if args.eval_output:
-        write_jsonl(args.eval_output, evaluation)
-        msg += f" and {len(evaluation)} to {args.eval_output}"
-    print(msg, file=sys.stderr)
-    return 0
+    return conversion_main(argv, __doc__.split("\n")[0], load_puzzles, "puzzles")
 
 
 if __name__ == "__main__":

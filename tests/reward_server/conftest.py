@@ -9,7 +9,6 @@ import time
 import pytest
 import requests
 
-from reward_server.serving import BackgroundServer
 
 
 def _free_port():
@@ -22,21 +21,6 @@ def _free_port():
 def free_port():
     """free_port() -> a loopback port nobody listens on right now."""
     return _free_port
-
-
-@pytest.fixture
-def serve():
-    """serve(app, **kw) -> a started BackgroundServer (has .url); all are stopped after the test."""
-    servers = []
-
-    def start(app, **kwargs):
-        server = BackgroundServer(app, **kwargs).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 def wait_healthy(url, proc=None, timeout_s=30.0):
