@@ -42,16 +42,27 @@ def init(cfg):
     return n
 
 
-def wrap_for_data_parallel(model):
-    """`paddle.DataParallel` (gradients averaged across ranks) when there is more than one rank."""
-    return paddle.DataParallel(model) if world_size() > 1 else model
+def sum_gradients(parameters):
+    """All-reduce (SUM) the gradients of `parameters` over the data-parallel ranks, in coalesced buckets.
+
+    A SUM, not paddle.DataParallel's average: with global denominators (algorithms.aggregate_loss) each rank's loss
+    is its share of the whole-batch loss, so the whole-batch gradient is the sum of the ranks' gradients. Called
+    explicitly after the micro-batches instead of wrapping the model in paddle.DataParallel, whose reducer only
+    fires through the wrapper's forward, while log-probs are computed from the decoder and LM head directly."""
+    if world_size() == 1:
+        return
+    from paddle.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients_with_group
+
+    fused_allreduce_gradients_with_group([p for p in parameters if not p.stop_gradient], group=None, scale=1.0)
 
 
-def loss_scale_for_data_parallel():
-    """Factor for the loss before backward so that DataParallel's gradient *average* becomes the *sum* of the
-    ranks' shares. With global denominators (algorithms.aggregate_loss) each rank's loss is its share of the
-    whole-batch loss, and the whole-batch gradient is the sum of the shares."""
-    return float(world_size())
+def all_true(flag):
+    """True on every rank iff `flag` is true on every rank (so all ranks take the same branch after it)."""
+    if world_size() == 1:
+        return bool(flag)
+    t = paddle.to_tensor([0.0 if flag else 1.0], dtype="float32")
+    dist.all_reduce(t)
+    return float(t.item()) == 0.0
 
 
 def all_gather_object(obj):

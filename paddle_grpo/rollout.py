@@ -18,6 +18,7 @@ import paddle
 import paddle.nn.functional as F
 
 from .modeling import position_ids_from_mask
+from .sampling import sample_with_uniforms, uniforms
 
 
 @dataclass
@@ -34,11 +35,14 @@ class Rollout:
 @paddle.no_grad()
 def generate(model, prompt_ids, prompt_mask, *, num_samples=1, max_new_tokens=64, min_new_tokens=0,
              eos_token_ids=(), pad_token_id=0, temperature=1.0, top_p=1.0, repetition_penalty=1.0,
-             do_sample=True, max_num_seqs=None):
+             do_sample=True, max_num_seqs=None, row_keys=None):
     """Sample `num_samples` completions for each of the `B` prompts; returns a `Rollout` with `N = B * num_samples`.
 
     prompt_ids/prompt_mask: [B, L] (paddle or numpy), left-padded. `max_num_seqs` bounds the sequences decoded at
     once (rollout_max_num_seqs); larger rollouts are processed in chunks of whole prompts.
+    `row_keys` ([B * num_samples] uint64, see sampling.row_keys): sample row i with the counter-based uniforms of
+    its key, so the result does not depend on chunking or on which process samples which rows; None: paddle's
+    global generator (`paddle.multinomial`).
     """
     prompt_ids = paddle.to_tensor(prompt_ids, dtype="int64")
     prompt_mask = paddle.to_tensor(prompt_mask, dtype="int64")
@@ -52,7 +56,8 @@ def generate(model, prompt_ids, prompt_mask, *, num_samples=1, max_new_tokens=64
     try:
         chunks = [_generate_chunk(model, prompt_ids[s:s + per_chunk], prompt_mask[s:s + per_chunk], num_samples,
                                   max_new_tokens, min_new_tokens, eos, pad_token_id, temperature, top_p,
-                                  repetition_penalty, do_sample)
+                                  repetition_penalty, do_sample,
+                                  None if row_keys is None else row_keys[s * num_samples:(s + per_chunk) * num_samples])
                   for s in range(0, B, per_chunk)]
     finally:
         if was_training:
@@ -77,7 +82,7 @@ def _pad_right(x, T, value):
 
 
 def _generate_chunk(model, prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id, temperature,
-                    top_p, repetition_penalty, do_sample):
+                    top_p, repetition_penalty, do_sample, keys=None):
     P, L = prompt_ids.shape
     N = P * G
     position_ids = position_ids_from_mask(prompt_mask)
@@ -112,7 +117,10 @@ def _generate_chunk(model, prompt_ids, prompt_mask, G, max_new_tokens, min_new_t
             probs = F.softmax(processed, axis=-1)
             if top_p < 1.0:
                 probs = _top_p_filter(probs, top_p)
-            token = paddle.multinomial(probs, num_samples=1).squeeze(-1)
+            if keys is None:
+                token = paddle.multinomial(probs, num_samples=1).squeeze(-1)
+            else:
+                token = sample_with_uniforms(probs, uniforms(keys, t))
         else:
             token = paddle.argmax(processed, axis=-1)
         token = paddle.where(finished, paddle.full_like(token, pad_id), token)

@@ -27,6 +27,7 @@ from .logging import MetricsLogger
 from .modeling import completion_logprobs, freeze, load_causal_lm, load_tokenizer, mix_into, parameters_by_decay
 from .rewards.client import make_rewarder
 from .rollout import generate
+from .sampling import row_keys
 
 logger = logging.getLogger("paddle_grpo.trainer")
 
@@ -78,7 +79,6 @@ class Trainer:
         self.reference = None
         if cfg.needs_reference_model:
             self.reference = load_causal_lm(cfg.actor_model_name_or_path, trainable=False)
-        self.train_model = dist.wrap_for_data_parallel(self.model)
 
         self.train_records = read_jsonl(cfg.train_datasets, prompt_key=cfg.prompt_key,
                                         response_key=cfg.response_key)
@@ -161,7 +161,7 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------------------- rollout
 
-    def _rollout_round(self, indices, G, do_sample=True, records=None):
+    def _rollout_round(self, indices, G, do_sample=True, records=None, row_keys=None):
         cfg = self.cfg
         records = self.train_records if records is None else records
         prompt_ids, prompt_mask = self._encode(records, indices)
@@ -169,7 +169,7 @@ class Trainer:
                            min_new_tokens=cfg.min_dec_len, eos_token_ids=self.eos_ids,
                            pad_token_id=self.tokenizer.pad_token_id, temperature=cfg.temperature, top_p=cfg.top_p,
                            repetition_penalty=cfg.repetition_penalty, do_sample=do_sample,
-                           max_num_seqs=cfg.rollout_max_num_seqs)
+                           max_num_seqs=cfg.rollout_max_num_seqs, row_keys=row_keys)
         return rollout
 
     def _collect(self, metrics):
@@ -183,8 +183,11 @@ class Trainer:
             global_indices = self.sampler.next_batch()
             per_rank = len(global_indices) // self.world
             mine = global_indices[self.rank * per_rank:(self.rank + 1) * per_rank]
+            # Sampling noise keyed by (seed, step, round, global row): the same samples on 1 or N ranks.
+            first_row = self.rank * per_rank * G
+            keys = row_keys(cfg.seed, self.step * 1000 + rounds, np.arange(first_row, first_row + per_rank * G))
             t0 = time.perf_counter()
-            rollout = self._rollout_round(mine, G)
+            rollout = self._rollout_round(mine, G, row_keys=keys)
             t1 = time.perf_counter()
             texts = self._responses(rollout)
             result = self._score(self.train_records, mine, rollout, texts, G)
@@ -319,7 +322,9 @@ class Trainer:
         b["completion_mask_loss"] = b["completion_mask"] * paddle.to_tensor(local_valid.astype("int64"))[:, None]
         if ref_lp is not None:
             k3 = kl_penalty(b["sample_logprobs"], ref_lp, "k3")
-            metrics["train/kl"] = float(masked_mean(k3, b["completion_mask"]))
+            mask = b["completion_mask"].astype("float32")
+            kl_sum, tokens = dist.all_reduce_sum([float((k3 * mask).sum()), float(mask.sum())])
+            metrics["train/kl"] = float(kl_sum / max(tokens, 1.0))
 
         t0 = time.perf_counter()
         self._update(b, advantages, old_lp, ref_lp, on_policy, metrics)
@@ -342,7 +347,7 @@ class Trainer:
         cfg, geo = self.cfg, self.geometry
         n = b["completion_ids"].shape[0]
         per_mini, mb = geo.sequences_per_mini_batch, cfg.per_device_train_batch_size
-        sums = {}
+        per_mini_metrics = []
         self.model.train()
         for _ in range(cfg.update_iters):
             for m0 in range(0, n, per_mini):
@@ -354,18 +359,23 @@ class Trainer:
                 if cfg.loss_agg_mode == "seq-mean-token-sum-norm":
                     agg["max_dec_len"] = cfg.max_dec_len
                 finite = True
+                sums = np.zeros(len(_SHARE_KEYS) + len(_TOKEN_MEAN_KEYS) + 1)
                 for s in range(m0, m0 + per_mini, mb):
-                    sl = slice(s, s + mb)
-                    stats = self._micro_step(b, advantages, old_lp, ref_lp, sl, agg)
-                    finite = finite and stats.pop("finite")
-                    for k, v in stats.items():
-                        sums.setdefault(k, []).append(v)
-                grad_norm = self._grad_norm()
+                    micro_sums, micro_finite = self._micro_step(b, advantages, old_lp, ref_lp, slice(s, s + mb), agg)
+                    sums += micro_sums
+                    finite = finite and micro_finite
+                per_mini_metrics.append(_mini_batch_metrics(dist.all_reduce_sum(sums)))
+                # Every rank takes the same branch: a rank whose loss was not finite skipped its backward, so
+                # gradients are summed only when all ranks have them.
+                finite = dist.all_true(finite)
+                if finite:
+                    dist.sum_gradients(self.model.parameters())
+                grad_norm = self._grad_norm() if finite else float("nan")
                 finite = finite and math.isfinite(grad_norm)
+                per_mini_metrics[-1]["train/grad_norm"] = grad_norm
                 if finite:
                     self.optimizer.step()
                     self.nonfinite_in_a_row = 0
-                    sums.setdefault("train/grad_norm", []).append(grad_norm)
                 else:
                     self.nonfinite_total += 1
                     self.nonfinite_in_a_row += 1
@@ -379,16 +389,22 @@ class Trainer:
                 self.optimizer.clear_grad(set_to_zero=False)
                 self.scheduler.step()
                 self.optimizer_steps += 1
-        for k, v in sums.items():
-            metrics[k] = float(np.mean(v))
+        for k in per_mini_metrics[0]:
+            values = [m[k] for m in per_mini_metrics if math.isfinite(m[k])]
+            metrics[k] = float(np.mean(values)) if values else float("nan")
+        if cfg.kl_loss_coeff == 0:
+            metrics.pop("train/kl_loss", None)
         metrics["train/nonfinite_updates"] = float(self.nonfinite_total)
         metrics["train/optimizer_steps"] = float(self.optimizer_steps)
 
     def _micro_step(self, b, advantages, old_lp, ref_lp, sl, agg):
+        """Forward + backward of one micro-batch. Returns (sums, finite): the loss shares and the token-weighted
+        statistics of `_SHARE_KEYS`, `_TOKEN_MEAN_KEYS` and the token count, to be summed over micro-batches and
+        ranks (`_mini_batch_metrics`)."""
         cfg = self.cfg
         mask = b["completion_mask_loss"][sl]
         need_entropy = True  # logged every step (train/entropy); its cost is one pass over the logits
-        lp, entropy = completion_logprobs(self.train_model, b["prompt_ids"][sl], b["prompt_mask"][sl],
+        lp, entropy = completion_logprobs(self.model, b["prompt_ids"][sl], b["prompt_mask"][sl],
                                           b["completion_ids"][sl], b["completion_mask"][sl],
                                           temperature=cfg.temperature, with_entropy=need_entropy)
         old = lp.detach() if old_lp is None else old_lp[sl]
@@ -397,24 +413,22 @@ class Trainer:
                                   importance_sampling_level=cfg.importance_sampling_level,
                                   loss_agg_mode=cfg.loss_agg_mode, **agg)
         loss = cfg.pg_loss_coeff * out["pg_loss"]
-        stats = {"train/policy_loss": float(out["pg_loss"]), "train/clip_frac_low": float(out["clip_frac_low"]),
-                 "train/clip_frac_high": float(out["clip_frac_high"]),
-                 "train/clip_frac_dual": float(out["clip_frac_dual"]),
-                 "train/approx_kl_old": float(out["approx_kl_old"])}
+        kl_loss = paddle.zeros([])
         if cfg.kl_loss_coeff > 0:
-            kl = kl_penalty(lp, ref_lp[sl], cfg.kl_loss_estimator)
-            kl_loss = aggregate_loss(kl, mask, cfg.loss_agg_mode, **agg)
+            kl_loss = aggregate_loss(kl_penalty(lp, ref_lp[sl], cfg.kl_loss_estimator), mask, cfg.loss_agg_mode,
+                                     **agg)
             loss = loss + cfg.kl_loss_coeff * kl_loss
-            stats["train/kl_loss"] = float(kl_loss)
-        ent_agg = aggregate_loss(entropy, mask, cfg.loss_agg_mode, **agg)
         if cfg.entropy_coeff > 0:
-            loss = loss - cfg.entropy_coeff * ent_agg
-        stats["train/entropy"] = float(masked_mean(entropy.detach(), mask))
+            loss = loss - cfg.entropy_coeff * aggregate_loss(entropy, mask, cfg.loss_agg_mode, **agg)
+        tokens = float(mask.astype("float32").sum())
+        token_means = (masked_mean(entropy.detach(), mask), out["clip_frac_low"], out["clip_frac_high"],
+                       out["clip_frac_dual"], out["approx_kl_old"])
+        sums = np.array([float(out["pg_loss"]), float(kl_loss)] + [float(v) * tokens for v in token_means]
+                        + [tokens])
         finite = bool(paddle.isfinite(loss))
         if finite:
-            (loss * dist.loss_scale_for_data_parallel()).backward()
-        stats["finite"] = finite
-        return stats
+            loss.backward()
+        return sums, finite
 
     def _grad_norm(self):
         sq = [paddle.sum(paddle.square(p.grad.astype("float32"))) for p in self.model.parameters()
@@ -432,7 +446,9 @@ class Trainer:
         t0 = time.perf_counter()
         for s in range(0, len(shard), cfg.per_device_eval_batch_size):
             idx = shard[s:s + cfg.per_device_eval_batch_size]
-            rollout = self._rollout_round(idx, 1, do_sample=cfg.eval_do_sample, records=self.eval_records)
+            keys = row_keys(cfg.seed + 1, self.step, np.asarray(idx)) if cfg.eval_do_sample else None
+            rollout = self._rollout_round(idx, 1, do_sample=cfg.eval_do_sample, records=self.eval_records,
+                                          row_keys=keys)
             texts = self._responses(rollout)
             result = self._score(self.eval_records, idx, rollout, texts, 1)
             rewards.extend(result.scores)
@@ -537,6 +553,21 @@ class Trainer:
 
     def _should_eval_at_start(self):
         return self.cfg.do_eval and self.cfg.evaluation_strategy == "steps" and bool(self.eval_records)
+
+
+# Per-mini-batch metrics: loss shares add up to the mini-batch loss (global denominators); the others are
+# token-weighted sums divided by the mini-batch's token count. Summed over micro-batches and ranks.
+_SHARE_KEYS = ("train/policy_loss", "train/kl_loss")
+_TOKEN_MEAN_KEYS = ("train/entropy", "train/clip_frac_low", "train/clip_frac_high", "train/clip_frac_dual",
+                    "train/approx_kl_old")
+
+
+def _mini_batch_metrics(sums):
+    n_share = len(_SHARE_KEYS)
+    tokens = max(sums[-1], 1.0)
+    out = dict(zip(_SHARE_KEYS, sums[:n_share].tolist()))
+    out.update({k: float(v) / tokens for k, v in zip(_TOKEN_MEAN_KEYS, sums[n_share:-1])})
+    return out
 
 
 def _build_actor(cfg):

@@ -1,0 +1,78 @@
+"""Data parallel on CPU: `python -m paddle.distributed.launch --devices "" --nproc_per_node 2 run_rl.py` against a
+single-process run with the same global batch and seed. Sampling is keyed by global row (sampling.py), so both runs
+draw the same completions; global denominators and summed gradients then make the updates equal up to float
+rounding of a different summation order."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import paddle
+import pytest
+
+from paddle_grpo import distributed as dist
+
+NAMES = ["Ann", "Bob", "Cid", "Dan", "Eve", "Fay", "Gus", "Hal"]
+
+
+def test_collectives_are_the_identity_in_one_process():
+    assert dist.world_size() == 1 and dist.rank() == 0 and dist.is_main()
+    assert dist.all_gather_object({"a": 1}) == [{"a": 1}]
+    np.testing.assert_array_equal(dist.all_reduce_sum([1.5, 2.0]), [1.5, 2.0])
+    assert dist.all_true(True) and not dist.all_true(False)
+    assert dist.broadcast_object([3]) == [3]
+
+
+def write_config(tmp_path, tiny_policy_dir, algorithm):
+    rows = [{"src": f"<|im_start|>user\nWho is {n}?<|im_end|>\n<|im_start|>assistant\n<think>",
+             "tgt": f"(1) {n} is a knight and a friend"} for n in NAMES]
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cfg = {"actor_model_name_or_path": tiny_policy_dir, "use_rm_server": False, "reward_funcs": "length_similarity",
+           "train_datasets": str(tmp_path / "train.jsonl"), "max_prompt_len": 32, "max_dec_len": 8,
+           "min_dec_len": 1, "max_length": 40, "global_batch_size": 4, "rollout_n": 4,
+           "per_device_train_batch_size": 4, "per_device_logprob_batch_size": 4, "learning_rate": 1e-3,
+           "max_steps": 2, "save_steps": 100, "disable_tqdm": True, "report_to": "none", "temperature": 1.0,
+           "rl_algorithm": algorithm, "kl_coeff": 0.01 if algorithm != "grpo" else 0.0,
+           "kl_loss_coeff": 0.01 if algorithm == "grpo" else 0.0, "dataloader_shuffle": True}
+    path = tmp_path / "cfg.yaml"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def run(cmd, cwd):
+    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
+    return out
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("algorithm", ["grpo", "reinforce_plus_plus"])
+def test_two_ranks_match_one_rank(tmp_path, tiny_policy_dir, repo_root, algorithm):
+    cfg = write_config(tmp_path, tiny_policy_dir, algorithm)
+    run_rl = str(repo_root / "run_rl.py")
+    run([sys.executable, run_rl, str(cfg), "--output_dir", str(tmp_path / "one")], tmp_path)
+    run([sys.executable, "-m", "paddle.distributed.launch", "--devices", "", "--nproc_per_node", "2",
+         "--log_dir", str(tmp_path / "log"), run_rl, str(cfg), "--output_dir", str(tmp_path / "two")], tmp_path)
+    one = [json.loads(line) for line in open(tmp_path / "one" / "metrics.jsonl")]
+    two = [json.loads(line) for line in open(tmp_path / "two" / "metrics.jsonl")]  # rank 0 alone writes
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2]
+    compared = 0
+    for a, b in zip(one, two):
+        assert set(a) == set(b)
+        for key in a:
+            if key.startswith("perf/"):
+                continue
+            # Losses and statistics: float32 sums in another order; rewards and lengths are exactly equal.
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (a["step"], key)
+            compared += 1
+    assert compared > 30
+    assert one[0]["train/reward_std"] > 0
+    pa = paddle.load(str(tmp_path / "one" / "checkpoint-2" / "model_state.pdparams"))
+    pb = paddle.load(str(tmp_path / "two" / "checkpoint-2" / "model_state.pdparams"))
+    initial = paddle.load(os.path.join(tiny_policy_dir, "model_state.pdparams"))
+    moved = max(float((pa[k] - initial[k]).abs().max()) for k in pa)
+    diff = max(float((pa[k] - pb[k]).abs().max()) for k in pa)
+    # Two Adam steps of lr 1e-3 move parameters by ~2e-3; the two runs agree to within 0.1 % of that.
+    assert moved > 1e-3 and diff < 2e-6, (moved, diff)
+    assert "Traceback" not in (tmp_path / "log" / "workerlog.1").read_text()
