@@ -36,30 +36,50 @@ def set_rng_state(state):
 
 
 def save_checkpoint(output_dir, step, model, tokenizer, *, trainer_state, optimizer=None, reference=None,
-                    full=True, total_limit=-1):
-    """Write checkpoint-<step> atomically; returns its path. `full=False` saves only model and tokenizer."""
+                    full=True, total_limit=-1, writer=True, participant=True, tp_rank=0, tp_world=1,
+                    sync=lambda: None):
+    """Write checkpoint-<step> atomically; returns its path. `full=False` saves only model and tokenizer.
+
+    Called by every rank: `writer` (global rank 0) writes the files; `participant`s (the tensor-parallel ranks of
+    data-parallel rank 0) take part in merging the model shards and each writes its optimizer shard; `sync` is a
+    barrier over all ranks."""
     final = os.path.join(output_dir, f"checkpoint-{step}")
     tmp = os.path.join(output_dir, f".tmp-checkpoint-{step}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    _unwrap(model).save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if reference is not None:
-        _unwrap(reference).save_pretrained(os.path.join(tmp, REFERENCE_DIR))
-    if full:
-        paddle.save(_rename_optimizer_state(optimizer.state_dict(), _param_names(model)),
-                    os.path.join(tmp, OPTIMIZER_FILE))
-        with open(os.path.join(tmp, RNG_FILE), "wb") as f:
-            pickle.dump(rng_state(), f)
-    with open(os.path.join(tmp, STATE_FILE), "w", encoding="utf-8") as f:
-        json.dump({"step": step, "full": full, **trainer_state}, f, indent=2)
-    if os.path.exists(final):  # re-saving the same step (e.g. after an interrupt): replace it whole
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    if total_limit and total_limit > 0:
-        for old in list_checkpoints(output_dir)[:-total_limit]:
-            shutil.rmtree(old, ignore_errors=True)
+    if writer:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    sync()
+    if participant:
+        merge = {"merge_tensor_parallel": True} if tp_world > 1 else {}
+        _unwrap(model).save_pretrained(tmp, is_main_process=writer, **merge)
+        if reference is not None:
+            _unwrap(reference).save_pretrained(os.path.join(tmp, REFERENCE_DIR), is_main_process=writer, **merge)
+        if full:
+            paddle.save(_rename_optimizer_state(optimizer.state_dict(), _param_names(model)),
+                        os.path.join(tmp, optimizer_file(tp_rank, tp_world)))
+    if writer:
+        tokenizer.save_pretrained(tmp)
+        if full:
+            with open(os.path.join(tmp, RNG_FILE), "wb") as f:
+                pickle.dump(rng_state(), f)
+    sync()
+    if writer:
+        with open(os.path.join(tmp, STATE_FILE), "w", encoding="utf-8") as f:
+            json.dump({"step": step, "full": full, "tensor_parallel_degree": tp_world, **trainer_state}, f,
+                      indent=2)
+        if os.path.exists(final):  # re-saving the same step (e.g. after an interrupt): replace it whole
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        if total_limit and total_limit > 0:
+            for old in list_checkpoints(output_dir)[:-total_limit]:
+                shutil.rmtree(old, ignore_errors=True)
+    sync()
     return final
+
+
+def optimizer_file(tp_rank=0, tp_world=1):
+    """Optimizer states are per tensor-parallel shard: optimizer.pdopt, or optimizer.tp<r>.pdopt under TP."""
+    return OPTIMIZER_FILE if tp_world == 1 else f"optimizer.tp{tp_rank}.pdopt"
 
 
 def list_checkpoints(output_dir):
@@ -104,18 +124,23 @@ def load_trainer_state(path):
     return state
 
 
-def load_optimizer_and_rng(path, optimizer, model):
+def load_optimizer_and_rng(path, optimizer, model, tp_rank=0, tp_world=1):
+    file = os.path.join(path, optimizer_file(tp_rank, tp_world))
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"{file} not found: the checkpoint was saved with another tensor_parallel_degree "
+                                "than this run's; resume with the same degree, or start a new run from its weights")
     inverse = {v: k for k, v in _param_names(model).items()}
-    optimizer.set_state_dict(_rename_optimizer_state(paddle.load(os.path.join(path, OPTIMIZER_FILE)), inverse))
+    optimizer.set_state_dict(_rename_optimizer_state(paddle.load(file), inverse))
     with open(os.path.join(path, RNG_FILE), "rb") as f:
         set_rng_state(pickle.load(f))
 
 
-def load_weights(model, path):
-    """Load the weights of a save_pretrained directory into an existing model (same architecture)."""
+def load_weights(model, path, **shard):
+    """Load the weights of a save_pretrained directory into an existing model (same architecture; `shard`: the
+    tensor-parallel degree/rank to split the full checkpoint for)."""
     from paddlenlp.transformers import AutoModelForCausalLM
 
-    loaded = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+    loaded = AutoModelForCausalLM.from_pretrained(path, dtype="float32", **shard)
     _unwrap(model).set_state_dict(loaded.state_dict())
 
 

@@ -29,13 +29,21 @@ def load_tokenizer(path):
     return tokenizer
 
 
-def load_causal_lm(path, *, trainable=True, recompute=False):
-    """`AutoModelForCausalLM` from a local directory, in float32; frozen (eval, no grads) unless `trainable`."""
+def load_causal_lm(path, *, trainable=True, recompute=False, tensor_parallel_degree=1, tensor_parallel_rank=0):
+    """`AutoModelForCausalLM` from a local directory, in float32; frozen (eval, no grads) unless `trainable`.
+
+    With `tensor_parallel_degree > 1` this rank's shard is loaded (PaddleNLP splits the full checkpoint); its
+    forward then returns full-vocabulary logits (gathered), which generation needs, while `completion_logprobs`
+    asks the LM head for the vocab-parallel shard and reduces it without gathering (distributed.VocabParallel)."""
     from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
 
     _require_local_dir(path, "actor_model_name_or_path")
     config = AutoConfig.from_pretrained(path)
     config.recompute = bool(recompute and trainable)
+    if tensor_parallel_degree > 1:
+        config.tensor_parallel_degree = tensor_parallel_degree
+        config.tensor_parallel_rank = tensor_parallel_rank
+        config.tensor_parallel_output = False
     model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype="float32")
     if trainable:
         model.train()
@@ -63,12 +71,14 @@ def position_ids_from_mask(attention_mask):
 
 
 def completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *, temperature=1.0,
-                        with_entropy=False):
+                        with_entropy=False, vocab_parallel=None):
     """Log-probs (and optionally entropies) of the completion tokens under `model`.
 
     prompt_ids/prompt_mask: [bs, L] left-padded; completion_ids/completion_mask: [bs, T].
     Returns `(logprobs [bs, T], entropy [bs, T] or None)`, float32, with logits divided by `temperature` (the
     distribution the rollout sampled from). Positions where completion_mask is 0 hold meaningless values.
+    `vocab_parallel` (distributed.VocabParallel) computes both from this rank's vocabulary shard under tensor
+    parallelism.
     """
     input_ids = paddle.concat([prompt_ids, completion_ids], axis=1)
     attention_mask = paddle.concat([prompt_mask, completion_mask], axis=1).astype("int64")
@@ -78,6 +88,10 @@ def completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completi
     hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                      use_cache=False, return_dict=True).last_hidden_state
     # The token at position L + t is predicted from the hidden state at L + t - 1.
+    if vocab_parallel is not None:
+        logits = head(hidden[:, L - 1:-1], tensor_parallel_output=True)
+        logprobs = vocab_parallel.logprobs(logits, completion_ids, temperature)
+        return logprobs, (vocab_parallel.entropy(logits, temperature) if with_entropy else None)
     logits = head(hidden[:, L - 1:-1]).astype("float32")
     logprobs = logprobs_from_logits(logits, completion_ids, temperature=temperature)
     entropy = entropy_from_logits(logits / temperature) if with_entropy else None

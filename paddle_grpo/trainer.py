@@ -65,9 +65,9 @@ def lr_lambda(kind, warmup, total):
 class Trainer:
     def __init__(self, cfg):
         self.cfg = cfg
-        self.world = dist.init(cfg)
-        self.rank = dist.rank()
-        self.geometry = cfg.batch_geometry(self.world)
+        self.world = dist.init(cfg)          # data-parallel ranks: each samples different prompts
+        self.rank = dist.data_parallel_rank()
+        self.geometry = cfg.batch_geometry(dist.world_size())
         paddle.seed(cfg.seed + self.rank)
         np.random.seed(cfg.seed + self.rank)
 
@@ -75,10 +75,12 @@ class Trainer:
             _build_actor(cfg)
         self.tokenizer = load_tokenizer(cfg.actor_model_name_or_path)
         self.eos_ids = sorted({self.tokenizer.eos_token_id})
-        self.model = load_causal_lm(cfg.actor_model_name_or_path, recompute=cfg.recompute)
+        shard = dist.model_load_kwargs()
+        self.model = load_causal_lm(cfg.actor_model_name_or_path, recompute=cfg.recompute, **shard)
         self.reference = None
         if cfg.needs_reference_model:
-            self.reference = load_causal_lm(cfg.actor_model_name_or_path, trainable=False)
+            self.reference = load_causal_lm(cfg.actor_model_name_or_path, trainable=False, **shard)
+        self.vocab_parallel = dist.vocab_parallel()
 
         self.train_records = read_jsonl(cfg.train_datasets, prompt_key=cfg.prompt_key,
                                         response_key=cfg.response_key)
@@ -108,8 +110,7 @@ class Trainer:
         self.optimizer = paddle.optimizer.AdamW(
             learning_rate=self.scheduler, parameters=self.model.parameters(), weight_decay=cfg.weight_decay,
             beta1=cfg.adam_beta1, beta2=cfg.adam_beta2, epsilon=cfg.adam_epsilon,
-            apply_decay_param_fun=lambda name: name in decay,
-            grad_clip=paddle.nn.ClipGradByGlobalNorm(cfg.max_grad_norm) if cfg.max_grad_norm > 0 else None)
+            apply_decay_param_fun=lambda name: name in decay)  # clipping: _clip_gradients (TP-aware norm)
 
         self.step = 0
         self.nonfinite_in_a_row = 0
@@ -147,6 +148,11 @@ class Trainer:
         return texts
 
     def _score(self, records, indices, rollout, texts, G):
+        """Rewards for this rank's rows; under tensor parallelism one request per TP group, shared."""
+        return dist.share_within_tensor_parallel_group(lambda: self._request_rewards(records, indices, rollout,
+                                                                                     texts, G))
+
+    def _request_rewards(self, records, indices, rollout, texts, G):
         rows = [records[i] for i in indices for _ in range(G)]
         extra = {k: [r.get(k) for r in rows] for k in rows[0] if k not in ("src", "tgt")} if rows else {}
         if self.cfg.use_rm_server:
@@ -223,7 +229,8 @@ class Trainer:
         for s in range(0, n, mb):
             lp, e = completion_logprobs(model, b["prompt_ids"][s:s + mb], b["prompt_mask"][s:s + mb],
                                         b["completion_ids"][s:s + mb], b["completion_mask"][s:s + mb],
-                                        temperature=self.cfg.temperature, with_entropy=with_entropy)
+                                        temperature=self.cfg.temperature, with_entropy=with_entropy,
+                                        vocab_parallel=self.vocab_parallel)
             out.append(lp)
             ent.append(e)
         return paddle.concat(out, 0), (paddle.concat(ent, 0) if with_entropy else None)
@@ -370,8 +377,10 @@ class Trainer:
                 finite = dist.all_true(finite)
                 if finite:
                     dist.sum_gradients(self.model.parameters())
-                grad_norm = self._grad_norm() if finite else float("nan")
+                grad_norm = dist.global_grad_norm(self.model.parameters()) if finite else float("nan")
                 finite = finite and math.isfinite(grad_norm)
+                if finite:
+                    self._clip_gradients(grad_norm)
                 per_mini_metrics[-1]["train/grad_norm"] = grad_norm
                 if finite:
                     self.optimizer.step()
@@ -406,7 +415,8 @@ class Trainer:
         need_entropy = True  # logged every step (train/entropy); its cost is one pass over the logits
         lp, entropy = completion_logprobs(self.model, b["prompt_ids"][sl], b["prompt_mask"][sl],
                                           b["completion_ids"][sl], b["completion_mask"][sl],
-                                          temperature=cfg.temperature, with_entropy=need_entropy)
+                                          temperature=cfg.temperature, with_entropy=need_entropy,
+                                          vocab_parallel=self.vocab_parallel)
         old = lp.detach() if old_lp is None else old_lp[sl]
         out = compute_policy_loss(lp, old, advantages[sl], mask, clip_ratio_low=cfg.eps_low,
                                   clip_ratio_high=cfg.eps_high, clip_ratio_c=cfg.clip_ratio_c,
@@ -430,10 +440,16 @@ class Trainer:
             loss.backward()
         return sums, finite
 
-    def _grad_norm(self):
-        sq = [paddle.sum(paddle.square(p.grad.astype("float32"))) for p in self.model.parameters()
-              if p.grad is not None]
-        return float(paddle.sqrt(paddle.add_n(sq))) if sq else 0.0
+    def _clip_gradients(self, grad_norm):
+        """Scale gradients by max_grad_norm / max(norm, max_grad_norm) (as ClipGradByGlobalNorm, but with the norm
+        of the whole model under tensor parallelism, not of this rank's shard)."""
+        if self.cfg.max_grad_norm <= 0 or grad_norm <= self.cfg.max_grad_norm:
+            return
+        scale = self.cfg.max_grad_norm / grad_norm
+        with paddle.no_grad():
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.scale_(scale)
 
     # ------------------------------------------------------------------------------------------ evaluation
 
@@ -487,21 +503,26 @@ class Trainer:
                 "nonfinite_in_a_row": self.nonfinite_in_a_row, "optimizer_steps": self.optimizer_steps}
 
     def save(self):
+        """Every rank calls this: rank 0 writes; under tensor parallelism the shards of data-parallel rank 0's
+        group are merged (a collective) and each of its TP ranks writes its optimizer shard."""
+        full = not self.cfg.ignore_save_lr_and_optim
+        path = ckpt.save_checkpoint(
+            self.cfg.output_dir, self.step, self.model, self.tokenizer, trainer_state=self.trainer_state(),
+            optimizer=self.optimizer, full=full, total_limit=self.cfg.save_total_limit,
+            reference=self.reference if (self.cfg.sync_ref_model and full) else None,
+            writer=dist.is_main(), participant=self.rank == 0, tp_rank=dist.tensor_parallel_rank(),
+            tp_world=dist.tensor_parallel_world(), sync=dist.barrier)
         if dist.is_main():
-            full = not self.cfg.ignore_save_lr_and_optim
-            path = ckpt.save_checkpoint(
-                self.cfg.output_dir, self.step, self.model, self.tokenizer, trainer_state=self.trainer_state(),
-                optimizer=self.optimizer, full=full, total_limit=self.cfg.save_total_limit,
-                reference=self.reference if (self.cfg.sync_ref_model and full) else None)
             logger.info("saved %s", path)
-        dist.barrier()
 
     def _resume(self, path):
         state = ckpt.load_trainer_state(path)
-        ckpt.load_weights(self.model, path)
+        shard = dist.model_load_kwargs()
+        ckpt.load_weights(self.model, path, **shard)
         if self.reference is not None and os.path.isdir(os.path.join(path, ckpt.REFERENCE_DIR)):
-            ckpt.load_weights(self.reference, os.path.join(path, ckpt.REFERENCE_DIR))
-        ckpt.load_optimizer_and_rng(path, self.optimizer, self.model)
+            ckpt.load_weights(self.reference, os.path.join(path, ckpt.REFERENCE_DIR), **shard)
+        ckpt.load_optimizer_and_rng(path, self.optimizer, self.model, tp_rank=dist.tensor_parallel_rank(),
+                                    tp_world=dist.tensor_parallel_world())
         self.scheduler.set_state_dict(state["scheduler"])
         self.sampler.set_state_dict(state["sampler"])
         if self.normalizer is not None and state.get("normalizer"):

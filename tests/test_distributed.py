@@ -40,8 +40,15 @@ def write_config(tmp_path, tiny_policy_dir, algorithm):
     return path
 
 
+def launch(*args, log_dir):
+    return [sys.executable, "-m", "paddle.distributed.launch", "--devices", "", "--nproc_per_node", "2",
+            "--log_dir", str(log_dir), *map(str, args)]
+
+
 def run(cmd, cwd):
-    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
     return out
 
@@ -52,8 +59,7 @@ def test_two_ranks_match_one_rank(tmp_path, tiny_policy_dir, repo_root, algorith
     cfg = write_config(tmp_path, tiny_policy_dir, algorithm)
     run_rl = str(repo_root / "run_rl.py")
     run([sys.executable, run_rl, str(cfg), "--output_dir", str(tmp_path / "one")], tmp_path)
-    run([sys.executable, "-m", "paddle.distributed.launch", "--devices", "", "--nproc_per_node", "2",
-         "--log_dir", str(tmp_path / "log"), run_rl, str(cfg), "--output_dir", str(tmp_path / "two")], tmp_path)
+    run(launch(run_rl, cfg, "--output_dir", tmp_path / "two", log_dir=tmp_path / "log"), tmp_path)
     one = [json.loads(line) for line in open(tmp_path / "one" / "metrics.jsonl")]
     two = [json.loads(line) for line in open(tmp_path / "two" / "metrics.jsonl")]  # rank 0 alone writes
     assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2]
@@ -76,3 +82,53 @@ def test_two_ranks_match_one_rank(tmp_path, tiny_policy_dir, repo_root, algorith
     # Two Adam steps of lr 1e-3 move parameters by ~2e-3; the two runs agree to within 0.1 % of that.
     assert moved > 1e-3 and diff < 2e-6, (moved, diff)
     assert "Traceback" not in (tmp_path / "log" / "workerlog.1").read_text()
+
+
+@pytest.mark.e2e
+def test_tensor_parallel_logprobs_entropy_and_gradients_equal_a_single_process(tmp_path, tiny_policy_dir,
+                                                                              repo_root):
+    from paddle_grpo.modeling import completion_logprobs, load_causal_lm
+
+    rng = np.random.default_rng(0)
+    V = 300  # a vocabulary the 2 ranks split evenly
+    inputs = {"prompt_ids": rng.integers(3, V, size=(3, 6)), "prompt_mask": np.array([[0, 0, 1, 1, 1, 1]] * 3),
+              "completion_ids": rng.integers(3, V, size=(3, 5)),
+              "completion_mask": np.array([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0]])}
+    np.savez(tmp_path / "r_inputs.npz", **inputs)
+    run(launch(repo_root / "tests" / "workers" / "tp_logprobs_worker.py", tiny_policy_dir, tmp_path / "r.npz",
+               log_dir=tmp_path / "log"), repo_root)
+    got = np.load(tmp_path / "r.npz")
+    model = load_causal_lm(tiny_policy_dir)
+    args = [paddle.to_tensor(inputs[k]) for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
+    lp, ent = completion_logprobs(model, *args, temperature=0.8, with_entropy=True)
+    mask = args[3].astype("float32")
+    ((lp * mask).sum() + 0.1 * (ent * mask).sum()).backward()
+    m = inputs["completion_mask"].astype(bool)
+    np.testing.assert_allclose(got["logprobs"][m], lp.numpy()[m], rtol=1e-5, atol=2e-5)
+    np.testing.assert_allclose(got["entropy"][m], ent.numpy()[m], rtol=1e-5, atol=2e-5)
+    full_grad = model.get_input_embeddings().weight.grad.numpy()
+    np.testing.assert_allclose(got["embed_grad"][:full_grad.shape[0]], full_grad, rtol=1e-4, atol=1e-6)
+    assert np.abs(full_grad).max() > 1e-4
+
+
+@pytest.mark.e2e
+def test_tensor_parallel_training_equals_a_single_process(tmp_path, tiny_policy_dir, repo_root):
+    cfg = write_config(tmp_path, tiny_policy_dir, "reinforce_plus_plus")
+    run_rl = str(repo_root / "run_rl.py")
+    run([sys.executable, run_rl, str(cfg), "--output_dir", str(tmp_path / "one")], tmp_path)
+    run(launch(run_rl, cfg, "--output_dir", tmp_path / "tp", "--tensor_parallel_degree", 2,
+               log_dir=tmp_path / "log"), tmp_path)
+    one = [json.loads(line) for line in open(tmp_path / "one" / "metrics.jsonl")]
+    tp = [json.loads(line) for line in open(tmp_path / "tp" / "metrics.jsonl")]
+    for a, b in zip(one, tp):
+        for key in a:
+            if not key.startswith("perf/"):
+                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (a["step"], key)
+    pa = paddle.load(str(tmp_path / "one" / "checkpoint-2" / "model_state.pdparams"))
+    pb = paddle.load(str(tmp_path / "tp" / "checkpoint-2" / "model_state.pdparams"))  # shards merged on save
+    assert set(pa) == set(pb)
+    diff = max(float((pa[k] - pb[k]).abs().max()) for k in pa)
+    assert diff < 1e-5, diff
+    ckpt = tmp_path / "tp" / "checkpoint-2"
+    assert (ckpt / "optimizer.tp0.pdopt").is_file() and (ckpt / "optimizer.tp1.pdopt").is_file()
+    assert json.loads((ckpt / "config.json").read_text()).get("tensor_parallel_degree", 1) == 1

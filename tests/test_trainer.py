@@ -301,3 +301,21 @@ def test_sync_ref_model_mixes_the_policy_into_the_reference(workdir, tiny_policy
     policy, ref = params(trainer.model), params(trainer.reference)
     for k in ref:
         np.testing.assert_allclose(ref[k], 0.25 * policy[k] + 0.75 * initial[k], rtol=1e-6, atol=1e-7)
+
+
+def test_gradient_clipping_matches_paddles_global_norm_clip(workdir, tiny_policy_dir, tmp_path):
+    from paddle_grpo import distributed as dist
+
+    trainer = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "out", max_grad_norm=0.5))
+    rng = np.random.default_rng(0)
+    params_ = [p for p in trainer.model.parameters() if not p.stop_gradient]
+    grads = [paddle.to_tensor(rng.normal(size=p.shape).astype("float32") * 0.01) for p in params_]
+    expected = paddle.nn.ClipGradByGlobalNorm(0.5)(list(zip(params_, grads)))
+    for p, g in zip(params_, grads):
+        p.grad = g.clone()
+    norm = dist.global_grad_norm(params_)
+    np.testing.assert_allclose(norm, np.sqrt(sum(float((g * g).sum()) for g in grads)), rtol=1e-5)
+    assert norm > 0.5
+    trainer._clip_gradients(norm)
+    for p, (_, g) in zip(params_, expected):
+        np.testing.assert_allclose(p.grad.numpy(), g.numpy(), rtol=1e-5, atol=1e-9)
