@@ -4,11 +4,11 @@
     python -m paddle.distributed.launch --devices "0,1,2,3" run_rl.py CONFIG.yaml
 
 CONFIG is a flat YAML/JSON file with PaddleNLP's keys (docs/configuration.md); `--key value` pairs override it.
-The configuration is validated before anything heavy is imported; a problem exits with status 2 and a message that
-names the file, line and key.
+The configuration is validated before anything heavy is imported; a problem with the configuration, the data, the
+model directory or the reward server exits with status 2 and a message that names the file, line or key.
 """
-import importlib.util
 import logging
+import os
 import sys
 
 
@@ -25,13 +25,18 @@ def main(argv=None):
     except ConfigError as e:
         print(f"run_rl.py: configuration error: {e}", file=sys.stderr)
         return 2
-    print(cfg.format(), end="")
-    if importlib.util.find_spec("paddle_grpo.trainer") is None:
-        print("run_rl.py: the configuration is valid, but training is not yet available in this version of "
-              "paddle_grpo (the trainer is being built; see the README's status section).")
-        return 0
-    from paddle_grpo.trainer import train
-    return train(cfg)
+    if os.environ.get("PADDLE_TRAINER_ID", "0") == "0":  # rank 0 under paddle.distributed.launch
+        print(cfg.format(), end="")
+    from paddle_grpo.data import DataError
+    from paddle_grpo.rewards.client import RewardServerError
+    from paddle_grpo.trainer import TrainingError, train
+
+    try:
+        return train(cfg)
+    except (ConfigError, DataError, FileNotFoundError, RewardServerError, TrainingError, NotImplementedError) as e:
+        # Problems with the user's setup, data or reward server: say what and where, without a traceback.
+        print(f"run_rl.py: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -15,6 +15,15 @@ from .algorithms import entropy_from_logits, logprobs_from_logits
 
 # paddle's cpp_extension warns at import time that ccache is missing; it concerns building custom ops, not us.
 warnings.filterwarnings("ignore", message="No ccache found")
+# PaddleNLP 3.0.0b4's Qwen2 MLP calls paddle.incubate's swiglu, deprecated in paddle 3.3 (same kernel); once per run.
+warnings.filterwarnings("ignore", message=r"(?s).*paddle\.incubate\.nn\.functional\.swiglu")
+
+
+def quiet_paddlenlp():
+    """PaddleNLP logs every file it loads at INFO; keep its warnings and errors only."""
+    from paddlenlp.utils.log import logger as paddlenlp_logger
+
+    paddlenlp_logger.set_level("WARNING")
 
 
 def load_tokenizer(path):

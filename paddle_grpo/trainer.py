@@ -24,7 +24,8 @@ from .algorithms import (RunningRewardNormalizer, aggregate_loss, clip_reward, c
                          normalize_advantage, overlong_penalty, scalar_to_token_level)
 from .data import PromptSampler, collate_prompts, read_jsonl, tokenize_prompts, apply_chat_template
 from .logging import MetricsLogger
-from .modeling import completion_logprobs, freeze, load_causal_lm, load_tokenizer, mix_into, parameters_by_decay
+from .modeling import (completion_logprobs, load_causal_lm, load_tokenizer, mix_into, parameters_by_decay,
+                       quiet_paddlenlp)
 from .rewards.client import make_rewarder
 from .rollout import generate
 from .sampling import row_keys
@@ -73,6 +74,7 @@ class Trainer:
 
         if cfg.build_actor_if_missing and not os.path.isdir(cfg.actor_model_name_or_path):
             _build_actor(cfg)
+        quiet_paddlenlp()
         self.tokenizer = load_tokenizer(cfg.actor_model_name_or_path)
         self.eos_ids = sorted({self.tokenizer.eos_token_id})
         shard = dist.model_load_kwargs()

@@ -5,7 +5,6 @@ PADDLENLP_KEYS.md (values as PaddleNLP ships them) and must load unchanged.
 """
 import json
 import logging
-import pathlib
 import re
 
 import pytest

@@ -1,5 +1,4 @@
 """The maximal reward (what eval/accuracy counts as correct) from functions, RewardSet, server and client."""
-import pytest
 
 from paddle_grpo.rewards import RewardSet, get_reward_fn
 from paddle_grpo.rewards.client import InProcessRewarder, RewardClient
