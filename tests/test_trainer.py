@@ -319,3 +319,22 @@ def test_gradient_clipping_matches_paddles_global_norm_clip(workdir, tiny_policy
     trainer._clip_gradients(norm)
     for p, (_, g) in zip(params_, expected):
         np.testing.assert_allclose(p.grad.numpy(), g.numpy(), rtol=1e-5, atol=1e-9)
+
+
+def test_visualdl_receives_every_scalar_of_metrics_jsonl_and_the_samples(workdir, tiny_policy_dir, tmp_path):
+    import glob
+
+    from visualdl import LogReader
+
+    cfg = make_cfg(workdir, tiny_policy_dir, tmp_path / "out", report_to="visualdl", run_name="run1")
+    Trainer(cfg).train()
+    files = glob.glob(str(tmp_path / "out" / "vdl" / "run1" / "vdlrecords*"))
+    assert len(files) == 1
+    reader = LogReader(file_path=files[0])
+    tags = reader.get_tags()
+    rows = read_metrics(cfg.output_dir)
+    assert set(tags["scalar"]) == {k for r in rows for k in r if k != "step"}
+    for key in ("train/reward", "train/policy_loss", "perf/step_s"):
+        logged = [(d.id, d.value) for d in reader.get_data("scalar", key)]
+        assert logged == [(r["step"], pytest.approx(r[key], rel=1e-6)) for r in rows]
+    assert "samples/rollout" in tags["text"]
