@@ -1,6 +1,8 @@
 """Checkpoints: `<output_dir>/checkpoint-<step>/`, written to a temporary directory and renamed into place.
 
-Contents: the policy in `save_pretrained` format (loadable by `AutoModelForCausalLM`) and its tokenizer, and unless
+Contents: the policy in `save_pretrained` format (loadable by `AutoModelForCausalLM`; under `lora: true` the
+adapters only, in paddlenlp.peft's format with the base model's path in lora_config.json: tools/merge_lora.py makes
+a full model of them) and its tokenizer, and unless
 `ignore_save_lr_and_optim`, `optimizer.pdopt`, `trainer_state.json` (step, data position, running reward statistics,
 counters, scheduler state) and `rng_state.pkl` (paddle, numpy and python generators). A crash while saving leaves
 only a `.tmp-*` directory behind; the previous checkpoint stays intact and `latest_checkpoint` never picks a partial
@@ -120,7 +122,8 @@ def load_trainer_state(path):
         state = json.load(f)
     if not state.get("full"):
         raise ValueError(f"{path} was saved with ignore_save_lr_and_optim: true (model only); it can be used as "
-                         "actor_model_name_or_path but not resumed from")
+                         "actor_model_name_or_path (a LoRA checkpoint: as lora_path, or merged by "
+                         "tools/merge_lora.py) but not resumed from")
     return state
 
 
@@ -137,10 +140,17 @@ def load_optimizer_and_rng(path, optimizer, model, tp_rank=0, tp_world=1):
 
 def load_weights(model, path, **shard):
     """Load the weights of a save_pretrained directory into an existing model (same architecture; `shard`: the
-    tensor-parallel degree/rank to split the full checkpoint for)."""
-    from paddlenlp.transformers import AutoModelForCausalLM
+    tensor-parallel degree/rank to split the full checkpoint for). A LoRA model gets the saved adapters."""
+    from paddlenlp.transformers import AutoModelForCausalLM, AutoModelForConditionalGeneration
 
-    loaded = AutoModelForCausalLM.from_pretrained(path, dtype="float32", **shard)
+    from .lora import is_lora_model, load_adapters
+
+    if is_lora_model(_unwrap(model)):
+        load_adapters(_unwrap(model), path)
+        return
+    encoder_decoder = getattr(_unwrap(model).config, "is_encoder_decoder", False)
+    auto = AutoModelForConditionalGeneration if encoder_decoder else AutoModelForCausalLM
+    loaded = auto.from_pretrained(path, dtype="float32", **shard)
     _unwrap(model).set_state_dict(loaded.state_dict())
 
 

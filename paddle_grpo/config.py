@@ -16,6 +16,7 @@ import json
 import math
 import os
 import logging
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import List, Optional, Union
@@ -36,6 +37,8 @@ ALIASES = {
     "per_device_rollout_batch_size": "rollout_max_num_seqs",
     "quant_type": "rollout_quant_type",
     "num_return_sequences": "rollout_n",
+    "lora_r": "lora_rank",                      # peft/TRL's name (LoRAConfig.r)
+    "lora_target_modules": "target_modules",    # TRL's name
 }
 
 
@@ -77,6 +80,25 @@ class ModelArguments:
     reward_server_timeout: float = arg(60.0, "(new) Read timeout in seconds for one reward-server request.")
     reward_server_max_retries: int = arg(3, "(new) Retries (exponential backoff) on connection errors, timeouts and "
                                             "5xx before the step fails loudly.")
+
+
+@dataclass
+class LoRAArguments:
+    lora: bool = arg(False, "Train LoRA adapters (paddlenlp.peft) instead of all weights. The reference model is "
+                            "the base model with the adapters disabled (no second copy of the weights); checkpoints "
+                            "hold the adapters only (tools/merge_lora.py makes a full model of them).")
+    lora_path: str = arg("", "Adapters to start from (a LoRA checkpoint, or PaddleNLP LoRA output); their saved rank, "
+                             "alpha and target modules are used, as in PaddleNLP. Empty: new adapters (B = 0, so "
+                             "training starts from the base model).")
+    lora_rank: int = arg(8, "LoRA rank r.")
+    lora_alpha: float = arg(16.0, "LoRA alpha: the adapter update B A is scaled by lora_alpha / lora_rank; -1: "
+                                  "2 x lora_rank (PaddleNLP's default).")
+    lora_dropout: float = arg(0.0, "(new) Dropout on the adapters' input during the update (0 keeps the "
+                                   "importance ratio of the update exact).")
+    target_modules: List[str] = arg(None, "(new) Regexes, matched in full against layer names such as "
+                                          "qwen2.layers.0.self_attn.q_proj, of the linear layers that get adapters. "
+                                          "Empty: every attention and MLP projection (q/k/v/o, gate/up/down).",
+                                    default_factory=list)
 
 
 @dataclass
@@ -260,7 +282,7 @@ def yaml_value(value):
 
 
 @dataclass
-class Config(ModelArguments, DataArguments, ParallelArguments, RolloutArguments, TrainingArguments,
+class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, RolloutArguments, TrainingArguments,
              AlgorithmArguments, EvalArguments, LoggingArguments, KernelArguments):
     """The whole configuration, flat (one attribute per key) like PaddleNLP's YAML files."""
 
@@ -293,6 +315,10 @@ class Config(ModelArguments, DataArguments, ParallelArguments, RolloutArguments,
         return self.global_batch_size if self.global_mini_batch_size == -1 else self.global_mini_batch_size
 
     @property
+    def lora_alpha_value(self):
+        return 2.0 * self.lora_rank if self.lora_alpha == -1 else self.lora_alpha
+
+    @property
     def needs_reference_model(self):
         return self.kl_coeff != 0 or self.kl_loss_coeff != 0
 
@@ -301,7 +327,7 @@ class Config(ModelArguments, DataArguments, ParallelArguments, RolloutArguments,
         return BatchGeometry.from_config(self, world_size)
 
 
-GROUPS = (ModelArguments, DataArguments, ParallelArguments, RolloutArguments, TrainingArguments,
+GROUPS = (ModelArguments, LoRAArguments, DataArguments, ParallelArguments, RolloutArguments, TrainingArguments,
           AlgorithmArguments, EvalArguments, LoggingArguments, KernelArguments)
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 
@@ -570,7 +596,7 @@ def validate(cfg, given=None):
                 "per_device_train_batch_size", "per_device_eval_batch_size", "max_prompt_len", "max_dec_len",
                 "rollout_max_num_seqs", "logging_steps", "tensor_parallel_degree", "pipeline_parallel_degree",
                 "virtual_pp_degree", "max_gen_batches", "max_consecutive_nonfinite", "ref_model_sync_steps",
-                "overlong_reward_buffer", "max_length")
+                "overlong_reward_buffer", "max_length", "lora_rank")
     for key in positive:
         if getattr(cfg, key) < 1:
             fail(key, "must be at least 1")
@@ -650,6 +676,18 @@ def validate(cfg, given=None):
         fail("save_steps", "must be at least 1")
     if cfg.fp16 and cfg.bf16:
         fail("fp16", "fp16 and bf16 cannot both be true")
+    if cfg.lora_alpha <= 0 and cfg.lora_alpha != -1:
+        fail("lora_alpha", "must be positive (or -1: 2 x lora_rank)")
+    if not 0 <= cfg.lora_dropout < 1:
+        fail("lora_dropout", "must be in [0, 1)")
+    for pattern in cfg.target_modules:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            fail("target_modules", f"'{pattern}' is not a valid regular expression ({e})")
+    if cfg.lora and cfg.sync_ref_model:
+        fail("sync_ref_model", "cannot be used with lora: the reference model is the base model with the adapters "
+                               "disabled; there is no separate copy to mix the policy into")
     return cfg
 
 

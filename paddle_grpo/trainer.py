@@ -19,11 +19,13 @@ import paddle
 
 from . import checkpoint as ckpt
 from . import distributed as dist
+from . import seq2seq
 from .algorithms import (RunningRewardNormalizer, aggregate_loss, clip_reward, compute_policy_loss,
                          get_advantage_estimator, global_denominators, kl_penalty, masked_mean,
                          normalize_advantage, overlong_penalty, scalar_to_token_level)
 from .data import PromptSampler, collate_prompts, read_jsonl, tokenize_prompts, apply_chat_template
 from .logging import MetricsLogger
+from .lora import adapters_disabled, apply_lora, load_adapters, trainable_parameters
 from .modeling import (completion_logprobs, load_causal_lm, load_tokenizer, mix_into, parameters_by_decay,
                        quiet_paddlenlp)
 from .rewards.client import make_rewarder
@@ -78,10 +80,19 @@ class Trainer:
         self.tokenizer = load_tokenizer(cfg.actor_model_name_or_path)
         self.eos_ids = sorted({self.tokenizer.eos_token_id})
         shard = dist.model_load_kwargs()
-        self.model = load_causal_lm(cfg.actor_model_name_or_path, recompute=cfg.recompute, **shard)
+        # An encoder-decoder policy (its config says is_encoder_decoder) is loaded, sampled and scored by seq2seq.py.
+        enc_dec = seq2seq.is_encoder_decoder(cfg.actor_model_name_or_path)
+        load = seq2seq.load_seq2seq_lm if enc_dec else load_causal_lm
+        self._generate = seq2seq.generate if enc_dec else generate
+        self._completion_logprobs = seq2seq.completion_logprobs if enc_dec else completion_logprobs
+        self.model = load(cfg.actor_model_name_or_path, recompute=cfg.recompute, **shard)
+        if cfg.lora:  # the reference is then self.model with its adapters disabled (_reference_logprobs)
+            self.model = load_adapters(self.model, cfg.lora_path) if cfg.lora_path else apply_lora(
+                self.model, cfg.lora_rank, cfg.lora_alpha_value, cfg.lora_dropout, cfg.target_modules or None,
+                base_model_name_or_path=cfg.actor_model_name_or_path)
         self.reference = None
-        if cfg.needs_reference_model:
-            self.reference = load_causal_lm(cfg.actor_model_name_or_path, trainable=False, **shard)
+        if cfg.needs_reference_model and not cfg.lora:
+            self.reference = load(cfg.actor_model_name_or_path, trainable=False, **shard)
         self.vocab_parallel = dist.vocab_parallel()
 
         self.train_records = read_jsonl(cfg.train_datasets, prompt_key=cfg.prompt_key,
@@ -110,7 +121,9 @@ class Trainer:
                                                          lr_lambda(cfg.lr_scheduler_type, warmup, total_opt_steps))
         decay = parameters_by_decay(self.model)
         self.optimizer = paddle.optimizer.AdamW(
-            learning_rate=self.scheduler, parameters=self.model.parameters(), weight_decay=cfg.weight_decay,
+            learning_rate=self.scheduler,
+            parameters=trainable_parameters(self.model) if cfg.lora else self.model.parameters(),
+            weight_decay=cfg.weight_decay,
             beta1=cfg.adam_beta1, beta2=cfg.adam_beta2, epsilon=cfg.adam_epsilon,
             apply_decay_param_fun=lambda name: name in decay)  # clipping: _clip_gradients (TP-aware norm)
 
@@ -173,11 +186,12 @@ class Trainer:
         cfg = self.cfg
         records = self.train_records if records is None else records
         prompt_ids, prompt_mask = self._encode(records, indices)
-        rollout = generate(self.model, prompt_ids, prompt_mask, num_samples=G, max_new_tokens=cfg.max_dec_len,
-                           min_new_tokens=cfg.min_dec_len, eos_token_ids=self.eos_ids,
-                           pad_token_id=self.tokenizer.pad_token_id, temperature=cfg.temperature, top_p=cfg.top_p,
-                           repetition_penalty=cfg.repetition_penalty, do_sample=do_sample,
-                           max_num_seqs=cfg.rollout_max_num_seqs, row_keys=row_keys)
+        rollout = self._generate(self.model, prompt_ids, prompt_mask, num_samples=G,
+                                 max_new_tokens=cfg.max_dec_len, min_new_tokens=cfg.min_dec_len,
+                                 eos_token_ids=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id,
+                                 temperature=cfg.temperature, top_p=cfg.top_p,
+                                 repetition_penalty=cfg.repetition_penalty, do_sample=do_sample,
+                                 max_num_seqs=cfg.rollout_max_num_seqs, row_keys=row_keys)
         return rollout
 
     def _collect(self, metrics):
@@ -226,16 +240,33 @@ class Trainer:
 
     @paddle.no_grad()
     def _logprobs(self, model, b, with_entropy=False):
+        """In eval mode (no dropout: lora_dropout), as the rollout that sampled the completions."""
         out, ent = [], []
         n, mb = b["completion_ids"].shape[0], self.cfg.per_device_logprob_batch_size
-        for s in range(0, n, mb):
-            lp, e = completion_logprobs(model, b["prompt_ids"][s:s + mb], b["prompt_mask"][s:s + mb],
-                                        b["completion_ids"][s:s + mb], b["completion_mask"][s:s + mb],
-                                        temperature=self.cfg.temperature, with_entropy=with_entropy,
-                                        vocab_parallel=self.vocab_parallel)
-            out.append(lp)
-            ent.append(e)
+        was_training = model.training
+        model.eval()
+        try:
+            for s in range(0, n, mb):
+                lp, e = self._completion_logprobs(model, b["prompt_ids"][s:s + mb], b["prompt_mask"][s:s + mb],
+                                                  b["completion_ids"][s:s + mb], b["completion_mask"][s:s + mb],
+                                                  temperature=self.cfg.temperature, with_entropy=with_entropy,
+                                                  vocab_parallel=self.vocab_parallel)
+                out.append(lp)
+                ent.append(e)
+        finally:
+            if was_training:
+                model.train()
         return paddle.concat(out, 0), (paddle.concat(ent, 0) if with_entropy else None)
+
+    def _reference_logprobs(self, b):
+        """Log-probs under the reference model: the frozen copy, or under LoRA the policy with its adapters
+        disabled (the base model, exactly); None when no KL term needs them."""
+        if self.reference is not None:
+            return self._logprobs(self.reference, b)[0]
+        if self.cfg.lora and self.cfg.needs_reference_model:
+            with adapters_disabled(self.model):
+                return self._logprobs(self.model, b)[0]
+        return None
 
     # ------------------------------------------------------------------------------------------- advantages
 
@@ -316,7 +347,7 @@ class Trainer:
 
         t0 = time.perf_counter()
         on_policy = geo.optimizer_steps_per_step == 1
-        ref_lp = self._logprobs(self.reference, b)[0] if self.reference is not None else None
+        ref_lp = self._reference_logprobs(b)
         old_lp = None if on_policy else self._logprobs(self.model, b)[0]
         # The reward's KL uses the sampling policy's log-probs: recomputed when off-policy, else the rollout's own
         # (equal to a recomputation up to float rounding, and free).
@@ -415,10 +446,10 @@ class Trainer:
         cfg = self.cfg
         mask = b["completion_mask_loss"][sl]
         need_entropy = True  # logged every step (train/entropy); its cost is one pass over the logits
-        lp, entropy = completion_logprobs(self.model, b["prompt_ids"][sl], b["prompt_mask"][sl],
-                                          b["completion_ids"][sl], b["completion_mask"][sl],
-                                          temperature=cfg.temperature, with_entropy=need_entropy,
-                                          vocab_parallel=self.vocab_parallel)
+        lp, entropy = self._completion_logprobs(self.model, b["prompt_ids"][sl], b["prompt_mask"][sl],
+                                                b["completion_ids"][sl], b["completion_mask"][sl],
+                                                temperature=cfg.temperature, with_entropy=need_entropy,
+                                                vocab_parallel=self.vocab_parallel)
         old = lp.detach() if old_lp is None else old_lp[sl]
         out = compute_policy_loss(lp, old, advantages[sl], mask, clip_ratio_low=cfg.eps_low,
                                   clip_ratio_high=cfg.eps_high, clip_ratio_c=cfg.clip_ratio_c,

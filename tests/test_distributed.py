@@ -132,3 +132,28 @@ def test_tensor_parallel_training_equals_a_single_process(tmp_path, tiny_policy_
     ckpt = tmp_path / "tp" / "checkpoint-2"
     assert (ckpt / "optimizer.tp0.pdopt").is_file() and (ckpt / "optimizer.tp1.pdopt").is_file()
     assert json.loads((ckpt / "config.json").read_text()).get("tensor_parallel_degree", 1) == 1
+
+
+@pytest.mark.e2e
+def test_two_ranks_resume_exactly(tmp_path, tiny_policy_dir, repo_root):
+    """Both ranks load the checkpoint: resuming at step 2 reproduces steps 3-4 of the uninterrupted 2-rank run."""
+    import shutil
+
+    cfg = write_config(tmp_path, tiny_policy_dir, "grpo")
+    run_rl = str(repo_root / "run_rl.py")
+    common = ["--max_steps", 4, "--save_steps", 2, "--lr_scheduler_type", "cosine", "--normalize_reward", "true"]
+    run(launch(run_rl, cfg, "--output_dir", tmp_path / "full", *common, log_dir=tmp_path / "log1"), tmp_path)
+    (tmp_path / "resumed").mkdir()
+    shutil.copytree(tmp_path / "full" / "checkpoint-2", tmp_path / "resumed" / "checkpoint-2")
+    run(launch(run_rl, cfg, "--output_dir", tmp_path / "resumed", "--resume_from_checkpoint", "true", *common,
+               log_dir=tmp_path / "log2"), tmp_path)
+    full = {r["step"]: r for r in map(json.loads, open(tmp_path / "full" / "metrics.jsonl"))}
+    resumed = {r["step"]: r for r in map(json.loads, open(tmp_path / "resumed" / "metrics.jsonl"))}
+    assert sorted(resumed) == [3, 4]
+    for step in (3, 4):
+        for key, value in full[step].items():
+            if not key.startswith("perf/"):
+                assert resumed[step][key] == value, (step, key)
+    pa = paddle.load(str(tmp_path / "full" / "checkpoint-4" / "model_state.pdparams"))
+    pb = paddle.load(str(tmp_path / "resumed" / "checkpoint-4" / "model_state.pdparams"))
+    assert all(np.array_equal(pa[k].numpy(), pb[k].numpy()) for k in pa)

@@ -14,7 +14,8 @@ sys.path.insert(0, str(REPO))
 from paddle_grpo.config import ALIASES, GROUPS, yaml_value  # noqa: E402
 
 TITLES = {
-    "ModelArguments": "Models and rewards", "DataArguments": "Data", "ParallelArguments": "Parallelism",
+    "ModelArguments": "Models and rewards", "LoRAArguments": "LoRA", "DataArguments": "Data",
+    "ParallelArguments": "Parallelism",
     "RolloutArguments": "Rollout (generation)", "TrainingArguments": "Training", "AlgorithmArguments": "RL algorithm",
     "EvalArguments": "Evaluation", "LoggingArguments": "Logging and outputs",
     "KernelArguments": "Memory, precision and kernels",
