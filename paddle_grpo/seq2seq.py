@@ -1,0 +1,336 @@
+"""Encoder-decoder policies (T5 / BART family): loading, sampling G completions per prompt, per-token log-probs.
+
+`generate` and `completion_logprobs` have the signatures and contracts of `rollout.generate` and
+`modeling.completion_logprobs`, so the trainer only chooses which pair to call (`is_encoder_decoder`). Here the
+prompt is the encoder input (the document) and the completion is what the decoder produces after the model's
+`decoder_start_token_id`; everything downstream (rewards, advantages, losses) is unchanged.
+
+- Encoder inputs may be padded on either side: rows are packed to the left (real tokens first) before the encoder,
+  which is exact for both families (the encoder is bidirectional and attends to real tokens only, and BART's learned
+  absolute positions then start at 0 as in pre-training). The trainer collates left-padded.
+- The encoder runs once per prompt: `generate` encodes the B prompts and shares each one's encoder output and first
+  decoder step among its G samples; `completion_logprobs` encodes each run of identical consecutive prompt rows once.
+- Sampling follows rollout.py exactly (temperature -> repetition penalty -> EOS blocked until `min_new_tokens` ->
+  top-p -> multinomial or counter-based uniforms), except that the repetition penalty counts only the tokens the
+  decoder generated, not the source document (as HF does for encoder-decoders: a summary should copy from it).
+- Dropout is switched off when loading (as for the decoder-only policies, whose configs have none): with dropout the
+  on-policy ratio exp(l - l.detach()) and the rollout's log-probs would not describe the same policy.
+Not supported: tensor parallelism (`vocab_parallel`), PaddleNLP's fused/fast generation.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+
+from .algorithms import entropy_from_logits, logprobs_from_logits
+from .modeling import _require_local_dir, freeze
+from .rollout import Rollout, _mark, _pad_right, _top_p_filter
+from .sampling import sample_with_uniforms, uniforms
+
+logger = logging.getLogger("paddle_grpo.seq2seq")
+
+# Config attributes holding dropout probabilities in the T5 and BART families.
+_DROPOUT_KEYS = ("dropout_rate", "dropout", "attention_dropout", "activation_dropout")
+
+
+def is_encoder_decoder(model_or_path):
+    """True for an encoder-decoder model, config, or local model directory (its config.json says so)."""
+    if isinstance(model_or_path, (str, os.PathLike)):
+        from paddlenlp.transformers import AutoConfig
+
+        _require_local_dir(os.fspath(model_or_path), "actor_model_name_or_path")
+        config = AutoConfig.from_pretrained(os.fspath(model_or_path))
+    else:
+        config = getattr(model_or_path, "config", model_or_path)
+    return bool(getattr(config, "is_encoder_decoder", False))
+
+
+def load_seq2seq_lm(path, *, trainable=True, recompute=False, tensor_parallel_degree=1, tensor_parallel_rank=0):
+    """`AutoModelForConditionalGeneration` from a local directory, float32, dropout off; frozen unless `trainable`.
+
+    Same keyword arguments as `modeling.load_causal_lm`; tensor parallelism is not supported for encoder-decoders.
+    """
+    from paddlenlp.transformers import AutoConfig, AutoModelForConditionalGeneration
+
+    if tensor_parallel_degree > 1:
+        raise NotImplementedError("tensor_parallel_degree > 1 is not supported for encoder-decoder policies")
+    _require_local_dir(path, "actor_model_name_or_path")
+    config = AutoConfig.from_pretrained(path)
+    if not getattr(config, "is_encoder_decoder", False):
+        raise ValueError(f"{path}: config.is_encoder_decoder is false; load it with modeling.load_causal_lm")
+    for key in _DROPOUT_KEYS:
+        if hasattr(config, key):
+            setattr(config, key, 0.0)
+    model = AutoModelForConditionalGeneration.from_pretrained(path, config=config, dtype="float32")
+    if recompute and trainable:
+        # PaddleNLP 3.0.0b4's T5 recompute (model.recompute_enable) changes the encoder's gradients (max abs
+        # difference 0.03 on a tiny T5, measured); BART has no recompute at all.
+        logger.warning("recompute is ignored for encoder-decoder policies")
+    if trainable:
+        model.train()
+    else:
+        freeze(model)
+    return model
+
+
+def decoder_start_id(model):
+    """The token the decoder starts from: config.decoder_start_token_id, else pad (T5's convention)."""
+    config = model.config
+    start = getattr(config, "decoder_start_token_id", None)
+    start = getattr(config, "pad_token_id", None) if start is None else start
+    if start is None:
+        raise ValueError("the model config has neither decoder_start_token_id nor pad_token_id")
+    return int(start)
+
+
+def pack_left(ids, mask):
+    """Move each row's real tokens (mask 1) to the front, keeping their order. [bs, L] -> [bs, L] each."""
+    order = paddle.argsort(1 - mask.astype("int64"), axis=-1, stable=True)
+    return paddle.take_along_axis(ids, order, axis=-1), paddle.take_along_axis(mask, order, axis=-1)
+
+
+def encode(model, prompt_ids, prompt_mask):
+    """Encoder output for prompts padded on either side: (hidden [bs, L, D], packed mask [bs, L] int64)."""
+    ids, mask = pack_left(prompt_ids.astype("int64"), prompt_mask.astype("int64"))
+    out = model.get_encoder()(input_ids=ids, attention_mask=mask, return_dict=True)
+    return out.last_hidden_state, mask
+
+
+def decoder_logits(model, encoder_hidden, encoder_mask, decoder_input_ids, cache=None, use_cache=False):
+    """One decoder pass: (logits [bs, t, V] float32, cache or None). With a cache, decoder_input_ids is only the
+    new token; `use_cache` with no cache starts one (PaddleNLP's BART builds it from the encoder output)."""
+    out = model(input_ids=None, attention_mask=encoder_mask, decoder_input_ids=decoder_input_ids,
+                encoder_output=(encoder_hidden,), cache=cache, use_cache=use_cache, return_dict=True)
+    return out.logits.astype("float32"), out.past_key_values
+
+
+def completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *, temperature=1.0,
+                        with_entropy=False, vocab_parallel=None):
+    """Log-probs (and optionally entropies) of the completion tokens under an encoder-decoder `model`.
+
+    prompt_ids/prompt_mask: [bs, L] encoder inputs (either padding side); completion_ids/completion_mask: [bs, T],
+    right-padded. The decoder is teacher-forced on [start] + completion[:, :-1] (causal, so the padding after EOS
+    cannot affect earlier positions). Returns `(logprobs [bs, T], entropy [bs, T] or None)`, float32, of
+    logits / temperature. Positions where completion_mask is 0 hold meaningless values.
+    """
+    if vocab_parallel is not None:
+        raise NotImplementedError("vocab-parallel log-probs are not supported for encoder-decoder policies")
+    completion_ids = completion_ids.astype("int64")
+    first, inverse = _runs_of_equal_rows(prompt_ids, prompt_mask)
+    hidden, mask = encode(model, paddle.gather(prompt_ids, first), paddle.gather(prompt_mask, first))
+    if len(first) < prompt_ids.shape[0]:  # share each prompt's encoding among its G rows (gradients add up)
+        hidden, mask = paddle.gather(hidden, inverse), paddle.gather(mask, inverse)
+    start = paddle.full([completion_ids.shape[0], 1], decoder_start_id(model), dtype="int64")
+    decoder_input_ids = paddle.concat([start, completion_ids[:, :-1]], axis=1)
+    logits, _ = decoder_logits(model, hidden, mask, decoder_input_ids)
+    logprobs = logprobs_from_logits(logits, completion_ids, temperature=temperature)
+    return logprobs, (entropy_from_logits(logits / temperature) if with_entropy else None)
+
+
+def _runs_of_equal_rows(ids, mask):
+    """Indices of the first row of each run of identical consecutive (ids, mask) rows, and each row's run. int64."""
+    a = np.concatenate([np.asarray(ids.numpy()), np.asarray(mask.numpy())], axis=1)
+    new_run = np.ones(len(a), dtype=bool)
+    new_run[1:] = (a[1:] != a[:-1]).any(axis=1)
+    first = np.flatnonzero(new_run)
+    return paddle.to_tensor(first, dtype="int64"), paddle.to_tensor(np.cumsum(new_run) - 1, dtype="int64")
+
+
+@paddle.no_grad()
+def generate(model, prompt_ids, prompt_mask, *, num_samples=1, max_new_tokens=64, min_new_tokens=0,
+             eos_token_ids=(), pad_token_id=0, temperature=1.0, top_p=1.0, repetition_penalty=1.0,
+             do_sample=True, max_num_seqs=None, row_keys=None):
+    """Sample `num_samples` decoder outputs for each of the `B` encoder inputs; a `Rollout` with `N = B * G` rows.
+
+    Arguments and result as `rollout.generate`; prompt_ids/prompt_mask ([B, L], paddle or numpy, either padding
+    side) are returned repeated G times as given. Rows `i*G .. i*G+G-1` are the samples of prompt `i`.
+    """
+    prompt_ids, prompt_mask = _int64(prompt_ids), _int64(prompt_mask)
+    eos = sorted({int(eos_token_ids)} if np.isscalar(eos_token_ids) else {int(e) for e in eos_token_ids})
+    if not eos:
+        raise ValueError("generate needs at least one EOS token id")
+    B, G = prompt_ids.shape[0], num_samples
+    per_chunk = max(1, (max_num_seqs or B * G) // G)
+    was_training = model.training
+    model.eval()
+    try:
+        chunks = [_generate_chunk(model, prompt_ids[s:s + per_chunk], prompt_mask[s:s + per_chunk], G,
+                                  max_new_tokens, min_new_tokens, eos, pad_token_id, temperature, top_p,
+                                  repetition_penalty, do_sample,
+                                  None if row_keys is None else row_keys[s * G:(s + per_chunk) * G])
+                  for s in range(0, B, per_chunk)]
+    finally:
+        if was_training:
+            model.train()
+    T = max(c[0].shape[1] for c in chunks)
+    lengths = np.concatenate([c[2] for c in chunks])
+    return Rollout(prompt_ids=paddle.repeat_interleave(prompt_ids, G, axis=0),
+                   prompt_mask=paddle.repeat_interleave(prompt_mask, G, axis=0),
+                   completion_ids=paddle.concat([_pad_right(c[0], T, pad_token_id) for c in chunks], axis=0),
+                   completion_mask=paddle.to_tensor((np.arange(T)[None, :] < lengths[:, None]).astype("int64")),
+                   lengths=lengths, truncated=np.concatenate([c[3] for c in chunks]),
+                   sample_logprobs=paddle.concat([_pad_right(c[1], T, 0.0) for c in chunks], axis=0))
+
+
+def _int64(x):
+    return (x if isinstance(x, paddle.Tensor) else paddle.to_tensor(np.asarray(x))).astype("int64")
+
+
+class Seq2SeqStepper:
+    """Incremental decoding with a KV cache; the interface of rollout.py's steppers (start, step)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def start(self, prompt_ids, prompt_mask, G, max_new_tokens=None):
+        """Encode [P, L] once and run the first decoder step on P rows; returns logits [P * G, V] float32."""
+        hidden, mask = encode(self.model, prompt_ids, prompt_mask)
+        start = paddle.full([hidden.shape[0], 1], decoder_start_id(self.model), dtype="int64")
+        logits, cache = decoder_logits(self.model, hidden, mask, start, use_cache=True)
+        self.hidden, self.mask = _repeat(hidden, G), _repeat(mask, G)
+        self.cache = _repeat(cache, G)
+        return _repeat(logits[:, -1], G)
+
+    def step(self, token):
+        """token [N] -> next-token logits [N, V] float32."""
+        logits, self.cache = decoder_logits(self.model, self.hidden, self.mask, token.unsqueeze(-1), self.cache,
+                                           use_cache=True)
+        return logits[:, -1]
+
+
+def _repeat(x, G):
+    """repeat_interleave by G along the batch axis, through nested tuples/lists/namedtuples (decoder caches)."""
+    if G == 1 or x is None:
+        return x
+    if isinstance(x, paddle.Tensor):
+        return paddle.repeat_interleave(x, G, axis=0)
+    items = [_repeat(v, G) for v in x]
+    return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
+
+
+def _generate_chunk(model, prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id, temperature,
+                    top_p, repetition_penalty, do_sample, keys=None):
+    """Mirror of rollout._generate_chunk; only the stepper and the repetition penalty's initial `seen` differ."""
+    N = prompt_ids.shape[0] * G
+    stepper = Seq2SeqStepper(model)
+    logits = stepper.start(prompt_ids, prompt_mask, G, max_new_tokens)
+    vocab = logits.shape[-1]
+    eos_t = paddle.to_tensor(eos, dtype="int64")
+    eos_cols = paddle.to_tensor(np.isin(np.arange(vocab), eos)[None, :])  # [1, V] bool
+    seen = paddle.zeros([N, vocab], dtype="bool") if repetition_penalty != 1.0 else None
+    finished = paddle.zeros([N], dtype="bool")
+    lengths = np.zeros(N, dtype=np.int64)
+    tokens, logps = [], []
+    for t in range(max_new_tokens):
+        scaled = logits / temperature
+        logp = F.log_softmax(scaled, axis=-1)
+        processed = scaled
+        if seen is not None:
+            processed = paddle.where(seen, paddle.where(processed > 0, processed / repetition_penalty,
+                                                        processed * repetition_penalty), processed)
+        if t < min_new_tokens:
+            processed = paddle.where(eos_cols, paddle.full_like(processed, -float("inf")), processed)
+        if do_sample:
+            probs = F.softmax(processed, axis=-1)
+            if top_p < 1.0:
+                probs = _top_p_filter(probs, top_p)
+            if keys is None:
+                token = paddle.multinomial(probs, num_samples=1).squeeze(-1)
+            else:
+                token = sample_with_uniforms(probs, uniforms(keys, t))
+        else:
+            token = paddle.argmax(processed, axis=-1)
+        token = paddle.where(finished, paddle.full_like(token, pad_id), token)
+        token_logp = paddle.take_along_axis(logp, token.unsqueeze(-1), axis=-1).squeeze(-1)
+        tokens.append(token)
+        logps.append(paddle.where(finished, paddle.zeros_like(token_logp), token_logp))
+        lengths += (~finished).numpy()
+        finished = finished | (token.unsqueeze(-1) == eos_t.unsqueeze(0)).any(axis=-1)
+        if bool(finished.all()) or t == max_new_tokens - 1:
+            break
+        if seen is not None:
+            seen = _mark(seen, token.unsqueeze(-1))
+        logits = stepper.step(token)
+    truncated = ~finished.numpy()
+    return paddle.stack(tokens, axis=1), paddle.stack(logps, axis=1), lengths, truncated
+
+
+def build_tiny_seq2seq(out_dir, corpus, *, arch="t5", vocab_size=512, d_model=64, ffn_dim=128, num_layers=2,
+                       num_heads=4, max_position_embeddings=512, seed=0):
+    """Save a randomly initialised tiny T5 or BART (`arch`) and a byte-level BPE tokenizer trained on `corpus` in
+    `out_dir`; returns (tokenizer, model). Loads with AutoTokenizer / AutoModelForConditionalGeneration.
+
+    The tokenizer is tiny.build_tokenizer's Qwen2Tokenizer (EOS `<|im_end|>`, pad `<|endoftext|>`); the decoder
+    starts from pad (T5's convention) for T5 and from EOS (BART's) for BART. Dropout is 0. BART's learned positions
+    cover `max_position_embeddings` tokens; T5's relative positions have no limit.
+    """
+    from paddlenlp.transformers import BartConfig, BartForConditionalGeneration, T5Config, T5ForConditionalGeneration
+
+    from .tiny import build_tokenizer
+
+    tokenizer = build_tokenizer(corpus, out_dir, vocab_size=vocab_size)
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    if arch == "t5":
+        config = T5Config(vocab_size=len(tokenizer), d_model=d_model, d_kv=d_model // num_heads, d_ff=ffn_dim,
+                          num_layers=num_layers, num_decoder_layers=num_layers, num_heads=num_heads,
+                          relative_attention_num_buckets=16, dropout_rate=0.0, feed_forward_proj="relu",
+                          pad_token_id=pad, eos_token_id=eos, bos_token_id=pad, decoder_start_token_id=pad,
+                          tie_word_embeddings=False)
+        cls = T5ForConditionalGeneration
+    elif arch == "bart":
+        config = BartConfig(vocab_size=len(tokenizer), d_model=d_model, encoder_layers=num_layers,
+                            decoder_layers=num_layers, encoder_attention_heads=num_heads,
+                            decoder_attention_heads=num_heads, encoder_ffn_dim=ffn_dim, decoder_ffn_dim=ffn_dim,
+                            max_position_embeddings=max_position_embeddings, dropout=0.0, attention_dropout=0.0,
+                            activation_dropout=0.0, pad_token_id=pad, bos_token_id=pad, eos_token_id=eos,
+                            decoder_start_token_id=eos, forced_eos_token_id=None,
+                            init_std=0.2)  # BART's 0.02 makes a 2-layer random model ignore its input
+        cls = BartForConditionalGeneration
+    else:
+        raise ValueError(f"arch must be 't5' or 'bart', got {arch!r}")
+    paddle.seed(seed)
+    model = cls(config)
+    model.save_pretrained(out_dir)
+    return tokenizer, model
+
+
+def build_summarization_policy(out_dir, train_datasets, *, arch="t5", seed=0, sft_steps=0, sft_batch_size=16,
+                               sft_learning_rate=3e-3, **model_kwargs):
+    """A tiny random encoder-decoder whose tokenizer is trained on the src and tgt texts of `train_datasets`
+    (src/tgt JSONL, comma-separated for several); see build_tiny_seq2seq. Returns (tokenizer, model).
+
+    `sft_steps > 0` first fine-tunes it on the reference summaries (teacher-forced cross-entropy through
+    `completion_logprobs`, AdamW, batches drawn with `seed`) and saves that: a random policy's samples score
+    ROUGE-L ~0, so GRPO has nothing to compare; after ~100 steps greedy summaries score ~0.5 and samples vary.
+    """
+    from .data import collate_prompts, read_jsonl
+
+    records = read_jsonl(train_datasets)
+    corpus = [r["src"] for r in records] + [r["tgt"] for r in records]
+    tokenizer, model = build_tiny_seq2seq(out_dir, corpus, arch=arch, seed=seed, **model_kwargs)
+    if sft_steps <= 0:
+        return tokenizer, model
+    encode_ = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    pairs = [(encode_(r["src"]), encode_(r["tgt"]) + [tokenizer.eos_token_id]) for r in records]
+    optimizer = paddle.optimizer.AdamW(learning_rate=sft_learning_rate, parameters=model.parameters(),
+                                       weight_decay=0.0)
+    rng = np.random.default_rng(seed)
+    model.train()
+    for _ in range(sft_steps):
+        batch = [pairs[i] for i in rng.choice(len(pairs), min(sft_batch_size, len(pairs)), replace=False)]
+        ids, mask = collate_prompts([src for src, _ in batch], tokenizer.pad_token_id, None)
+        lengths = np.array([len(t) for _, t in batch])
+        tgt = np.array([t + [tokenizer.pad_token_id] * (lengths.max() - len(t)) for _, t in batch])
+        tgt_mask = paddle.to_tensor(np.arange(lengths.max())[None] < lengths[:, None], dtype="float32")
+        logprobs, _ = completion_logprobs(model, paddle.to_tensor(ids), paddle.to_tensor(mask),
+                                          paddle.to_tensor(tgt), tgt_mask.astype("int64"))
+        loss = -(logprobs * tgt_mask).sum() / tgt_mask.sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.clear_grad()
+    model.save_pretrained(out_dir)
+    return tokenizer, model
