@@ -12,7 +12,6 @@ import math
 import os
 import signal
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import paddle
@@ -20,14 +19,31 @@ import paddle
 from . import checkpoint as ckpt
 from . import distributed as dist
 from . import seq2seq
-from .algorithms import (RunningRewardNormalizer, aggregate_loss, clip_reward, compute_policy_loss,
-                         get_advantage_estimator, global_denominators, kl_penalty, masked_mean,
-                         normalize_advantage, overlong_penalty, scalar_to_token_level)
-from .data import PromptSampler, collate_prompts, read_jsonl, tokenize_prompts, apply_chat_template
+from .algorithms import (
+    RunningRewardNormalizer,
+    aggregate_loss,
+    clip_reward,
+    compute_policy_loss,
+    get_advantage_estimator,
+    global_denominators,
+    kl_penalty,
+    masked_mean,
+    normalize_advantage,
+    overlong_penalty,
+    scalar_to_token_level,
+)
+from .data import PromptSampler, apply_chat_template, collate_prompts, read_jsonl, tokenize_prompts
+from .experience import merge_groups, sample_rows, split_groups
 from .logging import MetricsLogger
 from .lora import adapters_disabled, apply_lora, load_adapters, trainable_parameters
-from .modeling import (completion_logprobs, load_causal_lm, load_tokenizer, mix_into, parameters_by_decay,
-                       quiet_paddlenlp)
+from .modeling import (
+    completion_logprobs,
+    load_causal_lm,
+    load_tokenizer,
+    mix_into,
+    parameters_by_decay,
+    quiet_paddlenlp,
+)
 from .rewards.client import make_rewarder
 from .rollout import generate
 from .sampling import row_keys
@@ -37,18 +53,6 @@ logger = logging.getLogger("paddle_grpo.trainer")
 
 class TrainingError(RuntimeError):
     """The run cannot go on (for example too many non-finite updates in a row)."""
-
-
-@dataclass
-class Batch:
-    """One step's experience on this rank, ready for the updates. Row order: prompt by prompt, G samples each."""
-    prompt_ids: paddle.Tensor
-    prompt_mask: paddle.Tensor
-    completion_ids: paddle.Tensor
-    completion_mask: paddle.Tensor
-    advantages: paddle.Tensor        # [n, T]
-    old_logprobs: paddle.Tensor      # [n, T] or None (on-policy: the detach trick)
-    ref_logprobs: paddle.Tensor      # [n, T] or None (no reference model)
 
 
 def lr_lambda(kind, warmup, total):
@@ -215,7 +219,7 @@ class Trainer:
             result = self._score(self.train_records, mine, rollout, texts, G)
             t_rew += time.perf_counter() - t1
             t_roll += t1 - t0
-            groups = _split_groups(mine, rollout, texts, result, G)
+            groups = split_groups(mine, rollout, texts, result, G)
             if not cfg.dynamic_sampling:
                 kept = groups
                 break
@@ -234,7 +238,7 @@ class Trainer:
         if cfg.dynamic_sampling:
             metrics["train/dynamic_sampling_dropped_groups"] = float(sum(dist.all_gather_object(dropped)))
             metrics["train/dynamic_sampling_rounds"] = float(rounds)
-        return _merge_groups(kept, self.tokenizer.pad_token_id)
+        return merge_groups(kept, self.tokenizer.pad_token_id)
 
     # --------------------------------------------------------------------------------------------- log-probs
 
@@ -590,7 +594,7 @@ class Trainer:
                 self.log.log(self.step, metrics)
                 self.log.advance(self.step, metrics)
                 if self.step % cfg.logging_steps == 0:
-                    self.log.log_samples(self.step, _sample_rows(b, rewards, self.rank))
+                    self.log.log_samples(self.step, sample_rows(b, rewards, self.rank))
                 if cfg.save_strategy == "steps" and self.step % cfg.save_steps == 0 and self.step < self.max_steps:
                     self.save()
         except KeyboardInterrupt:
@@ -638,62 +642,6 @@ def _build_actor(cfg):
 def _raise_interrupt(*_):
     """SIGTERM (a scheduler stopping the job) is handled like Ctrl-C: save, then stop."""
     raise KeyboardInterrupt
-
-
-def _split_groups(indices, rollout, texts, result, G):
-    """Per-prompt groups of this round (so dynamic sampling can keep or drop whole groups)."""
-    groups = []
-    for i, idx in enumerate(indices):
-        rows = slice(i * G, (i + 1) * G)
-        scores = result.scores[rows]
-        judged = [s for s in scores if s is not None]
-        groups.append({
-            "index": idx, "prompt_ids": rollout.prompt_ids[rows], "prompt_mask": rollout.prompt_mask[rows],
-            "completion_ids": rollout.completion_ids[rows], "completion_mask": rollout.completion_mask[rows],
-            "sample_logprobs": rollout.sample_logprobs[rows], "lengths": rollout.lengths[rows],
-            "truncated": rollout.truncated[rows], "texts": texts[rows], "scores": scores,
-            "by_function": {k: v[rows] for k, v in result.scores_by_function.items()},
-            # DAPO: a group whose rewards all agree (variance < 1e-6) gives no gradient under group baselines.
-            "informative": len(judged) > 1 and float(np.var(judged)) >= 1e-6,
-        })
-    return groups
-
-
-def _merge_groups(groups, pad_id):
-    """Stack groups into one batch, padding prompts (left) and completions (right) to common lengths."""
-    L = max(g["prompt_ids"].shape[1] for g in groups)
-    T = max(g["completion_ids"].shape[1] for g in groups)
-
-    def left(x, width, value):
-        return x if x.shape[1] == width else paddle.concat(
-            [paddle.full([x.shape[0], width - x.shape[1]], value, dtype=x.dtype), x], axis=1)
-
-    def right(x, width, value):
-        return x if x.shape[1] == width else paddle.concat(
-            [x, paddle.full([x.shape[0], width - x.shape[1]], value, dtype=x.dtype)], axis=1)
-
-    scores = [s for g in groups for s in g["scores"]]
-    names = list(groups[0]["by_function"])
-    return {
-        "prompt_ids": paddle.concat([left(g["prompt_ids"], L, pad_id) for g in groups]),
-        "prompt_mask": paddle.concat([left(g["prompt_mask"], L, 0) for g in groups]),
-        "completion_ids": paddle.concat([right(g["completion_ids"], T, pad_id) for g in groups]),
-        "completion_mask": paddle.concat([right(g["completion_mask"], T, 0) for g in groups]),
-        "sample_logprobs": paddle.concat([right(g["sample_logprobs"], T, 0.0) for g in groups]),
-        "lengths": np.concatenate([g["lengths"] for g in groups]),
-        "truncated": np.concatenate([g["truncated"] for g in groups]),
-        "texts": [t for g in groups for t in g["texts"]],
-        "rewards": np.array([0.0 if s is None else s for s in scores], dtype=np.float64),
-        "valid": np.array([s is not None for s in scores]),
-        "by_function": {k: [v for g in groups for v in g["by_function"][k]] for k in names},
-    }
-
-
-def _sample_rows(b, rewards, rank, k=4):
-    n = len(b["texts"])
-    start = rank * n
-    return [{"response": b["texts"][i], "reward": float(rewards[start + i]), "length": int(b["lengths"][i])}
-            for i in range(min(k, n))]
 
 
 def train(cfg):
