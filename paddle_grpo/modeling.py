@@ -3,6 +3,9 @@
 Models are PaddleNLP causal LMs loaded from a local directory with `AutoModelForCausalLM`; nothing is downloaded.
 Log-probs are computed from the decoder's hidden states at the completion positions only, so the `[bs, T, V]`
 logits of the prompt positions are never materialised (with a 150k vocabulary they would dominate memory).
+For a plain Qwen2 model (no tensor parallelism) `completion_logprobs` runs the lean forward of fast_qwen2.py, which
+also computes each group's shared prompt once; other models use PaddleNLP's forward. `PADDLE_GRPO_FAST=0` forces
+PaddleNLP's forward everywhere.
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import warnings
 
 import paddle
 
+from . import cpu_tuning, fast_qwen2
 from .algorithms import entropy_from_logits, logprobs_from_logits
 
 # paddle's cpp_extension warns at import time that ccache is missing; it concerns building custom ops, not us.
@@ -47,6 +51,7 @@ def load_causal_lm(path, *, trainable=True, recompute=False, tensor_parallel_deg
     from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
 
     _require_local_dir(path, "actor_model_name_or_path")
+    cpu_tuning.apply()  # MKL's AVX2 path on AMD and no page fault per tensor (cpu_tuning.py); before any forward
     config = AutoConfig.from_pretrained(path)
     config.recompute = bool(recompute and trainable)
     if tensor_parallel_degree > 1:
@@ -86,9 +91,17 @@ def completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completi
     prompt_ids/prompt_mask: [bs, L] left-padded; completion_ids/completion_mask: [bs, T].
     Returns `(logprobs [bs, T], entropy [bs, T] or None)`, float32, with logits divided by `temperature` (the
     distribution the rollout sampled from). Positions where completion_mask is 0 hold meaningless values.
+    `with_entropy`: False, True, or "detached" (the entropy is only logged: no gradient graph is built for it).
     `vocab_parallel` (distributed.VocabParallel) computes both from this rank's vocabulary shard under tensor
     parallelism.
     """
+    if vocab_parallel is None and fast_qwen2.enabled_for(model):
+        # Lean Qwen2 forward with each group's shared prompt computed once (fast_qwen2.py); same numbers.
+        fast = fast_qwen2.Qwen2Fast(model)
+        hidden = fast.prompt_completion_hidden(prompt_ids, prompt_mask, completion_ids, completion_mask)
+        logits = fast.logits(hidden).astype("float32")
+        logprobs = logprobs_from_logits(logits, completion_ids, temperature=temperature)
+        return logprobs, _entropy(logits, temperature, with_entropy)
     input_ids = paddle.concat([prompt_ids, completion_ids], axis=1)
     attention_mask = paddle.concat([prompt_mask, completion_mask], axis=1).astype("int64")
     position_ids = position_ids_from_mask(attention_mask)
@@ -103,8 +116,18 @@ def completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completi
         return logprobs, (vocab_parallel.entropy(logits, temperature) if with_entropy else None)
     logits = head(hidden[:, L - 1:-1]).astype("float32")
     logprobs = logprobs_from_logits(logits, completion_ids, temperature=temperature)
-    entropy = entropy_from_logits(logits / temperature) if with_entropy else None
-    return logprobs, entropy
+    return logprobs, _entropy(logits, temperature, with_entropy)
+
+
+def _entropy(logits, temperature, with_entropy):
+    """None, the entropy [bs, T] (differentiable), or with "detached" the entropy without an autograd graph (for
+    logging only: no [bs, T, V] intermediates are kept for a backward pass that will not use them)."""
+    if not with_entropy:
+        return None
+    if with_entropy == "detached":
+        with paddle.no_grad():
+            return entropy_from_logits(logits.detach() / temperature)
+    return entropy_from_logits(logits / temperature)
 
 
 def parameters_by_decay(model):

@@ -4,6 +4,12 @@ Each prompt is run through the model once (prefill) and its cache is shared by i
 prefilling `G` identical copies. Decoding stops as soon as every sequence has produced EOS. Rows are ordered prompt
 by prompt: rows `i*G .. i*G+G-1` are the samples of prompt `i`.
 
+The model runs through a "stepper" (prefill, then one token per step): for a plain float32 Qwen2 the lean forward
+of fast_qwen2.py with a preallocated KV cache, otherwise the model's own forward with PaddleNLP's
+`past_key_values` (`fast_qwen2.enabled_for`; `PADDLE_GRPO_FAST=0` forces the latter). Both give the same logits up to
+float32 rounding, so greedy decoding is identical and keyed sampling (`row_keys`) draws the same tokens unless a
+uniform falls within rounding distance (~1e-6) of a cumulative-probability boundary.
+
 Sampling: logits / temperature -> repetition penalty -> EOS masked until `min_new_tokens` -> top-p -> multinomial
 (paddle's global generator, so `paddle.seed` and `paddle.get_rng_state` make a rollout reproducible). The returned
 `sample_logprobs` are the log-probs of the sampled tokens under the temperature-scaled distribution before the
@@ -17,6 +23,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+from . import fast_qwen2
 from .modeling import position_ids_from_mask
 from .sampling import sample_with_uniforms, uniforms
 
@@ -85,14 +92,8 @@ def _generate_chunk(model, prompt_ids, prompt_mask, G, max_new_tokens, min_new_t
                     top_p, repetition_penalty, do_sample, keys=None):
     P, L = prompt_ids.shape
     N = P * G
-    position_ids = position_ids_from_mask(prompt_mask)
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids, use_cache=True,
-                return_dict=True)
-    # Share each prompt's prefill among its G samples.
-    cache = _expand_cache(out.past_key_values, G)
-    logits = paddle.repeat_interleave(out.logits[:, -1, :].astype("float32"), G, axis=0)
-    attention_mask = paddle.repeat_interleave(prompt_mask, G, axis=0)
-    next_pos = paddle.repeat_interleave(position_ids[:, -1:], G, axis=0) + 1
+    stepper = (_FastStepper if fast_qwen2.enabled_for(model) else _PaddleNLPStepper)(model)
+    logits = stepper.start(prompt_ids, prompt_mask, G, max_new_tokens)
     vocab = logits.shape[-1]
     eos_t = paddle.to_tensor(eos, dtype="int64")
     eos_cols = paddle.to_tensor(np.isin(np.arange(vocab), eos)[None, :])  # [1, V] bool
@@ -133,15 +134,51 @@ def _generate_chunk(model, prompt_ids, prompt_mask, G, max_new_tokens, min_new_t
             break
         if seen is not None:
             seen = _mark(seen, token.unsqueeze(-1))
-        attention_mask = paddle.concat([attention_mask, paddle.ones([N, 1], dtype="int64")], axis=1)
-        out = model(input_ids=token.unsqueeze(-1), attention_mask=attention_mask, position_ids=next_pos,
-                    past_key_values=cache, use_cache=True, return_dict=True)
-        cache = out.past_key_values
-        logits = out.logits[:, -1, :].astype("float32")
-        next_pos = next_pos + 1
+        logits = stepper.step(token)
     ids = paddle.stack(tokens, axis=1)
     truncated = ~finished.numpy()
     return ids, paddle.stack(logps, axis=1), lengths, truncated
+
+
+class _PaddleNLPStepper:
+    """Decoding through the model's own forward (any PaddleNLP causal LM): `past_key_values` grown by concat."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def start(self, prompt_ids, prompt_mask, G, max_new_tokens):
+        """Prefill [P, L] once; returns the next-token logits [P * G, V] float32, each prompt's rows consecutive."""
+        position_ids = position_ids_from_mask(prompt_mask)
+        out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids,
+                         use_cache=True, return_dict=True)
+        # Share each prompt's prefill among its G samples.
+        self.cache = _expand_cache(out.past_key_values, G)
+        self.attention_mask = paddle.repeat_interleave(prompt_mask, G, axis=0)
+        self.next_pos = paddle.repeat_interleave(position_ids[:, -1:], G, axis=0) + 1
+        return paddle.repeat_interleave(out.logits[:, -1, :].astype("float32"), G, axis=0)
+
+    def step(self, token):
+        """token [N] -> next-token logits [N, V] float32."""
+        N = token.shape[0]
+        self.attention_mask = paddle.concat([self.attention_mask, paddle.ones([N, 1], dtype="int64")], axis=1)
+        out = self.model(input_ids=token.unsqueeze(-1), attention_mask=self.attention_mask,
+                         position_ids=self.next_pos, past_key_values=self.cache, use_cache=True, return_dict=True)
+        self.cache = out.past_key_values
+        self.next_pos = self.next_pos + 1
+        return out.logits[:, -1, :].astype("float32")
+
+
+class _FastStepper:
+    """Decoding through fast_qwen2 (preallocated KV cache, lean ops); same interface as _PaddleNLPStepper."""
+
+    def __init__(self, model):
+        self.fast = fast_qwen2.Qwen2Fast(model)
+
+    def start(self, prompt_ids, prompt_mask, G, max_new_tokens):
+        return self.fast.start_decoding(prompt_ids, prompt_mask, G, max_new_tokens)
+
+    def step(self, token):
+        return self.fast.decode(token)
 
 
 def _expand_cache(past_key_values, G):

@@ -61,3 +61,53 @@ def build_tiny_policy(out_dir, corpus, *, vocab_size=512, seed=0, **model_kwargs
     tokenizer = build_tokenizer(corpus, out_dir, vocab_size=vocab_size)
     model = build_model(out_dir, tokenizer, seed=seed, **model_kwargs)
     return tokenizer, model
+
+
+def _byte_to_unicode():
+    """GPT-2's byte -> printable character table (what byte-level BPE vocabularies are written in)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+# Single-byte characters in the order a character vocabulary takes them: printable ASCII, newline, tab, then the
+# other ASCII control characters (128 in all).
+CHAR_ALPHABET = "".join(map(chr, [*range(32, 127), 10, 9, *range(0, 9), *range(11, 32), 127]))
+
+
+def build_char_tokenizer(out_dir, vocab_size=128):
+    """A character-level Qwen2Tokenizer with exactly `vocab_size` tokens (Qwen's 3 special tokens + the first
+    `vocab_size - 3` characters of CHAR_ALPHABET), no merges: each of those characters is one token.
+
+    For benchmarks whose vocabulary is smaller than a byte-level BPE allows (>= 259 tokens). Characters outside
+    the alphabet map to the unknown token (= EOS); use only CHAR_ALPHABET in texts. Returns the tokenizer.
+    """
+    import json
+
+    from paddlenlp.transformers import Qwen2Tokenizer
+
+    n_chars = vocab_size - len(SPECIAL_TOKENS)
+    if not 1 <= n_chars <= len(CHAR_ALPHABET):
+        raise ValueError(f"vocab_size must be in [{len(SPECIAL_TOKENS) + 1}, "
+                         f"{len(SPECIAL_TOKENS) + len(CHAR_ALPHABET)}], got {vocab_size}")
+    table = _byte_to_unicode()
+    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    for ch in CHAR_ALPHABET[:n_chars]:
+        vocab[table[ord(ch)]] = len(vocab)
+    os.makedirs(out_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab_file, merges_file = os.path.join(tmp, "vocab.json"), os.path.join(tmp, "merges.txt")
+        with open(vocab_file, "w", encoding="utf-8") as f:
+            json.dump(vocab, f, ensure_ascii=False)
+        with open(merges_file, "w", encoding="utf-8") as f:
+            f.write("#version: 0.2\n")
+        tokenizer = Qwen2Tokenizer(vocab_file=vocab_file, merges_file=merges_file, unk_token=None, bos_token=None,
+                                   eos_token=IM_END, pad_token=PAD)
+        tokenizer.padding_side = "left"
+        tokenizer.save_pretrained(out_dir)
+    return tokenizer

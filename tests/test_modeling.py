@@ -83,3 +83,15 @@ def test_lr_schedule_hand_computed(kind):
     expected = {"constant": [1.0] * 17, "linear": [1 - p for p in progress],
                 "cosine": [0.5 * (1 + math.cos(math.pi * p)) for p in progress]}[kind]
     np.testing.assert_allclose(values, expected, atol=1e-12)
+
+
+def test_detached_entropy_equals_entropy_without_a_graph(tiny_policy_dir):
+    model = load_causal_lm(tiny_policy_dir)
+    model.train()
+    ids = paddle.to_tensor(np.random.default_rng(0).integers(3, 100, size=(4, 9)))
+    mask = paddle.ones([4, 9], dtype="int64")
+    args = (ids[:, :5], mask[:, :5], ids[:, 5:], mask[:, 5:])
+    lp, ent = completion_logprobs(model, *args, temperature=0.8, with_entropy=True)
+    lp_d, ent_d = completion_logprobs(model, *args, temperature=0.8, with_entropy="detached")
+    assert not ent.stop_gradient and ent_d.stop_gradient and not lp_d.stop_gradient
+    np.testing.assert_allclose(ent_d.numpy(), ent.numpy(), rtol=1e-6, atol=1e-6)

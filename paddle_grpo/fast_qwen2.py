@@ -1,0 +1,271 @@
+"""A lean forward pass of PaddleNLP's `Qwen2ForCausalLM` for the RL hot paths (log-probs, updates, decoding).
+
+It computes the same function with the SAME parameter tensors (read from the PaddleNLP model object at each call,
+so gradients, optimizer updates and checkpoints are PaddleNLP's own; nothing is copied or renamed), written with
+fewer and cheaper paddle ops, and it shares work between the G samples of a prompt:
+
+- Prompt sharing: rows with identical prompts (the G samples of a group) run their prompt tokens through the model
+  once; their completion tokens attend to the shared prompt keys/values (gathered per row). Exact: the prompt's
+  states do not depend on the completion. For G = 8 and prompt = completion length this removes 44 % of the tokens
+  of every log-prob and update pass. The last completion token is not fed either (it predicts nothing we need).
+- Tokens kept flat `[tokens, hidden]` outside attention, so each projection is one GEMM over prompts and completions.
+- q/k/v and gate/up projections fused into one GEMM each (weights concatenated per call, inside autograd).
+- Grouped-query attention by reshaping the queries to `[B, kv_heads, group * S, d]` instead of `tile`-repeating keys
+  and values; RoPE tables gathered once per forward (not per layer) and `rotate_half` as one `roll`; RMSNorm with
+  `x * x` instead of `pow` (paddle's CPU `pow` is ~30x slower than a multiply); one attention bias for all layers.
+- Decoding: a preallocated KV cache `[N, kv_heads, L + max_new, d]` written in place, instead of a concat per step.
+
+Numbers equal PaddleNLP's forward up to float32 rounding (tests/test_fast_qwen2.py compares logits, log-probs,
+greedy generations and gradients against `Qwen2ForCausalLM.forward`).
+
+Switch: `enabled_for(model)` is True for a plain float32 `Qwen2ForCausalLM` (exact type: not a `paddle.DataParallel`
+or LoRA wrapper) whose projections are all `nn.Linear` (no LoRA/quantised layers inside), without tensor/sequence
+parallelism, fused-qkv/ffn layouts, recompute or attention dropout, unless the environment sets
+`PADDLE_GRPO_FAST=0`. Everything else uses PaddleNLP's forward (modeling.py / rollout.py).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+
+ENV_SWITCH = "PADDLE_GRPO_FAST"
+
+
+def enabled_for(model):
+    """Whether the lean path computes exactly what `model`'s own forward would (see the module docstring)."""
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return False
+    try:
+        from paddlenlp.transformers import Qwen2ForCausalLM
+    except ImportError:
+        return False
+    if type(model) is not Qwen2ForCausalLM:
+        return False
+    c = model.config
+    # Plain nn.Linear projections only: a LoRA (or quantised) layer put inside the model has extra weights that
+    # this path, which reads `.weight`/`.bias`, would silently ignore.
+    plain = all(type(getattr(part, name, None)) is paddle.nn.Linear
+                for layer in model.qwen2.layers
+                for part, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+                                    (layer.mlp, ("gate_proj", "up_proj", "down_proj")))
+                for name in names)
+    # float32 only: PaddleNLP's RMSNorm upcasts bf16/fp16 activations, which this path does not replicate.
+    return (plain and model.qwen2.embed_tokens.weight.dtype == paddle.float32
+            and c.tensor_parallel_degree <= 1 and not c.sequence_parallel and not c.fuse_attention_qkv
+            and not c.fuse_attention_ffn and c.hidden_act == "silu" and not c.recompute
+            and not model.qwen2.enable_recompute and float(c.attention_dropout or 0.0) == 0.0)
+
+
+class Qwen2Fast:
+    """The lean forward bound to one PaddleNLP Qwen2ForCausalLM. Holds no parameters; build one per call (the fused
+    weights are concatenations of the current parameters, inside autograd when gradients are on)."""
+
+    def __init__(self, model):
+        self.model = model
+        c = model.config
+        self.H, self.KV = c.num_attention_heads, c.num_key_value_heads
+        self.D = c.hidden_size
+        self.d = self.D // self.H
+        self.g = self.H // self.KV
+        self.eps = c.rms_norm_eps
+        self.neg = float(np.finfo(np.float32).min)  # PaddleNLP's additive mask value (finfo(dtype).min)
+        decoder = model.qwen2
+        self.embed = decoder.embed_tokens.weight
+        self.final_norm = decoder.norm.weight
+        self.head, self.head_t = model.lm_head.weight, model.lm_head.transpose_y
+        self.layers = []
+        for layer in decoder.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.layers.append(dict(
+                ln1=layer.input_layernorm.weight, ln2=layer.post_attention_layernorm.weight,
+                wqkv=paddle.concat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], axis=1),
+                bqkv=paddle.concat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias], axis=0),
+                wo=a.o_proj.weight,
+                wgu=paddle.concat([m.gate_proj.weight, m.up_proj.weight], axis=1), wd=m.down_proj.weight))
+        self.rotary = decoder.layers[0].self_attn.rotary_emb
+        half = self.d // 2
+        self.sign = paddle.to_tensor([-1.0] * half + [1.0] * (self.d - half), dtype="float32")
+        self.inv_d = paddle.full([self.D, 1], 1.0 / self.D, dtype="float32")
+
+    # ------------------------------------------------------------------------------------------ pieces
+
+    def rms(self, x, w):
+        """RMSNorm of x [n, D] (PaddleNLP: rsqrt(mean(x^2) + eps) * x * w). The mean is a GEMV and the [n, 1]
+        factor is the right operand: paddle's CPU broadcast is ~10x slower with it on the left, and its `mean`
+        reduction slower than a matrix-vector product."""
+        mean_sq = paddle.matmul(x * x, self.inv_d)
+        return x * paddle.rsqrt(mean_sq + self.eps) * w
+
+    def rope_tables(self, positions):
+        """positions: int64 [n] -> (cos, signed sin) [n, H + KV, d] from PaddleNLP's own cached tables, expanded
+        over the q and k heads once per forward (a broadcast multiply over the middle axis is ~15x slower on CPU)."""
+        need = int(positions.max()) + 1
+        if need > self.rotary.max_seq_len_cached:
+            self.rotary._set_cos_sin_cache(need)
+        shape = [positions.shape[0], self.H + self.KV, self.d]
+        cos = paddle.index_select(self.rotary.cos_cached[0, :, 0, :], positions)
+        sin = paddle.index_select(self.rotary.sin_cached[0, :, 0, :], positions) * self.sign
+        return cos.unsqueeze(1).expand(shape), sin.unsqueeze(1).expand(shape)
+
+    def qkv(self, x, lw, cos, sin):
+        """x [n, D] -> q [n, H, d], k [n, KV, d], v [n, KV, d] with RoPE applied to q and k."""
+        n = x.shape[0]
+        mixed = F.linear(x, lw["wqkv"], lw["bqkv"]).reshape([n, self.H + 2 * self.KV, self.d])
+        qk, v = paddle.split(mixed, [self.H + self.KV, self.KV], axis=1)
+        # rotate_half(x) * sin == roll(x, d/2) * (sin with the first half negated)
+        qk = qk * cos + paddle.roll(qk, self.d // 2, axis=-1) * sin
+        q, k = paddle.split(qk, [self.H, self.KV], axis=1)
+        return q, k, v
+
+    def heads(self, t, B, S):
+        """[B*S, KV, d] -> [B, KV, S, d]"""
+        return t.reshape([B, S, self.KV, self.d]).transpose([0, 2, 1, 3])
+
+    def attend(self, q, k, v, bias):
+        """Grouped-query attention without repeating k/v.
+
+        q [B, Sq, H, d]; k, v [B, KV, Sk, d]; bias [B, KV, g, Sq, Sk] (0 or finfo.min) -> [B * Sq, H * d]."""
+        B, Sq = q.shape[0], q.shape[1]
+        Sk = k.shape[2]
+        qg = q.reshape([B, Sq, self.KV, self.g, self.d]).transpose([0, 2, 3, 1, 4])
+        qg = qg.reshape([B, self.KV, self.g * Sq, self.d]) / math.sqrt(self.d)
+        scores = paddle.matmul(qg, k, transpose_y=True).reshape([B, self.KV, self.g, Sq, Sk]) + bias
+        probs = F.softmax(scores, axis=-1).reshape([B, self.KV, self.g * Sq, Sk])
+        out = paddle.matmul(probs, v).reshape([B, self.KV, self.g, Sq, self.d])
+        return out.transpose([0, 3, 1, 2, 4]).reshape([B * Sq, self.H * self.d])
+
+    def mlp_block(self, x, lw):
+        """Residual MLP sub-block on flat tokens [n, D]."""
+        h = self.rms(x, lw["ln2"])
+        return x + paddle.matmul(F.swiglu(paddle.matmul(h, lw["wgu"])), lw["wd"])
+
+    def logits(self, h):
+        """Final norm + LM head: [..., D] -> [..., V]."""
+        return paddle.matmul(self.rms(h, self.final_norm), self.head, transpose_y=self.head_t)
+
+    def bias(self, keep, B, Sq, Sk):
+        """keep bool [B, Sq, Sk] -> additive float32 bias [B, KV, g, Sq, Sk] (0 where kept, finfo.min elsewhere),
+        materialised at the full scores shape once per forward: a broadcast add is ~20x slower on CPU. Memory: one
+        scores-sized tensor per forward, shared by all layers (autograd keeps one probs tensor per layer anyway)."""
+        bias = paddle.where(keep, paddle.zeros([1], "float32"), paddle.full([1], self.neg, "float32"))
+        return bias.reshape([B, 1, 1, Sq, Sk]).expand([B, self.KV, self.g, Sq, Sk])
+
+    # ---------------------------------------------------------------------------------- shared-prompt pass
+
+    def prompt_completion_hidden(self, prompt_ids, prompt_mask, completion_ids, completion_mask):
+        """Hidden states (before the final norm) that predict each completion token.
+
+        prompt_ids/mask [N, L] left-padded; completion_ids/mask [N, T]. Identical prompt rows are computed once.
+        Returns [N, T, D]: row i, column t is the state at position L + t - 1 of sequence i.
+        """
+        N, L = prompt_ids.shape
+        T = completion_ids.shape[1]
+        rows_np, first = _unique_rows(prompt_ids.numpy(), prompt_mask.numpy())
+        P, Tc = len(first), T - 1  # the last completion token is never an input
+        first_t = paddle.to_tensor(first, dtype="int64")
+        rows = paddle.to_tensor(rows_np, dtype="int64")
+        pid, pmask = paddle.index_select(prompt_ids, first_t), paddle.index_select(prompt_mask, first_t)
+        positions = paddle.clip(paddle.cumsum(paddle.concat([prompt_mask, completion_mask], axis=1)
+                                              .astype("int64"), axis=-1) - 1, min=0)
+        ppos = paddle.index_select(positions[:, :L], first_t).reshape([-1])
+        pkeep = pmask.astype("bool")
+        causal_p = paddle.tril(paddle.ones([L, L], dtype="bool"))
+        bias_p = self.bias(pkeep[:, None, :] & causal_p[None], P, L, L)
+        tokens = paddle.index_select(self.embed, pid.reshape([-1]))  # [P*L, D]
+        if Tc > 0:
+            cpos = positions[:, L:L + Tc].reshape([-1])
+            cmask = completion_mask[:, :Tc].astype("bool")
+            causal_c = paddle.tril(paddle.ones([Tc, Tc], dtype="bool"))
+            keep_c = paddle.concat([paddle.index_select(pkeep, rows)[:, None, :].expand([N, Tc, L]),
+                                    cmask[:, None, :] & causal_c[None]], axis=2)
+            bias_c = self.bias(keep_c, N, Tc, L + Tc)
+            tokens = paddle.concat([tokens, paddle.index_select(self.embed, completion_ids[:, :Tc].reshape([-1]))])
+            cos, sin = self.rope_tables(paddle.concat([ppos, cpos]))
+        else:
+            cos, sin = self.rope_tables(ppos)
+        x = tokens
+        for lw in self.layers:
+            q, k, v = self.qkv(self.rms(x, lw["ln1"]), lw, cos, sin)
+            if Tc > 0:
+                (qp, qc), (kp, kc), (vp, vc) = (paddle.split(t, [P * L, N * Tc], axis=0) for t in (q, k, v))
+            else:
+                qp, kp, vp = q, k, v
+            kp, vp = self.heads(kp, P, L), self.heads(vp, P, L)
+            attn = self.attend(qp.reshape([P, L, self.H, self.d]), kp, vp, bias_p)
+            if Tc > 0:
+                keys = paddle.concat([paddle.index_select(kp, rows), self.heads(kc, N, Tc)], axis=2)
+                values = paddle.concat([paddle.index_select(vp, rows), self.heads(vc, N, Tc)], axis=2)
+                attn = paddle.concat([attn, self.attend(qc.reshape([N, Tc, self.H, self.d]), keys, values, bias_c)])
+            x = self.mlp_block(x + paddle.matmul(attn, lw["wo"]), lw)
+        last_prompt = paddle.index_select(x[:P * L].reshape([P, L, self.D])[:, L - 1], rows)  # [N, D]
+        if Tc == 0:
+            return last_prompt.unsqueeze(1)
+        return paddle.concat([last_prompt.unsqueeze(1), x[P * L:].reshape([N, Tc, self.D])], axis=1)
+
+    # ------------------------------------------------------------------------------------------- decoding
+
+    def start_decoding(self, prompt_ids, prompt_mask, num_samples, max_new_tokens):
+        """Prefill each prompt once, allocate the KV cache for its `num_samples` rows.
+
+        prompt_ids/mask [P, L]. Returns the next-token logits [P * num_samples, V] (float32); rows of one prompt are
+        consecutive. Call `decode(token)` for the following steps."""
+        P, L = prompt_ids.shape
+        G, S = num_samples, L + max_new_tokens
+        N = P * G
+        positions = paddle.clip(paddle.cumsum(prompt_mask.astype("int64"), axis=-1) - 1, min=0)
+        pkeep = prompt_mask.astype("bool")
+        bias_p = self.bias(pkeep[:, None, :] & paddle.tril(paddle.ones([L, L], dtype="bool"))[None], P, L, L)
+        cos, sin = self.rope_tables(positions.reshape([-1]))
+        x = paddle.index_select(self.embed, prompt_ids.reshape([-1]))
+        self.cache = []
+        zeros = paddle.zeros([N, self.KV, max_new_tokens, self.d], dtype="float32")
+        for lw in self.layers:
+            q, k, v = self.qkv(self.rms(x, lw["ln1"]), lw, cos, sin)
+            k, v = self.heads(k, P, L), self.heads(v, P, L)
+            attn = self.attend(q.reshape([P, L, self.H, self.d]), k, v, bias_p)
+            x = self.mlp_block(x + paddle.matmul(attn, lw["wo"]), lw)
+            self.cache.append([paddle.concat([paddle.repeat_interleave(t, G, axis=0), zeros], axis=2)
+                               for t in (k, v)])
+        # Decoding attends to all S slots; unfilled slots are masked (exp(finfo.min - max) == 0 exactly).
+        keep = paddle.concat([paddle.repeat_interleave(prompt_mask.astype("int64"), G, axis=0),
+                              paddle.zeros([N, max_new_tokens], dtype="int64")], axis=1).astype("bool")
+        self.dec_bias = self.bias(keep[:, None, :], N, 1, S).clone()  # updated in place: own memory
+        self.next_pos = paddle.repeat_interleave(positions[:, -1], G, axis=0) + 1  # [N]
+        self.slot = L
+        last = x.reshape([P, L, self.D])[:, L - 1]
+        return paddle.repeat_interleave(self.logits(last).astype("float32"), G, axis=0)
+
+    def decode(self, token):
+        """token int64 [N] (the previous step's choice) -> next-token logits [N, V] float32."""
+        N = token.shape[0]
+        s = self.slot
+        self.dec_bias[:, :, :, :, s] = 0.0  # the new token's own slot becomes visible to every row
+        cos, sin = self.rope_tables(self.next_pos)
+        x = paddle.index_select(self.embed, token)
+        for lw, (kc, vc) in zip(self.layers, self.cache):
+            q, k, v = self.qkv(self.rms(x, lw["ln1"]), lw, cos, sin)
+            kc[:, :, s] = k  # in place: [N, KV, d] into slot s
+            vc[:, :, s] = v
+            attn = self.attend(q.reshape([N, 1, self.H, self.d]), kc, vc, self.dec_bias)
+            x = self.mlp_block(x + paddle.matmul(attn, lw["wo"]), lw)
+        self.slot += 1
+        self.next_pos = self.next_pos + 1
+        return self.logits(x).astype("float32")
+
+
+def _unique_rows(ids, mask):
+    """Map each row of (ids, mask) [N, L] to the first row with the same prompt.
+
+    Returns (rows [N] index into the unique prompts, first [P] the row index of each unique prompt)."""
+    seen, rows, first = {}, [], []
+    for i in range(ids.shape[0]):
+        key = ids[i].tobytes() + mask[i].tobytes()
+        if key not in seen:
+            seen[key] = len(first)
+            first.append(i)
+        rows.append(seen[key])
+    return np.asarray(rows, dtype=np.int64), np.asarray(first, dtype=np.int64)
