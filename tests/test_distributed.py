@@ -48,7 +48,13 @@ def launch(*args, log_dir):
 def run(cmd, cwd):
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+    for attempt in (1, 2):
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+        # A gloo worker killed by a signal (SIGABRT, seen only while other test suites overloaded the 2 cores) is
+        # retried once; any real error fails the second attempt the same way.
+        if out.returncode == 0 or "Exit code -" not in out.stdout + out.stderr or attempt == 2:
+            break
+        print(f"retrying after a worker died by a signal: {out.stdout[-300:]}")
     assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
     return out
 
