@@ -28,14 +28,15 @@ from .rewards.registry import register_reward
 
 logger = logging.getLogger("paddle_grpo.quickstart")
 
-MAX_OPERAND = 999
+MIN_OPERAND, MAX_OPERAND = 10, 99
 EVAL_SEED = 0        # the held-out set is the same for every run seed
 EVAL_SIZE = 400
 
 # Model and SFT defaults (measured on 2 CPU cores: see docs/quickstart.md).
-MODEL = dict(hidden_size=64, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2,
+MODEL = dict(hidden_size=128, intermediate_size=512, num_layers=2, num_heads=4, num_kv_heads=2,
              max_position_embeddings=64)
-SFT = dict(steps=500, batch_size=128, learning_rate=3e-3, warmup_steps=20, weight_decay=0.0)
+SFT = dict(max_steps=1000, target_loss=0.3, batch_size=64, learning_rate=1e-3, warmup_steps=20, weight_decay=0.0,
+           val_size=256, check_every=25)
 
 
 def question(a, b):
@@ -48,7 +49,7 @@ def prompt(a, b):
 
 
 def _draw(rng):
-    return rng.randint(0, MAX_OPERAND), rng.randint(0, MAX_OPERAND)
+    return rng.randint(MIN_OPERAND, MAX_OPERAND), rng.randint(MIN_OPERAND, MAX_OPERAND)
 
 
 def eval_problems(n=EVAL_SIZE):
@@ -78,25 +79,28 @@ def record(a, b):
     return {"src": prompt(a, b), "tgt": str(a + b)}
 
 
-@register_reward("quickstart_addition")
+@register_reward("quickstart_addition", max_score=1.0)
 def addition_reward(prompts, completions, tgt=None, **kwargs):
     """1.0 when the completion (surrounding whitespace ignored) is exactly the reference sum, else 0.0."""
     refs = references(tgt, completions, "quickstart_addition")
     return [1.0 if completion_text(c).strip() == str(r).strip() else 0.0 for c, r in zip(completions, refs)]
 
 
-addition_reward.max_score = 1.0
-
 
 # ------------------------------------------------------------------------------------------------------ building
 
-def _encode(tokenizer, problems):
-    """Left-padded prompt ids/mask [n, L] and right-padded answer ids/mask [n, T] (answer + EOS), numpy int64."""
+def encode(tokenizer, problems):
+    """Left-padded prompt ids/mask [n, L] and right-padded answer ids/mask [n, T] (answer + EOS), numpy int64.
+
+    Prompts are tokenized exactly as the trainer does (`tokenize_prompts`); each distinct problem once."""
     import numpy as np
 
-    prompts = tokenize_prompts(tokenizer, [prompt(a, b) for a, b in problems])
-    answers = [tokenizer(str(a + b), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-               for a, b in problems]
+    distinct = sorted(set(problems))
+    ids = dict(zip(distinct, tokenize_prompts(tokenizer, [prompt(a, b) for a, b in distinct])))
+    sums = sorted({a + b for a, b in distinct})
+    answer_ids = {s: tokenizer(str(s), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+                  for s in sums}
+    prompts, answers = [ids[p] for p in problems], [answer_ids[a + b] for a, b in problems]
     L, T = max(map(len, prompts)), max(map(len, answers))
     pid = np.full((len(problems), L), tokenizer.pad_token_id, dtype="int64")
     pm = np.zeros_like(pid)
@@ -108,76 +112,92 @@ def _encode(tokenizer, problems):
     return pid, pm, cid, cm
 
 
-def sft_loss(model, tokenizer, problems):
-    """Mean negative log-likelihood per answer token (prompt tokens masked), through the same
-    `completion_logprobs` the RL loss uses. A scalar paddle tensor."""
+def sft_loss(model, batch):
+    """Mean negative log-likelihood per answer token (prompt tokens masked) of an `encode` batch, through the
+    same `completion_logprobs` the RL loss uses. A scalar paddle tensor."""
     import paddle
 
     from .modeling import completion_logprobs
 
-    pid, pm, cid, cm = (paddle.to_tensor(x) for x in _encode(tokenizer, problems))
+    pid, pm, cid, cm = (paddle.to_tensor(x) for x in batch)
     lp, _ = completion_logprobs(model, pid, pm, cid, cm)
     mask = cm.astype("float32")
     return -(lp * mask).sum() / mask.sum()
 
 
-def build_quickstart_policy(out_dir, seed=0, *, sft_steps=None, batch_size=None, learning_rate=None,
-                            model_kwargs=None, log_every=50):
-    """Build the quickstart policy (tokenizer + SFT'd tiny Qwen2) in `out_dir`; returns a dict of SFT statistics.
+def build_quickstart_policy(out_dir, seed=0, *, max_steps=None, target_loss=None, batch_size=None,
+                            learning_rate=None, model_kwargs=None, callback=None):
+    """Build the quickstart policy (tokenizer + briefly SFT'd tiny Qwen2) in `out_dir`; returns SFT statistics.
 
-    The directory is written under a temporary name and renamed at the end, so an interrupted build never leaves
-    a half-made policy that a later run would load. `sft_steps` etc. override the defaults (tests use a tiny budget).
-    Returns {"loss_init", "loss_final"} (held-out answer-token NLL before/after SFT), "sft_steps" and "seconds".
+    SFT runs until the answer-token loss on a validation set (train distribution, disjoint from the held-out eval
+    problems) falls to `target_loss`, or for `max_steps` steps: stopping at a loss rather than after a fixed number
+    of steps gives every seed (and every machine) the same partial skill. `callback(step, model, val_loss)` is
+    called at every check (experiments). The directory is written under a temporary name and renamed at the end,
+    so an interrupted build never leaves a half-made policy that a later run would load.
+    Returns {"loss_init", "loss_final"} (validation loss before/after), "sft_steps" and "seconds".
     """
+    import numpy as np
     import paddle
 
+    from . import cpu_tuning
     from .tiny import build_model, build_tokenizer
 
+    cpu_tuning.apply()  # the trainer applies it when it loads the policy; SFT runs before that and gains as much
     t0 = time.perf_counter()
-    steps = SFT["steps"] if sft_steps is None else int(sft_steps)
+    max_steps = SFT["max_steps"] if max_steps is None else int(max_steps)
+    target = SFT["target_loss"] if target_loss is None else float(target_loss)
     bs = SFT["batch_size"] if batch_size is None else int(batch_size)
     lr = SFT["learning_rate"] if learning_rate is None else float(learning_rate)
     tmp = out_dir.rstrip("/") + ".building"
     shutil.rmtree(tmp, ignore_errors=True)
 
-    problems = train_problems(steps * bs, seed=seed)
+    problems = train_problems(max_steps * bs + SFT["val_size"], seed=seed)
+    val, problems = problems[:SFT["val_size"]], problems[SFT["val_size"]:]
     # The tokenizer only needs the task's characters and words; a slice of the data is plenty.
     corpus = [prompt(a, b) + str(a + b) + "<|im_end|>" for a, b in problems[:2000]]
     tokenizer = build_tokenizer(corpus, tmp, vocab_size=300)
     model = build_model(tmp, tokenizer, seed=seed, **{**MODEL, **(model_kwargs or {})})
-    held_out = eval_problems()[:256]
+    data, val_batch = encode(tokenizer, problems), encode(tokenizer, val)
+
+    def val_loss():
+        model.eval()
+        with paddle.no_grad():
+            value = float(sft_loss(model, val_batch))
+        model.train()
+        return value
 
     paddle.seed(seed)
-    warmup = min(SFT["warmup_steps"], max(1, steps // 10))
-    # Linear warm-up, then cosine decay to 10% of the peak: a short run wants its largest steps early.
+    warmup = min(SFT["warmup_steps"], max(1, max_steps // 10))
+    # Linear warm-up, then cosine decay over the step cap (to 10% of the peak).
     schedule = paddle.optimizer.lr.LambdaDecay(lr, lambda s: (s + 1) / warmup if s < warmup else
                                                0.1 + 0.45 * (1 + math.cos(math.pi * (s - warmup) /
-                                                                            max(1, steps - warmup))))
+                                                                            max(1, max_steps - warmup))))
     opt = paddle.optimizer.AdamW(learning_rate=schedule, parameters=model.parameters(),
                                  weight_decay=SFT["weight_decay"], grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0))
-    with paddle.no_grad():
-        model.eval()
-        loss_init = float(sft_loss(model, tokenizer, held_out))
+    loss_init = loss_now = val_loss()
+    step = 0
     model.train()
-    for step in range(steps):
-        loss = sft_loss(model, tokenizer, problems[step * bs:(step + 1) * bs])
+    while step < max_steps and loss_now > target:
+        rows = slice(step * bs, (step + 1) * bs)
+        loss = sft_loss(model, tuple(x[rows] for x in data))
         loss.backward()
         opt.step()
         opt.clear_grad()
         schedule.step()
-        if log_every and (step + 1) % log_every == 0:
-            logger.info("quickstart SFT step %d/%d: loss %.3f (%.0f s)", step + 1, steps, float(loss),
-                        time.perf_counter() - t0)
+        step += 1
+        if step % SFT["check_every"] == 0 or step == max_steps:
+            loss_now = val_loss()
+            if callback is not None:
+                callback(step, model, loss_now)
+            logger.info("quickstart SFT step %d: train loss %.3f, validation loss %.3f (%.0f s)", step, float(loss),
+                        loss_now, time.perf_counter() - t0)
     model.eval()
-    with paddle.no_grad():
-        loss_final = float(sft_loss(model, tokenizer, held_out))
     model.save_pretrained(tmp)
     if os.path.isdir(out_dir):
         shutil.rmtree(out_dir)
     os.makedirs(os.path.dirname(os.path.abspath(out_dir)), exist_ok=True)
     os.replace(tmp, out_dir)
-    stats = {"loss_init": loss_init, "loss_final": loss_final, "sft_steps": steps,
-             "seconds": time.perf_counter() - t0}
-    logger.info("quickstart policy saved to %s: held-out answer loss %.3f -> %.3f in %.0f s", out_dir, loss_init,
-                loss_final, stats["seconds"])
+    stats = {"loss_init": loss_init, "loss_final": loss_now, "sft_steps": step, "seconds": time.perf_counter() - t0}
+    logger.info("quickstart policy saved to %s after %d SFT steps: validation loss %.3f -> %.3f in %.0f s", out_dir,
+                step, loss_init, loss_now, stats["seconds"])
     return stats
