@@ -90,9 +90,20 @@ def _pad_right(x, T, value):
 
 def _generate_chunk(model, prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id, temperature,
                     top_p, repetition_penalty, do_sample, keys=None):
-    P, L = prompt_ids.shape
-    N = P * G
     stepper = (_FastStepper if fast_qwen2.enabled_for(model) else _PaddleNLPStepper)(model)
+    return decode(stepper, prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id, temperature,
+                  top_p, repetition_penalty, do_sample, keys)
+
+
+def decode(stepper, prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id, temperature, top_p,
+           repetition_penalty, do_sample, keys=None, penalize_prompt=True):
+    """The sampling loop shared by decoder-only and encoder-decoder policies.
+
+    `stepper.start(prompt_ids, prompt_mask, G, max_new_tokens)` returns the first logits [N, V] (N = B * G rows,
+    each prompt's G samples sharing its prefill); `stepper.step(token [N])` the next ones. `penalize_prompt`:
+    whether prompt tokens count as seen for the repetition penalty (an encoder-decoder's summary should copy from
+    its source). Returns (ids [N, T], sample log-probs [N, T], lengths [N], truncated [N])."""
+    N = prompt_ids.shape[0] * G
     logits = stepper.start(prompt_ids, prompt_mask, G, max_new_tokens)
     vocab = logits.shape[-1]
     eos_t = paddle.to_tensor(eos, dtype="int64")
@@ -100,8 +111,9 @@ def _generate_chunk(model, prompt_ids, prompt_mask, G, max_new_tokens, min_new_t
     seen = None
     if repetition_penalty != 1.0:
         seen = paddle.zeros([N, vocab], dtype="bool")
-        seen = _mark(seen, paddle.repeat_interleave(paddle.where(prompt_mask.astype("bool"), prompt_ids,
-                                                                 paddle.full_like(prompt_ids, -1)), G, axis=0))
+        if penalize_prompt:
+            seen = _mark(seen, paddle.repeat_interleave(paddle.where(prompt_mask.astype("bool"), prompt_ids,
+                                                                     paddle.full_like(prompt_ids, -1)), G, axis=0))
     finished = paddle.zeros([N], dtype="bool")
     lengths = np.zeros(N, dtype=np.int64)
     tokens, logps = [], []

@@ -24,12 +24,10 @@ import os
 
 import numpy as np
 import paddle
-import paddle.nn.functional as F
 
 from .algorithms import entropy_from_logits, logprobs_from_logits
 from .modeling import _require_local_dir, freeze
-from .rollout import Rollout, _mark, _pad_right, _top_p_filter
-from .sampling import sample_with_uniforms, uniforms
+from .rollout import Rollout, _pad_right, decode
 
 logger = logging.getLogger("paddle_grpo.seq2seq")
 
@@ -214,49 +212,9 @@ def _repeat(x, G):
 
 def _generate_chunk(model, prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id, temperature,
                     top_p, repetition_penalty, do_sample, keys=None):
-    """Mirror of rollout._generate_chunk; only the stepper and the repetition penalty's initial `seen` differ."""
-    N = prompt_ids.shape[0] * G
-    stepper = Seq2SeqStepper(model)
-    logits = stepper.start(prompt_ids, prompt_mask, G, max_new_tokens)
-    vocab = logits.shape[-1]
-    eos_t = paddle.to_tensor(eos, dtype="int64")
-    eos_cols = paddle.to_tensor(np.isin(np.arange(vocab), eos)[None, :])  # [1, V] bool
-    seen = paddle.zeros([N, vocab], dtype="bool") if repetition_penalty != 1.0 else None
-    finished = paddle.zeros([N], dtype="bool")
-    lengths = np.zeros(N, dtype=np.int64)
-    tokens, logps = [], []
-    for t in range(max_new_tokens):
-        scaled = logits / temperature
-        logp = F.log_softmax(scaled, axis=-1)
-        processed = scaled
-        if seen is not None:
-            processed = paddle.where(seen, paddle.where(processed > 0, processed / repetition_penalty,
-                                                        processed * repetition_penalty), processed)
-        if t < min_new_tokens:
-            processed = paddle.where(eos_cols, paddle.full_like(processed, -float("inf")), processed)
-        if do_sample:
-            probs = F.softmax(processed, axis=-1)
-            if top_p < 1.0:
-                probs = _top_p_filter(probs, top_p)
-            if keys is None:
-                token = paddle.multinomial(probs, num_samples=1).squeeze(-1)
-            else:
-                token = sample_with_uniforms(probs, uniforms(keys, t))
-        else:
-            token = paddle.argmax(processed, axis=-1)
-        token = paddle.where(finished, paddle.full_like(token, pad_id), token)
-        token_logp = paddle.take_along_axis(logp, token.unsqueeze(-1), axis=-1).squeeze(-1)
-        tokens.append(token)
-        logps.append(paddle.where(finished, paddle.zeros_like(token_logp), token_logp))
-        lengths += (~finished).numpy()
-        finished = finished | (token.unsqueeze(-1) == eos_t.unsqueeze(0)).any(axis=-1)
-        if bool(finished.all()) or t == max_new_tokens - 1:
-            break
-        if seen is not None:
-            seen = _mark(seen, token.unsqueeze(-1))
-        logits = stepper.step(token)
-    truncated = ~finished.numpy()
-    return paddle.stack(tokens, axis=1), paddle.stack(logps, axis=1), lengths, truncated
+    """rollout's sampling loop with the encoder-decoder stepper; the source document is not penalised."""
+    return decode(Seq2SeqStepper(model), prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id,
+                  temperature, top_p, repetition_penalty, do_sample, keys, penalize_prompt=False)
 
 
 def build_tiny_seq2seq(out_dir, corpus, *, arch="t5", vocab_size=512, d_model=64, ffn_dim=128, num_layers=2,
