@@ -42,14 +42,16 @@ class Rollout:
 @paddle.no_grad()
 def generate(model, prompt_ids, prompt_mask, *, num_samples=1, max_new_tokens=64, min_new_tokens=0,
              eos_token_ids=(), pad_token_id=0, temperature=1.0, top_p=1.0, repetition_penalty=1.0,
-             do_sample=True, max_num_seqs=None, row_keys=None):
+             do_sample=True, max_num_seqs=None, row_keys=None, stepper=None, penalize_prompt=True):
     """Sample `num_samples` completions for each of the `B` prompts; returns a `Rollout` with `N = B * num_samples`.
 
     prompt_ids/prompt_mask: [B, L] (paddle or numpy), left-padded. `max_num_seqs` bounds the sequences decoded at
     once (rollout_max_num_seqs); larger rollouts are processed in chunks of whole prompts.
     `row_keys` ([B * num_samples] uint64, see sampling.row_keys): sample row i with the counter-based uniforms of
     its key, so the result does not depend on chunking or on which process samples which rows; None: paddle's
-    global generator (`paddle.multinomial`).
+    global generator (`paddle.multinomial`). `stepper`: a class `stepper(model)` with `start`/`step` (default: the
+    fast Qwen2 path when it applies, else PaddleNLP's forward; seq2seq.py passes its encoder-decoder stepper);
+    `penalize_prompt`: see `decode`.
     """
     prompt_ids = paddle.to_tensor(prompt_ids, dtype="int64")
     prompt_mask = paddle.to_tensor(prompt_mask, dtype="int64")
@@ -64,7 +66,8 @@ def generate(model, prompt_ids, prompt_mask, *, num_samples=1, max_new_tokens=64
         chunks = [_generate_chunk(model, prompt_ids[s:s + per_chunk], prompt_mask[s:s + per_chunk], num_samples,
                                   max_new_tokens, min_new_tokens, eos, pad_token_id, temperature, top_p,
                                   repetition_penalty, do_sample,
-                                  None if row_keys is None else row_keys[s * num_samples:(s + per_chunk) * num_samples])
+                                  None if row_keys is None else row_keys[s * num_samples:(s + per_chunk) * num_samples],
+                                  stepper, penalize_prompt)
                   for s in range(0, B, per_chunk)]
     finally:
         if was_training:
@@ -89,10 +92,10 @@ def _pad_right(x, T, value):
 
 
 def _generate_chunk(model, prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id, temperature,
-                    top_p, repetition_penalty, do_sample, keys=None):
-    stepper = (_FastStepper if fast_qwen2.enabled_for(model) else _PaddleNLPStepper)(model)
-    return decode(stepper, prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id, temperature,
-                  top_p, repetition_penalty, do_sample, keys)
+                    top_p, repetition_penalty, do_sample, keys=None, stepper=None, penalize_prompt=True):
+    stepper = stepper or (_FastStepper if fast_qwen2.enabled_for(model) else _PaddleNLPStepper)
+    return decode(stepper(model), prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id,
+                  temperature, top_p, repetition_penalty, do_sample, keys, penalize_prompt)
 
 
 def decode(stepper, prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id, temperature, top_p,

@@ -27,7 +27,7 @@ import paddle
 
 from .algorithms import entropy_from_logits, logprobs_from_logits
 from .modeling import _require_local_dir, freeze
-from .rollout import Rollout, _pad_right, decode
+from . import rollout
 
 logger = logging.getLogger("paddle_grpo.seq2seq")
 
@@ -138,44 +138,11 @@ def _runs_of_equal_rows(ids, mask):
     return paddle.to_tensor(first, dtype="int64"), paddle.to_tensor(np.cumsum(new_run) - 1, dtype="int64")
 
 
-@paddle.no_grad()
-def generate(model, prompt_ids, prompt_mask, *, num_samples=1, max_new_tokens=64, min_new_tokens=0,
-             eos_token_ids=(), pad_token_id=0, temperature=1.0, top_p=1.0, repetition_penalty=1.0,
-             do_sample=True, max_num_seqs=None, row_keys=None):
-    """Sample `num_samples` decoder outputs for each of the `B` encoder inputs; a `Rollout` with `N = B * G` rows.
-
-    Arguments and result as `rollout.generate`; prompt_ids/prompt_mask ([B, L], paddle or numpy, either padding
-    side) are returned repeated G times as given. Rows `i*G .. i*G+G-1` are the samples of prompt `i`.
-    """
-    prompt_ids, prompt_mask = _int64(prompt_ids), _int64(prompt_mask)
-    eos = sorted({int(eos_token_ids)} if np.isscalar(eos_token_ids) else {int(e) for e in eos_token_ids})
-    if not eos:
-        raise ValueError("generate needs at least one EOS token id")
-    B, G = prompt_ids.shape[0], num_samples
-    per_chunk = max(1, (max_num_seqs or B * G) // G)
-    was_training = model.training
-    model.eval()
-    try:
-        chunks = [_generate_chunk(model, prompt_ids[s:s + per_chunk], prompt_mask[s:s + per_chunk], G,
-                                  max_new_tokens, min_new_tokens, eos, pad_token_id, temperature, top_p,
-                                  repetition_penalty, do_sample,
-                                  None if row_keys is None else row_keys[s * G:(s + per_chunk) * G])
-                  for s in range(0, B, per_chunk)]
-    finally:
-        if was_training:
-            model.train()
-    T = max(c[0].shape[1] for c in chunks)
-    lengths = np.concatenate([c[2] for c in chunks])
-    return Rollout(prompt_ids=paddle.repeat_interleave(prompt_ids, G, axis=0),
-                   prompt_mask=paddle.repeat_interleave(prompt_mask, G, axis=0),
-                   completion_ids=paddle.concat([_pad_right(c[0], T, pad_token_id) for c in chunks], axis=0),
-                   completion_mask=paddle.to_tensor((np.arange(T)[None, :] < lengths[:, None]).astype("int64")),
-                   lengths=lengths, truncated=np.concatenate([c[3] for c in chunks]),
-                   sample_logprobs=paddle.concat([_pad_right(c[1], T, 0.0) for c in chunks], axis=0))
-
-
-def _int64(x):
-    return (x if isinstance(x, paddle.Tensor) else paddle.to_tensor(np.asarray(x))).astype("int64")
+def generate(model, prompt_ids, prompt_mask, **kwargs):
+    """Sample decoder outputs for encoder inputs: `rollout.generate` (same arguments, same `Rollout`) with the
+    encoder-decoder stepper; prompts may be padded on either side, and the source document does not count for the
+    repetition penalty (a summary should copy from it)."""
+    return rollout.generate(model, prompt_ids, prompt_mask, stepper=Seq2SeqStepper, penalize_prompt=False, **kwargs)
 
 
 class Seq2SeqStepper:
@@ -208,13 +175,6 @@ def _repeat(x, G):
         return paddle.repeat_interleave(x, G, axis=0)
     items = [_repeat(v, G) for v in x]
     return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
-
-
-def _generate_chunk(model, prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id, temperature,
-                    top_p, repetition_penalty, do_sample, keys=None):
-    """rollout's sampling loop with the encoder-decoder stepper; the source document is not penalised."""
-    return decode(Seq2SeqStepper(model), prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id,
-                  temperature, top_p, repetition_penalty, do_sample, keys, penalize_prompt=False)
 
 
 def build_tiny_seq2seq(out_dir, corpus, *, arch="t5", vocab_size=512, d_model=64, ffn_dim=128, num_layers=2,
