@@ -1,17 +1,18 @@
-"""The embedded default's policy: a tiny Qwen2 that half knows addition, made locally in about two minutes.
+"""The embedded default's policy: a tiny Qwen2 that half knows addition, made locally in about a minute.
 
-Task: `What is A+B?` with A and B drawn from 0..999, answered with the bare sum (`1037`) and `<|im_end|>`.
-The prompt is Qwen's chat format without a system turn (~19 tokens), the completion 2-5 tokens, so a GRPO step is
+Task: `What is A+B?` with A and B drawn from 10..99, answered with the bare sum (`137`) and `<|im_end|>`.
+The prompt is Qwen's chat format without a system turn (17 tokens), the completion 3-4 tokens, so a GRPO step is
 cheap on a CPU; digits are single tokens (Qwen2's pre-tokenizer splits numbers into digits).
 
 `build_quickstart_policy(out_dir, seed)` trains a byte-level BPE tokenizer on the task's text, initialises a random
 Qwen2ForCausalLM (`paddle_grpo.tiny`) and fine-tunes it briefly (SFT) on generated problems: cross-entropy on the
-answer tokens only (prompt masked), in exactly the chat format the RL prompts use. The SFT budget is deliberately
-short, so the policy answers some held-out problems right and others wrong (mostly at carries), which is what
-GRPO needs to show learning in minutes. `addition_reward` scores a completion 1.0 when it is the right sum.
+answer tokens only (prompt masked), in exactly the chat format the RL prompts use. SFT stops early on purpose, at
+partial skill (sampled at temperature 1 the policy gets about half of the held-out sums right, greedy about 70%),
+which leaves GRPO room to show learning in minutes. `addition_reward` scores 1.0 for exactly the right sum.
 
-Held-out problems: `eval_problems()` is a fixed set (seed 0, independent of the run's seed); SFT and the RL train
-file never contain them. Left out on purpose: subtraction/multiplication, chain-of-thought, and any download.
+Held-out problems: `eval_problems()` (the trainer's eval set) and `validation_problems()` (SFT's stopping set) are
+fixed, whatever the run's seed; neither SFT nor the RL train file ever contains them.
+Left out on purpose: other operations, chain-of-thought, and any download.
 """
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ from .rewards.registry import register_reward
 logger = logging.getLogger("paddle_grpo.quickstart")
 
 MIN_OPERAND, MAX_OPERAND = 10, 99
-EVAL_SEED = 0        # the held-out set is the same for every run seed
-EVAL_SIZE = 400
+EVAL_SEED, VALIDATION_SEED = 0, 1   # the held-out sets are the same for every run seed
+EVAL_SIZE = 1000
 
 # Model and SFT defaults (measured on 2 CPU cores: see docs/quickstart.md).
 MODEL = dict(hidden_size=128, intermediate_size=512, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -52,9 +53,8 @@ def _draw(rng):
     return rng.randint(MIN_OPERAND, MAX_OPERAND), rng.randint(MIN_OPERAND, MAX_OPERAND)
 
 
-def eval_problems(n=EVAL_SIZE):
-    """The fixed held-out problems: `n` distinct (a, b) pairs, the same for every run."""
-    rng, out, seen = random.Random(EVAL_SEED), [], set()
+def _distinct(rng, n, exclude=()):
+    out, seen = [], set(exclude)
     while len(out) < n:
         p = _draw(rng)
         if p not in seen:
@@ -63,9 +63,19 @@ def eval_problems(n=EVAL_SIZE):
     return out
 
 
-def train_problems(n, seed, exclude=None):
-    """`n` problems drawn with `seed`, none of them in `exclude` (default: the held-out set). Repeats allowed."""
-    exclude = set(eval_problems()) if exclude is None else set(exclude)
+def eval_problems(n=EVAL_SIZE):
+    """The fixed held-out problems: `n` distinct (a, b) pairs, the same for every run."""
+    return _distinct(random.Random(EVAL_SEED), n)
+
+
+def validation_problems():
+    """SFT's own held-out problems (it stops on their loss): fixed, distinct, disjoint from `eval_problems()`."""
+    return _distinct(random.Random(VALIDATION_SEED), SFT["val_size"], exclude=eval_problems())
+
+
+def train_problems(n, seed):
+    """`n` problems drawn with `seed` (repeats allowed), never one of the eval or validation problems."""
+    exclude = set(eval_problems()) | set(validation_problems())
     rng, out = random.Random(seed), []
     while len(out) < n:
         p = _draw(rng)
@@ -84,7 +94,6 @@ def addition_reward(prompts, completions, tgt=None, **kwargs):
     """1.0 when the completion (surrounding whitespace ignored) is exactly the reference sum, else 0.0."""
     refs = references(tgt, completions, "quickstart_addition")
     return [1.0 if completion_text(c).strip() == str(r).strip() else 0.0 for c, r in zip(completions, refs)]
-
 
 
 # ------------------------------------------------------------------------------------------------------ building
@@ -129,14 +138,13 @@ def build_quickstart_policy(out_dir, seed=0, *, max_steps=None, target_loss=None
                             learning_rate=None, model_kwargs=None, callback=None):
     """Build the quickstart policy (tokenizer + briefly SFT'd tiny Qwen2) in `out_dir`; returns SFT statistics.
 
-    SFT runs until the answer-token loss on a validation set (train distribution, disjoint from the held-out eval
+    SFT runs until the answer-token loss on `validation_problems()` (never trained on, disjoint from the eval
     problems) falls to `target_loss`, or for `max_steps` steps: stopping at a loss rather than after a fixed number
     of steps gives every seed (and every machine) the same partial skill. `callback(step, model, val_loss)` is
     called at every check (experiments). The directory is written under a temporary name and renamed at the end,
     so an interrupted build never leaves a half-made policy that a later run would load.
     Returns {"loss_init", "loss_final"} (validation loss before/after), "sft_steps" and "seconds".
     """
-    import numpy as np
     import paddle
 
     from . import cpu_tuning
@@ -151,13 +159,12 @@ def build_quickstart_policy(out_dir, seed=0, *, max_steps=None, target_loss=None
     tmp = out_dir.rstrip("/") + ".building"
     shutil.rmtree(tmp, ignore_errors=True)
 
-    problems = train_problems(max_steps * bs + SFT["val_size"], seed=seed)
-    val, problems = problems[:SFT["val_size"]], problems[SFT["val_size"]:]
+    problems = train_problems(max_steps * bs, seed=seed)
     # The tokenizer only needs the task's characters and words; a slice of the data is plenty.
     corpus = [prompt(a, b) + str(a + b) + "<|im_end|>" for a, b in problems[:2000]]
     tokenizer = build_tokenizer(corpus, tmp, vocab_size=300)
     model = build_model(tmp, tokenizer, seed=seed, **{**MODEL, **(model_kwargs or {})})
-    data, val_batch = encode(tokenizer, problems), encode(tokenizer, val)
+    data, val_batch = encode(tokenizer, problems), encode(tokenizer, validation_problems())
 
     def val_loss():
         model.eval()

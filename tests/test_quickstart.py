@@ -4,6 +4,7 @@ The full learning run (build + 300 GRPO steps, ~3 minutes) is too slow for the s
 numbers. Here the builder runs with a tiny SFT budget.
 """
 import importlib.util
+import json
 import os
 
 import pytest
@@ -66,14 +67,16 @@ def test_reward_scores_exact_sums():
 
 
 def test_held_out_problems_never_train():
-    held = qs.eval_problems()
+    held, val = qs.eval_problems(), qs.validation_problems()
     assert held == qs.eval_problems() and len(set(held)) == len(held) >= 100
-    assert not set(held) & set(qs.train_problems(20000, seed=1))
-    assert all(qs.MIN_OPERAND <= x <= qs.MAX_OPERAND for p in held for x in p)
+    assert len(set(val)) == len(val) > 0 and not set(val) & set(held)
+    assert not (set(held) | set(val)) & set(qs.train_problems(20000, seed=1))
+    assert all(qs.MIN_OPERAND <= x <= qs.MAX_OPERAND for p in held + val for x in p)
 
 
 def test_shipped_data_files_are_the_generators_output(repo_root, tmp_path):
-    spec = importlib.util.spec_from_file_location("_gen_quickstart_data", repo_root / "tools" / "gen_quickstart_data.py")
+    spec = importlib.util.spec_from_file_location("_gen_quickstart_data",
+                                                  repo_root / "tools" / "gen_quickstart_data.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     tool.main(["--out-dir", str(tmp_path)])
@@ -98,3 +101,15 @@ def test_config_loads_and_validates(repo_root):
     assert cfg.max_prompt_len >= 24 and cfg.max_dec_len >= 5
     with open(repo_root / cfg.eval_datasets) as f:
         assert sum(1 for _ in f) >= 100
+
+
+def test_build_tool_passes_its_arguments(repo_root, monkeypatch, capsys):
+    spec = importlib.util.spec_from_file_location("_build_quickstart_policy",
+                                                  repo_root / "tools" / "build_quickstart_policy.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    calls = []
+    monkeypatch.setattr(tool, "build_quickstart_policy", lambda out, **kw: calls.append((out, kw)) or {"ok": 1})
+    assert tool.main(["some/dir", "--seed", "7", "--max-steps", "5"]) == 0
+    assert calls == [("some/dir", {"seed": 7, "max_steps": 5, "target_loss": None})]
+    assert json.loads(capsys.readouterr().out) == {"ok": 1}
