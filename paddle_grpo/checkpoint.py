@@ -38,13 +38,14 @@ def set_rng_state(state):
 
 
 def save_checkpoint(output_dir, step, model, tokenizer, *, trainer_state, optimizer=None, reference=None,
-                    full=True, total_limit=-1, writer=True, participant=True, tp_rank=0, tp_world=1,
-                    sync=lambda: None):
+                    full=True, total_limit=-1, writer=True, participant=True, tp_world=1, optimizer_shard=None,
+                    saves_optimizer=True, sync=lambda: None):
     """Write checkpoint-<step> atomically; returns its path. `full=False` saves only model and tokenizer.
 
     Called by every rank: `writer` (global rank 0) writes the files; `participant`s (the tensor-parallel ranks of
-    data-parallel rank 0) take part in merging the model shards and each writes its optimizer shard; `sync` is a
-    barrier over all ranks."""
+    data-parallel rank 0) take part in merging the model shards; a rank with `saves_optimizer` writes the part of
+    the optimizer state it holds, `optimizer_shard` ({axis: rank}, see `optimizer_file`); `sync` is a barrier over
+    all ranks."""
     final = os.path.join(output_dir, f"checkpoint-{step}")
     tmp = os.path.join(output_dir, f".tmp-checkpoint-{step}")
     if writer:
@@ -56,9 +57,9 @@ def save_checkpoint(output_dir, step, model, tokenizer, *, trainer_state, optimi
         _unwrap(model).save_pretrained(tmp, is_main_process=writer, **merge)
         if reference is not None:
             _unwrap(reference).save_pretrained(os.path.join(tmp, REFERENCE_DIR), is_main_process=writer, **merge)
-        if full:
-            paddle.save(_rename_optimizer_state(optimizer.state_dict(), _param_names(model)),
-                        os.path.join(tmp, optimizer_file(tp_rank, tp_world)))
+    if full and saves_optimizer:
+        paddle.save(_rename_optimizer_state(optimizer.state_dict(), _param_names(model)),
+                    os.path.join(tmp, optimizer_file(optimizer_shard)))
     if writer:
         tokenizer.save_pretrained(tmp)
         if full:
@@ -79,9 +80,13 @@ def save_checkpoint(output_dir, step, model, tokenizer, *, trainer_state, optimi
     return final
 
 
-def optimizer_file(tp_rank=0, tp_world=1):
-    """Optimizer states are per tensor-parallel shard: optimizer.pdopt, or optimizer.tp<r>.pdopt under TP."""
-    return OPTIMIZER_FILE if tp_world == 1 else f"optimizer.tp{tp_rank}.pdopt"
+def optimizer_file(shard=None):
+    """The file of one part of the optimizer state: `optimizer.pdopt` for the whole state, else named by the
+    axes that split it, e.g. {"tp": 1} -> optimizer.tp1.pdopt, {"tp": 0, "sharding": 1} ->
+    optimizer.tp0.sharding1.pdopt."""
+    if not shard:
+        return OPTIMIZER_FILE
+    return "optimizer." + ".".join(f"{axis}{r}" for axis, r in shard.items()) + ".pdopt"
 
 
 def list_checkpoints(output_dir):
@@ -127,11 +132,13 @@ def load_trainer_state(path):
     return state
 
 
-def load_optimizer_and_rng(path, optimizer, model, tp_rank=0, tp_world=1):
-    file = os.path.join(path, optimizer_file(tp_rank, tp_world))
+def load_optimizer_and_rng(path, optimizer, model, shard=None):
+    """Restore this rank's part of the optimizer state (`shard`, as saved) and the random generators."""
+    file = os.path.join(path, optimizer_file(shard))
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{file} not found: the checkpoint was saved with another tensor_parallel_degree "
-                                "than this run's; resume with the same degree, or start a new run from its weights")
+                                "or sharding degree than this run's; resume with the same degrees, or start a new "
+                                "run from its weights")
     inverse = {v: k for k, v in _param_names(model).items()}
     optimizer.set_state_dict(_rename_optimizer_state(paddle.load(file), inverse))
     with open(os.path.join(path, RNG_FILE), "rb") as f:

@@ -3,10 +3,14 @@
 A single process (plain `python run_rl.py`) needs no initialisation: every collective here degrades to the identity,
 so the trainer is written once for any number of ranks. Under `python -m paddle.distributed.launch`:
 - data parallel only: `init_parallel_env`; the data-parallel (DP) group is the whole world;
-- tensor parallel (`tensor_parallel_degree > 1`): fleet's hybrid topology; the DP group is the ranks holding the
-  same model shard. Per-sequence data (rewards, masks) is gathered over the DP group, gradients are summed over it,
-  and the tensor-parallel (TP) ranks of one group see identical data, sample identical completions (sampling.py
-  keys by DP row) and share one reward request.
+- tensor parallel (`tensor_parallel_degree > 1`) or sharding (`sharding: stage1`): fleet's hybrid topology. The
+  data-parallel (DP) group is every rank that holds the same model shard, i.e. fleet's data *and* sharding axes:
+  they all receive different prompts. Per-sequence data (rewards, masks) is gathered over the DP group, gradients
+  are summed over it, and the tensor-parallel (TP) ranks of one group see identical data, sample identical
+  completions (sampling.py keys by DP row) and share one reward request.
+- sharding stage1 (ZeRO-1, https://arxiv.org/abs/1910.02054): fleet's `DygraphShardingOptimizer` owns the AdamW
+  states of a partition of the parameters on each sharding rank; gradients are reduced to their owner, the owner
+  updates and broadcasts the parameter. `wrap_optimizer` builds it, `sum_gradients` / `global_grad_norm` follow it.
 
 On CPU, fleet's tensor-parallel layers call collectives without CPU kernels (`c_identity`, calc-stream all-reduce;
 PLATFORM.md). `install_cpu_collectives` replaces exactly those with `PyLayer`s over `dist.all_reduce` /
@@ -19,7 +23,7 @@ import paddle
 import paddle.distributed as dist
 from paddle.autograd import PyLayer
 
-_state = {"initialised": False, "hcg": None}
+_state = {"initialised": False, "hcg": None, "data_group": None, "sharding_optimizer": None}
 
 
 # ------------------------------------------------------------------------------------------------ start-up
@@ -37,28 +41,55 @@ def is_main():
     return rank() == 0
 
 
+def hybrid_degrees(cfg, world):
+    """fleet's hybrid degrees for `world` processes: {"dp_degree", "mp_degree", "pp_degree", "sharding_degree"}.
+
+    The ranks that hold the same model shard (world / (tp * pp) of them) are fleet's data axis times its sharding
+    axis; `sharding_parallel_degree` (-1: all of them) sets the sharding part when `sharding` is on."""
+    tp, pp = cfg.tensor_parallel_degree, cfg.pipeline_parallel_degree
+    cfg.batch_geometry(world)  # raises ConfigError naming the keys when the degrees do not split the processes
+    data_ranks = world // (tp * pp)
+    sharding = 1
+    if cfg.sharding:
+        sharding = data_ranks if cfg.sharding_parallel_degree <= 0 else cfg.sharding_parallel_degree
+    return {"dp_degree": data_ranks // sharding, "mp_degree": tp, "pp_degree": pp, "sharding_degree": sharding}
+
+
+def unsupported_layout(cfg):
+    """What of the configured parallel layout this version cannot run, one message per key (empty: all of it)."""
+    checks = (
+        ("pipeline_parallel_degree", cfg.pipeline_parallel_degree, "pipeline parallelism is not wired yet"),
+        ("sharding", cfg.sharding if cfg.sharding == "stage2" else "",
+         "stage2 (fleet's group_sharded_parallel) runs only on GPU/XPU and could not be tested here; stage1 "
+         "shards the optimizer states"),
+        ("sharding_parallel_config", "split_param" if "split_param" in cfg.sharding_parallel_config.split() else "",
+         "sharding V2 keeps gradients in main_grad, which the trainer's gradient path does not read"))
+    return [f"{key}: {value!r} is not supported by this version of paddle_grpo ({why})"
+            for key, value, why in checks if value not in (1, "")]
+
+
 def init(cfg):
     """Initialise the process groups for the configured layout; returns the data-parallel world size."""
     n = world_size()
     cfg.batch_geometry(n)  # raises ConfigError naming the keys when the batch does not split over n processes
     if n == 1 or _state["initialised"]:
         return data_parallel_world()
-    unsupported = [(k, v) for k, v in (("pipeline_parallel_degree", cfg.pipeline_parallel_degree),
-                                      ("sharding", cfg.sharding)) if v not in (1, "")]
-    if unsupported:
-        raise NotImplementedError(
-            ", ".join(f"{k}: {v!r}" for k, v in unsupported) + " is not supported by this version of paddle_grpo "
-            "(data and tensor parallelism are); set pipeline_parallel_degree: 1 and sharding: ''. See "
-            "docs/distributed.md.")
-    if cfg.tensor_parallel_degree > 1:
+    problems = unsupported_layout(cfg)
+    if problems:
+        raise NotImplementedError("; ".join(problems) + ". See docs/distributed.md.")
+    degrees = hybrid_degrees(cfg, n)
+    if degrees["mp_degree"] > 1 or degrees["sharding_degree"] > 1:
         from paddle.distributed import fleet
 
+        cpu = not paddle.device.is_compiled_with_cuda()
+        if cpu:
+            _serialise_group_creation()
         strategy = fleet.DistributedStrategy()
-        strategy.hybrid_configs = {"dp_degree": n // cfg.tensor_parallel_degree,
-                                   "mp_degree": cfg.tensor_parallel_degree, "pp_degree": 1, "sharding_degree": 1}
+        strategy.hybrid_configs = dict(degrees)
         fleet.init(is_collective=True, strategy=strategy)
         _state["hcg"] = fleet.get_hybrid_communicate_group()
-        if not paddle.device.is_compiled_with_cuda():
+        _state["data_group"] = _new_groups(data_parallel_groups(_state["hcg"].topology()))
+        if cpu and degrees["mp_degree"] > 1:
             install_cpu_collectives()
     else:
         dist.init_parallel_env()
@@ -66,20 +97,77 @@ def init(cfg):
     return data_parallel_world()
 
 
+def data_parallel_groups(topology):
+    """Rank lists of the data-parallel groups of a fleet `CommunicateTopology`: ranks that differ only in their
+    data and sharding coordinates (they hold the same model shard and see different prompts), each sorted."""
+    names = topology.get_hybrid_group_names()
+    groups = {}
+    for r in range(topology.world_size()):
+        coord = topology.get_coord(r)
+        key = tuple(c for name, c in zip(names, coord) if name not in ("data", "sharding"))
+        groups.setdefault(key, []).append(r)
+    return sorted(groups.values())
+
+
+def _new_groups(rank_lists):
+    """Create every group (all ranks must, in the same order) and return the one holding this rank; None when that
+    is the whole world (the default group)."""
+    if len(rank_lists) == 1 and len(rank_lists[0]) == world_size():
+        return None  # the default group already spans them; each extra gloo group is one more rendezvous
+    mine = None
+    for ranks in rank_lists:
+        group = dist.new_group(ranks)
+        if rank() in ranks:
+            mine = group
+    return mine
+
+
+def _serialise_group_creation():
+    """gloo (CPU) fails intermittently when ranks create *disjoint* subgroups at the same time (fleet.init with
+    4 processes: `pair.cc connect ... Connection refused` or a TIMEOUT); a barrier after each `new_group` orders
+    them. fleet's topology code looks `new_group` up at call time, so replacing the module attribute suffices."""
+    import paddle.distributed.collective as collective
+
+    original = collective.new_group
+    if getattr(original, "_serialised", False):
+        return
+
+    def new_group(*args, **kwargs):
+        group = original(*args, **kwargs)
+        dist.barrier()
+        return group
+
+    new_group._serialised = True
+    collective.new_group = dist.new_group = new_group
+
+
 def _hcg():
     return _state["hcg"]
 
 
 def data_parallel_world():
-    return _hcg().get_data_parallel_world_size() if _hcg() else world_size()
+    """Ranks that receive different prompts (fleet's data x sharding degrees)."""
+    group = _state["data_group"]
+    return group.nranks if group is not None else world_size() // tensor_parallel_world()
 
 
 def data_parallel_rank():
-    return _hcg().get_data_parallel_rank() if _hcg() else rank()
+    group = _state["data_group"]
+    if group is not None:
+        return group.ranks.index(rank())  # not group.rank: paddle gives a one-rank group rank -1
+    return rank() // tensor_parallel_world()  # the whole world, minus the TP axis (fleet's innermost)
 
 
 def _dp_group():
-    return _hcg().get_data_parallel_group() if _hcg() else None
+    return _state["data_group"]
+
+
+def sharding_world():
+    return _hcg().get_sharding_parallel_world_size() if _hcg() else 1
+
+
+def sharding_rank():
+    return _hcg().get_sharding_parallel_rank() if _hcg() else 0
 
 
 def tensor_parallel_world():
@@ -131,36 +219,97 @@ def all_true(flag):
     return float(t.item()) == 0.0
 
 
+def wrap_optimizer(optimizer):
+    """`optimizer` itself, or under sharding fleet's `DygraphShardingOptimizer` around it: this rank then keeps the
+    AdamW states of its partition of the parameters only, and `step()` updates that partition and broadcasts it.
+    The trainer drives the phases (`sum_gradients`, `global_grad_norm`, clipping, `step`) itself instead of through
+    fleet's `HybridParallelOptimizer.step`, so the gradient norm is logged and non-finite steps are skipped."""
+    if sharding_world() == 1:
+        return optimizer
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
+        DygraphShardingOptimizer,
+    )
+
+    _state["sharding_optimizer"] = DygraphShardingOptimizer(optimizer, _hcg())
+    return _state["sharding_optimizer"]
+
+
+def inner_optimizer(optimizer):
+    """The AdamW inside a sharding wrapper (whose state is this rank's partition), or `optimizer` itself."""
+    return getattr(optimizer, "_inner_opt", optimizer)
+
+
+def _owned(parameters):
+    """The parameters whose optimizer state (and reduced gradient) this rank holds: all of them without sharding."""
+    opt = _state["sharding_optimizer"]
+    return parameters if opt is None else opt.filter_parameters(parameters, _hcg())
+
+
 def sum_gradients(parameters):
-    """All-reduce (SUM) the gradients of `parameters` over the data-parallel ranks, in coalesced buckets.
+    """Sum the gradients of `parameters` over the data-parallel ranks, in coalesced buckets.
 
     A SUM, not paddle.DataParallel's average: with global denominators (algorithms.aggregate_loss) each rank's loss
     is its share of the whole-batch loss, so the whole-batch gradient is the sum of the ranks' gradients. Called
     explicitly after the micro-batches instead of wrapping the model in paddle.DataParallel, whose reducer only
     fires through the wrapper's forward, while log-probs are computed from the decoder and LM head directly.
-    Tensor-parallel shards are summed within their DP group only (each TP rank owns different weights)."""
+    Tensor-parallel shards are summed within their DP group only (each TP rank owns different weights).
+    Under sharding each gradient is reduced to the sharding rank that owns the parameter (fleet's
+    `reduce_gradients`, which averages: the gradients are scaled up by the sharding degree first, exact for powers
+    of two) and then summed over fleet's data axis; other ranks' copies of it are stale afterwards."""
     if data_parallel_world() == 1:
         return
     from paddle.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients_with_group
 
-    fused_allreduce_gradients_with_group([p for p in parameters if not p.stop_gradient], group=_dp_group(),
-                                         scale=1.0)
+    parameters = [p for p in parameters if not p.stop_gradient]
+    opt = _state["sharding_optimizer"]
+    if opt is not None:
+        with paddle.no_grad():
+            for p in parameters:
+                if p.grad is not None:
+                    p.grad.scale_(float(sharding_world()))
+        opt.reduce_gradients(parameters, _hcg())
+        parameters = _owned(parameters)
+        if _hcg().get_data_parallel_world_size() == 1:
+            return
+        group = _hcg().get_data_parallel_group()
+    else:
+        group = _dp_group()
+    fused_allreduce_gradients_with_group(parameters, group=group, scale=1.0)
 
 
 def global_grad_norm(parameters):
     """L2 norm of the whole model's gradient: tensor-parallel shards (`is_distributed`) are summed over the TP
-    group, replicated parameters (norms, and everything without TP) counted once. Call after `sum_gradients`."""
-    sharded, replicated = [], []
-    for p in parameters:
+    group, replicated parameters (norms, and everything without TP) counted once; under sharding each rank counts
+    the parameters it owns and the sums are added over the sharding group. Call after `sum_gradients`."""
+    sums = np.zeros(2)  # [tensor-parallel shards, replicated]
+    for p in _owned(list(parameters)):
         if p.grad is not None:
-            (sharded if getattr(p, "is_distributed", False) else replicated).append(
+            sums[0 if getattr(p, "is_distributed", False) else 1] += float(
                 paddle.sum(paddle.square(p.grad.astype("float32"))))
-    local = float(paddle.add_n(sharded)) if sharded else 0.0
-    if sharded and tensor_parallel_world() > 1:
-        t = paddle.to_tensor([local], dtype="float32")
-        dist.all_reduce(t, group=_tp_group())
-        local = float(t.item())
-    return float(np.sqrt(local + (float(paddle.add_n(replicated)) if replicated else 0.0)))
+    if sharding_world() > 1:
+        sums = _all_reduce(sums, _hcg().get_sharding_parallel_group())
+    if tensor_parallel_world() > 1:
+        sums[0] = _all_reduce(sums[:1], _tp_group())[0]
+    return float(np.sqrt(sums.sum()))
+
+
+def _all_reduce(values, group):
+    t = paddle.to_tensor(np.asarray(values, dtype=np.float64))
+    dist.all_reduce(t, group=group)
+    return t.numpy()
+
+
+def optimizer_shard():
+    """Which part of the optimizer state this rank holds, as {axis: rank} for each axis that splits it ("tp",
+    "sharding"; empty: the whole state), and whether this rank is the one replica that saves it (fleet's data axis
+    replicates every part)."""
+    shard = {}
+    if tensor_parallel_world() > 1:
+        shard["tp"] = tensor_parallel_rank()
+    if sharding_world() > 1:
+        shard["sharding"] = sharding_rank()
+    saves = (_hcg().get_data_parallel_rank() == 0) if _hcg() else rank() == 0
+    return shard, saves
 
 
 def broadcast_object(obj, src=0):

@@ -124,12 +124,12 @@ class Trainer:
         self.scheduler = paddle.optimizer.lr.LambdaDecay(cfg.learning_rate,
                                                          lr_lambda(cfg.lr_scheduler_type, warmup, total_opt_steps))
         decay = parameters_by_decay(self.model)
-        self.optimizer = paddle.optimizer.AdamW(
+        self.optimizer = dist.wrap_optimizer(paddle.optimizer.AdamW(
             learning_rate=self.scheduler,
             parameters=trainable_parameters(self.model) if cfg.lora else self.model.parameters(),
             weight_decay=cfg.weight_decay,
             beta1=cfg.adam_beta1, beta2=cfg.adam_beta2, epsilon=cfg.adam_epsilon,
-            apply_decay_param_fun=lambda name: name in decay)  # clipping: _clip_gradients (TP-aware norm)
+            apply_decay_param_fun=lambda name: name in decay))  # clipping: _clip_gradients (TP-aware norm)
 
         self.step = 0
         self.nonfinite_in_a_row = 0
@@ -541,14 +541,16 @@ class Trainer:
 
     def save(self):
         """Every rank calls this: rank 0 writes; under tensor parallelism the shards of data-parallel rank 0's
-        group are merged (a collective) and each of its TP ranks writes its optimizer shard."""
+        group are merged (a collective); each part of the optimizer state (per TP rank, per sharding rank) is
+        written by one of the ranks that hold it."""
         full = not self.cfg.ignore_save_lr_and_optim
+        shard, saves = dist.optimizer_shard()
         path = ckpt.save_checkpoint(
             self.cfg.output_dir, self.step, self.model, self.tokenizer, trainer_state=self.trainer_state(),
             optimizer=self.optimizer, full=full, total_limit=self.cfg.save_total_limit,
             reference=self.reference if (self.cfg.sync_ref_model and full) else None,
-            writer=dist.is_main(), participant=self.rank == 0, tp_rank=dist.tensor_parallel_rank(),
-            tp_world=dist.tensor_parallel_world(), sync=dist.barrier)
+            writer=dist.is_main(), participant=self.rank == 0, tp_world=dist.tensor_parallel_world(),
+            optimizer_shard=shard, saves_optimizer=saves, sync=dist.barrier)
         if dist.is_main():
             logger.info("saved %s", path)
 
@@ -558,8 +560,8 @@ class Trainer:
         ckpt.load_weights(self.model, path, **shard)
         if self.reference is not None and os.path.isdir(os.path.join(path, ckpt.REFERENCE_DIR)):
             ckpt.load_weights(self.reference, os.path.join(path, ckpt.REFERENCE_DIR), **shard)
-        ckpt.load_optimizer_and_rng(path, self.optimizer, self.model, tp_rank=dist.tensor_parallel_rank(),
-                                    tp_world=dist.tensor_parallel_world())
+        ckpt.load_optimizer_and_rng(path, dist.inner_optimizer(self.optimizer), self.model,
+                                    shard=dist.optimizer_shard()[0])
         self.scheduler.set_state_dict(state["scheduler"])
         self.sampler.set_state_dict(state["sampler"])
         if self.normalizer is not None and state.get("normalizer"):

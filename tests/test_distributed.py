@@ -24,6 +24,66 @@ def test_collectives_are_the_identity_in_one_process():
     assert dist.broadcast_object([3]) == [3]
 
 
+def _cfg(**values):
+    from paddle_grpo.config import config_from_dict
+
+    return config_from_dict({"global_batch_size": 8, "rollout_n": 2, "per_device_train_batch_size": 2, **values})
+
+
+@pytest.mark.parametrize("world, values, expected", [
+    (2, {}, (2, 1, 1, 1)),
+    (2, {"sharding": "stage1"}, (1, 1, 1, 2)),
+    (4, {"sharding": "stage1", "sharding_parallel_degree": 2}, (2, 1, 1, 2)),
+    (8, {"sharding": "stage1", "tensor_parallel_degree": 2}, (1, 2, 1, 4)),
+    (8, {"sharding": "stage1", "sharding_parallel_degree": 2, "tensor_parallel_degree": 2}, (2, 2, 1, 2)),
+    (4, {"sharding_parallel_degree": 2}, (4, 1, 1, 1)),  # no `sharding` stage: the degree alone shards nothing
+])
+def test_hybrid_degrees(world, values, expected):
+    got = dist.hybrid_degrees(_cfg(**values), world)
+    assert (got["dp_degree"], got["mp_degree"], got["pp_degree"], got["sharding_degree"]) == expected
+    assert got["dp_degree"] * got["mp_degree"] * got["pp_degree"] * got["sharding_degree"] == world
+
+
+def test_hybrid_degrees_reject_a_sharding_degree_that_does_not_divide():
+    from paddle_grpo.config import ConfigError
+
+    with pytest.raises(ConfigError, match="sharding_parallel_degree"):
+        dist.hybrid_degrees(_cfg(sharding="stage1", sharding_parallel_degree=3), 4)
+
+
+def test_data_parallel_groups_are_the_data_and_sharding_axes_of_fleets_topology():
+    from paddle.distributed.fleet.base.topology import CommunicateTopology
+
+    # fleet's axis order: data, pipe, sharding, sep, model (model innermost: consecutive ranks share a model shard)
+    topo = CommunicateTopology(["data", "pipe", "sharding", "sep", "model"], [2, 1, 2, 1, 2])
+    assert dist.data_parallel_groups(topo) == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    for group in dist.data_parallel_groups(topo):  # one TP coordinate per group, every data x sharding pair once
+        coords = [topo.get_coord(r) for r in group]
+        assert len({c.model for c in coords}) == 1 and len({(c.data, c.sharding) for c in coords}) == 4
+    topo = CommunicateTopology(["data", "pipe", "sharding", "sep", "model"], [1, 1, 4, 1, 1])
+    assert dist.data_parallel_groups(topo) == [[0, 1, 2, 3]]
+    topo = CommunicateTopology(["data", "pipe", "sharding", "sep", "model"], [1, 1, 1, 1, 4])
+    assert dist.data_parallel_groups(topo) == [[0], [1], [2], [3]]
+
+
+def test_unsupported_layouts_name_their_key():
+    assert dist.unsupported_layout(_cfg(sharding="stage1", tensor_parallel_degree=2)) == []
+    problems = dist.unsupported_layout(_cfg(sharding="stage2", sharding_parallel_config="split_param"))
+    assert len(problems) == 2
+    assert problems[0].startswith("sharding: 'stage2' is not supported")
+    assert problems[1].startswith("sharding_parallel_config: 'split_param' is not supported")
+
+
+def test_optimizer_files_are_named_by_the_axes_that_split_the_state():
+    from paddle_grpo.checkpoint import optimizer_file
+
+    assert optimizer_file() == optimizer_file({}) == "optimizer.pdopt"
+    assert optimizer_file({"tp": 1}) == "optimizer.tp1.pdopt"
+    assert optimizer_file({"tp": 0, "sharding": 3}) == "optimizer.tp0.sharding3.pdopt"
+    shard, saves = dist.optimizer_shard()  # one process: the whole state, saved by it
+    assert shard == {} and saves
+
+
 def write_config(tmp_path, tiny_policy_dir, algorithm):
     rows = [{"src": f"<|im_start|>user\nWho is {n}?<|im_end|>\n<|im_start|>assistant\n<think>",
              "tgt": f"(1) {n} is a knight and a friend"} for n in NAMES]
@@ -163,3 +223,63 @@ def test_two_ranks_resume_exactly(tmp_path, tiny_policy_dir, repo_root):
     pa = paddle.load(str(tmp_path / "full" / "checkpoint-4" / "model_state.pdparams"))
     pb = paddle.load(str(tmp_path / "resumed" / "checkpoint-4" / "model_state.pdparams"))
     assert all(np.array_equal(pa[k].numpy(), pb[k].numpy()) for k in pa)
+
+
+def _metrics(path):
+    return {r["step"]: r for r in map(json.loads, open(path / "metrics.jsonl"))}
+
+
+def _params(path):
+    return {k: v.numpy() for k, v in paddle.load(str(path / "model_state.pdparams")).items()}
+
+
+@pytest.mark.e2e
+def test_sharding_stage1_equals_a_single_process_and_resumes_exactly(tmp_path, tiny_policy_dir, repo_root):
+    """sharding: stage1 on 2 ranks (each keeps the AdamW states of half the parameters): the same metrics and
+    parameters as one process; the two optimizer files together hold exactly the single process's state; resuming
+    at step 2 reproduces steps 3-4 bitwise."""
+    import shutil
+
+    cfg = write_config(tmp_path, tiny_policy_dir, "grpo")
+    run_rl = str(repo_root / "run_rl.py")
+    common = ["--max_steps", 4, "--save_steps", 2, "--lr_scheduler_type", "cosine", "--max_grad_norm", 0.05]
+    run([sys.executable, run_rl, str(cfg), "--output_dir", str(tmp_path / "one"), *map(str, common)], tmp_path)
+    sharded = [*common, "--sharding", "stage1"]
+    run(launch(run_rl, cfg, "--output_dir", tmp_path / "s1", *sharded, log_dir=tmp_path / "log1"), tmp_path)
+
+    one, s1 = _metrics(tmp_path / "one"), _metrics(tmp_path / "s1")
+    assert sorted(one) == sorted(s1) == [1, 2, 3, 4]
+    for step in one:
+        for key, value in one[step].items():
+            if not key.startswith("perf/"):
+                assert s1[step][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (step, key)
+    assert all(one[s]["train/grad_norm"] > 0.05 for s in one)  # clipping was active: the norm counts every shard
+    initial = {k: v.numpy() for k, v in paddle.load(os.path.join(tiny_policy_dir, "model_state.pdparams")).items()}
+    pa, pb = _params(tmp_path / "one" / "checkpoint-4"), _params(tmp_path / "s1" / "checkpoint-4")
+    moved = max(float(np.abs(pa[k] - initial[k]).max()) for k in pa)
+    diff = max(float(np.abs(pa[k] - pb[k]).max()) for k in pa)
+    assert moved > 1e-3 and diff < 2e-6, (moved, diff)
+
+    ckpt = tmp_path / "s1" / "checkpoint-4"
+    assert not (ckpt / "optimizer.pdopt").exists()
+    parts = [paddle.load(str(ckpt / f"optimizer.sharding{r}.pdopt")) for r in (0, 1)]
+    full = paddle.load(str(tmp_path / "one" / "checkpoint-4" / "optimizer.pdopt"))
+    moments = [{k for k in p if "moment" in k} for p in parts]
+    assert moments[0] and moments[1] and not moments[0] & moments[1]  # a partition of the parameters' states
+    assert moments[0] | moments[1] == {k for k in full if "moment" in k}
+    for part in parts:
+        for key in (k for k in part if "moment" in k):
+            np.testing.assert_allclose(part[key].numpy(), full[key].numpy(), rtol=1e-4, atol=1e-7)
+
+    (tmp_path / "resumed").mkdir()
+    shutil.copytree(tmp_path / "s1" / "checkpoint-2", tmp_path / "resumed" / "checkpoint-2")
+    run(launch(run_rl, cfg, "--output_dir", tmp_path / "resumed", "--resume_from_checkpoint", "true", *sharded,
+               log_dir=tmp_path / "log2"), tmp_path)
+    resumed = _metrics(tmp_path / "resumed")
+    assert sorted(resumed) == [3, 4]
+    for step in (3, 4):
+        for key, value in s1[step].items():
+            if not key.startswith("perf/"):
+                assert resumed[step][key] == value, (step, key)
+    pr = _params(tmp_path / "resumed" / "checkpoint-4")
+    assert all(np.array_equal(pb[k], pr[k]) for k in pb)
