@@ -60,8 +60,8 @@ def unsupported_layout(cfg):
     checks = (
         ("pipeline_parallel_degree", cfg.pipeline_parallel_degree, "pipeline parallelism is not wired yet"),
         ("sharding", cfg.sharding if cfg.sharding == "stage2" else "",
-         "stage2 (fleet's group_sharded_parallel) runs only on GPU/XPU and could not be tested here; stage1 "
-         "shards the optimizer states"),
+         ("stage2 (fleet's group_sharded_parallel) runs only on GPU/XPU and could not be tested here; stage1 "
+          "shards the optimizer states")),
         ("sharding_parallel_config", "split_param" if "split_param" in cfg.sharding_parallel_config.split() else "",
          "sharding V2 keeps gradients in main_grad, which the trainer's gradient path does not read"))
     return [f"{key}: {value!r} is not supported by this version of paddle_grpo ({why})"
@@ -126,7 +126,7 @@ def _serialise_group_creation():
     """gloo (CPU) fails intermittently when ranks create *disjoint* subgroups at the same time (fleet.init with
     4 processes: `pair.cc connect ... Connection refused` or a TIMEOUT); a barrier after each `new_group` orders
     them. fleet's topology code looks `new_group` up at call time, so replacing the module attribute suffices."""
-    import paddle.distributed.collective as collective
+    from paddle.distributed import collective
 
     original = collective.new_group
     if getattr(original, "_serialised", False):
@@ -417,7 +417,7 @@ def _c_split(tensor, group=None):
 
 def install_cpu_collectives():
     """Point fleet's tensor-parallel collectives at the gloo-capable PyLayers above (CPU only)."""
-    import paddle.distributed.collective as collective
+    from paddle.distributed import collective
     from paddle.distributed.fleet.layers.mpu import mp_ops
 
     replacements = {"_c_identity": _c_identity, "_mp_allreduce": _mp_allreduce, "_c_concat": _c_concat,

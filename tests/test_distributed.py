@@ -226,7 +226,7 @@ def test_two_ranks_resume_exactly(tmp_path, tiny_policy_dir, repo_root):
 
 
 def _metrics(path):
-    return {r["step"]: r for r in map(json.loads, open(path / "metrics.jsonl"))}
+    return {r["step"]: r for r in map(json.loads, (path / "metrics.jsonl").read_text().splitlines())}
 
 
 def _params(path):
