@@ -1,7 +1,7 @@
 """The quickstart: policy builder (paddle_grpo/quickstart.py), its data files, reward and config.
 
 The full learning run (build + 300 GRPO steps, ~3 minutes) is too slow for the suite; docs/quickstart.md has its
-numbers. Here the builder runs with a tiny SFT budget.
+numbers. Here the builder runs with a tiny SFT budget, and the default command once with 60 GRPO steps.
 """
 import importlib.util
 import json
@@ -113,3 +113,25 @@ def test_build_tool_passes_its_arguments(repo_root, monkeypatch, capsys):
     assert tool.main(["some/dir", "--seed", "7", "--max-steps", "5"]) == 0
     assert calls == [("some/dir", {"seed": 7, "max_steps": 5, "target_loss": None})]
     assert json.loads(capsys.readouterr().out) == {"ok": 1}
+
+
+@pytest.mark.e2e
+def test_the_default_command_learns(tmp_path, repo_root):
+    """`python run_rl.py configs/quickstart.yaml` shortened to 60 GRPO steps (about 1.5 minutes with the policy
+    build): held-out accuracy must rise clearly. Measured: 0.452 -> 0.642 at step 60 (1000 problems, standard
+    error of a difference about 2.2 points); a learning_rate 0 run stays within 0.47-0.52 (docs/quickstart.md)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(repo_root / "run_rl.py"), "configs/quickstart.yaml", "--max_steps", "60",
+           "--eval_steps", "60", "--actor_model_name_or_path", str(tmp_path / "policy"), "--output_dir", str(out),
+           "--logging_dir", str(out / "vdl_log")]
+    done = subprocess.run(cmd, cwd=repo_root, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
+    assert [s for s, _ in evals] == [0, 60]
+    (_, before), (_, after) = evals
+    assert 0.3 < before < 0.65, before  # the built policy has partial skill, as designed
+    assert after - before > 0.08, evals
