@@ -134,24 +134,28 @@ def _make_record(obj: Any, where: str, prompt_key: str, response_key: str, requi
     return record
 
 
-def _read_jsonl_file(path: str, prompt_key: str, response_key: str, require_response: bool) -> List[Dict[str, Any]]:
-    records = []
+def iter_json_lines(path: str, expected: str):
+    """Yield (`path:line`, parsed value) for each non-blank line of a JSONL file; a UTF-8 BOM on the first line is
+    accepted. Raises DataError naming the file and line for bytes that are not UTF-8 or text that is not JSON;
+    `expected` ends that message (what a line should hold)."""
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             where = f"{path}:{lineno}"
             try:
                 line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError as e:
-                raise DataError(f"{where}: not UTF-8 ({e}); expected a JSON object with key {prompt_key!r}") from None
+                raise DataError(f"{where}: not UTF-8 ({e}); expected {expected}") from None
             if not line.strip():
                 continue  # blank lines (e.g. a trailing newline) are skipped silently
             try:
-                obj = json.loads(line)
+                yield where, json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno}); expected one JSON object per "
-                                f"line with key {prompt_key!r}") from None
-            records.append(_make_record(obj, where, prompt_key, response_key, require_response))
-    return records
+                raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno}); expected {expected}") from None
+
+
+def _read_jsonl_file(path: str, prompt_key: str, response_key: str, require_response: bool) -> List[Dict[str, Any]]:
+    return [_make_record(obj, where, prompt_key, response_key, require_response)
+            for where, obj in iter_json_lines(path, f"one JSON object per line with key {prompt_key!r}")]
 
 
 def _read_parquet_file(path: str, prompt_key: str, response_key: str, require_response: bool) -> List[Dict[str, Any]]:

@@ -20,7 +20,6 @@ few-shot examples, and `<think>` prefixes (GSM8K prompts are plain chat turns). 
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -30,7 +29,7 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from paddle_grpo.convert import conversion_main  # noqa: E402
-from paddle_grpo.data import DataError, format_qwen_chat  # noqa: E402
+from paddle_grpo.data import DataError, format_qwen_chat, iter_json_lines  # noqa: E402
 
 INSTRUCTION = ("Solve the problem step by step. Then give the final answer as a plain number on its own last line, "
                "in the form \"#### <number>\".")
@@ -55,20 +54,12 @@ def build_prompt(question: str) -> str:
 
 def load_problems(path: str):
     out = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: invalid JSON ({e.msg}); expected keys 'question' and 'answer'") from None
-            for key in ("question", "answer"):
-                if not isinstance(obj, dict) or not isinstance(obj.get(key), str):
-                    raise DataError(f"{where}: key {key!r}: missing or not a string")
-            out.append({"src": [build_prompt(obj["question"])], "tgt": [gold_answer(obj["answer"], where)],
-                        "id": f"{os.path.basename(path)}:{lineno}"})
+    for where, obj in iter_json_lines(path, "a JSON object with keys 'question' and 'answer'"):
+        for key in ("question", "answer"):
+            if not isinstance(obj, dict) or not isinstance(obj.get(key), str):
+                raise DataError(f"{where}: key {key!r}: missing or not a string")
+        out.append({"src": [build_prompt(obj["question"])], "tgt": [gold_answer(obj["answer"], where)],
+                    "id": os.path.basename(where)})
     return out
 
 

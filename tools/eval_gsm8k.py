@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import math
 import os
 import re
@@ -45,7 +44,7 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from paddle_grpo.data import (CHAT_TEMPLATE_MODES, DataError, apply_chat_template, collate_prompts,  # noqa: E402
-                              special_token_ids, tokenize_prompts, write_jsonl)
+                              iter_json_lines, special_token_ids, tokenize_prompts, write_jsonl)
 
 TASK, VERSION, N_SHOT, METRIC = "gsm8k", 1, 0, "exact_match"
 INVALID = "[invalid]"
@@ -170,34 +169,21 @@ def load_examples(path, limit=None):
         raise DataError(f"{path}: data file not found")
     convert = _convert_gsm8k()
     examples = []
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if limit is not None and len(examples) >= limit:
-                break
-            where = f"{path}:{lineno}"
-            try:
-                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{where}: not UTF-8 ({e})") from None
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno}); expected one object per line "
-                                "with 'question'/'answer' (GSM8K) or 'src'/'tgt'") from None
-            if not isinstance(obj, dict) or not ({"question", "answer", "src", "tgt"} & set(obj)):
-                keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
-                raise DataError(f"{where}: expected 'question'/'answer' (GSM8K) or 'src'/'tgt' keys, got {keys}")
-            if "question" in obj or "answer" in obj:
-                prompt = convert.build_prompt(_text(obj, "question", where))
-                gold = convert.gold_answer(_text(obj, "answer", where), where)
-            else:
-                prompt, gold = _text(obj, "src", where), _text(obj, "tgt", where)
-                if not normalise(gold):
-                    raise DataError(f"{where}: key 'tgt': {gold!r} has no answer left after normalisation")
-            examples.append({"id": str(obj.get("id", f"{os.path.basename(path)}:{lineno}")), "prompt": prompt,
-                             "gold": gold})
+    for where, obj in iter_json_lines(path, "one object per line with 'question'/'answer' (GSM8K) or 'src'/'tgt'"):
+        if limit is not None and len(examples) >= limit:
+            break
+        if not isinstance(obj, dict) or not ({"question", "answer", "src", "tgt"} & set(obj)):
+            keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
+            raise DataError(f"{where}: expected 'question'/'answer' (GSM8K) or 'src'/'tgt' keys, got {keys}")
+        if "question" in obj or "answer" in obj:
+            prompt = convert.build_prompt(_text(obj, "question", where))
+            gold = convert.gold_answer(_text(obj, "answer", where), where)
+        else:
+            prompt, gold = _text(obj, "src", where), _text(obj, "tgt", where)
+            if not normalise(gold):
+                raise DataError(f"{where}: key 'tgt': {gold!r} has no answer left after normalisation")
+        examples.append({"id": str(obj.get("id", os.path.basename(where))), "prompt": prompt,
+                         "gold": gold})
     if not examples:
         raise DataError(f"{path}: no records (empty file or only blank lines)")
     return examples
