@@ -128,7 +128,8 @@ class ParallelArguments:
                                   gpu_only="needs fleet's tensor-parallel kernels, which have no CPU implementation")
     sharding_parallel_degree: int = arg(-1, "Sharding degree (-1: all data-parallel ranks).")
     sharding: str = arg("", "Sharding stage: stage1 or stage2 (empty: none).", choices=("", "stage1", "stage2"))
-    sharding_parallel_config: str = arg("", "Extra sharding options, space-separated (e.g. enable_release_grads).")
+    sharding_parallel_config: str = arg("", "Extra sharding options, space- or comma-separated (PaddleNLP's names; "
+                                            "docs/distributed.md says what each does here).")
     pipeline_parallel_degree: int = arg(1, "Pipeline parallel degree.")
     virtual_pp_degree: int = arg(1, "Virtual pipeline stages per pipeline rank.")
     rollout_tensor_parallel_degree: int = arg(-1, "Tensor-parallel degree used for generation (-1: same as training).")
@@ -559,6 +560,26 @@ def _default_device():
         return "cpu"
 
 
+# PaddleNLP's `sharding_parallel_config` options -> what they do here (None: what this trainer always does).
+SHARDING_OPTIONS = {
+    "enable_release_grads": None,  # gradients are released (not zeroed) after every optimizer step anyway
+    "enable_stage1_tensor_fusion": "a GPU communication optimisation; gradients are reduced parameter by parameter",
+    "enable_stage1_overlap": "a GPU communication optimisation; the reduction runs after the backward pass",
+    "enable_stage1_broadcast_overlap": "a GPU communication optimisation; parameters are broadcast after the step",
+    "enable_stage1_allgather_overlap": "applies to split_param (sharding V2), which is not supported",
+    "enable_stage2_overlap": "applies to sharding stage2, which is not supported",
+    "disable_stage1_reduce_avg": "gradients are summed with the trainer's own scaling (docs/distributed.md)",
+    "enable_fuse_optimizer_states": "fleet's stage1 optimizer does not support it",
+    "split_param": None,  # rejected at start-up with more than one process (distributed.unsupported_layout)
+}
+
+
+def sharding_options(cfg):
+    """The options in `sharding_parallel_config`, split as PaddleNLP splits them (by commas if any, else spaces)."""
+    text = cfg.sharding_parallel_config
+    return [x for x in (text.split(",") if "," in text else text.split(" ")) if x.strip()]
+
+
 def inert_key_messages(cfg, given, device):
     """One line per key set (file or command line) to a non-default value that has no effect on this run, and why.
 
@@ -570,6 +591,11 @@ def inert_key_messages(cfg, given, device):
         reason = meta["inert"] or (meta["gpu_only"] if device == "cpu" else None)
         if reason and getattr(cfg, key) != getattr(defaults, key):
             out.append(f"{where}: key '{key}' has no effect here: {reason}")
+    if "sharding_parallel_config" in given:
+        for option in sharding_options(cfg):
+            if SHARDING_OPTIONS.get(option.strip()):
+                out.append(f"{given['sharding_parallel_config']}: key 'sharding_parallel_config': option "
+                           f"'{option.strip()}' has no effect here: {SHARDING_OPTIONS[option.strip()]}")
     return out
 
 
@@ -634,6 +660,10 @@ def validate(cfg, given=None):
             fail(key, "must be -1 (automatic) or at least 1")
     if cfg.max_steps == 0 or cfg.max_steps < -1:
         fail("max_steps", "must be -1 (from num_train_epochs) or at least 1")
+    unknown = [x.strip() for x in sharding_options(cfg) if x.strip() not in SHARDING_OPTIONS]
+    if unknown:
+        fail("sharding_parallel_config", f"unknown option {unknown[0]!r}; the options are "
+                                         f"{', '.join(sorted(SHARDING_OPTIONS))}")
 
     # Combinations.
     if cfg.min_dec_len > cfg.max_dec_len:

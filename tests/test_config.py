@@ -397,3 +397,17 @@ def test_configuration_doc_is_generated_from_the_fields_and_current(repo_root):
     doc = (repo_root / "docs" / "configuration.md").read_text(encoding="utf-8")
     missing = [k for k in FIELDS if f"| `{k}` |" not in doc]
     assert missing == []
+
+
+def test_sharding_parallel_config_options_are_checked_and_explained(tmp_path, caplog):
+    with pytest.raises(ConfigError, match=r"key 'sharding_parallel_config' = 'enable_release_grad'.*unknown option "
+                                          r"'enable_release_grad'; the options are disable_stage1_reduce_avg"):
+        load_config(write(tmp_path, "sharding: stage1\nsharding_parallel_config: enable_release_grad\n"), device="cpu")
+    with caplog.at_level(logging.WARNING, logger="paddle_grpo.config"):
+        cfg = load_config(write(tmp_path, "sharding: stage1\nsharding_parallel_config: "
+                                          "enable_release_grads,enable_stage1_overlap\n"), device="gpu")
+    assert cfg.sharding_parallel_config == "enable_release_grads,enable_stage1_overlap"
+    lines = [r.getMessage() for r in caplog.records]
+    # enable_release_grads is what the trainer does anyway: no warning; the overlap option does nothing here.
+    assert len(lines) == 1 and lines[0].startswith(f"{tmp_path / 'cfg.yaml'}:2: key 'sharding_parallel_config': "
+                                                   "option 'enable_stage1_overlap' has no effect here")
