@@ -85,6 +85,12 @@ def decoder_start_id(model):
     return int(start)
 
 
+def encoder_input_ids(tokenizer, ids):
+    """A prompt's token ids as the encoder input: wrapped in the tokenizer's own special tokens, as in pre-training
+    (T5: `ids </s>`, BART: `<s> ids </s>`); tokenizers that add none (Qwen2's) leave them unchanged."""
+    return [int(i) for i in tokenizer.build_inputs_with_special_tokens(list(ids), None)]
+
+
 def pack_left(ids, mask):
     """Move each row's real tokens (mask 1) to the front, keeping their order. [bs, L] -> [bs, L] each."""
     order = paddle.argsort(1 - mask.astype("int64"), axis=-1, stable=True)
@@ -233,7 +239,8 @@ def build_summarization_policy(out_dir, train_datasets, *, arch="t5", seed=0, sf
     if sft_steps <= 0:
         return tokenizer, model
     encode_ = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    pairs = [(encode_(r["src"]), encode_(r["tgt"]) + [tokenizer.eos_token_id]) for r in records]
+    pairs = [(encoder_input_ids(tokenizer, encode_(r["src"])), encode_(r["tgt"]) + [tokenizer.eos_token_id])
+             for r in records]
     optimizer = paddle.optimizer.AdamW(learning_rate=sft_learning_rate, parameters=model.parameters(),
                                        weight_decay=0.0)
     rng = np.random.default_rng(seed)

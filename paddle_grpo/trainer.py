@@ -89,6 +89,7 @@ class Trainer:
         load = seq2seq.load_seq2seq_lm if enc_dec else load_causal_lm
         self._generate = seq2seq.generate if enc_dec else generate
         self._completion_logprobs = seq2seq.completion_logprobs if enc_dec else completion_logprobs
+        self._encoder_decoder = enc_dec
         self.model = load(cfg.actor_model_name_or_path, recompute=cfg.recompute, **shard)
         if cfg.lora:  # the reference is then self.model with its adapters disabled (_reference_logprobs)
             self.model = load_adapters(self.model, cfg.lora_path) if cfg.lora_path else apply_lora(
@@ -150,7 +151,9 @@ class Trainer:
             key = (id(records), i)
             if key not in self._token_cache:
                 text = apply_chat_template(records[i]["src"], self.tokenizer, mode=self.cfg.chat_template)
-                self._token_cache[key] = tokenize_prompts(self.tokenizer, [text])[0]
+                ids = tokenize_prompts(self.tokenizer, [text])[0]
+                self._token_cache[key] = seq2seq.encoder_input_ids(self.tokenizer, ids) if self._encoder_decoder \
+                    else ids
             token_lists.append(self._token_cache[key])
         collated = collate_prompts(token_lists, self.tokenizer.pad_token_id, self.cfg.max_prompt_len)
         return collated[0], collated[1]

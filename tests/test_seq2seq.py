@@ -12,6 +12,7 @@ import pytest
 
 from paddle_grpo import seq2seq
 from paddle_grpo.sampling import row_keys
+from paddle_grpo.tiny import build_tokenizer
 
 CORPUS = [
     "summarize: Researchers at the Ostley Guild have discovered a new species of snail near Morholm. The team was "
@@ -266,3 +267,24 @@ def test_generate_restores_training_mode_and_needs_eos(tiny):
     assert model.training
     with pytest.raises(ValueError, match="EOS"):
         seq2seq.generate(model, ids, mask, max_new_tokens=2, eos_token_ids=[])
+
+
+def test_encoder_inputs_carry_the_tokenizers_own_special_tokens(tmp_path):
+    """T5 was pre-trained on `ids </s>`: the encoder input must end with EOS exactly as PaddleNLP's tokenizer call
+    with special tokens builds it (a real T5Tokenizer on a locally trained sentencepiece model); Qwen2's tokenizer
+    adds nothing."""
+    import sentencepiece as spm
+    from paddlenlp.transformers import T5Tokenizer
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"summarise report {i} about the weather and the sea" for i in range(200)))
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "spiece"), vocab_size=40, pad_id=0,
+                                   eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
+    t5 = T5Tokenizer(str(tmp_path / "spiece.model"))
+    ids = t5("the weather report", add_special_tokens=False)["input_ids"]
+    got = seq2seq.encoder_input_ids(t5, ids)
+    assert got == t5("the weather report")["input_ids"] == ids + [t5.eos_token_id]
+
+    qwen = build_tokenizer(CORPUS, str(tmp_path / "qwen"), vocab_size=300)
+    ids = qwen("the weather report", add_special_tokens=False)["input_ids"]
+    assert seq2seq.encoder_input_ids(qwen, ids) == ids
