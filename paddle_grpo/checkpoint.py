@@ -39,26 +39,27 @@ def set_rng_state(state):
 
 def save_checkpoint(output_dir, step, model, tokenizer, *, trainer_state, optimizer=None, reference=None,
                     full=True, total_limit=-1, writer=True, participant=True, tp_rank=0, tp_world=1,
-                    sync=lambda: None):
+                    pp_rank=0, pp_world=1, optimizer_model=None, sync=lambda: None):
     """Write checkpoint-<step> atomically; returns its path. `full=False` saves only model and tokenizer.
 
     Called by every rank: `writer` (global rank 0) writes the files; `participant`s (the tensor-parallel ranks of
     data-parallel rank 0) take part in merging the model shards and each writes its optimizer shard; `sync` is a
-    barrier over all ranks."""
+    barrier over all ranks. Under pipeline parallelism (`pp_world > 1`) `model` is the full copy, which the writer
+    alone saves, and each stage's participant writes its optimizer state, keyed by `optimizer_model`'s names."""
     final = os.path.join(output_dir, f"checkpoint-{step}")
     tmp = os.path.join(output_dir, f".tmp-checkpoint-{step}")
     if writer:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
     sync()
-    if participant:
+    if participant and (writer or tp_world > 1):  # merging TP shards is a collective; otherwise one writer
         merge = {"merge_tensor_parallel": True} if tp_world > 1 else {}
         _unwrap(model).save_pretrained(tmp, is_main_process=writer, **merge)
         if reference is not None:
             _unwrap(reference).save_pretrained(os.path.join(tmp, REFERENCE_DIR), is_main_process=writer, **merge)
-        if full:
-            paddle.save(_rename_optimizer_state(optimizer.state_dict(), _param_names(model)),
-                        os.path.join(tmp, optimizer_file(tp_rank, tp_world)))
+    if participant and full:
+        paddle.save(_rename_optimizer_state(optimizer.state_dict(), _param_names(optimizer_model or model)),
+                    os.path.join(tmp, optimizer_file(tp_rank, tp_world, pp_rank, pp_world)))
     if writer:
         tokenizer.save_pretrained(tmp)
         if full:
@@ -67,8 +68,8 @@ def save_checkpoint(output_dir, step, model, tokenizer, *, trainer_state, optimi
     sync()
     if writer:
         with open(os.path.join(tmp, STATE_FILE), "w", encoding="utf-8") as f:
-            json.dump({"step": step, "full": full, "tensor_parallel_degree": tp_world, **trainer_state}, f,
-                      indent=2)
+            json.dump({"step": step, "full": full, "tensor_parallel_degree": tp_world,
+                       "pipeline_parallel_degree": pp_world, **trainer_state}, f, indent=2)
         if os.path.exists(final):  # re-saving the same step (e.g. after an interrupt): replace it whole
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -79,8 +80,11 @@ def save_checkpoint(output_dir, step, model, tokenizer, *, trainer_state, optimi
     return final
 
 
-def optimizer_file(tp_rank=0, tp_world=1):
-    """Optimizer states are per tensor-parallel shard: optimizer.pdopt, or optimizer.tp<r>.pdopt under TP."""
+def optimizer_file(tp_rank=0, tp_world=1, pp_rank=0, pp_world=1):
+    """Optimizer states are per tensor-parallel shard and pipeline stage: optimizer.pdopt, optimizer.tp<r>.pdopt
+    under TP, optimizer.pp<s>.pdopt under pipeline parallelism."""
+    if pp_world > 1:
+        return f"optimizer.pp{pp_rank}.pdopt"
     return OPTIMIZER_FILE if tp_world == 1 else f"optimizer.tp{tp_rank}.pdopt"
 
 
@@ -127,11 +131,12 @@ def load_trainer_state(path):
     return state
 
 
-def load_optimizer_and_rng(path, optimizer, model, tp_rank=0, tp_world=1):
-    file = os.path.join(path, optimizer_file(tp_rank, tp_world))
+def load_optimizer_and_rng(path, optimizer, model, tp_rank=0, tp_world=1, pp_rank=0, pp_world=1):
+    file = os.path.join(path, optimizer_file(tp_rank, tp_world, pp_rank, pp_world))
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{file} not found: the checkpoint was saved with another tensor_parallel_degree "
-                                "than this run's; resume with the same degree, or start a new run from its weights")
+                                "or pipeline_parallel_degree than this run's; resume with the same degrees, or "
+                                "start a new run from its weights")
     inverse = {v: k for k, v in _param_names(model).items()}
     optimizer.set_state_dict(_rename_optimizer_state(paddle.load(file), inverse))
     with open(os.path.join(path, RNG_FILE), "rb") as f:

@@ -41,25 +41,32 @@ def init(cfg):
     """Initialise the process groups for the configured layout; returns the data-parallel world size."""
     n = world_size()
     cfg.batch_geometry(n)  # raises ConfigError naming the keys when the batch does not split over n processes
+    check_pipeline_config(cfg)
     if n == 1 or _state["initialised"]:
         return data_parallel_world()
-    unsupported = [(k, v) for k, v in (("pipeline_parallel_degree", cfg.pipeline_parallel_degree),
-                                      ("sharding", cfg.sharding)) if v not in (1, "")]
+    unsupported = [(k, v) for k, v in (("sharding", cfg.sharding),) if v not in (1, "")]
     if unsupported:
         raise NotImplementedError(
             ", ".join(f"{k}: {v!r}" for k, v in unsupported) + " is not supported by this version of paddle_grpo "
-            "(data and tensor parallelism are); set pipeline_parallel_degree: 1 and sharding: ''. See "
-            "docs/distributed.md.")
-    if cfg.tensor_parallel_degree > 1:
+            "(data, tensor and pipeline parallelism are); set sharding: ''. See docs/distributed.md.")
+    if cfg.tensor_parallel_degree > 1 or cfg.pipeline_parallel_degree > 1:
         from paddle.distributed import fleet
 
+        cpu = not paddle.device.is_compiled_with_cuda()
+        pp = cfg.pipeline_parallel_degree
         strategy = fleet.DistributedStrategy()
-        strategy.hybrid_configs = {"dp_degree": n // cfg.tensor_parallel_degree,
-                                   "mp_degree": cfg.tensor_parallel_degree, "pp_degree": 1, "sharding_degree": 1}
+        strategy.hybrid_configs = {"dp_degree": n // (cfg.tensor_parallel_degree * pp),
+                                   "mp_degree": cfg.tensor_parallel_degree, "pp_degree": pp, "sharding_degree": 1}
+        if pp > 1:
+            _configure_pipeline(strategy, cfg, cpu)
+        if cpu and n > 2:
+            _serialise_new_group()
         fleet.init(is_collective=True, strategy=strategy)
         _state["hcg"] = fleet.get_hybrid_communicate_group()
-        if not paddle.device.is_compiled_with_cuda():
+        if cpu:
             install_cpu_collectives()
+            if pp > 1:
+                _install_cpu_pipeline()
     else:
         dist.init_parallel_env()
     _state["initialised"] = True
@@ -99,6 +106,18 @@ def model_load_kwargs():
     if tensor_parallel_world() == 1:
         return {}
     return {"tensor_parallel_degree": tensor_parallel_world(), "tensor_parallel_rank": tensor_parallel_rank()}
+
+
+def pipeline_parallel_world():
+    return _hcg().get_pipe_parallel_world_size() if _hcg() else 1
+
+
+def pipeline_stage():
+    return _hcg().get_stage_id() if _hcg() else 0
+
+
+def _pp_group():
+    return _hcg().get_pipe_parallel_group() if _hcg() else None
 
 
 # -------------------------------------------------------------------------------- data-parallel collectives
@@ -149,10 +168,12 @@ def sum_gradients(parameters):
 
 def global_grad_norm(parameters):
     """L2 norm of the whole model's gradient: tensor-parallel shards (`is_distributed`) are summed over the TP
-    group, replicated parameters (norms, and everything without TP) counted once. Call after `sum_gradients`."""
+    group, replicated parameters (norms, and everything without TP) counted once; under pipeline parallelism each
+    stage's sum of squares is summed over the pipeline group (a tied embedding's second copy left out). Call after
+    `sum_gradients`."""
     sharded, replicated = [], []
     for p in parameters:
-        if p.grad is not None:
+        if p.grad is not None and not getattr(p, "pipeline_duplicate", False):
             (sharded if getattr(p, "is_distributed", False) else replicated).append(
                 paddle.sum(paddle.square(p.grad.astype("float32"))))
     local = float(paddle.add_n(sharded)) if sharded else 0.0
@@ -160,7 +181,12 @@ def global_grad_norm(parameters):
         t = paddle.to_tensor([local], dtype="float32")
         dist.all_reduce(t, group=_tp_group())
         local = float(t.item())
-    return float(np.sqrt(local + (float(paddle.add_n(replicated)) if replicated else 0.0)))
+    total = local + (float(paddle.add_n(replicated)) if replicated else 0.0)
+    if pipeline_parallel_world() > 1:
+        t = paddle.to_tensor([total], dtype="float64")
+        dist.all_reduce(t, group=_pp_group())
+        total = float(t.item())
+    return float(np.sqrt(total))
 
 
 def broadcast_object(obj, src=0):
@@ -173,12 +199,15 @@ def broadcast_object(obj, src=0):
 
 
 def share_within_tensor_parallel_group(compute):
-    """`compute()` on the first rank of this tensor-parallel group, its result on every rank of the group (the
-    group's ranks hold the same data: one reward request per group, not one per rank)."""
-    if tensor_parallel_world() == 1:
+    """`compute()` on the first rank of this tensor-parallel (or pipeline) group, its result on every rank of the
+    group (the group's ranks hold the same data: one reward request per group, not one per rank)."""
+    if tensor_parallel_world() > 1:
+        group, first = _tp_group(), tensor_parallel_rank() == 0
+    elif pipeline_parallel_world() > 1:
+        group, first = _pp_group(), pipeline_stage() == 0
+    else:
         return compute()
-    group = _tp_group()
-    box = [compute() if tensor_parallel_rank() == 0 else None]
+    box = [compute() if first else None]
     dist.broadcast_object_list(box, src=group.ranks[0], group=group)
     return box[0]
 
@@ -325,3 +354,233 @@ def vocab_parallel():
     if tensor_parallel_world() == 1:
         return None
     return VocabParallel(_tp_group(), tensor_parallel_rank(), tensor_parallel_world())
+
+
+# ------------------------------------------------------------------------------------------ pipeline parallel
+
+def check_pipeline_config(cfg):
+    """Fail at start-up, naming the keys, on pipeline layouts this trainer or fleet cannot run."""
+    from .config import ConfigError
+
+    pp, vpp = cfg.pipeline_parallel_degree, cfg.virtual_pp_degree
+    if vpp > 1 and pp < 3:
+        raise ConfigError(f"virtual_pp_degree ({vpp}) > 1 needs pipeline_parallel_degree >= 3 (fleet's interleaved "
+                          f"scheduler); pipeline_parallel_degree is {pp}")
+    if pp == 1:
+        return
+    if cfg.tensor_parallel_degree > 1:
+        raise NotImplementedError(f"tensor_parallel_degree ({cfg.tensor_parallel_degree}) together with "
+                                  f"pipeline_parallel_degree ({pp}) is not supported; use one of them")
+    if cfg.lora:
+        raise NotImplementedError(f"lora: true with pipeline_parallel_degree ({pp}) is not supported")
+    if vpp > 1:
+        geo = cfg.batch_geometry(max(world_size(), cfg.tensor_parallel_degree * pp))
+        if geo.grad_accum_steps < pp:
+            raise ConfigError(
+                f"virtual_pp_degree ({vpp}) needs at least pipeline_parallel_degree ({pp}) micro-batches per "
+                f"optimizer step; global_mini_batch_size / data-parallel degree x rollout_n / "
+                f"per_device_train_batch_size ({cfg.per_device_train_batch_size}) gives {geo.grad_accum_steps}")
+
+
+def _configure_pipeline(strategy, cfg, cpu):
+    geo = cfg.batch_geometry(world_size())
+    # One pipeline call per mini-batch: its micro-batches are the trainer's micro-batches.
+    strategy.pipeline_configs = {"accumulate_steps": geo.grad_accum_steps,
+                                 "micro_batch_size": cfg.per_device_train_batch_size}
+    pp_configs = strategy.hybrid_configs["pp_configs"]
+    # The loss is already this micro-batch's share of the mini-batch loss (global denominators): fleet must not
+    # divide it by accumulate_steps. With delay_scale_loss fleet would instead scale the gradients in
+    # _optimizer_step, which the trainer never calls (it steps its own optimizer after summing over DP ranks).
+    pp_configs.delay_scale_loss = True
+    # Sequence lengths change every mini-batch: p2p shape metadata must not be reused across calls.
+    pp_configs.clear_every_step_cache = True
+    if cpu:
+        pp_configs.use_batch_p2p_comm = False  # batched isend/irecv need the calc stream gloo lacks
+
+
+def _serialise_new_group():
+    """On gloo, creating disjoint groups concurrently ([0,2] and [1,3]) races (`pair.cc connect ... refused`): a
+    barrier after each `new_group` serialises them. fleet's topology calls `paddle.distributed.new_group`."""
+    import paddle.distributed.collective as collective
+
+    original = collective.new_group
+    if getattr(original, "_serialised", False):
+        return
+
+    def new_group(*args, **kwargs):
+        group = original(*args, **kwargs)
+        dist.barrier()
+        return group
+
+    new_group._serialised = True
+    collective.new_group = new_group
+    dist.new_group = new_group
+
+
+def pipeline_pairs(ranks):
+    """The 2-rank groups a gloo pipeline of `ranks` (global ranks in stage order) routes its p2p through: each pair of
+    neighbouring stages, the last and the first included (the interleaved scheduler sends from the last stage to
+    the first). Empty for 2 stages (the pipeline group itself is a pair). Sorted, so every rank creates the same
+    groups in the same order."""
+    n = len(ranks)
+    if n <= 2:
+        return []
+    return sorted({tuple(sorted((ranks[i], ranks[(i + 1) % n]))) for i in range(n)})
+
+
+_pair_groups = {}
+
+
+def _install_cpu_pipeline():
+    """CPU stand-ins for fleet's pipeline: `ParallelEnv._device_id` (read by PipelineLayer, set only on CUDA/XPU
+    builds) and, for 3+ stages, p2p through 2-rank pair groups: ProcessGroupGloo draws one tag per op from a
+    per-group counter, so send/recv in a 3-rank group mismatch once two ranks' op histories differ (hangs)."""
+    import sys
+
+    from paddle.distributed.parallel import ParallelEnv
+
+    if not hasattr(ParallelEnv, "_device_id"):
+        ParallelEnv._device_id = 0
+    pp_group = _pp_group()
+    pairs = pipeline_pairs(list(pp_group.ranks))
+    if not pairs:
+        return
+    for a, b in pairs:  # every rank creates every pair group, in the same order
+        _pair_groups[(a, b)] = dist.new_group([a, b])
+
+    def pair(group, peer):
+        if group is not None and group.id == pp_group.id:
+            return _pair_groups[tuple(sorted((rank(), peer)))]
+        return group
+
+    # The package re-exports functions named like these modules, so fetch the modules themselves.
+    send_mod = sys.modules["paddle.distributed.communication.send"]
+    recv_mod = sys.modules["paddle.distributed.communication.recv"]
+    dist.send = lambda tensor, dst=0, group=None, sync_op=True: send_mod.send(tensor, dst, pair(group, dst), sync_op)
+    dist.recv = lambda tensor, src=0, group=None, sync_op=True: recv_mod.recv(tensor, src, pair(group, src), sync_op)
+    dist.isend = lambda tensor, dst, group=None: send_mod.isend(tensor, dst, pair(group, dst))
+    dist.irecv = lambda tensor, src=None, group=None: recv_mod.irecv(tensor, src, pair(group, src))
+
+
+def stage_chunks(num_layers, pp, vpp=1):
+    """Which decoder layers each pipeline stage holds, as PaddleNLP's Qwen2ForCausalLMPipe splits them.
+
+    The pipe is a list of `num_layers + 3` items (embedding, decoders, final norm, LM head) cut by fleet's
+    SegmentLayers into `pp * vpp` chunks with equal numbers of decoder layers (PaddleNLP falls back to equal
+    numbers of items when `num_layers % pp`); chunk c runs on stage `c % pp`. Returns {stage: [[item indices of
+    one chunk], ...]} with item 0 the embedding and item `num_layers + 2` the LM head."""
+    from paddle.distributed.fleet.meta_parallel.parallel_layers.pp_layers import SegmentLayers
+
+    items = [type("Qwen2EmbeddingPipe", (), {})] + [type("Qwen2DecoderLayerPipe", (), {})] * num_layers + [
+        type("Qwen2RMSNormPipe", (), {}), type("Qwen2LMHeadPipe", (), {})]
+    method = "layer:Qwen2DecoderLayer" if num_layers % pp == 0 else "uniform"
+    bounds = SegmentLayers(items, num_parts=pp, method=method,
+                           num_virtual_pipeline_stage=vpp if vpp > 1 else None).do_segment()
+    chunks = {s: [] for s in range(pp)}
+    for c in range(len(bounds) - 1):
+        chunks[c % pp].append(list(range(bounds[c], bounds[c + 1])))
+    return chunks
+
+
+def expected_owner(name, num_layers, pp, vpp=1):
+    """The pipeline stage that holds the full model's parameter `name` (`qwen2.layers.3.mlp.up_proj.weight`, ...)
+    under `stage_chunks`; a tied embedding counts as the first stage's."""
+    if name.startswith("qwen2.embed_tokens."):
+        item = 0
+    elif name.startswith("qwen2.layers."):
+        item = int(name.split(".")[2]) + 1
+    elif name.startswith("qwen2.norm."):
+        item = num_layers + 1
+    else:
+        item = num_layers + 2
+    return next(s for s, chunks in stage_chunks(num_layers, pp, vpp).items() for c in chunks if item in c)
+
+
+def merge_owners(per_stage):
+    """{name: owning stage} from each stage's list of parameter names (index = stage); a name two stages hold
+    (the tied embedding) belongs to the first."""
+    owners = {}
+    for stage, names in enumerate(per_stage):
+        for name in names:
+            owners.setdefault(name, stage)
+    return owners
+
+
+class Pipeline:
+    """This rank's stage of the policy as PaddleNLP's pipeline model, trained through fleet's 1F1B (or interleaved)
+    scheduler; the trainer's full (non-pipeline) copy of the policy generates and scores, and gets the trained
+    weights by `copy_to` after every optimizer step."""
+
+    def __init__(self, full_model, virtual_pp_degree=1):
+        from paddle.distributed import fleet
+        from paddlenlp.transformers import AutoModelForCausalLMPipe
+
+        from .config import ConfigError
+
+        config = full_model.config
+        pp = pipeline_parallel_world()
+        if virtual_pp_degree > 1 and config.num_hidden_layers % (pp * virtual_pp_degree):
+            raise ConfigError(f"the policy's {config.num_hidden_layers} layers do not split into "
+                              f"pipeline_parallel_degree ({pp}) x virtual_pp_degree ({virtual_pp_degree}) chunks")
+        config = type(config).from_dict(config.to_dict())
+        config.pipeline_parallel_degree = pp
+        config.virtual_pp_degree = virtual_pp_degree
+        self.layers = AutoModelForCausalLMPipe.from_config(config, dtype="float32")
+        own = self.layers.state_dict()
+        full = full_model.state_dict()
+        self.layers.set_state_dict({k: full[k] for k in own})
+        gathered = []
+        dist.all_gather_object(gathered, sorted(own), group=_pp_group())
+        self.owners = merge_owners(gathered)
+        # A tied embedding lives on the first and the last stage (fleet all-reduces its gradient): in the gradient
+        # norm only the first stage's copy counts.
+        for comm in getattr(self.layers, "shared_comm", {}).values():
+            if rank() != min(comm["ranks"]):
+                for attr in comm["weight_attr"]:
+                    getattr(comm["layer"], attr).pipeline_duplicate = True
+        self.model = fleet.distributed_model(self.layers)
+
+    def parameters(self):
+        return self.layers.parameters()
+
+    @property
+    def is_last_stage(self):
+        return pipeline_stage() == pipeline_parallel_world() - 1
+
+    def forward_backward(self, inputs, labels, loss_fn):
+        """Forward and backward of one mini-batch split into fleet's micro-batches. `inputs`: the first stage's
+        tuple (input_ids, attention_mask, None, position_ids), each [n, S]; `labels`: the last stage's tuple of
+        [n, ...] tensors (or None) handed, sliced per micro-batch, to `loss_fn(logits [mb, S, V], labels)`, whose
+        loss is backpropagated unscaled."""
+        self.layers._loss_fn = [loss_fn]
+        # What PipelineParallel._prepare_training does besides taking fleet's optimizer, which this trainer does
+        # not use (it sums gradients over data ranks and clips by the global norm itself).
+        self.model.set_virtual_pipeline_rank(0)
+        self.model.loss_fn_idx = 0
+        self.layers.train()
+        self.model.forward_backward_pipeline([inputs, labels], None)
+
+    def from_last_stage(self, values):
+        """A float64 array computed on the last stage, on every stage."""
+        t = paddle.to_tensor(np.asarray(values, dtype=np.float64))
+        group = _pp_group()
+        dist.broadcast(t, src=group.ranks[-1], group=group)
+        return t.numpy()
+
+    @paddle.no_grad()
+    def copy_to(self, full_model):
+        """Every parameter of `full_model` from the stage that owns it (a broadcast over the pipeline group)."""
+        own = self.layers.state_dict()
+        group = _pp_group()
+        stage = pipeline_stage()
+        for name, param in sorted(full_model.state_dict().items()):
+            owner = self.owners[name]
+            if owner == stage:
+                param.set_value(own[name])
+            dist.broadcast(param, src=group.ranks[owner], group=group)
+
+    def load_from(self, full_model):
+        """This stage's parameters from `full_model` (after a resume loaded it)."""
+        own = self.layers.state_dict()
+        full = full_model.state_dict()
+        self.layers.set_state_dict({k: full[k] for k in own})
