@@ -485,13 +485,14 @@ def stage_chunks(num_layers, pp, vpp=1):
 def expected_owner(name, num_layers, pp, vpp=1):
     """The pipeline stage that holds the full model's parameter `name` (`qwen2.layers.3.mlp.up_proj.weight`, ...)
     under `stage_chunks`; a tied embedding counts as the first stage's."""
-    if name.startswith("qwen2.embed_tokens."):
+    parts = name.split(".")
+    if parts[1:2] == ["embed_tokens"]:
         item = 0
-    elif name.startswith("qwen2.layers."):
-        item = int(name.split(".")[2]) + 1
-    elif name.startswith("qwen2.norm."):
+    elif parts[1:2] == ["layers"]:
+        item = int(parts[2]) + 1
+    elif parts[1:2] == ["norm"]:
         item = num_layers + 1
-    else:
+    else:  # lm_head
         item = num_layers + 2
     return next(s for s, chunks in stage_chunks(num_layers, pp, vpp).items() for c in chunks if item in c)
 
@@ -532,6 +533,10 @@ class Pipeline:
         gathered = []
         dist.all_gather_object(gathered, sorted(own), group=_pp_group())
         self.owners = merge_owners(gathered)
+        expected = {k: expected_owner(k, config.num_hidden_layers, pp, virtual_pp_degree) for k in self.owners}
+        if expected != self.owners:  # the documented split (stage_chunks, unit-tested) must be fleet's
+            raise RuntimeError(f"fleet split the layers differently from stage_chunks: "
+                               f"{ {k: v for k, v in self.owners.items() if expected[k] != v} }")
         # A tied embedding lives on the first and the last stage (fleet all-reduces its gradient): in the gradient
         # norm only the first stage's copy counts.
         for comm in getattr(self.layers, "shared_comm", {}).values():
