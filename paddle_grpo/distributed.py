@@ -7,10 +7,14 @@ so the trainer is written once for any number of ranks. Under `python -m paddle.
   same model shard. Per-sequence data (rewards, masks) is gathered over the DP group, gradients are summed over it,
   and the tensor-parallel (TP) ranks of one group see identical data, sample identical completions (sampling.py
   keys by DP row) and share one reward request.
+- pipeline parallel (`pipeline_parallel_degree > 1`): fleet's hybrid topology again; the DP group is the ranks
+  holding the same stage. `Pipeline` trains this rank's stage of PaddleNLP's pipeline model through fleet's
+  scheduler and copies the weights into the trainer's full copy of the policy, which generates (docs/distributed.md).
 
 On CPU, fleet's tensor-parallel layers call collectives without CPU kernels (`c_identity`, calc-stream all-reduce;
 PLATFORM.md). `install_cpu_collectives` replaces exactly those with `PyLayer`s over `dist.all_reduce` /
-`dist.all_gather`, which gloo implements; it is used only when paddle has no CUDA device.
+`dist.all_gather`, which gloo implements; it is used only when paddle has no CUDA device. Fleet's pipeline needs
+three more CPU stand-ins (`_configure_pipeline`, `_install_cpu_pipeline`).
 """
 from __future__ import annotations
 
