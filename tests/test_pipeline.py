@@ -1,10 +1,12 @@
 """Pipeline parallelism: the plumbing in one process (layer split, owner map, p2p pair groups, config errors) and,
 on CPU with gloo, `--pipeline_parallel_degree 2` against a single-process run of the same config.
 
-Not run here: 3+ stages and `virtual_pp_degree` (fleet needs pp >= 3 for it; this machine has 2 cores). Their
-layer split and pair groups are checked below as plumbing only; the probe in docs/distributed.md ran them."""
+3+ stages and `virtual_pp_degree` (fleet needs pp >= 3 for it), and pp 2 x dp 2, need 3-4 processes on this 2-core
+machine: their plumbing (layer split, pair groups) is tested in one process, the runs themselves only with
+PADDLE_GRPO_SLOW_DIST=1."""
 import importlib.util
 import json
+import os
 import pathlib
 import shutil
 import sys
@@ -165,3 +167,81 @@ def test_two_stages_resume_exactly(tmp_path, tiny_policy_dir, repo_root):
     pa = paddle.load(str(tmp_path / "full" / "checkpoint-4" / "model_state.pdparams"))
     pb = paddle.load(str(tmp_path / "resumed" / "checkpoint-4" / "model_state.pdparams"))
     assert all(np.array_equal(pa[k].numpy(), pb[k].numpy()) for k in pa)
+
+
+# ----------------------------------------------------------------------- 3-4 processes (opt-in: slow on 2 cores)
+
+# Opt-in: 3-4 processes on 2 cores (~30 s each here) and fleet.init's occasional gloo failure with 3+ processes.
+SLOW = pytest.mark.skipif(os.environ.get("PADDLE_GRPO_SLOW_DIST") != "1",
+                          reason="3-4 gloo processes on a 2-core machine; PADDLE_GRPO_SLOW_DIST=1 runs them")
+
+
+def _launch_retrying(args, log_dir, cwd, nproc):
+    """fleet.init's gloo group creation with 3+ processes sometimes fails with `Connection refused` (seen in 1 of 3
+    starts); such a start is retried once, any other failure is not."""
+    cmd = launch(*args, log_dir=log_dir)
+    cmd[cmd.index("--nproc_per_node") + 1] = str(nproc)
+    try:
+        run(cmd, cwd)
+    except AssertionError:
+        logs = "".join(p.read_text(errors="replace") for p in pathlib.Path(log_dir).glob("workerlog.*"))
+        if "Connection refused" not in logs:
+            raise
+        shutil.rmtree(log_dir)
+        run(cmd, cwd)
+
+
+def _compare(one_dir, other_dir, rel, param_atol):
+    for a, b in zip(_metrics(one_dir), _metrics(other_dir)):
+        assert set(a) == set(b)
+        for key in a:
+            if not key.startswith("perf/"):
+                assert b[key] == pytest.approx(a[key], rel=rel, abs=1e-6), (a["step"], key)
+    pa = paddle.load(str(one_dir / "checkpoint-2" / "model_state.pdparams"))
+    pb = paddle.load(str(other_dir / "checkpoint-2" / "model_state.pdparams"))
+    diff = max(float((pa[k] - pb[k]).abs().max()) for k in pa)
+    assert diff < param_atol, diff
+
+
+def _policy6(tmp_path):
+    """The tests' tiny policy with 6 layers (3 stages x 2 virtual chunks of one layer)."""
+    from paddle_grpo.tiny import build_tiny_policy
+
+    spec = importlib.util.spec_from_file_location("_conftest_corpus", pathlib.Path(__file__).with_name("conftest.py"))
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    path = tmp_path / "policy6"
+    build_tiny_policy(str(path), conftest.TINY_CORPUS, vocab_size=320, seed=0, num_layers=6)
+    return str(path)
+
+
+@pytest.mark.e2e
+@SLOW
+@pytest.mark.parametrize("vpp", [1, 2])
+def test_three_stages_match_one_process(tmp_path, repo_root, vpp):
+    """pp 3 (p2p through the 2-rank pair groups) and pp 3 x virtual_pp_degree 2 (interleaved scheduler: 8
+    micro-batches of 2) on a 6-layer policy. Measured: metrics 1.2e-5 / 2.5e-7 relative, parameters 2.5e-5 /
+    7.9e-6."""
+    cfg = write_config(tmp_path, _policy6(tmp_path), "grpo")
+    run_rl = str(repo_root / "run_rl.py")
+    common = ["--max_grad_norm", 0.5, "--per_device_train_batch_size", 2, "--pipeline_parallel_degree", 3,
+              "--virtual_pp_degree", vpp]
+    run([sys.executable, run_rl, str(cfg), "--output_dir", str(tmp_path / "one"), *map(str, common[:4])], tmp_path)
+    _launch_retrying([run_rl, cfg, "--output_dir", tmp_path / "pp", *common], tmp_path / "log", tmp_path, 3)
+    _compare(tmp_path / "one", tmp_path / "pp", rel=2e-5, param_atol=6e-5)
+
+
+@pytest.mark.e2e
+@SLOW
+def test_two_stages_times_two_data_ranks_match_two_data_ranks(tmp_path, tiny_policy_dir, repo_root):
+    """pp 2 x dp 2 (4 processes; the DP group is the ranks of one stage) against plain dp 2. Against one process
+    they differ once global_mini_batch_size < global_batch_size: a data-parallel mini-batch is the k-th slice of
+    every rank's share, not the k-th slice of the global batch. Measured: metrics 1.3e-5 relative, parameters
+    1.4e-5."""
+    cfg = write_config(tmp_path, tiny_policy_dir, "grpo")
+    run_rl = str(repo_root / "run_rl.py")
+    common = ["--global_mini_batch_size", 2, "--max_grad_norm", 0.5]
+    run(launch(run_rl, cfg, "--output_dir", tmp_path / "dp", *common, log_dir=tmp_path / "log_dp"), tmp_path)
+    _launch_retrying([run_rl, cfg, "--output_dir", tmp_path / "pp", "--pipeline_parallel_degree", 2, *common],
+                     tmp_path / "log", tmp_path, 4)
+    _compare(tmp_path / "dp", tmp_path / "pp", rel=2e-5, param_atol=3e-5)
