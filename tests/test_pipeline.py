@@ -102,15 +102,30 @@ def test_one_process_refuses_two_stages(tmp_path, tiny_policy_dir):
 
 # ------------------------------------------------------------------------------------- 2 processes (gloo)
 
+def _tiny_policy(tmp_path, **model_kwargs):
+    """The tests' tiny policy (conftest.tiny_policy_dir) with other model options."""
+    from paddle_grpo.tiny import build_tiny_policy
+
+    spec = importlib.util.spec_from_file_location("_conftest_corpus", pathlib.Path(__file__).with_name("conftest.py"))
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    path = tmp_path / "policy"
+    build_tiny_policy(str(path), conftest.TINY_CORPUS, vocab_size=320, seed=0, **model_kwargs)
+    return str(path)
+
+
 def _metrics(path):
     return [json.loads(line) for line in open(path / "metrics.jsonl")]
 
 
 @pytest.mark.e2e
-def test_two_stages_match_one_process(tmp_path, tiny_policy_dir, repo_root):
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_two_stages_match_one_process(tmp_path, tiny_policy_dir, repo_root, tied):
     """GRPO with the KL loss, 2 mini-batches per step (old log-probs from the synced full copy, a weight copy
-    between optimizer steps) and clipping by the norm summed over both stages."""
-    cfg = write_config(tmp_path, tiny_policy_dir, "grpo")
+    between optimizer steps) and clipping by the norm summed over both stages. Tied embeddings: the embedding lives
+    on both stages (fleet all-reduces its gradient) and counts once in the gradient norm."""
+    policy = _tiny_policy(tmp_path, tie_word_embeddings=True) if tied else tiny_policy_dir
+    cfg = write_config(tmp_path, policy, "grpo")
     run_rl = str(repo_root / "run_rl.py")
     common = ["--global_mini_batch_size", 2, "--max_grad_norm", 0.5]
     run([sys.executable, run_rl, str(cfg), "--output_dir", str(tmp_path / "one"), *map(str, common)], tmp_path)
@@ -132,10 +147,10 @@ def test_two_stages_match_one_process(tmp_path, tiny_policy_dir, repo_root):
     pa = paddle.load(str(tmp_path / "one" / "checkpoint-2" / "model_state.pdparams"))
     pb = paddle.load(str(ckpt / "model_state.pdparams"))  # the merged full copy
     assert set(pa) == set(pb)
-    initial = paddle.load(str(tiny_policy_dir) + "/model_state.pdparams")
+    initial = paddle.load(os.path.join(policy, "model_state.pdparams"))
     moved = max(float((pa[k] - initial[k]).abs().max()) for k in pa)
     diff = max(float((pa[k] - pb[k]).abs().max()) for k in pa)
-    # Measured 3.3e-6 here (1.4e-5 with one mini-batch per step): the pipeline's LM head sees every position, so
+    # Measured 3.3e-6 here, tied 4.3e-6 (1.4e-5 with one mini-batch per step): the LM head sees every position, so
     # gradients differ by float rounding, which Adam turns into up to lr-sized steps on the few embedding rows whose
     # gradient is ~1e-10 (below adam_epsilon). One process with PADDLE_GRPO_FAST=0 differs from itself by 5.7e-6.
     assert moved > 3e-3 and diff < 3e-5, (moved, diff)
@@ -203,16 +218,6 @@ def _compare(one_dir, other_dir, rel, param_atol):
     assert diff < param_atol, diff
 
 
-def _policy6(tmp_path):
-    """The tests' tiny policy with 6 layers (3 stages x 2 virtual chunks of one layer)."""
-    from paddle_grpo.tiny import build_tiny_policy
-
-    spec = importlib.util.spec_from_file_location("_conftest_corpus", pathlib.Path(__file__).with_name("conftest.py"))
-    conftest = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conftest)
-    path = tmp_path / "policy6"
-    build_tiny_policy(str(path), conftest.TINY_CORPUS, vocab_size=320, seed=0, num_layers=6)
-    return str(path)
 
 
 @pytest.mark.e2e
@@ -222,7 +227,7 @@ def test_three_stages_match_one_process(tmp_path, repo_root, vpp):
     """pp 3 (p2p through the 2-rank pair groups) and pp 3 x virtual_pp_degree 2 (interleaved scheduler: 8
     micro-batches of 2) on a 6-layer policy. Measured: metrics 1.2e-5 / 2.5e-7 relative, parameters 2.5e-5 /
     7.9e-6."""
-    cfg = write_config(tmp_path, _policy6(tmp_path), "grpo")
+    cfg = write_config(tmp_path, _tiny_policy(tmp_path, num_layers=6), "grpo")  # 3 stages x 2 chunks of 1 layer
     run_rl = str(repo_root / "run_rl.py")
     common = ["--max_grad_norm", 0.5, "--per_device_train_batch_size", 2, "--pipeline_parallel_degree", 3,
               "--virtual_pp_degree", vpp]
