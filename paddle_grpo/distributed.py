@@ -216,6 +216,18 @@ def share_within_tensor_parallel_group(compute):
     return box[0]
 
 
+def from_first_stage(obj):
+    """`obj` of the first pipeline stage on every stage of this pipeline (identity without pipeline parallelism).
+    The stages sample with the same keys from identical weights; this makes their batches equal even where a
+    GPU's generation is not bitwise reproducible."""
+    if pipeline_parallel_world() == 1:
+        return obj
+    group = _pp_group()
+    box = [obj]
+    dist.broadcast_object_list(box, src=group.ranks[0], group=group)
+    return box[0]
+
+
 def barrier():
     if world_size() > 1:
         dist.barrier()

@@ -358,7 +358,7 @@ class Trainer:
         cfg, geo = self.cfg, self.geometry
         metrics = {}
         t_start = time.perf_counter()
-        b = self._collect(metrics)
+        b = dist.from_first_stage(self._collect(metrics))
         rewards, valid = self._shape_rewards(b, metrics)
 
         t0 = time.perf_counter()
