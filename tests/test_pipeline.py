@@ -202,6 +202,7 @@ def _launch_retrying(args, log_dir, cwd, nproc):
         logs = "".join(p.read_text(errors="replace") for p in pathlib.Path(log_dir).glob("workerlog.*"))
         if "Connection refused" not in logs:
             raise
+        print("retrying after fleet.init's gloo group creation failed (Connection refused)")
         shutil.rmtree(log_dir)
         run(cmd, cwd)
 
