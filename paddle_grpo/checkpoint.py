@@ -38,27 +38,29 @@ def set_rng_state(state):
 
 
 def save_checkpoint(output_dir, step, model, tokenizer, *, trainer_state, optimizer=None, reference=None,
-                    full=True, total_limit=-1, writer=True, participant=True, tp_world=1, optimizer_shard=None,
-                    saves_optimizer=True, sync=lambda: None):
+                    full=True, total_limit=-1, writer=True, participant=True, tp_world=1, pp_world=1,
+                    optimizer_shard=None, saves_optimizer=True, optimizer_model=None, sync=lambda: None):
     """Write checkpoint-<step> atomically; returns its path. `full=False` saves only model and tokenizer.
 
     Called by every rank: `writer` (global rank 0) writes the files; `participant`s (the tensor-parallel ranks of
     data-parallel rank 0) take part in merging the model shards; a rank with `saves_optimizer` writes the part of
-    the optimizer state it holds, `optimizer_shard` ({axis: rank}, see `optimizer_file`); `sync` is a barrier over
-    all ranks."""
+    the optimizer state it holds, `optimizer_shard` ({axis: rank}, see `optimizer_file`), keyed by the parameter
+    names of `optimizer_model` (default `model`); `sync` is a barrier over all ranks. Under pipeline parallelism
+    (`pp_world > 1`) `model` is the full copy, which the writer alone saves, and `optimizer_model` the stage's
+    pipeline layers."""
     final = os.path.join(output_dir, f"checkpoint-{step}")
     tmp = os.path.join(output_dir, f".tmp-checkpoint-{step}")
     if writer:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
     sync()
-    if participant:
+    if participant and (writer or tp_world > 1):  # merging TP shards is a collective; otherwise one writer
         merge = {"merge_tensor_parallel": True} if tp_world > 1 else {}
         _unwrap(model).save_pretrained(tmp, is_main_process=writer, **merge)
         if reference is not None:
             _unwrap(reference).save_pretrained(os.path.join(tmp, REFERENCE_DIR), is_main_process=writer, **merge)
     if full and saves_optimizer:
-        paddle.save(_rename_optimizer_state(optimizer.state_dict(), _param_names(model)),
+        paddle.save(_rename_optimizer_state(optimizer.state_dict(), _param_names(optimizer_model or model)),
                     os.path.join(tmp, optimizer_file(optimizer_shard)))
     if writer:
         tokenizer.save_pretrained(tmp)
@@ -68,8 +70,8 @@ def save_checkpoint(output_dir, step, model, tokenizer, *, trainer_state, optimi
     sync()
     if writer:
         with open(os.path.join(tmp, STATE_FILE), "w", encoding="utf-8") as f:
-            json.dump({"step": step, "full": full, "tensor_parallel_degree": tp_world, **trainer_state}, f,
-                      indent=2)
+            json.dump({"step": step, "full": full, "tensor_parallel_degree": tp_world,
+                       "pipeline_parallel_degree": pp_world, **trainer_state}, f, indent=2)
         if os.path.exists(final):  # re-saving the same step (e.g. after an interrupt): replace it whole
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -82,8 +84,8 @@ def save_checkpoint(output_dir, step, model, tokenizer, *, trainer_state, optimi
 
 def optimizer_file(shard=None):
     """The file of one part of the optimizer state: `optimizer.pdopt` for the whole state, else named by the
-    axes that split it, e.g. {"tp": 1} -> optimizer.tp1.pdopt, {"tp": 0, "sharding": 1} ->
-    optimizer.tp0.sharding1.pdopt."""
+    axes that split it, e.g. {"tp": 1} -> optimizer.tp1.pdopt, {"pp": 1} -> optimizer.pp1.pdopt,
+    {"tp": 0, "sharding": 1} -> optimizer.tp0.sharding1.pdopt."""
     if not shard:
         return OPTIMIZER_FILE
     return "optimizer." + ".".join(f"{axis}{r}" for axis, r in shard.items()) + ".pdopt"
@@ -133,12 +135,13 @@ def load_trainer_state(path):
 
 
 def load_optimizer_and_rng(path, optimizer, model, shard=None):
-    """Restore this rank's part of the optimizer state (`shard`, as saved) and the random generators."""
+    """Restore this rank's part of the optimizer state (`shard`, as saved; keyed by `model`'s parameter names) and
+    the random generators."""
     file = os.path.join(path, optimizer_file(shard))
     if not os.path.isfile(file):
-        raise FileNotFoundError(f"{file} not found: the checkpoint was saved with another tensor_parallel_degree "
-                                "or sharding degree than this run's; resume with the same degrees, or start a new "
-                                "run from its weights")
+        raise FileNotFoundError(f"{file} not found: the checkpoint was saved with another tensor_parallel_degree, "
+                                "pipeline_parallel_degree or sharding degree than this run's; resume with the same "
+                                "degrees, or start a new run from its weights")
     inverse = {v: k for k, v in _param_names(model).items()}
     optimizer.set_state_dict(_rename_optimizer_state(paddle.load(file), inverse))
     with open(os.path.join(path, RNG_FILE), "rb") as f:

@@ -3,18 +3,22 @@
 A single process (plain `python run_rl.py`) needs no initialisation: every collective here degrades to the identity,
 so the trainer is written once for any number of ranks. Under `python -m paddle.distributed.launch`:
 - data parallel only: `init_parallel_env`; the data-parallel (DP) group is the whole world;
-- tensor parallel (`tensor_parallel_degree > 1`) or sharding (`sharding: stage1`): fleet's hybrid topology. The
-  data-parallel (DP) group is every rank that holds the same model shard, i.e. fleet's data *and* sharding axes:
-  they all receive different prompts. Per-sequence data (rewards, masks) is gathered over the DP group, gradients
-  are summed over it, and the tensor-parallel (TP) ranks of one group see identical data, sample identical
-  completions (sampling.py keys by DP row) and share one reward request.
+- tensor parallel (`tensor_parallel_degree > 1`), sharding (`sharding: stage1`) or pipeline parallel
+  (`pipeline_parallel_degree > 1`): fleet's hybrid topology. The data-parallel (DP) group is every rank that holds
+  the same model shard and pipeline stage, i.e. fleet's data *and* sharding axes: they all receive different
+  prompts. Per-sequence data (rewards, masks) is gathered over the DP group, gradients are summed over it, and the
+  tensor-parallel (TP) ranks of one group see identical data, sample identical completions (sampling.py keys by DP
+  row) and share one reward request.
 - sharding stage1 (ZeRO-1, https://arxiv.org/abs/1910.02054): fleet's `DygraphShardingOptimizer` owns the AdamW
   states of a partition of the parameters on each sharding rank; gradients are reduced to their owner, the owner
   updates and broadcasts the parameter. `wrap_optimizer` builds it, `sum_gradients` / `global_grad_norm` follow it.
+- pipeline parallel: `Pipeline` trains this rank's stage of PaddleNLP's pipeline model through fleet's scheduler
+  and copies the weights into the trainer's full copy of the policy, which generates (docs/distributed.md).
 
 On CPU, fleet's tensor-parallel layers call collectives without CPU kernels (`c_identity`, calc-stream all-reduce;
 PLATFORM.md). `install_cpu_collectives` replaces exactly those with `PyLayer`s over `dist.all_reduce` /
-`dist.all_gather`, which gloo implements; it is used only when paddle has no CUDA device.
+`dist.all_gather`, which gloo implements; it is used only when paddle has no CUDA device. Fleet's pipeline needs
+three more CPU stand-ins (`_configure_pipeline`, `_install_cpu_pipeline`).
 """
 from __future__ import annotations
 
@@ -57,12 +61,16 @@ def hybrid_degrees(cfg, world):
 
 def unsupported_layout(cfg):
     """What of the configured parallel layout this version cannot run, one message per key (empty: all of it)."""
+    from .config import sharding_options
+
     checks = (
-        ("pipeline_parallel_degree", cfg.pipeline_parallel_degree, "pipeline parallelism is not wired yet"),
+        ("pipeline_parallel_degree", cfg.pipeline_parallel_degree if cfg.sharding else 1,
+         f"together with sharding: {cfg.sharding!r}; set sharding: '' for pipeline parallelism, or "
+         "pipeline_parallel_degree: 1 for sharding"),
         ("sharding", cfg.sharding if cfg.sharding == "stage2" else "",
          ("stage2 (fleet's group_sharded_parallel) runs only on GPU/XPU and could not be tested here; stage1 "
           "shards the optimizer states")),
-        ("sharding_parallel_config", "split_param" if "split_param" in cfg.sharding_parallel_config.split() else "",
+        ("sharding_parallel_config", "split_param" if "split_param" in sharding_options(cfg) else "",
          "sharding V2 keeps gradients in main_grad, which the trainer's gradient path does not read"))
     return [f"{key}: {value!r} is not supported by this version of paddle_grpo ({why})"
             for key, value, why in checks if value not in (1, "")]
@@ -72,13 +80,14 @@ def init(cfg):
     """Initialise the process groups for the configured layout; returns the data-parallel world size."""
     n = world_size()
     cfg.batch_geometry(n)  # raises ConfigError naming the keys when the batch does not split over n processes
+    check_pipeline_config(cfg)
     if n == 1 or _state["initialised"]:
         return data_parallel_world()
     problems = unsupported_layout(cfg)
     if problems:
         raise NotImplementedError("; ".join(problems) + ". See docs/distributed.md.")
     degrees = hybrid_degrees(cfg, n)
-    if degrees["mp_degree"] > 1 or degrees["sharding_degree"] > 1:
+    if degrees["mp_degree"] > 1 or degrees["sharding_degree"] > 1 or degrees["pp_degree"] > 1:
         from paddle.distributed import fleet
 
         cpu = not paddle.device.is_compiled_with_cuda()
@@ -86,11 +95,15 @@ def init(cfg):
             _serialise_group_creation()
         strategy = fleet.DistributedStrategy()
         strategy.hybrid_configs = dict(degrees)
+        if degrees["pp_degree"] > 1:
+            _configure_pipeline(strategy, cfg, cpu)
         fleet.init(is_collective=True, strategy=strategy)
         _state["hcg"] = fleet.get_hybrid_communicate_group()
         _state["data_group"] = _new_groups(data_parallel_groups(_state["hcg"].topology()))
         if cpu and degrees["mp_degree"] > 1:
             install_cpu_collectives()
+        if cpu and degrees["pp_degree"] > 1:
+            _install_cpu_pipeline()
     else:
         dist.init_parallel_env()
     _state["initialised"] = True
@@ -189,6 +202,18 @@ def model_load_kwargs():
     return {"tensor_parallel_degree": tensor_parallel_world(), "tensor_parallel_rank": tensor_parallel_rank()}
 
 
+def pipeline_parallel_world():
+    return _hcg().get_pipe_parallel_world_size() if _hcg() else 1
+
+
+def pipeline_stage():
+    return _hcg().get_stage_id() if _hcg() else 0
+
+
+def _pp_group():
+    return _hcg().get_pipe_parallel_group() if _hcg() else None
+
+
 # -------------------------------------------------------------------------------- data-parallel collectives
 
 def all_gather_object(obj):
@@ -280,16 +305,19 @@ def sum_gradients(parameters):
 def global_grad_norm(parameters):
     """L2 norm of the whole model's gradient: tensor-parallel shards (`is_distributed`) are summed over the TP
     group, replicated parameters (norms, and everything without TP) counted once; under sharding each rank counts
-    the parameters it owns and the sums are added over the sharding group. Call after `sum_gradients`."""
+    the parameters it owns and the sums are added over the sharding group; under pipeline parallelism over the
+    pipeline group (a tied embedding's second copy left out). Call after `sum_gradients`."""
     sums = np.zeros(2)  # [tensor-parallel shards, replicated]
     for p in _owned(list(parameters)):
-        if p.grad is not None:
+        if p.grad is not None and not getattr(p, "pipeline_duplicate", False):
             sums[0 if getattr(p, "is_distributed", False) else 1] += float(
                 paddle.sum(paddle.square(p.grad.astype("float32"))))
     if sharding_world() > 1:
         sums = _all_reduce(sums, _hcg().get_sharding_parallel_group())
     if tensor_parallel_world() > 1:
         sums[0] = _all_reduce(sums[:1], _tp_group())[0]
+    if pipeline_parallel_world() > 1:
+        sums = _all_reduce(sums, _pp_group())
     return float(np.sqrt(sums.sum()))
 
 
@@ -300,10 +328,12 @@ def _all_reduce(values, group):
 
 
 def optimizer_shard():
-    """Which part of the optimizer state this rank holds, as {axis: rank} for each axis that splits it ("tp",
+    """Which part of the optimizer state this rank holds, as {axis: rank} for each axis that splits it ("pp", "tp",
     "sharding"; empty: the whole state), and whether this rank is the one replica that saves it (fleet's data axis
     replicates every part)."""
     shard = {}
+    if pipeline_parallel_world() > 1:
+        shard["pp"] = pipeline_stage()
     if tensor_parallel_world() > 1:
         shard["tp"] = tensor_parallel_rank()
     if sharding_world() > 1:
@@ -322,12 +352,27 @@ def broadcast_object(obj, src=0):
 
 
 def share_within_tensor_parallel_group(compute):
-    """`compute()` on the first rank of this tensor-parallel group, its result on every rank of the group (the
-    group's ranks hold the same data: one reward request per group, not one per rank)."""
-    if tensor_parallel_world() == 1:
+    """`compute()` on the first rank of this tensor-parallel (or pipeline) group, its result on every rank of the
+    group (the group's ranks hold the same data: one reward request per group, not one per rank)."""
+    if tensor_parallel_world() > 1:
+        group, first = _tp_group(), tensor_parallel_rank() == 0
+    elif pipeline_parallel_world() > 1:
+        group, first = _pp_group(), pipeline_stage() == 0
+    else:
         return compute()
-    group = _tp_group()
-    box = [compute() if tensor_parallel_rank() == 0 else None]
+    box = [compute() if first else None]
+    dist.broadcast_object_list(box, src=group.ranks[0], group=group)
+    return box[0]
+
+
+def from_first_stage(obj):
+    """`obj` of the first pipeline stage on every stage of this pipeline (identity without pipeline parallelism).
+    The stages sample with the same keys from identical weights; this makes their batches equal even where a
+    GPU's generation is not bitwise reproducible."""
+    if pipeline_parallel_world() == 1:
+        return obj
+    group = _pp_group()
+    box = [obj]
     dist.broadcast_object_list(box, src=group.ranks[0], group=group)
     return box[0]
 
@@ -474,3 +519,219 @@ def vocab_parallel():
     if tensor_parallel_world() == 1:
         return None
     return VocabParallel(_tp_group(), tensor_parallel_rank(), tensor_parallel_world())
+
+
+# ------------------------------------------------------------------------------------------ pipeline parallel
+
+def check_pipeline_config(cfg):
+    """Fail at start-up, naming the keys, on pipeline layouts this trainer or fleet cannot run."""
+    from .config import ConfigError
+
+    pp, vpp = cfg.pipeline_parallel_degree, cfg.virtual_pp_degree
+    if vpp > 1 and pp < 3:
+        raise ConfigError(f"virtual_pp_degree ({vpp}) > 1 needs pipeline_parallel_degree >= 3 (fleet's interleaved "
+                          f"scheduler); pipeline_parallel_degree is {pp}")
+    if pp == 1:
+        return
+    if cfg.tensor_parallel_degree > 1:
+        raise NotImplementedError(f"tensor_parallel_degree ({cfg.tensor_parallel_degree}) together with "
+                                  f"pipeline_parallel_degree ({pp}) is not supported; use one of them")
+    if cfg.lora:
+        raise NotImplementedError(f"lora: true with pipeline_parallel_degree ({pp}) is not supported")
+    if vpp > 1:
+        geo = cfg.batch_geometry(max(world_size(), cfg.tensor_parallel_degree * pp))
+        if geo.grad_accum_steps < pp:
+            raise ConfigError(
+                f"virtual_pp_degree ({vpp}) needs at least pipeline_parallel_degree ({pp}) micro-batches per "
+                f"optimizer step; global_mini_batch_size / data-parallel degree x rollout_n / "
+                f"per_device_train_batch_size ({cfg.per_device_train_batch_size}) gives {geo.grad_accum_steps}")
+
+
+def _configure_pipeline(strategy, cfg, cpu):
+    geo = cfg.batch_geometry(world_size())
+    # One pipeline call per mini-batch: its micro-batches are the trainer's micro-batches.
+    strategy.pipeline_configs = {"accumulate_steps": geo.grad_accum_steps,
+                                 "micro_batch_size": cfg.per_device_train_batch_size}
+    pp_configs = strategy.hybrid_configs["pp_configs"]
+    # The loss is already this micro-batch's share of the mini-batch loss (global denominators): fleet must not
+    # divide it by accumulate_steps. With delay_scale_loss fleet would instead scale the gradients in
+    # _optimizer_step, which the trainer never calls (it steps its own optimizer after summing over DP ranks).
+    pp_configs.delay_scale_loss = True
+    # Sequence lengths change every mini-batch: p2p shape metadata must not be reused across calls.
+    pp_configs.clear_every_step_cache = True
+    if cpu:
+        pp_configs.use_batch_p2p_comm = False  # batched isend/irecv need the calc stream gloo lacks
+
+
+def pipeline_pairs(ranks):
+    """The 2-rank groups a gloo pipeline of `ranks` (global ranks in stage order) routes its p2p through: each pair of
+    neighbouring stages, the last and the first included (the interleaved scheduler sends from the last stage to
+    the first). Empty for 2 stages (the pipeline group itself is a pair). Sorted, so every rank creates the same
+    groups in the same order."""
+    n = len(ranks)
+    if n <= 2:
+        return []
+    return sorted({tuple(sorted((ranks[i], ranks[(i + 1) % n]))) for i in range(n)})
+
+
+_pair_groups = {}
+
+
+def _install_cpu_pipeline():
+    """CPU stand-ins for fleet's pipeline: `ParallelEnv._device_id` (read by PipelineLayer, set only on CUDA/XPU
+    builds) and, for 3+ stages, p2p through 2-rank pair groups: ProcessGroupGloo draws one tag per op from a
+    per-group counter, so send/recv in a 3-rank group mismatch once two ranks' op histories differ (hangs)."""
+    import sys
+
+    from paddle.distributed.parallel import ParallelEnv
+
+    if not hasattr(ParallelEnv, "_device_id"):
+        ParallelEnv._device_id = 0
+    pp_group = _pp_group()
+    pairs = pipeline_pairs(list(pp_group.ranks))
+    if not pairs:
+        return
+    for a, b in pairs:  # every rank creates every pair group, in the same order
+        _pair_groups[(a, b)] = dist.new_group([a, b])
+
+    def pair(group, peer):
+        if group is not None and group.id == pp_group.id:
+            return _pair_groups[tuple(sorted((rank(), peer)))]
+        return group
+
+    # The package re-exports functions named like these modules, so fetch the modules themselves.
+    send_mod = sys.modules["paddle.distributed.communication.send"]
+    recv_mod = sys.modules["paddle.distributed.communication.recv"]
+    dist.send = lambda tensor, dst=0, group=None, sync_op=True: send_mod.send(tensor, dst, pair(group, dst), sync_op)
+    dist.recv = lambda tensor, src=0, group=None, sync_op=True: recv_mod.recv(tensor, src, pair(group, src), sync_op)
+    dist.isend = lambda tensor, dst, group=None: send_mod.isend(tensor, dst, pair(group, dst))
+    dist.irecv = lambda tensor, src=None, group=None: recv_mod.irecv(tensor, src, pair(group, src))
+
+
+def stage_chunks(num_layers, pp, vpp=1):
+    """Which decoder layers each pipeline stage holds, as PaddleNLP's Qwen2ForCausalLMPipe splits them.
+
+    The pipe is a list of `num_layers + 3` items (embedding, decoders, final norm, LM head) cut by fleet's
+    SegmentLayers into `pp * vpp` chunks with equal numbers of decoder layers (PaddleNLP falls back to equal
+    numbers of items when `num_layers % pp`); chunk c runs on stage `c % pp`. Returns {stage: [[item indices of
+    one chunk], ...]} with item 0 the embedding and item `num_layers + 2` the LM head."""
+    from paddle.distributed.fleet.meta_parallel.parallel_layers.pp_layers import SegmentLayers
+
+    items = [type("Qwen2EmbeddingPipe", (), {})] + [type("Qwen2DecoderLayerPipe", (), {})] * num_layers + [
+        type("Qwen2RMSNormPipe", (), {}), type("Qwen2LMHeadPipe", (), {})]
+    method = "layer:Qwen2DecoderLayer" if num_layers % pp == 0 else "uniform"
+    bounds = SegmentLayers(items, num_parts=pp, method=method,
+                           num_virtual_pipeline_stage=vpp if vpp > 1 else None).do_segment()
+    chunks = {s: [] for s in range(pp)}
+    for c in range(len(bounds) - 1):
+        chunks[c % pp].append(list(range(bounds[c], bounds[c + 1])))
+    return chunks
+
+
+def expected_owner(name, num_layers, pp, vpp=1):
+    """The pipeline stage that holds the full model's parameter `name` (`qwen2.layers.3.mlp.up_proj.weight`, ...)
+    under `stage_chunks`; a tied embedding counts as the first stage's."""
+    parts = name.split(".")
+    if parts[1:2] == ["embed_tokens"]:
+        item = 0
+    elif parts[1:2] == ["layers"]:
+        item = int(parts[2]) + 1
+    elif parts[1:2] == ["norm"]:
+        item = num_layers + 1
+    else:  # lm_head
+        item = num_layers + 2
+    return next(s for s, chunks in stage_chunks(num_layers, pp, vpp).items() for c in chunks if item in c)
+
+
+def merge_owners(per_stage):
+    """{name: owning stage} from each stage's list of parameter names (index = stage); a name two stages hold
+    (the tied embedding) belongs to the first."""
+    owners = {}
+    for stage, names in enumerate(per_stage):
+        for name in names:
+            owners.setdefault(name, stage)
+    return owners
+
+
+class Pipeline:
+    """This rank's stage of the policy as PaddleNLP's pipeline model, trained through fleet's 1F1B (or interleaved)
+    scheduler; the trainer's full (non-pipeline) copy of the policy generates and scores, and gets the trained
+    weights by `copy_to` after every optimizer step."""
+
+    def __init__(self, full_model, virtual_pp_degree=1):
+        from paddle.distributed import fleet
+        from paddlenlp.transformers import AutoModelForCausalLMPipe
+
+        from .config import ConfigError
+
+        config = full_model.config
+        pp = pipeline_parallel_world()
+        if virtual_pp_degree > 1 and config.num_hidden_layers % (pp * virtual_pp_degree):
+            raise ConfigError(f"the policy's {config.num_hidden_layers} layers do not split into "
+                              f"pipeline_parallel_degree ({pp}) x virtual_pp_degree ({virtual_pp_degree}) chunks")
+        config = type(config).from_dict(config.to_dict())
+        config.pipeline_parallel_degree = pp
+        config.virtual_pp_degree = virtual_pp_degree
+        self.layers = AutoModelForCausalLMPipe.from_config(config, dtype="float32")
+        own = self.layers.state_dict()
+        full = full_model.state_dict()
+        self.layers.set_state_dict({k: full[k] for k in own})
+        gathered = []
+        dist.all_gather_object(gathered, sorted(own), group=_pp_group())
+        self.owners = merge_owners(gathered)
+        expected = {k: expected_owner(k, config.num_hidden_layers, pp, virtual_pp_degree) for k in self.owners}
+        if expected != self.owners:  # the documented split (stage_chunks, unit-tested) must be fleet's
+            raise RuntimeError(f"fleet split the layers differently from stage_chunks: "
+                               f"{ {k: v for k, v in self.owners.items() if expected[k] != v} }")
+        # A tied embedding lives on the first and the last stage (fleet all-reduces its gradient): in the gradient
+        # norm only the first stage's copy counts.
+        for comm in getattr(self.layers, "shared_comm", {}).values():
+            if rank() != min(comm["ranks"]):
+                for attr in comm["weight_attr"]:
+                    getattr(comm["layer"], attr).pipeline_duplicate = True
+        self.model = fleet.distributed_model(self.layers)
+
+    def parameters(self):
+        return self.layers.parameters()
+
+    @property
+    def is_last_stage(self):
+        return pipeline_stage() == pipeline_parallel_world() - 1
+
+    def forward_backward(self, inputs, labels, loss_fn):
+        """Forward and backward of one mini-batch split into fleet's micro-batches. `inputs`: the first stage's
+        tuple (input_ids, attention_mask, None, position_ids), each [n, S]; `labels`: the last stage's tuple of
+        [n, ...] tensors (or None) handed, sliced per micro-batch, to `loss_fn(logits [mb, S, V], labels)`, whose
+        loss is backpropagated unscaled."""
+        self.layers._loss_fn = [loss_fn]
+        # What PipelineParallel._prepare_training does besides taking fleet's optimizer, which this trainer does
+        # not use (it sums gradients over data ranks and clips by the global norm itself).
+        self.model.set_virtual_pipeline_rank(0)
+        self.model.loss_fn_idx = 0
+        self.layers.train()
+        self.model.forward_backward_pipeline([inputs, labels], None)
+
+    def from_last_stage(self, values):
+        """A float64 array computed on the last stage, on every stage."""
+        t = paddle.to_tensor(np.asarray(values, dtype=np.float64))
+        group = _pp_group()
+        dist.broadcast(t, src=group.ranks[-1], group=group)
+        return t.numpy()
+
+    @paddle.no_grad()
+    def copy_to(self, full_model):
+        """Every parameter of `full_model` from the stage that owns it (a broadcast over the pipeline group)."""
+        own = self.layers.state_dict()
+        group = _pp_group()
+        stage = pipeline_stage()
+        for name, param in sorted(full_model.state_dict().items()):
+            owner = self.owners[name]
+            if owner == stage:
+                param.set_value(own[name])
+            dist.broadcast(param, src=group.ranks[owner], group=group)
+
+    def load_from(self, full_model):
+        """This stage's parameters from `full_model` (after a resume loaded it)."""
+        own = self.layers.state_dict()
+        full = full_model.state_dict()
+        self.layers.set_state_dict({k: full[k] for k in own})

@@ -119,6 +119,13 @@ def completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completi
     return logprobs, _entropy(logits, temperature, with_entropy)
 
 
+def logprobs_from_completion_logits(logits, completion_ids, temperature=1.0):
+    """Log-probs and entropies (both differentiable, [bs, T] float32) from the logits [bs, T, V] that predict
+    `completion_ids` [bs, T]: the pipeline model's last stage, whose LM head sees every position."""
+    logits = logits.astype("float32")
+    return logprobs_from_logits(logits, completion_ids, temperature=temperature), _entropy(logits, temperature, True)
+
+
 def _entropy(logits, temperature, with_entropy):
     """None, the entropy [bs, T] (differentiable), or with "detached" the entropy without an autograd graph (for
     logging only: no [bs, T, V] intermediates are kept for a backward pass that will not use them)."""

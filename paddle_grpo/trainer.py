@@ -38,10 +38,13 @@ from .logging import MetricsLogger
 from .lora import adapters_disabled, apply_lora, load_adapters, trainable_parameters
 from .modeling import (
     completion_logprobs,
+    freeze,
     load_causal_lm,
     load_tokenizer,
+    logprobs_from_completion_logits,
     mix_into,
     parameters_by_decay,
+    position_ids_from_mask,
     quiet_paddlenlp,
 )
 from .rewards.client import make_rewarder
@@ -99,6 +102,14 @@ class Trainer:
         if cfg.needs_reference_model and not cfg.lora:
             self.reference = load(cfg.actor_model_name_or_path, trainable=False, **shard)
         self.vocab_parallel = dist.vocab_parallel()
+        # Pipeline parallel: self.model stays the full policy, frozen (generation, old/reference log-probs,
+        # checkpoints); self.pipeline trains this rank's stage and copies the weights back after each update.
+        self.pipeline = None
+        if dist.pipeline_parallel_world() > 1:
+            if enc_dec:
+                raise NotImplementedError("pipeline_parallel_degree > 1 supports decoder-only policies only")
+            self.pipeline = dist.Pipeline(self.model, cfg.virtual_pp_degree)
+            freeze(self.model)
 
         self.train_records = read_jsonl(cfg.train_datasets, prompt_key=cfg.prompt_key,
                                         response_key=cfg.response_key)
@@ -124,10 +135,11 @@ class Trainer:
         warmup = cfg.warmup_steps or int(cfg.warmup_ratio * total_opt_steps)
         self.scheduler = paddle.optimizer.lr.LambdaDecay(cfg.learning_rate,
                                                          lr_lambda(cfg.lr_scheduler_type, warmup, total_opt_steps))
-        decay = parameters_by_decay(self.model)
+        trained = self.pipeline.layers if self.pipeline is not None else self.model
+        decay = parameters_by_decay(trained)
         self.optimizer = dist.wrap_optimizer(paddle.optimizer.AdamW(
             learning_rate=self.scheduler,
-            parameters=trainable_parameters(self.model) if cfg.lora else self.model.parameters(),
+            parameters=trainable_parameters(self.model) if cfg.lora else trained.parameters(),
             weight_decay=cfg.weight_decay,
             beta1=cfg.adam_beta1, beta2=cfg.adam_beta2, epsilon=cfg.adam_epsilon,
             apply_decay_param_fun=lambda name: name in decay))  # clipping: _clip_gradients (TP-aware norm)
@@ -349,7 +361,7 @@ class Trainer:
         cfg, geo = self.cfg, self.geometry
         metrics = {}
         t_start = time.perf_counter()
-        b = self._collect(metrics)
+        b = dist.from_first_stage(self._collect(metrics))
         rewards, valid = self._shape_rewards(b, metrics)
 
         t0 = time.perf_counter()
@@ -396,6 +408,7 @@ class Trainer:
         per_mini, mb = geo.sequences_per_mini_batch, cfg.per_device_train_batch_size
         per_mini_metrics = []
         self.model.train()
+        params = (self.pipeline if self.pipeline is not None else self.model).parameters()
         for _ in range(cfg.update_iters):
             for m0 in range(0, n, per_mini):
                 mini_mask = b["completion_mask_loss"][m0:m0 + per_mini]
@@ -407,20 +420,25 @@ class Trainer:
                     agg["max_dec_len"] = cfg.max_dec_len
                 finite = True
                 sums = np.zeros(len(_SHARE_KEYS) + len(_TOKEN_MEAN_KEYS) + 1)
-                for s in range(m0, m0 + per_mini, mb):
-                    micro_sums, micro_finite = self._micro_step(b, advantages, old_lp, ref_lp, slice(s, s + mb), agg)
-                    sums += micro_sums
-                    finite = finite and micro_finite
+                if self.pipeline is not None:
+                    sums, finite = self._pipeline_mini_batch(b, advantages, old_lp, ref_lp,
+                                                             slice(m0, m0 + per_mini), agg)
+                else:
+                    for s in range(m0, m0 + per_mini, mb):
+                        micro_sums, micro_finite = self._micro_step(b, advantages, old_lp, ref_lp, slice(s, s + mb),
+                                                                    agg)
+                        sums += micro_sums
+                        finite = finite and micro_finite
                 per_mini_metrics.append(_mini_batch_metrics(dist.all_reduce_sum(sums)))
                 # Every rank takes the same branch: a rank whose loss was not finite skipped its backward, so
                 # gradients are summed only when all ranks have them.
                 finite = dist.all_true(finite)
                 if finite:
-                    dist.sum_gradients(self.model.parameters())
-                grad_norm = dist.global_grad_norm(self.model.parameters()) if finite else float("nan")
+                    dist.sum_gradients(params)
+                grad_norm = dist.global_grad_norm(params) if finite else float("nan")
                 finite = finite and math.isfinite(grad_norm)
                 if finite:
-                    self._clip_gradients(grad_norm)
+                    self._clip_gradients(grad_norm, params)
                 per_mini_metrics[-1]["train/grad_norm"] = grad_norm
                 if finite:
                     self.optimizer.step()
@@ -438,6 +456,8 @@ class Trainer:
                 self.optimizer.clear_grad(set_to_zero=False)
                 self.scheduler.step()
                 self.optimizer_steps += 1
+        if self.pipeline is not None:  # the next rollout, log-probs and checkpoint use the full copy
+            self.pipeline.copy_to(self.model)
         for k in per_mini_metrics[0]:
             values = [m[k] for m in per_mini_metrics if math.isfinite(m[k])]
             metrics[k] = float(np.mean(values)) if values else float("nan")
@@ -458,15 +478,25 @@ class Trainer:
                                                 temperature=cfg.temperature, with_entropy=need_entropy,
                                                 vocab_parallel=self.vocab_parallel)
         old = lp.detach() if old_lp is None else old_lp[sl]
-        out = compute_policy_loss(lp, old, advantages[sl], mask, clip_ratio_low=cfg.eps_low,
+        loss, sums = self._rl_loss(lp, entropy, old, advantages[sl], mask, None if ref_lp is None else ref_lp[sl],
+                                   agg)
+        finite = bool(paddle.isfinite(loss))
+        if finite:
+            loss.backward()
+        return sums, finite
+
+    def _rl_loss(self, lp, entropy, old, advantages, mask, ref, agg):
+        """The micro-batch's share of the mini-batch loss (policy loss + KL loss - entropy bonus, global
+        denominators `agg`) and its metric sums (`_micro_step`). All inputs [mb, T]; `ref` None without KL loss."""
+        cfg = self.cfg
+        out = compute_policy_loss(lp, old, advantages, mask, clip_ratio_low=cfg.eps_low,
                                   clip_ratio_high=cfg.eps_high, clip_ratio_c=cfg.clip_ratio_c,
                                   importance_sampling_level=cfg.importance_sampling_level,
                                   loss_agg_mode=cfg.loss_agg_mode, **agg)
         loss = cfg.pg_loss_coeff * out["pg_loss"]
         kl_loss = paddle.zeros([])
         if cfg.kl_loss_coeff > 0:
-            kl_loss = aggregate_loss(kl_penalty(lp, ref_lp[sl], cfg.kl_loss_estimator), mask, cfg.loss_agg_mode,
-                                     **agg)
+            kl_loss = aggregate_loss(kl_penalty(lp, ref, cfg.kl_loss_estimator), mask, cfg.loss_agg_mode, **agg)
             loss = loss + cfg.kl_loss_coeff * kl_loss
         if cfg.entropy_coeff > 0:
             loss = loss - cfg.entropy_coeff * aggregate_loss(entropy, mask, cfg.loss_agg_mode, **agg)
@@ -475,19 +505,42 @@ class Trainer:
                        out["clip_frac_dual"], out["approx_kl_old"])
         sums = np.array([float(out["pg_loss"]), float(kl_loss)] + [float(v) * tokens for v in token_means]
                         + [tokens])
-        finite = bool(paddle.isfinite(loss))
-        if finite:
-            loss.backward()
-        return sums, finite
+        return loss, sums
 
-    def _clip_gradients(self, grad_norm):
+    def _pipeline_mini_batch(self, b, advantages, old_lp, ref_lp, sl, agg):
+        """Forward + backward of the mini-batch rows `sl` through the pipeline (fleet splits them into the
+        micro-batches); the loss of `_rl_loss` on the last stage. Returns (sums, finite) as `_micro_step` summed
+        over the micro-batches, on every stage."""
+        cfg = self.cfg
+        ids = paddle.concat([b["prompt_ids"][sl], b["completion_ids"][sl]], axis=1)
+        attention_mask = paddle.concat([b["prompt_mask"][sl], b["completion_mask"][sl]], axis=1).astype("int64")
+        T = b["completion_ids"].shape[1]
+        labels = (b["completion_ids"][sl], b["completion_mask_loss"][sl], advantages[sl],
+                  None if old_lp is None else old_lp[sl], None if ref_lp is None else ref_lp[sl])
+        micro = []
+
+        def loss_fn(logits, labels):
+            completion_ids, mask, adv, old, ref = labels
+            # The token at position L + t is predicted from the logits at L + t - 1.
+            lp, entropy = logprobs_from_completion_logits(logits[:, -T - 1:-1], completion_ids, cfg.temperature)
+            loss, sums = self._rl_loss(lp, entropy, lp.detach() if old is None else old, adv, mask, ref, agg)
+            micro.append(np.append(sums, float(bool(paddle.isfinite(loss)))))
+            return loss
+
+        self.pipeline.forward_backward((ids, attention_mask, None, position_ids_from_mask(attention_mask)), labels,
+                                       loss_fn)
+        out = self.pipeline.from_last_stage(np.sum(micro, axis=0) if micro else
+                                            np.zeros(len(_SHARE_KEYS) + len(_TOKEN_MEAN_KEYS) + 2))
+        return out[:-1], bool(out[-1] == self.geometry.grad_accum_steps)  # every micro-batch's loss finite
+
+    def _clip_gradients(self, grad_norm, params=None):
         """Scale gradients by max_grad_norm / max(norm, max_grad_norm) (as ClipGradByGlobalNorm, but with the norm
         of the whole model under tensor parallelism, not of this rank's shard)."""
         if self.cfg.max_grad_norm <= 0 or grad_norm <= self.cfg.max_grad_norm:
             return
         scale = self.cfg.max_grad_norm / grad_norm
         with paddle.no_grad():
-            for p in self.model.parameters():
+            for p in self.model.parameters() if params is None else params:
                 if p.grad is not None:
                     p.grad.scale_(scale)
 
@@ -553,9 +606,15 @@ class Trainer:
             optimizer=self.optimizer, full=full, total_limit=self.cfg.save_total_limit,
             reference=self.reference if (self.cfg.sync_ref_model and full) else None,
             writer=dist.is_main(), participant=self.rank == 0, tp_world=dist.tensor_parallel_world(),
-            optimizer_shard=shard, saves_optimizer=saves, sync=dist.barrier)
+            pp_world=dist.pipeline_parallel_world(), optimizer_shard=shard, saves_optimizer=saves,
+            optimizer_model=self._optimizer_model(), sync=dist.barrier)
         if dist.is_main():
             logger.info("saved %s", path)
+
+    def _optimizer_model(self):
+        """The layers the optimizer trains: under pipeline parallelism this stage's pipeline layers (its optimizer
+        state is keyed by their names; the model itself is saved from the synchronised full copy)."""
+        return self.pipeline.layers if self.pipeline is not None else self.model
 
     def _resume(self, path):
         state = ckpt.load_trainer_state(path)
@@ -563,7 +622,9 @@ class Trainer:
         ckpt.load_weights(self.model, path, **shard)
         if self.reference is not None and os.path.isdir(os.path.join(path, ckpt.REFERENCE_DIR)):
             ckpt.load_weights(self.reference, os.path.join(path, ckpt.REFERENCE_DIR), **shard)
-        ckpt.load_optimizer_and_rng(path, dist.inner_optimizer(self.optimizer), self.model,
+        if self.pipeline is not None:
+            self.pipeline.load_from(self.model)
+        ckpt.load_optimizer_and_rng(path, dist.inner_optimizer(self.optimizer), self._optimizer_model(),
                                     shard=dist.optimizer_shard()[0])
         self.scheduler.set_state_dict(state["scheduler"])
         self.sampler.set_state_dict(state["sampler"])

@@ -72,6 +72,10 @@ def test_unsupported_layouts_name_their_key():
     assert len(problems) == 2
     assert problems[0].startswith("sharding: 'stage2' is not supported")
     assert problems[1].startswith("sharding_parallel_config: 'split_param' is not supported")
+    assert dist.unsupported_layout(_cfg(pipeline_parallel_degree=2)) == []
+    problems = dist.unsupported_layout(_cfg(pipeline_parallel_degree=2, sharding="stage1",
+                                            sharding_parallel_config="enable_stage1_overlap,split_param"))
+    assert [p.split(":")[0] for p in problems] == ["pipeline_parallel_degree", "sharding_parallel_config"]
 
 
 def test_optimizer_files_are_named_by_the_axes_that_split_the_state():

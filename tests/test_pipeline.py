@@ -1,0 +1,253 @@
+"""Pipeline parallelism: the plumbing in one process (layer split, owner map, p2p pair groups, config errors) and,
+on CPU with gloo, `--pipeline_parallel_degree 2` against a single-process run of the same config.
+
+3+ stages and `virtual_pp_degree` (fleet needs pp >= 3 for it), and pp 2 x dp 2, need 3-4 processes on this 2-core
+machine: their plumbing (layer split, pair groups) is tested in one process, the runs themselves only with
+PADDLE_GRPO_SLOW_DIST=1."""
+import importlib.util
+import json
+import os
+import pathlib
+import shutil
+import sys
+
+import numpy as np
+import paddle
+import pytest
+
+from paddle_grpo import distributed as dist
+from paddle_grpo.config import ConfigError, parse_args
+
+# The 2-process launcher, its retry and the shared test config (importlib mode: tests are not a package).
+_spec = importlib.util.spec_from_file_location("_test_distributed_helpers",
+                                               pathlib.Path(__file__).with_name("test_distributed.py"))
+_helpers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_helpers)
+launch, run, write_config = _helpers.launch, _helpers.run, _helpers.write_config
+
+
+# ------------------------------------------------------------------------------------------- one process
+
+def test_stage_chunks_two_stages():
+    # items: 0 embedding, 1..4 decoder layers, 5 final norm, 6 LM head
+    assert dist.stage_chunks(4, 2) == {0: [[0, 1, 2]], 1: [[3, 4, 5, 6]]}
+
+
+def test_stage_chunks_three_stages_and_uneven_split():
+    assert dist.stage_chunks(6, 3) == {0: [[0, 1, 2]], 1: [[3, 4]], 2: [[5, 6, 7, 8]]}
+    # 4 layers over 3 stages: PaddleNLP falls back to equal numbers of items (7 items -> 2, 2, 3)
+    assert dist.stage_chunks(4, 3) == {0: [[0, 1]], 1: [[2, 3]], 2: [[4, 5, 6]]}
+
+
+def test_stage_chunks_virtual_pipeline_interleaves_chunks():
+    # 6 layers, 3 stages x 2 chunks of one layer each; chunk c runs on stage c % 3
+    assert dist.stage_chunks(6, 3, vpp=2) == {0: [[0, 1], [4]], 1: [[2], [5]], 2: [[3], [6, 7, 8]]}
+
+
+def test_expected_owner_follows_the_split():
+    names = ["qwen2.embed_tokens.weight", "qwen2.layers.0.mlp.up_proj.weight", "qwen2.layers.3.self_attn.q_proj.bias",
+             "qwen2.layers.4.input_layernorm.weight", "qwen2.norm.weight", "lm_head.weight"]
+    assert [dist.expected_owner(n, 6, 2) for n in names] == [0, 0, 1, 1, 1, 1]
+    assert [dist.expected_owner(n, 6, 3) for n in names] == [0, 0, 1, 2, 2, 2]
+    assert [dist.expected_owner(n, 6, 3, vpp=2) for n in names] == [0, 0, 0, 1, 2, 2]  # layer 3: chunk 3, stage 0
+
+
+def test_merge_owners_gives_a_tied_embedding_to_the_first_stage():
+    per_stage = [["qwen2.embed_tokens.weight", "qwen2.layers.0.w"], ["qwen2.layers.1.w"],
+                 ["qwen2.norm.weight", "qwen2.embed_tokens.weight"]]
+    assert dist.merge_owners(per_stage) == {"qwen2.embed_tokens.weight": 0, "qwen2.layers.0.w": 0,
+                                            "qwen2.layers.1.w": 1, "qwen2.norm.weight": 2}
+
+
+def test_pipeline_pairs():
+    assert dist.pipeline_pairs([0, 1]) == []  # the pipeline group itself is the pair
+    assert dist.pipeline_pairs([0, 1, 2]) == [(0, 1), (0, 2), (1, 2)]
+    assert dist.pipeline_pairs([1, 3, 5, 7]) == [(1, 3), (1, 7), (3, 5), (5, 7)]  # ring: last -> first too
+
+
+def _cfg(tmp_path, tiny_policy_dir, *extra):
+    return parse_args([str(write_config(tmp_path, tiny_policy_dir, "grpo")), *map(str, extra)])
+
+
+def test_virtual_pipeline_needs_three_stages(tmp_path, tiny_policy_dir):
+    cfg = _cfg(tmp_path, tiny_policy_dir, "--pipeline_parallel_degree", 2, "--virtual_pp_degree", 2)
+    with pytest.raises(ConfigError, match="virtual_pp_degree.*pipeline_parallel_degree"):
+        dist.check_pipeline_config(cfg)
+
+
+def test_virtual_pipeline_needs_enough_micro_batches(tmp_path, tiny_policy_dir):
+    # 4 prompts x 4 samples, 8 per micro-batch: 2 micro-batches for 3 stages
+    cfg = _cfg(tmp_path, tiny_policy_dir, "--pipeline_parallel_degree", 3, "--virtual_pp_degree", 2,
+               "--per_device_train_batch_size", 8)
+    with pytest.raises(ConfigError, match="per_device_train_batch_size"):
+        dist.check_pipeline_config(cfg)
+    dist.check_pipeline_config(_cfg(tmp_path, tiny_policy_dir, "--pipeline_parallel_degree", 3,
+                                    "--virtual_pp_degree", 2, "--per_device_train_batch_size", 4))
+
+
+def test_pipeline_with_tensor_parallel_or_lora_is_refused(tmp_path, tiny_policy_dir):
+    cfg = _cfg(tmp_path, tiny_policy_dir, "--pipeline_parallel_degree", 2, "--tensor_parallel_degree", 2)
+    with pytest.raises(NotImplementedError, match="tensor_parallel_degree.*pipeline_parallel_degree"):
+        dist.check_pipeline_config(cfg)
+    cfg = _cfg(tmp_path, tiny_policy_dir, "--pipeline_parallel_degree", 2, "--lora", "true")
+    with pytest.raises(NotImplementedError, match="lora.*pipeline_parallel_degree"):
+        dist.check_pipeline_config(cfg)
+
+
+def test_one_process_refuses_two_stages(tmp_path, tiny_policy_dir):
+    cfg = _cfg(tmp_path, tiny_policy_dir, "--pipeline_parallel_degree", 2)
+    with pytest.raises(ConfigError, match="pipeline_parallel_degree"):
+        dist.init(cfg)
+
+
+# ------------------------------------------------------------------------------------- 2 processes (gloo)
+
+def _tiny_policy(tmp_path, **model_kwargs):
+    """The tests' tiny policy (conftest.tiny_policy_dir) with other model options."""
+    from paddle_grpo.tiny import build_tiny_policy
+
+    spec = importlib.util.spec_from_file_location("_conftest_corpus", pathlib.Path(__file__).with_name("conftest.py"))
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    path = tmp_path / "policy"
+    build_tiny_policy(str(path), conftest.TINY_CORPUS, vocab_size=320, seed=0, **model_kwargs)
+    return str(path)
+
+
+def _metrics(path):
+    return [json.loads(line) for line in open(path / "metrics.jsonl")]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_two_stages_match_one_process(tmp_path, tiny_policy_dir, repo_root, tied):
+    """GRPO with the KL loss, 2 mini-batches per step (old log-probs from the synced full copy, a weight copy
+    between optimizer steps) and clipping by the norm summed over both stages. Tied embeddings: the embedding lives
+    on both stages (fleet all-reduces its gradient) and counts once in the gradient norm."""
+    policy = _tiny_policy(tmp_path, tie_word_embeddings=True) if tied else tiny_policy_dir
+    cfg = write_config(tmp_path, policy, "grpo")
+    run_rl = str(repo_root / "run_rl.py")
+    common = ["--global_mini_batch_size", 2, "--max_grad_norm", 0.5]
+    run([sys.executable, run_rl, str(cfg), "--output_dir", str(tmp_path / "one"), *map(str, common)], tmp_path)
+    run(launch(run_rl, cfg, "--output_dir", tmp_path / "pp", "--pipeline_parallel_degree", 2, *common,
+               log_dir=tmp_path / "log"), tmp_path)
+    one, pp = _metrics(tmp_path / "one"), _metrics(tmp_path / "pp")
+    assert [r["step"] for r in one] == [r["step"] for r in pp] == [1, 2]
+    compared = 0
+    for a, b in zip(one, pp):
+        assert set(a) == set(b)
+        for key in a:
+            if not key.startswith("perf/"):
+                # measured: 1.1e-5 relative at most (approx_kl_old, 5e-8 absolute); rewards and lengths equal
+                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (a["step"], key)
+                compared += 1
+    assert compared > 30
+    assert one[0]["train/grad_norm"] > 0.5 and one[0]["train/optimizer_steps"] == 2  # clipping ran
+    ckpt = tmp_path / "pp" / "checkpoint-2"
+    pa = paddle.load(str(tmp_path / "one" / "checkpoint-2" / "model_state.pdparams"))
+    pb = paddle.load(str(ckpt / "model_state.pdparams"))  # the merged full copy
+    assert set(pa) == set(pb)
+    initial = paddle.load(os.path.join(policy, "model_state.pdparams"))
+    moved = max(float((pa[k] - initial[k]).abs().max()) for k in pa)
+    diff = max(float((pa[k] - pb[k]).abs().max()) for k in pa)
+    # Measured 3.3e-6 here, tied 4.3e-6 (1.4e-5 with one mini-batch per step): the LM head sees every position, so
+    # gradients differ by float rounding, which Adam turns into up to lr-sized steps on the few embedding rows whose
+    # gradient is ~1e-10 (below adam_epsilon). One process with PADDLE_GRPO_FAST=0 differs from itself by 5.7e-6.
+    assert moved > 3e-3 and diff < 3e-5, (moved, diff)
+    assert (ckpt / "optimizer.pp0.pdopt").is_file() and (ckpt / "optimizer.pp1.pdopt").is_file()
+    assert json.loads((ckpt / "trainer_state.json").read_text())["pipeline_parallel_degree"] == 2
+    for log in ("workerlog.0", "workerlog.1"):
+        assert "Traceback" not in (tmp_path / "log" / log).read_text()
+
+
+@pytest.mark.e2e
+def test_two_stages_resume_exactly(tmp_path, tiny_policy_dir, repo_root):
+    """Each stage reloads its optimizer file and its part of the saved full model: steps 3-4 after a resume at
+    step 2 are those of the uninterrupted run, bit for bit."""
+    cfg = write_config(tmp_path, tiny_policy_dir, "grpo")
+    run_rl = str(repo_root / "run_rl.py")
+    common = ["--max_steps", 4, "--save_steps", 2, "--lr_scheduler_type", "cosine", "--pipeline_parallel_degree", 2]
+    run(launch(run_rl, cfg, "--output_dir", tmp_path / "full", *common, log_dir=tmp_path / "log1"), tmp_path)
+    (tmp_path / "resumed").mkdir()
+    shutil.copytree(tmp_path / "full" / "checkpoint-2", tmp_path / "resumed" / "checkpoint-2")
+    run(launch(run_rl, cfg, "--output_dir", tmp_path / "resumed", "--resume_from_checkpoint", "true", *common,
+               log_dir=tmp_path / "log2"), tmp_path)
+    full = {r["step"]: r for r in _metrics(tmp_path / "full")}
+    resumed = {r["step"]: r for r in _metrics(tmp_path / "resumed")}
+    assert sorted(resumed) == [3, 4]
+    for step in (3, 4):
+        for key, value in full[step].items():
+            if not key.startswith("perf/"):
+                assert resumed[step][key] == value, (step, key)
+    pa = paddle.load(str(tmp_path / "full" / "checkpoint-4" / "model_state.pdparams"))
+    pb = paddle.load(str(tmp_path / "resumed" / "checkpoint-4" / "model_state.pdparams"))
+    assert all(np.array_equal(pa[k].numpy(), pb[k].numpy()) for k in pa)
+
+
+# ----------------------------------------------------------------------- 3-4 processes (opt-in: slow on 2 cores)
+
+# Opt-in: 3-4 processes on 2 cores (~30 s each here) and fleet.init's occasional gloo failure with 3+ processes.
+SLOW = pytest.mark.skipif(os.environ.get("PADDLE_GRPO_SLOW_DIST") != "1",
+                          reason="3-4 gloo processes on a 2-core machine; PADDLE_GRPO_SLOW_DIST=1 runs them")
+
+
+def _launch_retrying(args, log_dir, cwd, nproc):
+    """fleet.init's gloo group creation with 3+ processes sometimes fails with `Connection refused` (seen in 1 of 3
+    starts); such a start is retried once, any other failure is not."""
+    cmd = launch(*args, log_dir=log_dir)
+    cmd[cmd.index("--nproc_per_node") + 1] = str(nproc)
+    try:
+        run(cmd, cwd)
+    except AssertionError:
+        logs = "".join(p.read_text(errors="replace") for p in pathlib.Path(log_dir).glob("workerlog.*"))
+        if "Connection refused" not in logs:
+            raise
+        print("retrying after fleet.init's gloo group creation failed (Connection refused)")
+        shutil.rmtree(log_dir)
+        run(cmd, cwd)
+
+
+def _compare(one_dir, other_dir, rel, param_atol):
+    for a, b in zip(_metrics(one_dir), _metrics(other_dir)):
+        assert set(a) == set(b)
+        for key in a:
+            if not key.startswith("perf/"):
+                assert b[key] == pytest.approx(a[key], rel=rel, abs=1e-6), (a["step"], key)
+    pa = paddle.load(str(one_dir / "checkpoint-2" / "model_state.pdparams"))
+    pb = paddle.load(str(other_dir / "checkpoint-2" / "model_state.pdparams"))
+    diff = max(float((pa[k] - pb[k]).abs().max()) for k in pa)
+    assert diff < param_atol, diff
+
+
+
+
+@pytest.mark.e2e
+@SLOW
+@pytest.mark.parametrize("vpp", [1, 2])
+def test_three_stages_match_one_process(tmp_path, repo_root, vpp):
+    """pp 3 (p2p through the 2-rank pair groups) and pp 3 x virtual_pp_degree 2 (interleaved scheduler: 8
+    micro-batches of 2) on a 6-layer policy. Measured: metrics 1.2e-5 / 2.5e-7 relative, parameters 2.5e-5 /
+    7.9e-6."""
+    cfg = write_config(tmp_path, _tiny_policy(tmp_path, num_layers=6), "grpo")  # 3 stages x 2 chunks of 1 layer
+    run_rl = str(repo_root / "run_rl.py")
+    common = ["--max_grad_norm", 0.5, "--per_device_train_batch_size", 2, "--pipeline_parallel_degree", 3,
+              "--virtual_pp_degree", vpp]
+    run([sys.executable, run_rl, str(cfg), "--output_dir", str(tmp_path / "one"), *map(str, common[:4])], tmp_path)
+    _launch_retrying([run_rl, cfg, "--output_dir", tmp_path / "pp", *common], tmp_path / "log", tmp_path, 3)
+    _compare(tmp_path / "one", tmp_path / "pp", rel=2e-5, param_atol=6e-5)
+
+
+@pytest.mark.e2e
+@SLOW
+def test_two_stages_times_two_data_ranks_match_two_data_ranks(tmp_path, tiny_policy_dir, repo_root):
+    """pp 2 x dp 2 (4 processes; the DP group is the ranks of one stage) against plain dp 2. Against one process
+    they differ once global_mini_batch_size < global_batch_size: a data-parallel mini-batch is the k-th slice of
+    every rank's share, not the k-th slice of the global batch. Measured: metrics 1.3e-5 relative, parameters
+    1.4e-5."""
+    cfg = write_config(tmp_path, tiny_policy_dir, "grpo")
+    run_rl = str(repo_root / "run_rl.py")
+    common = ["--global_mini_batch_size", 2, "--max_grad_norm", 0.5]
+    run(launch(run_rl, cfg, "--output_dir", tmp_path / "dp", *common, log_dir=tmp_path / "log_dp"), tmp_path)
+    _launch_retrying([run_rl, cfg, "--output_dir", tmp_path / "pp", "--pipeline_parallel_degree", 2, *common],
+                     tmp_path / "log", tmp_path, 4)
+    _compare(tmp_path / "dp", tmp_path / "pp", rel=2e-5, param_atol=3e-5)
