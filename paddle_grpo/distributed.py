@@ -214,6 +214,21 @@ def _pp_group():
     return _hcg().get_pipe_parallel_group() if _hcg() else None
 
 
+def prompt_positions(n, world, rank, mini_batch):
+    """Which of a step's `n` prompts (positions in the sampled batch) data-parallel rank `rank` of `world` takes.
+
+    Each global mini-batch of `mini_batch` prompts is split evenly over the ranks, so a rank's k-th local
+    mini-batch is its share of global mini-batch k, and N ranks update on exactly the mini-batches one process does
+    (a plain contiguous split would hand rank r the r-th block of prompts, mixing global mini-batches). Falls back
+    to the contiguous split when `n` is not a whole number of such mini-batches (dynamic sampling's larger
+    generation batch)."""
+    if n % mini_batch or mini_batch % world:
+        per_rank = n // world
+        return list(range(rank * per_rank, (rank + 1) * per_rank))
+    share = mini_batch // world
+    return [start + rank * share + i for start in range(0, n, mini_batch) for i in range(share)]
+
+
 # -------------------------------------------------------------------------------- data-parallel collectives
 
 def all_gather_object(obj):

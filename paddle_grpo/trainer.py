@@ -222,11 +222,11 @@ class Trainer:
         while True:
             rounds += 1
             global_indices = self.sampler.next_batch()
-            per_rank = len(global_indices) // self.world
-            mine = global_indices[self.rank * per_rank:(self.rank + 1) * per_rank]
+            positions = dist.prompt_positions(len(global_indices), self.world, self.rank, cfg.mini_batch_prompts)
+            mine = [global_indices[p] for p in positions]
             # Sampling noise keyed by (seed, step, round, global row): the same samples on 1 or N ranks.
-            first_row = self.rank * per_rank * G
-            keys = row_keys(cfg.seed, self.step * 1000 + rounds, np.arange(first_row, first_row + per_rank * G))
+            rows = (np.asarray(positions)[:, None] * G + np.arange(G)[None, :]).reshape(-1)
+            keys = row_keys(cfg.seed, self.step * 1000 + rounds, rows)
             t0 = time.perf_counter()
             rollout = self._rollout_round(mine, G, row_keys=keys)
             t1 = time.perf_counter()

@@ -88,6 +88,20 @@ def test_optimizer_files_are_named_by_the_axes_that_split_the_state():
     assert shard == {} and saves
 
 
+def test_prompt_positions_split_every_global_mini_batch_over_the_ranks():
+    # 8 prompts, mini-batches of 4, 2 ranks: rank 0 takes 0,1 of mini-batch 0 and 4,5 of mini-batch 1.
+    assert dist.prompt_positions(8, 2, 0, 4) == [0, 1, 4, 5]
+    assert dist.prompt_positions(8, 2, 1, 4) == [2, 3, 6, 7]
+    for n, world, mini in [(12, 3, 6), (16, 4, 4), (16, 2, 16), (6, 1, 3)]:
+        parts = [dist.prompt_positions(n, world, r, mini) for r in range(world)]
+        assert sorted(p for part in parts for p in part) == list(range(n))  # a partition of the batch
+        for part in parts:  # the rank's k-th local mini-batch lies inside global mini-batch k
+            share = mini // world
+            assert all(part[k * share + i] // mini == k for k in range(n // mini) for i in range(share))
+    # A generation batch that is not whole mini-batches (dynamic sampling): contiguous blocks.
+    assert dist.prompt_positions(10, 2, 1, 4) == [5, 6, 7, 8, 9]
+
+
 def write_config(tmp_path, tiny_policy_dir, algorithm):
     rows = [{"src": f"<|im_start|>user\nWho is {n}?<|im_end|>\n<|im_start|>assistant\n<think>",
              "tgt": f"(1) {n} is a knight and a friend"} for n in NAMES]
@@ -126,10 +140,13 @@ def run(cmd, cwd):
 @pytest.mark.e2e
 @pytest.mark.parametrize("algorithm", ["grpo", "reinforce_plus_plus"])
 def test_two_ranks_match_one_rank(tmp_path, tiny_policy_dir, repo_root, algorithm):
+    """GRPO with two mini-batches (optimizer steps) per rollout: each rank's k-th mini-batch must be its share of
+    the single process's k-th mini-batch (distributed.prompt_positions)."""
     cfg = write_config(tmp_path, tiny_policy_dir, algorithm)
     run_rl = str(repo_root / "run_rl.py")
-    run([sys.executable, run_rl, str(cfg), "--output_dir", str(tmp_path / "one")], tmp_path)
-    run(launch(run_rl, cfg, "--output_dir", tmp_path / "two", log_dir=tmp_path / "log"), tmp_path)
+    minis = ["--global_mini_batch_size", "2"] if algorithm == "grpo" else []
+    run([sys.executable, run_rl, str(cfg), "--output_dir", str(tmp_path / "one"), *minis], tmp_path)
+    run(launch(run_rl, cfg, "--output_dir", tmp_path / "two", *minis, log_dir=tmp_path / "log"), tmp_path)
     one = [json.loads(line) for line in open(tmp_path / "one" / "metrics.jsonl")]
     two = [json.loads(line) for line in open(tmp_path / "two" / "metrics.jsonl")]  # rank 0 alone writes
     assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2]
