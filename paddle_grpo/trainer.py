@@ -597,8 +597,8 @@ class Trainer:
 
     def save(self):
         """Every rank calls this: rank 0 writes; under tensor parallelism the shards of data-parallel rank 0's
-        group are merged (a collective); each part of the optimizer state (per TP rank, per sharding rank) is
-        written by one of the ranks that hold it."""
+        group are merged (a collective); each part of the optimizer state (per pipeline stage, TP rank and
+        sharding rank) is written by one of the ranks that hold it."""
         full = not self.cfg.ignore_save_lr_and_optim
         shard, saves = dist.optimizer_shard()
         path = ckpt.save_checkpoint(
