@@ -4,16 +4,14 @@ draw the same completions; global denominators and summed gradients then make th
 rounding of a different summation order."""
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import paddle
 import pytest
+from launch_helpers import assert_resume_exact, launch, read_metrics, read_params, run, write_config
 
 from paddle_grpo import distributed as dist
-
-NAMES = ["Ann", "Bob", "Cid", "Dan", "Eve", "Fay", "Gus", "Hal"]
 
 
 def test_collectives_are_the_identity_in_one_process():
@@ -100,41 +98,6 @@ def test_prompt_positions_split_every_global_mini_batch_over_the_ranks():
             assert all(part[k * share + i] // mini == k for k in range(n // mini) for i in range(share))
     # A generation batch that is not whole mini-batches (dynamic sampling): contiguous blocks.
     assert dist.prompt_positions(10, 2, 1, 4) == [5, 6, 7, 8, 9]
-
-
-def write_config(tmp_path, tiny_policy_dir, algorithm):
-    rows = [{"src": f"<|im_start|>user\nWho is {n}?<|im_end|>\n<|im_start|>assistant\n<think>",
-             "tgt": f"(1) {n} is a knight and a friend"} for n in NAMES]
-    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    cfg = {"actor_model_name_or_path": tiny_policy_dir, "use_rm_server": False, "reward_funcs": "length_similarity",
-           "train_datasets": str(tmp_path / "train.jsonl"), "max_prompt_len": 32, "max_dec_len": 8,
-           "min_dec_len": 1, "max_length": 40, "global_batch_size": 4, "rollout_n": 4,
-           "per_device_train_batch_size": 4, "per_device_logprob_batch_size": 4, "learning_rate": 1e-3,
-           "max_steps": 2, "save_steps": 100, "disable_tqdm": True, "report_to": "none", "temperature": 1.0,
-           "rl_algorithm": algorithm, "kl_coeff": 0.01 if algorithm != "grpo" else 0.0,
-           "kl_loss_coeff": 0.01 if algorithm == "grpo" else 0.0, "dataloader_shuffle": True}
-    path = tmp_path / "cfg.yaml"
-    path.write_text(json.dumps(cfg))
-    return path
-
-
-def launch(*args, log_dir):
-    return [sys.executable, "-m", "paddle.distributed.launch", "--devices", "", "--nproc_per_node", "2",
-            "--log_dir", str(log_dir), *map(str, args)]
-
-
-def run(cmd, cwd):
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
-    for attempt in (1, 2):
-        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
-        # A gloo worker killed by a signal (SIGABRT, seen only while other test suites overloaded the 2 cores) is
-        # retried once; any real error fails the second attempt the same way.
-        if out.returncode == 0 or "Exit code -" not in out.stdout + out.stderr or attempt == 2:
-            break
-        print(f"retrying after a worker died by a signal: {out.stdout[-300:]}")
-    assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
-    return out
 
 
 @pytest.mark.e2e
@@ -224,34 +187,10 @@ def test_tensor_parallel_training_equals_a_single_process(tmp_path, tiny_policy_
 @pytest.mark.e2e
 def test_two_ranks_resume_exactly(tmp_path, tiny_policy_dir, repo_root):
     """Both ranks load the checkpoint: resuming at step 2 reproduces steps 3-4 of the uninterrupted 2-rank run."""
-    import shutil
-
     cfg = write_config(tmp_path, tiny_policy_dir, "grpo")
-    run_rl = str(repo_root / "run_rl.py")
-    common = ["--max_steps", 4, "--save_steps", 2, "--lr_scheduler_type", "cosine", "--normalize_reward", "true"]
-    run(launch(run_rl, cfg, "--output_dir", tmp_path / "full", *common, log_dir=tmp_path / "log1"), tmp_path)
-    (tmp_path / "resumed").mkdir()
-    shutil.copytree(tmp_path / "full" / "checkpoint-2", tmp_path / "resumed" / "checkpoint-2")
-    run(launch(run_rl, cfg, "--output_dir", tmp_path / "resumed", "--resume_from_checkpoint", "true", *common,
-               log_dir=tmp_path / "log2"), tmp_path)
-    full = {r["step"]: r for r in map(json.loads, open(tmp_path / "full" / "metrics.jsonl"))}
-    resumed = {r["step"]: r for r in map(json.loads, open(tmp_path / "resumed" / "metrics.jsonl"))}
-    assert sorted(resumed) == [3, 4]
-    for step in (3, 4):
-        for key, value in full[step].items():
-            if not key.startswith("perf/"):
-                assert resumed[step][key] == value, (step, key)
-    pa = paddle.load(str(tmp_path / "full" / "checkpoint-4" / "model_state.pdparams"))
-    pb = paddle.load(str(tmp_path / "resumed" / "checkpoint-4" / "model_state.pdparams"))
-    assert all(np.array_equal(pa[k].numpy(), pb[k].numpy()) for k in pa)
-
-
-def _metrics(path):
-    return {r["step"]: r for r in map(json.loads, (path / "metrics.jsonl").read_text().splitlines())}
-
-
-def _params(path):
-    return {k: v.numpy() for k, v in paddle.load(str(path / "model_state.pdparams")).items()}
+    assert_resume_exact(tmp_path, str(repo_root / "run_rl.py"), cfg,
+                        ["--max_steps", 4, "--save_steps", 2, "--lr_scheduler_type", "cosine",
+                         "--normalize_reward", "true"])
 
 
 @pytest.mark.e2e
@@ -259,8 +198,6 @@ def test_sharding_stage1_equals_a_single_process_and_resumes_exactly(tmp_path, t
     """sharding: stage1 on 2 ranks (each keeps the AdamW states of half the parameters): the same metrics and
     parameters as one process; the two optimizer files together hold exactly the single process's state; resuming
     at step 2 reproduces steps 3-4 bitwise."""
-    import shutil
-
     cfg = write_config(tmp_path, tiny_policy_dir, "grpo")
     run_rl = str(repo_root / "run_rl.py")
     common = ["--max_steps", 4, "--save_steps", 2, "--lr_scheduler_type", "cosine", "--max_grad_norm", 0.05]
@@ -268,7 +205,7 @@ def test_sharding_stage1_equals_a_single_process_and_resumes_exactly(tmp_path, t
     sharded = [*common, "--sharding", "stage1"]
     run(launch(run_rl, cfg, "--output_dir", tmp_path / "s1", *sharded, log_dir=tmp_path / "log1"), tmp_path)
 
-    one, s1 = _metrics(tmp_path / "one"), _metrics(tmp_path / "s1")
+    one, s1 = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "s1")
     assert sorted(one) == sorted(s1) == [1, 2, 3, 4]
     for step in one:
         for key, value in one[step].items():
@@ -276,7 +213,7 @@ def test_sharding_stage1_equals_a_single_process_and_resumes_exactly(tmp_path, t
                 assert s1[step][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (step, key)
     assert all(one[s]["train/grad_norm"] > 0.05 for s in one)  # clipping was active: the norm counts every shard
     initial = {k: v.numpy() for k, v in paddle.load(os.path.join(tiny_policy_dir, "model_state.pdparams")).items()}
-    pa, pb = _params(tmp_path / "one" / "checkpoint-4"), _params(tmp_path / "s1" / "checkpoint-4")
+    pa, pb = read_params(tmp_path / "one" / "checkpoint-4"), read_params(tmp_path / "s1" / "checkpoint-4")
     moved = max(float(np.abs(pa[k] - initial[k]).max()) for k in pa)
     diff = max(float(np.abs(pa[k] - pb[k]).max()) for k in pa)
     assert moved > 1e-3 and diff < 2e-6, (moved, diff)
@@ -292,15 +229,4 @@ def test_sharding_stage1_equals_a_single_process_and_resumes_exactly(tmp_path, t
         for key in (k for k in part if "moment" in k):
             np.testing.assert_allclose(part[key].numpy(), full[key].numpy(), rtol=1e-4, atol=1e-7)
 
-    (tmp_path / "resumed").mkdir()
-    shutil.copytree(tmp_path / "s1" / "checkpoint-2", tmp_path / "resumed" / "checkpoint-2")
-    run(launch(run_rl, cfg, "--output_dir", tmp_path / "resumed", "--resume_from_checkpoint", "true", *sharded,
-               log_dir=tmp_path / "log2"), tmp_path)
-    resumed = _metrics(tmp_path / "resumed")
-    assert sorted(resumed) == [3, 4]
-    for step in (3, 4):
-        for key, value in s1[step].items():
-            if not key.startswith("perf/"):
-                assert resumed[step][key] == value, (step, key)
-    pr = _params(tmp_path / "resumed" / "checkpoint-4")
-    assert all(np.array_equal(pb[k], pr[k]) for k in pb)
+    assert_resume_exact(tmp_path, run_rl, cfg, sharded, full_dir=tmp_path / "s1")

@@ -11,20 +11,12 @@ import pathlib
 import shutil
 import sys
 
-import numpy as np
 import paddle
 import pytest
+from launch_helpers import assert_resume_exact, launch, read_metrics, run, write_config
 
 from paddle_grpo import distributed as dist
 from paddle_grpo.config import ConfigError, parse_args
-
-# The 2-process launcher, its retry and the shared test config (importlib mode: tests are not a package).
-_spec = importlib.util.spec_from_file_location("_test_distributed_helpers",
-                                               pathlib.Path(__file__).with_name("test_distributed.py"))
-_helpers = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_helpers)
-launch, run, write_config = _helpers.launch, _helpers.run, _helpers.write_config
-
 
 # ------------------------------------------------------------------------------------------- one process
 
@@ -115,7 +107,7 @@ def _tiny_policy(tmp_path, **model_kwargs):
 
 
 def _metrics(path):
-    return [json.loads(line) for line in open(path / "metrics.jsonl")]
+    return [row for _, row in sorted(read_metrics(path).items())]
 
 
 @pytest.mark.e2e
@@ -165,23 +157,9 @@ def test_two_stages_resume_exactly(tmp_path, tiny_policy_dir, repo_root):
     """Each stage reloads its optimizer file and its part of the saved full model: steps 3-4 after a resume at
     step 2 are those of the uninterrupted run, bit for bit."""
     cfg = write_config(tmp_path, tiny_policy_dir, "grpo")
-    run_rl = str(repo_root / "run_rl.py")
-    common = ["--max_steps", 4, "--save_steps", 2, "--lr_scheduler_type", "cosine", "--pipeline_parallel_degree", 2]
-    run(launch(run_rl, cfg, "--output_dir", tmp_path / "full", *common, log_dir=tmp_path / "log1"), tmp_path)
-    (tmp_path / "resumed").mkdir()
-    shutil.copytree(tmp_path / "full" / "checkpoint-2", tmp_path / "resumed" / "checkpoint-2")
-    run(launch(run_rl, cfg, "--output_dir", tmp_path / "resumed", "--resume_from_checkpoint", "true", *common,
-               log_dir=tmp_path / "log2"), tmp_path)
-    full = {r["step"]: r for r in _metrics(tmp_path / "full")}
-    resumed = {r["step"]: r for r in _metrics(tmp_path / "resumed")}
-    assert sorted(resumed) == [3, 4]
-    for step in (3, 4):
-        for key, value in full[step].items():
-            if not key.startswith("perf/"):
-                assert resumed[step][key] == value, (step, key)
-    pa = paddle.load(str(tmp_path / "full" / "checkpoint-4" / "model_state.pdparams"))
-    pb = paddle.load(str(tmp_path / "resumed" / "checkpoint-4" / "model_state.pdparams"))
-    assert all(np.array_equal(pa[k].numpy(), pb[k].numpy()) for k in pa)
+    assert_resume_exact(tmp_path, str(repo_root / "run_rl.py"), cfg,
+                        ["--max_steps", 4, "--save_steps", 2, "--lr_scheduler_type", "cosine",
+                         "--pipeline_parallel_degree", 2])
 
 
 # ----------------------------------------------------------------------- 3-4 processes (opt-in: slow on 2 cores)
@@ -194,8 +172,7 @@ SLOW = pytest.mark.skipif(os.environ.get("PADDLE_GRPO_SLOW_DIST") != "1",
 def _launch_retrying(args, log_dir, cwd, nproc):
     """fleet.init's gloo group creation with 3+ processes sometimes fails with `Connection refused` (seen in 1 of 3
     starts); such a start is retried once, any other failure is not."""
-    cmd = launch(*args, log_dir=log_dir)
-    cmd[cmd.index("--nproc_per_node") + 1] = str(nproc)
+    cmd = launch(*args, log_dir=log_dir, nproc=nproc)
     try:
         run(cmd, cwd)
     except AssertionError:

@@ -1,0 +1,78 @@
+"""Shared by the multi-process tests (test_distributed.py, test_pipeline.py): a tiny training config, the
+`paddle.distributed.launch` command for CPU ranks, running it, and the exact-resume check."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import paddle
+
+NAMES = ["Ann", "Bob", "Cid", "Dan", "Eve", "Fay", "Gus", "Hal"]
+
+
+def write_config(tmp_path, tiny_policy_dir, algorithm):
+    rows = [{"src": f"<|im_start|>user\nWho is {n}?<|im_end|>\n<|im_start|>assistant\n<think>",
+             "tgt": f"(1) {n} is a knight and a friend"} for n in NAMES]
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cfg = {"actor_model_name_or_path": tiny_policy_dir, "use_rm_server": False, "reward_funcs": "length_similarity",
+           "train_datasets": str(tmp_path / "train.jsonl"), "max_prompt_len": 32, "max_dec_len": 8,
+           "min_dec_len": 1, "max_length": 40, "global_batch_size": 4, "rollout_n": 4,
+           "per_device_train_batch_size": 4, "per_device_logprob_batch_size": 4, "learning_rate": 1e-3,
+           "max_steps": 2, "save_steps": 100, "disable_tqdm": True, "report_to": "none", "temperature": 1.0,
+           "rl_algorithm": algorithm, "kl_coeff": 0.01 if algorithm != "grpo" else 0.0,
+           "kl_loss_coeff": 0.01 if algorithm == "grpo" else 0.0, "dataloader_shuffle": True}
+    path = tmp_path / "cfg.yaml"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def launch(*args, log_dir, nproc=2):
+    return [sys.executable, "-m", "paddle.distributed.launch", "--devices", "", "--nproc_per_node", str(nproc),
+            "--log_dir", str(log_dir), *map(str, args)]
+
+
+def run(cmd, cwd):
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
+    for attempt in (1, 2):
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env, check=False)
+        # A gloo worker killed by a signal (SIGABRT, seen only while other test suites overloaded the 2 cores) is
+        # retried once; any real error fails the second attempt the same way.
+        if out.returncode == 0 or "Exit code -" not in out.stdout + out.stderr or attempt == 2:
+            break
+        print(f"retrying after a worker died by a signal: {out.stdout[-300:]}")
+    assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
+    return out
+
+
+def read_metrics(output_dir):
+    """{step: metrics row} of a run's metrics.jsonl (rank 0 alone writes it)."""
+    lines = (output_dir / "metrics.jsonl").read_text().splitlines()
+    return {row["step"]: row for row in map(json.loads, lines)}
+
+
+def read_params(checkpoint_dir):
+    return {k: v.numpy() for k, v in paddle.load(str(checkpoint_dir / "model_state.pdparams")).items()}
+
+
+def assert_resume_exact(tmp_path, run_rl, cfg, args, full_dir=None):
+    """Resume a launched run (`args`: 4 steps, a checkpoint every 2) from the checkpoint at step 2 of `full_dir`
+    (run here first when None) and require steps 3-4 and the final parameters to equal the uninterrupted run's,
+    bit for bit."""
+    if full_dir is None:
+        full_dir = tmp_path / "full"
+        run(launch(run_rl, cfg, "--output_dir", full_dir, *args, log_dir=tmp_path / "log_full"), tmp_path)
+    (tmp_path / "resumed").mkdir()
+    shutil.copytree(full_dir / "checkpoint-2", tmp_path / "resumed" / "checkpoint-2")
+    run(launch(run_rl, cfg, "--output_dir", tmp_path / "resumed", "--resume_from_checkpoint", "true", *args,
+               log_dir=tmp_path / "log_resumed"), tmp_path)
+    full, resumed = read_metrics(full_dir), read_metrics(tmp_path / "resumed")
+    assert sorted(resumed) == [3, 4]
+    for step in (3, 4):
+        for key, value in full[step].items():
+            if not key.startswith("perf/"):
+                assert resumed[step][key] == value, (step, key)
+    pa, pb = read_params(full_dir / "checkpoint-4"), read_params(tmp_path / "resumed" / "checkpoint-4")
+    assert all(np.array_equal(pa[k], pb[k]) for k in pa)
