@@ -322,11 +322,14 @@ def global_grad_norm(parameters):
     group, replicated parameters (norms, and everything without TP) counted once; under sharding each rank counts
     the parameters it owns and the sums are added over the sharding group; under pipeline parallelism over the
     pipeline group (a tied embedding's second copy left out). Call after `sum_gradients`."""
-    sums = np.zeros(2)  # [tensor-parallel shards, replicated]
+    parts = ([], [])  # squared norms of (tensor-parallel shards, replicated parameters)
     for p in _owned(list(parameters)):
         if p.grad is not None and not getattr(p, "pipeline_duplicate", False):
-            sums[0 if getattr(p, "is_distributed", False) else 1] += float(
+            parts[0 if getattr(p, "is_distributed", False) else 1].append(
                 paddle.sum(paddle.square(p.grad.astype("float32"))))
+    # add_n in float32, as before sharding and pipelines existed: a one-process run's norm (and so its clipping
+    # and every later step) stays bitwise what the documented quickstart results were measured with.
+    sums = np.array([float(paddle.add_n(part)) if part else 0.0 for part in parts])
     if sharding_world() > 1:
         sums = _all_reduce(sums, _hcg().get_sharding_parallel_group())
     if tensor_parallel_world() > 1:
