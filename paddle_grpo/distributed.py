@@ -1,4 +1,4 @@
-"""Everything that touches paddle.distributed: start-up, groups, the collectives the trainer needs, tensor parallel.
+"""Everything that touches paddle.distributed: start-up, groups, collectives, tensor/pipeline parallel, sharding.
 
 A single process (plain `python run_rl.py`) needs no initialisation: every collective here degrades to the identity,
 so the trainer is written once for any number of ranks. Under `python -m paddle.distributed.launch`:
