@@ -577,7 +577,7 @@ SHARDING_OPTIONS = {
 def sharding_options(cfg):
     """The options in `sharding_parallel_config`, split as PaddleNLP splits them (by commas if any, else spaces)."""
     text = cfg.sharding_parallel_config
-    return [x for x in (text.split(",") if "," in text else text.split(" ")) if x.strip()]
+    return [x.strip() for x in (text.split(",") if "," in text else text.split(" ")) if x.strip()]
 
 
 def inert_key_messages(cfg, given, device):
@@ -593,9 +593,9 @@ def inert_key_messages(cfg, given, device):
             out.append(f"{where}: key '{key}' has no effect here: {reason}")
     if "sharding_parallel_config" in given:
         for option in sharding_options(cfg):
-            if SHARDING_OPTIONS.get(option.strip()):
+            if SHARDING_OPTIONS.get(option):
                 out.append(f"{given['sharding_parallel_config']}: key 'sharding_parallel_config': option "
-                           f"'{option.strip()}' has no effect here: {SHARDING_OPTIONS[option.strip()]}")
+                           f"'{option}' has no effect here: {SHARDING_OPTIONS[option]}")
     return out
 
 
@@ -660,7 +660,7 @@ def validate(cfg, given=None):
             fail(key, "must be -1 (automatic) or at least 1")
     if cfg.max_steps == 0 or cfg.max_steps < -1:
         fail("max_steps", "must be -1 (from num_train_epochs) or at least 1")
-    unknown = [x.strip() for x in sharding_options(cfg) if x.strip() not in SHARDING_OPTIONS]
+    unknown = [x for x in sharding_options(cfg) if x not in SHARDING_OPTIONS]
     if unknown:
         fail("sharding_parallel_config", f"unknown option {unknown[0]!r}; the options are "
                                          f"{', '.join(sorted(SHARDING_OPTIONS))}")

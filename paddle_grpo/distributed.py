@@ -159,16 +159,16 @@ def _hcg():
 
 
 def data_parallel_world():
-    """Ranks that receive different prompts (fleet's data x sharding degrees)."""
+    """Ranks that receive different prompts (fleet's data x sharding degrees); no data group: all of them."""
     group = _state["data_group"]
-    return group.nranks if group is not None else world_size() // tensor_parallel_world()
+    return group.nranks if group is not None else world_size()
 
 
 def data_parallel_rank():
     group = _state["data_group"]
     if group is not None:
         return group.ranks.index(rank())  # not group.rank: paddle gives a one-rank group rank -1
-    return rank() // tensor_parallel_world()  # the whole world, minus the TP axis (fleet's innermost)
+    return rank()
 
 
 def _dp_group():
@@ -369,7 +369,7 @@ def broadcast_object(obj, src=0):
     return box[0]
 
 
-def share_within_tensor_parallel_group(compute):
+def share_within_model_parallel_group(compute):
     """`compute()` on the first rank of this tensor-parallel (or pipeline) group, its result on every rank of the
     group (the group's ranks hold the same data: one reward request per group, not one per rank)."""
     if tensor_parallel_world() > 1:
@@ -378,9 +378,7 @@ def share_within_tensor_parallel_group(compute):
         group, first = _pp_group(), pipeline_stage() == 0
     else:
         return compute()
-    box = [compute() if first else None]
-    dist.broadcast_object_list(box, src=group.ranks[0], group=group)
-    return box[0]
+    return _from_first_rank(compute() if first else None, group)
 
 
 def from_first_stage(obj):
@@ -389,7 +387,11 @@ def from_first_stage(obj):
     GPU's generation is not bitwise reproducible."""
     if pipeline_parallel_world() == 1:
         return obj
-    group = _pp_group()
+    return _from_first_rank(obj, _pp_group())
+
+
+def _from_first_rank(obj, group):
+    """The `obj` of the first rank of `group`, on every rank of it."""
     box = [obj]
     dist.broadcast_object_list(box, src=group.ranks[0], group=group)
     return box[0]

@@ -182,9 +182,9 @@ class Trainer:
         return texts
 
     def _score(self, records, indices, rollout, texts, G):
-        """Rewards for this rank's rows; under tensor parallelism one request per TP group, shared."""
-        return dist.share_within_tensor_parallel_group(lambda: self._request_rewards(records, indices, rollout,
-                                                                                     texts, G))
+        """Rewards for this rank's rows; under tensor or pipeline parallelism one request per group, shared."""
+        return dist.share_within_model_parallel_group(lambda: self._request_rewards(records, indices, rollout,
+                                                                                    texts, G))
 
     def _request_rewards(self, records, indices, rollout, texts, G):
         rows = [records[i] for i in indices for _ in range(G)]
