@@ -16,6 +16,7 @@ Left out on purpose: other operations, chain-of-thought, and any download.
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -38,6 +39,7 @@ MODEL = dict(hidden_size=128, intermediate_size=512, num_layers=2, num_heads=4, 
              max_position_embeddings=64)
 SFT = dict(max_steps=1000, target_loss=0.3, batch_size=64, learning_rate=1e-3, warmup_steps=20, weight_decay=0.0,
            val_size=256, check_every=25)
+BUILD_INFO = "build_info.json"      # written into the policy directory: seed, SFT steps, validation losses, time
 
 
 def question(a, b):
@@ -143,7 +145,8 @@ def build_quickstart_policy(out_dir, seed=0, *, max_steps=None, target_loss=None
     of steps gives every seed (and every machine) the same partial skill. `callback(step, model, val_loss)` is
     called at every check (experiments). The directory is written under a temporary name and renamed at the end,
     so an interrupted build never leaves a half-made policy that a later run would load.
-    Returns {"loss_init", "loss_final"} (validation loss before/after), "sft_steps" and "seconds".
+    Returns, and writes to `out_dir/build_info.json`: "seed", "loss_init" and "loss_final" (validation loss
+    before/after), "sft_steps", "target_loss" and "seconds".
     """
     import paddle
 
@@ -200,11 +203,14 @@ def build_quickstart_policy(out_dir, seed=0, *, max_steps=None, target_loss=None
                         loss_now, time.perf_counter() - t0)
     model.eval()
     model.save_pretrained(tmp)
+    stats = {"seed": seed, "loss_init": loss_init, "loss_final": loss_now, "sft_steps": step,
+             "target_loss": target, "seconds": time.perf_counter() - t0}
+    with open(os.path.join(tmp, BUILD_INFO), "w", encoding="utf-8") as f:  # what SFT did, for tools and users
+        json.dump(stats, f, indent=1)
     if os.path.isdir(out_dir):
         shutil.rmtree(out_dir)
     os.makedirs(os.path.dirname(os.path.abspath(out_dir)), exist_ok=True)
     os.replace(tmp, out_dir)
-    stats = {"loss_init": loss_init, "loss_final": loss_now, "sft_steps": step, "seconds": time.perf_counter() - t0}
     logger.info("quickstart policy saved to %s after %d SFT steps: validation loss %.3f -> %.3f in %.0f s", out_dir,
                 step, loss_init, loss_now, stats["seconds"])
     return stats

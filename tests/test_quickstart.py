@@ -29,6 +29,8 @@ def test_builder_writes_a_directory_paddlenlp_loads(built):
     out, stats = built
     assert stats["sft_steps"] == 40
     assert not os.path.exists(out + ".building")  # written under a temporary name, then renamed
+    with open(os.path.join(out, qs.BUILD_INFO), encoding="utf-8") as f:
+        assert json.load(f) == stats
     tok = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.vocab_size == len(tok) and model.config.hidden_size == qs.MODEL["hidden_size"]

@@ -1,0 +1,40 @@
+"""tools/quickstart_seeds.py: the summary of finished runs, and the tables README.md / docs/quickstart.md show."""
+import json
+
+
+def _fake_run(root, name, policy, evals, sft_steps):
+    out = root / "output" / name
+    out.mkdir(parents=True)
+    with open(out / "metrics.jsonl", "w") as f:
+        for step in range(0, 61):
+            row = {"step": step, "train/reward": 0.1}
+            if step in evals:
+                row["eval/accuracy"] = evals[step]
+            f.write(json.dumps(row) + "\n")
+    (root / "build" / policy).mkdir(parents=True, exist_ok=True)
+    (root / "build" / policy / "build_info.json").write_text(json.dumps({"sft_steps": sft_steps}))
+
+
+def test_summary_reads_first_last_and_range_of_evals(load_tool, tmp_path):
+    tool = load_tool("quickstart_seeds")
+    _fake_run(tmp_path, "s7", "qs_s7", {0: 0.5, 30: 0.75, 60: 0.7}, 450)
+    row = tool.summarise(7, False, wall_s=181.6, root=str(tmp_path))
+    assert row == {"seed": 7, "learning_rate_0": False, "sft_steps": 450, "eval_first": 0.5, "eval_last": 0.7,
+                   "last_step": 60, "eval_all_min": 0.5, "eval_all_max": 0.75, "wall_s": 182}
+
+
+def test_tables_give_ranges_over_seeds_and_controls(load_tool):
+    tool = load_tool("quickstart_seeds")
+    runs = [dict(seed=1, learning_rate_0=False, sft_steps=475, eval_first=0.478, eval_last=0.831, last_step=300,
+                 eval_all_min=0.478, eval_all_max=0.831, wall_s=180),
+            dict(seed=2, learning_rate_0=False, sft_steps=450, eval_first=0.471, eval_last=0.934, last_step=300,
+                 eval_all_min=0.471, eval_all_max=0.934, wall_s=None),
+            dict(seed=1, learning_rate_0=True, sft_steps=475, eval_first=0.478, eval_last=0.506, last_step=300,
+                 eval_all_min=0.478, eval_all_max=0.512, wall_s=176)]
+    text = tool.tables({"machine": {}, "runs": runs})
+    # gains: 0.831-0.478 = +35.3, 0.934-0.471 = +46.3; control 0.506-0.478 = +2.8
+    assert text.splitlines()[0] == ("Over 2 seeds: step 0 0.471-0.478, step 300 0.831-0.934, **+35.3 to +46.3 "
+                                    "points**; with `learning_rate 0`: +2.8 to +2.8 points.")
+    assert "| `--seed 1` | 475 | 0.478 | 0.831 | +35.3 | 180 s |" in text
+    assert "| `--seed 2` | 450 | 0.471 | 0.934 | +46.3 |  |" in text
+    assert "| `--seed 1 --learning_rate 0` | 475 | 0.478 | 0.506 | +2.8 (all evals 0.478-0.512) | 176 s |" in text

@@ -1,0 +1,134 @@
+"""Run the quickstart over several seeds, with learning-rate-0 controls, and record what a user can expect.
+
+    python tools/quickstart_seeds.py --seeds 42,1,2,3,4 --controls 42,1,2 --out docs/results/quickstart_seeds.json
+    python tools/quickstart_seeds.py --tables docs/results/quickstart_seeds.json      # print the tables again
+
+Seed s builds its own policy (`build/qs_s<s>`, as `build_actor_if_missing` does) and trains into `output/s<s>`; a
+control reuses that policy with `--learning_rate 0` (`output/s<s>_lr0`), so the control differs from its run only by
+the updates. The JSON file names the machine (CPU model, cores, threads, Python, paddle) and gives, per run, the SFT
+steps, the first and last held-out `eval/accuracy` and the wall time. `--tables` prints the markdown that README.md
+and docs/quickstart.md show; tests/test_readme.py checks that they agree with the committed JSON.
+Left out on purpose: running seeds in parallel (two runs on two cores would change each other's wall times).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def machine() -> dict:
+    """What the numbers depend on: float kernels differ by CPU, and results by thread count."""
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    import paddle
+
+    return {"cpu": cpu, "cores": os.cpu_count(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"),
+            "python": platform.python_version(), "paddle": paddle.__version__}
+
+
+def run_paths(seed: int, control: bool) -> dict:
+    name = f"s{seed}_lr0" if control else f"s{seed}"
+    return {"policy": f"build/qs_s{seed}", "output": f"output/{name}"}
+
+
+def run_one(seed: int, control: bool, log_dir: str) -> dict:
+    """One `run_rl.py configs/quickstart.yaml` run; returns its summary row."""
+    paths = run_paths(seed, control)
+    cmd = [sys.executable, "run_rl.py", "configs/quickstart.yaml", "--seed", str(seed),
+           "--actor_model_name_or_path", paths["policy"], "--output_dir", paths["output"],
+           "--logging_dir", f"{paths['output']}/vdl_log", "--disable_tqdm", "true"]
+    if control:
+        cmd += ["--learning_rate", "0"]
+    os.makedirs(log_dir, exist_ok=True)
+    log = os.path.join(log_dir, os.path.basename(paths["output"]) + ".log")
+    t0 = time.time()
+    with open(log, "w", encoding="utf-8") as f:
+        status = subprocess.run(cmd, cwd=_REPO, stdout=f, stderr=subprocess.STDOUT).returncode
+    if status != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited {status}; see {log}")
+    return summarise(seed, control, wall_s=time.time() - t0)
+
+
+def summarise(seed: int, control: bool, wall_s: float | None = None, root: str = _REPO) -> dict:
+    """The row of one finished run, from its metrics.jsonl and its policy's build_info.json."""
+    paths = run_paths(seed, control)
+    evals = []
+    with open(os.path.join(root, paths["output"], "metrics.jsonl"), encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            if "eval/accuracy" in row:
+                evals.append((row["step"], row["eval/accuracy"]))
+    with open(os.path.join(root, paths["policy"], "build_info.json"), encoding="utf-8") as f:
+        build = json.load(f)
+    return {"seed": seed, "learning_rate_0": control, "sft_steps": build["sft_steps"],
+            "eval_first": evals[0][1], "eval_last": evals[-1][1], "last_step": evals[-1][0],
+            "eval_all_min": min(a for _, a in evals), "eval_all_max": max(a for _, a in evals),
+            "wall_s": None if wall_s is None else round(wall_s)}
+
+
+def _pts(x: float) -> str:
+    return f"{100 * x:+.1f}"
+
+
+def tables(results: dict) -> str:
+    """The markdown shown in README.md (range line) and docs/quickstart.md (per-run table)."""
+    runs = [r for r in results["runs"] if not r["learning_rate_0"]]
+    controls = [r for r in results["runs"] if r["learning_rate_0"]]
+    gains = [r["eval_last"] - r["eval_first"] for r in runs]
+    lines = [f"Over {len(runs)} seeds: step 0 {min(r['eval_first'] for r in runs):.3f}-"
+             f"{max(r['eval_first'] for r in runs):.3f}, step {runs[0]['last_step']} "
+             f"{min(r['eval_last'] for r in runs):.3f}-{max(r['eval_last'] for r in runs):.3f}, "
+             f"**{_pts(min(gains))} to {_pts(max(gains))} points**; with `learning_rate 0`: "
+             f"{_pts(min(r['eval_last'] - r['eval_first'] for r in controls))} to "
+             f"{_pts(max(r['eval_last'] - r['eval_first'] for r in controls))} points.", "",
+             "| run | SFT steps | step 0 | last step | change | wall time |", "|---|---|---|---|---|---|"]
+    for r in results["runs"]:
+        label = f"`--seed {r['seed']}" + (" --learning_rate 0`" if r["learning_rate_0"] else "`")
+        change = _pts(r["eval_last"] - r["eval_first"])
+        if r["learning_rate_0"]:
+            change += f" (all evals {r['eval_all_min']:.3f}-{r['eval_all_max']:.3f})"
+        wall = "" if r["wall_s"] is None else f"{r['wall_s']} s"
+        lines.append(f"| {label} | {r['sft_steps']} | {r['eval_first']:.3f} | {r['eval_last']:.3f} | {change} | "
+                     f"{wall} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="42,1,2,3,4", help="comma-separated seeds to train")
+    parser.add_argument("--controls", default="42,1,2", help="seeds to rerun with learning_rate 0")
+    parser.add_argument("--out", default="output/quickstart_seeds.json", help="JSON file to write")
+    parser.add_argument("--log-dir", default="output/quickstart_seeds_logs", help="one log per run")
+    parser.add_argument("--collect", action="store_true",
+                        help="do not run: summarise runs already finished in output/ (wall times unknown)")
+    parser.add_argument("--tables", metavar="JSON", help="only print the markdown of an existing results file")
+    args = parser.parse_args(argv)
+    if args.tables:
+        with open(args.tables, encoding="utf-8") as f:
+            print(tables(json.load(f)), end="")
+        return 0
+    plan = [(int(s), False) for s in args.seeds.split(",") if s] + \
+           [(int(s), True) for s in args.controls.split(",") if s]
+    rows = [summarise(s, c) if args.collect else run_one(s, c, args.log_dir) for s, c in plan]
+    results = {"machine": machine(), "runs": rows}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=1)
+        f.write("\n")
+    print(tables(results), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
