@@ -26,13 +26,17 @@ def main(argv=None):
         print(f"run_rl.py: configuration error: {e}", file=sys.stderr)
         return 2
     if os.environ.get("PADDLE_TRAINER_ID", "0") == "0":  # rank 0 under paddle.distributed.launch
-        print(cfg.format(), end="")
+        print(f"configuration: the keys that differ from the defaults (all keys: {cfg.output_dir}/config.yaml)")
+        print(cfg.format(only_changed=True), end="", flush=True)
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
     from paddle_grpo.data import DataError
     from paddle_grpo.rewards.client import RewardServerError
     from paddle_grpo.trainer import TrainingError, train
 
     try:
-        return train(cfg)
+        with logging_redirect_tqdm():  # log lines are printed above the progress bar, not into it
+            return train(cfg)
     except (ConfigError, DataError, FileNotFoundError, RewardServerError, TrainingError, NotImplementedError) as e:
         # Problems with the user's setup, data or reward server: say what and where, without a traceback.
         print(f"run_rl.py: error: {e}", file=sys.stderr)

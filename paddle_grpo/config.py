@@ -237,7 +237,12 @@ class EvalArguments:
 
 @dataclass
 class LoggingArguments:
-    output_dir: str = arg("output", "Checkpoints, metrics.jsonl and rollout samples go here.")
+    output_dir: str = arg("output", "Checkpoints, metrics.jsonl, rollout samples, config.yaml and summary.json go "
+                                    "here. When it already holds a run, the run resumes from its latest "
+                                    "checkpoint (as in PaddleNLP); without a checkpoint it is refused unless "
+                                    "overwrite_output_dir.")
+    overwrite_output_dir: bool = arg(False, "Delete a previous run in output_dir (metrics, samples, checkpoints, "
+                                            "its VisualDL record) and train from scratch instead of resuming it.")
     logging_dir: str = arg("vdl_log", "VisualDL log directory.")
     logging_steps: int = arg(1, "Log sample completions every this many steps.")
     report_to: str = arg("visualdl", "visualdl, all (= visualdl here) or none.", choices=REPORT_TO)
@@ -290,12 +295,18 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
     def to_dict(self):
         return dataclasses.asdict(self)
 
-    def format(self):
-        """The resolved configuration as YAML text, grouped as in the documentation."""
+    def format(self, only_changed: bool = False) -> str:
+        """The resolved configuration as YAML text, grouped as in the documentation; `only_changed`: only the
+        keys whose value differs from the default (a short start-up summary)."""
         lines = []
+        defaults = Config() if only_changed else None
         for group in GROUPS:
+            fields = [f for f in dataclasses.fields(group)
+                      if not only_changed or getattr(self, f.name) != getattr(defaults, f.name)]
+            if only_changed and not fields:
+                continue
             lines.append(f"# {group.__name__}")
-            for f in dataclasses.fields(group):
+            for f in fields:
                 value = getattr(self, f.name)
                 if f.name in SECRET_KEYS and value:
                     value = "***"
@@ -744,3 +755,18 @@ def dump_config(cfg, path):
             json.dump({k: ("***" if k in SECRET_KEYS and v else v) for k, v in cfg.to_dict().items()}, f, indent=2)
         else:
             f.write(cfg.format())
+
+
+def write_config(cfg, path):
+    """Write the resolved configuration to `path` (a run's `output_dir/config.yaml`). When a previous start of
+    the same run wrote one (a resume), name the keys whose values changed since, rather than replace it silently."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            before = yaml.safe_load(f) or {}
+        now = yaml.safe_load(cfg.format())
+        changed = sorted(k for k in now if k in before and before[k] != now[k])
+        if changed:
+            logger.info("%s: keys changed since the run's previous start: %s", path,
+                        ", ".join(f"{k} {before[k]!r} -> {now[k]!r}" for k in changed))
+    dump_config(cfg, path)

@@ -10,17 +10,11 @@ PaddleNLP's forward everywhere.
 from __future__ import annotations
 
 import os
-import warnings
 
 import paddle
 
 from . import cpu_tuning, fast_qwen2
 from .algorithms import entropy_from_logits, logprobs_from_logits
-
-# paddle's cpp_extension warns at import time that ccache is missing; it concerns building custom ops, not us.
-warnings.filterwarnings("ignore", message="No ccache found")
-# PaddleNLP 3.0.0b4's Qwen2 MLP calls paddle.incubate's swiglu, deprecated in paddle 3.3 (same kernel); once per run.
-warnings.filterwarnings("ignore", message=r"(?s).*paddle\.incubate\.nn\.functional\.swiglu")
 
 
 def quiet_paddlenlp():

@@ -137,22 +137,26 @@ def sft_loss(model, batch):
 
 
 def build_quickstart_policy(out_dir, seed=0, *, max_steps=None, target_loss=None, batch_size=None,
-                            learning_rate=None, model_kwargs=None, callback=None):
+                            learning_rate=None, model_kwargs=None, callback=None, progress=True):
     """Build the quickstart policy (tokenizer + briefly SFT'd tiny Qwen2) in `out_dir`; returns SFT statistics.
 
     SFT runs until the answer-token loss on `validation_problems()` (never trained on, disjoint from the eval
     problems) falls to `target_loss`, or for `max_steps` steps: stopping at a loss rather than after a fixed number
     of steps gives every seed (and every machine) the same partial skill. `callback(step, model, val_loss)` is
-    called at every check (experiments). The directory is written under a temporary name and renamed at the end,
+    called at every check (experiments). `progress`: a tqdm bar (else a log line per check). The directory is written under a temporary name and renamed at the end,
     so an interrupted build never leaves a half-made policy that a later run would load.
     Returns, and writes to `out_dir/build_info.json`: "seed", "loss_init" and "loss_final" (validation loss
     before/after), "sft_steps", "target_loss" and "seconds".
     """
     import paddle
 
+    from tqdm.auto import tqdm
+
     from . import cpu_tuning
+    from .modeling import quiet_paddlenlp
     from .tiny import build_model, build_tokenizer
 
+    quiet_paddlenlp()  # PaddleNLP's INFO lines (unk_token, every file saved) are noise before the first step
     cpu_tuning.apply()  # the trainer applies it when it loads the policy; SFT runs before that and gains as much
     t0 = time.perf_counter()
     max_steps = SFT["max_steps"] if max_steps is None else int(max_steps)
@@ -187,6 +191,10 @@ def build_quickstart_policy(out_dir, seed=0, *, max_steps=None, target_loss=None
     loss_init = loss_now = val_loss()
     step = 0
     model.train()
+    # The end is a validation loss, not a step count: the bar's total is the cap, its description the rule.
+    bar = tqdm(total=max_steps, desc=f"SFT until validation loss <= {target:g}", unit="step", dynamic_ncols=True,
+               disable=not progress)
+    bar.set_postfix(val_loss=f"{loss_now:.3f}")
     while step < max_steps and loss_now > target:
         rows = slice(step * bs, (step + 1) * bs)
         loss = sft_loss(model, tuple(x[rows] for x in data))
@@ -195,12 +203,16 @@ def build_quickstart_policy(out_dir, seed=0, *, max_steps=None, target_loss=None
         opt.clear_grad()
         schedule.step()
         step += 1
+        bar.update(1)
         if step % SFT["check_every"] == 0 or step == max_steps:
             loss_now = val_loss()
             if callback is not None:
                 callback(step, model, loss_now)
-            logger.info("quickstart SFT step %d: train loss %.3f, validation loss %.3f (%.0f s)", step, float(loss),
-                        loss_now, time.perf_counter() - t0)
+            bar.set_postfix(train_loss=f"{float(loss):.3f}", val_loss=f"{loss_now:.3f}")
+            if not progress:
+                logger.info("quickstart SFT step %d: train loss %.3f, validation loss %.3f (%.0f s)", step,
+                            float(loss), loss_now, time.perf_counter() - t0)
+    bar.close()
     model.eval()
     model.save_pretrained(tmp)
     stats = {"seed": seed, "loss_init": loss_init, "loss_final": loss_now, "sft_steps": step,

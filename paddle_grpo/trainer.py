@@ -18,6 +18,7 @@ import paddle
 
 from . import checkpoint as ckpt
 from . import distributed as dist
+from . import run_dir, summary
 from . import seq2seq
 from .algorithms import (
     RunningRewardNormalizer,
@@ -34,6 +35,7 @@ from .algorithms import (
 )
 from .data import PromptSampler, apply_chat_template, collate_prompts, read_jsonl, tokenize_prompts
 from .experience import merge_groups, sample_rows, split_groups
+from .config import write_config
 from .logging import MetricsLogger
 from .lora import adapters_disabled, apply_lora, load_adapters, trainable_parameters
 from .modeling import (
@@ -78,6 +80,10 @@ class Trainer:
         self.world = dist.init(cfg)          # data-parallel ranks: each samples different prompts
         self.rank = dist.data_parallel_rank()
         self.geometry = cfg.batch_geometry(dist.world_size())
+        # Before anything slow: an output_dir holding a run is resumed, replaced (overwrite_output_dir) or refused.
+        self.run_dir = run_dir.plan(cfg.output_dir, cfg.resume_from_checkpoint, cfg.overwrite_output_dir)
+        if self.run_dir.reason and dist.is_main():
+            logger.info(self.run_dir.reason)
         paddle.seed(cfg.seed + self.rank)
         np.random.seed(cfg.seed + self.rank)
 
@@ -148,9 +154,13 @@ class Trainer:
         self.nonfinite_in_a_row = 0
         self.nonfinite_total = 0
         self.optimizer_steps = 0
-        resume = ckpt.resolve_resume_path(cfg.resume_from_checkpoint, cfg.output_dir)
-        if resume:
-            self._resume(resume)
+        if dist.is_main():
+            run_dir.apply(self.run_dir, cfg.output_dir)
+            write_config(cfg, os.path.join(cfg.output_dir, "config.yaml"))
+        if self.run_dir.resume:
+            self._resume(self.run_dir.resume)
+        self.steps_at_start = self.step
+        self.last_checkpoint = ckpt.latest_checkpoint(cfg.output_dir)
         self.log = MetricsLogger(cfg.output_dir, cfg.logging_dir, cfg.report_to, cfg.run_name, cfg.disable_tqdm,
                                  total_steps=self.max_steps, initial_step=self.step, enabled=dist.is_main())
 
@@ -608,6 +618,7 @@ class Trainer:
             writer=dist.is_main(), participant=self.rank == 0, tp_world=dist.tensor_parallel_world(),
             pp_world=dist.pipeline_parallel_world(), optimizer_shard=shard, saves_optimizer=saves,
             optimizer_model=self._optimizer_model(), sync=dist.barrier)
+        self.last_checkpoint = path
         if dist.is_main():
             logger.info("saved %s", path)
 
@@ -647,6 +658,13 @@ class Trainer:
         cfg = self.cfg
         metrics = {}
         interrupted = False
+        if self.step >= self.max_steps:  # a finished run: re-running its command must not re-save its checkpoint
+            if dist.is_main():
+                logger.info("%s already holds this run up to step %d (max_steps %d): nothing to train; set "
+                            "overwrite_output_dir: true to train again from scratch", cfg.output_dir, self.step,
+                            self.max_steps)
+            self.log.close()
+            return metrics
         previous = signal.getsignal(signal.SIGTERM)
         signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
@@ -712,6 +730,7 @@ def _raise_interrupt(*_):
 
 def train(cfg):
     """Entry point used by run_rl.py: build the trainer and run it; returns a process exit status."""
+    t0 = time.time()
     trainer = Trainer(cfg)
     if dist.is_main():
         logger.info("%d training prompts, %d eval prompts, %d steps; batch geometry %s",
@@ -720,4 +739,13 @@ def train(cfg):
         trainer.train()
     except KeyboardInterrupt:
         return 130
+    if dist.is_main():
+        s = summary.run_summary(run_dir.read_rows(os.path.join(cfg.output_dir, "metrics.jsonl")),
+                                output_dir=cfg.output_dir,
+                                logging_dir=cfg.logging_dir if cfg.report_to in ("visualdl", "all") else "",
+                                checkpoint=trainer.last_checkpoint, wall_s=time.time() - t0,
+                                steps_this_run=trainer.step - trainer.steps_at_start, last_step=trainer.step)
+        if s["steps_this_run"] > 0:  # re-running a finished run keeps the summary of the run that trained
+            summary.write_summary(s, cfg.output_dir)
+        print(summary.format_summary(s), end="", flush=True)
     return 0

@@ -23,3 +23,10 @@ def test_files_named_in_readme_exist(repo_root):
     readme = (repo_root / "README.md").read_text(encoding="utf-8")
     for path in set(re.findall(r"\b((?:configs|docs|tools)/[\w./-]+\.(?:yaml|md|py))", readme)):
         assert (repo_root / path).exists(), path
+
+
+def test_readme_python_versions_are_setup_pys(repo_root):
+    readme = (repo_root / "README.md").read_text(encoding="utf-8")
+    setup = (repo_root / "setup.py").read_text(encoding="utf-8")
+    low, high = re.search(r"Python 3\.(\d+)-3\.(\d+)", readme).groups()
+    assert f'python_requires=">=3.{low},<3.{int(high) + 1}"' in setup

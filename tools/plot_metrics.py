@@ -1,6 +1,6 @@
 """Plot metrics from one or more `metrics.jsonl` files (written by the trainer) into a PNG.
 
-    python tools/plot_metrics.py output/quickstart/metrics.jsonl --metrics eval/accuracy,train/reward --out plot.png
+    python tools/plot_metrics.py output/quickstart/metrics.jsonl --metrics eval/accuracy,train/reward --out output/quickstart/plot.png
     python tools/plot_metrics.py runA/metrics.jsonl runB/metrics.jsonl --labels "lr 3e-4,lr 0" \
         --metrics eval/accuracy --out compare.png
 
