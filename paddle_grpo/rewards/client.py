@@ -175,6 +175,10 @@ def _check_reply(reply, url, n, request_id):
     errors = body.get("errors") or [None] * n
     if not isinstance(by_function, dict) or not isinstance(errors, list) or len(errors) != n:
         raise RewardResponseError(f"{where} answered a malformed scores_by_function / errors field")
+    failed = [e for e in errors if e is not None]
+    if failed:  # otherwise the reasons would only be in the server's log, not the trainer's
+        logger.warning("%s: a reward function failed on %d of %d samples (their total reward is None); first: %s",
+                       where, len(failed), n, str(failed[0])[:300])
     return RewardResult(scores, by_function, errors)
 
 

@@ -73,7 +73,7 @@ def test_in_process_rewarder(reward_file):
     assert rewarder.score(PROMPTS, [""] * 4, COMPLETIONS) == EXPECTED["score"]
 
 
-def test_real_server_reply_and_client(reward_file, serve):
+def test_real_server_reply_and_client(reward_file, serve, caplog):
     server = serve(create_app(spec(reward_file), weights=WEIGHTS))
     reply = requests.post(server.url + "/", json={"src": PROMPTS, "tgt": [""] * 4, "response": COMPLETIONS},
                           timeout=30)
@@ -84,7 +84,13 @@ def test_real_server_reply_and_client(reward_file, serve):
     assert body["scores_by_function"] == {f"{reward_file}:{k}": v for k, v in EXPECTED["scores_by_function"].items()}
     assert '"score":[null,1.0,1.5,null]' in reply.text  # null on the wire, not 0 or a missing entry
     client = RewardClient(server.url, max_retries=0)
+    caplog.clear()
     assert as_dict(client.score_detailed(PROMPTS, [""] * 4, COMPLETIONS), reward_file) == EXPECTED
+    # The trainer's log names the failure too, not only the server's.
+    client_lines = [r.getMessage() for r in caplog.records if r.name == "paddle_grpo.rewards.client"]
+    assert len(client_lines) == 1 and client_lines[0].startswith(f"reward server {server.url} (request ")
+    assert ("a reward function failed on 2 of 4 samples (their total reward is None); first: "
+            f"{reward_file}:judge: ValueError: cannot judge a BOOM prompt") in client_lines[0]
 
 
 def test_timeout_is_a_failure_in_process_and_on_the_server(reward_file, serve):
