@@ -6,8 +6,10 @@
     GET /health -> {"status": "ok", "rewards": [...], "weights": [...], "max_score": float or null}
 
 Rejected requests get a 4xx status and `{"error_code": <the status>, "error_msg": "<what was wrong>"}`. A sample
-a reward function failed on gets `null` with its reason in `errors`; the batch still succeeds. Model output is only
-ever matched as text, never evaluated. Start it with `python -m reward_server` (see __main__.py).
+on which a reward function failed (raised, timed out) gets `score` null with the reason in `errors`; the batch
+still succeeds. A function that returns None for a sample is left out of that sample's weighted sum (null only
+when every function does). docs/rewards.md has an example request per built-in reward. Model output is only ever
+matched as text, never evaluated. Start it with `python -m reward_server` (see __main__.py).
 """
 import hmac
 import logging

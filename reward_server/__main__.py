@@ -1,4 +1,5 @@
-"""`python -m reward_server --host 127.0.0.1 --port 8731 --reward kk[,gsm8k] [--weights 1,0.5] [--token T]`
+"""`python -m reward_server --host 127.0.0.1 --port 8731 --reward kk,tag_format --weights 1,0.5`
+(add `--token TOKEN` to require `Authorization: Bearer TOKEN`; example requests in docs/rewards.md)
 
 Serves the reward functions over HTTP with waitress (multi-threaded; no lock around scoring). Binds to 127.0.0.1
 unless --host says otherwise. The token may also come from $REWARD_SERVER_TOKEN, which keeps it out of `ps`.

@@ -2,15 +2,25 @@
 
 Every reward function has the signature `fn(prompts, completions, **kwargs) -> list[float | None]`:
 `kwargs` carries the references (`tgt`), any other dataset columns and `completion_ids`, and a function must
-accept and ignore the ones it does not use. `None` means "cannot judge this sample", never "wrong".
+accept and ignore the ones it does not use.
+
+How a sample's score combines with the other functions' (`RewardSet`):
+- a number: `weight * number` enters the sample's weighted sum;
+- `None` (plain, no reason): the function abstains on that sample ("not mine to judge", never "wrong"); its term is
+  left out of the sum, as in TRL. The combined reward is None only when every function abstains;
+- a failure: the function raised or timed out on that sample, returned something that is not a finite number, or
+  returned None *with a reason* in `Scores.errors`. The sample's combined reward is None (the trainer leaves it
+  out of the advantages and counts it in `train/reward_none_frac`), and the reason goes to the errors.
 """
 
 
 class Scores(list):
-    """A reward function's result that can also say why some samples are None.
+    """A reward function's result that can also report per-sample failures.
 
-    It is a plain list of floats/None (so it satisfies the common signature); `errors[i]` is a short reason for
-    `self[i] is None`, or None. `RewardSet` copies the reasons into the per-sample error report.
+    It is a plain list of floats/None (so it satisfies the common signature). `errors[i]` is a short reason why
+    judging sample i failed, or None. A None score with a reason is a failure (the sample's combined reward becomes
+    None, as if the function had raised on it alone); a None without one is an abstention (the term is skipped).
+    `RewardSet` copies the reasons into the per-sample error report.
     """
 
     def __init__(self, values=(), errors=None):

@@ -1,9 +1,10 @@
 """Trainer-side scoring: `RewardClient` for reward servers, `InProcessRewarder` for the same functions in-process.
 
 Both have `score(src, tgt, response) -> list[float | None]` and `score_detailed(...) -> RewardResult`, so the
-trainer treats them alike (`make_rewarder` picks one from `use_rm_server`). None means the reward function could
-not judge that sample. A failure is never turned into reward 0 (PaddleNLP's client does that): after its retries
-the client raises RewardServerError saying which servers were tried and how each failed.
+trainer treats them alike (`make_rewarder` picks one from `use_rm_server`). A None total means a reward function
+failed on that sample (the reason is in `errors`) or every function returned None for it; the trainer leaves such
+samples out (`train/reward_none_frac`). A failed request is never turned into reward 0 (PaddleNLP's client does
+that): after its retries the client raises RewardServerError saying which servers were tried and how each failed.
 """
 import itertools
 import logging
@@ -97,7 +98,7 @@ class RewardClient:
         return self._max_score
 
     def score(self, src, tgt, response):
-        """Weighted total reward per sample (None: the server could not judge that sample)."""
+        """Weighted total reward per sample (None: a reward function failed on it, or none judged it)."""
         return self.score_detailed(src, tgt, response).scores
 
     def score_detailed(self, src, tgt, response):
@@ -174,6 +175,10 @@ def _check_reply(reply, url, n, request_id):
     errors = body.get("errors") or [None] * n
     if not isinstance(by_function, dict) or not isinstance(errors, list) or len(errors) != n:
         raise RewardResponseError(f"{where} answered a malformed scores_by_function / errors field")
+    failed = [e for e in errors if e is not None]
+    if failed:  # otherwise the reasons would only be in the server's log, not the trainer's
+        logger.warning("%s: a reward function failed on %d of %d samples (their total reward is None); first: %s",
+                       where, len(failed), n, str(failed[0])[:300])
     return RewardResult(scores, by_function, errors)
 
 

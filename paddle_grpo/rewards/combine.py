@@ -1,7 +1,13 @@
 """Several reward functions on one batch: weighted total, per-function scores, per-sample failure reasons.
 
 A function that raises or times out must not cost the whole batch: the batch call comes first (fast path), and
-only when it fails is the function called once per sample, so the bad sample alone gets None with its reason.
+only when it fails is the function called once per sample, so the bad sample alone fails, with its reason.
+
+Combining (see base.py): a sample on which any function *failed* (raised, timed out, returned a non-number, or
+None with a reason in `Scores.errors`) gets the combined reward None. A failure is not evidence about the
+completion, and summing the other terms would score it as if the failing term were 0 (`kk,tag_format` with kk
+failing would pay the format bonus alone). A plain None is an abstention and is skipped in the weighted sum, as in
+TRL; the combined reward is None only when every function abstains.
 """
 import dataclasses
 import logging
@@ -17,8 +23,9 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class RewardResult:
-    """`scores[i]`: weighted total for sample i (None when no function could judge it);
-    `scores_by_function[name][i]`: that function's raw score; `errors[i]`: why something is None, or None."""
+    """`scores[i]`: weighted total for sample i (None when a function failed on it or every function abstained);
+    `scores_by_function[name][i]`: that function's raw score (None: failed or abstained); `errors[i]`: the
+    failure reasons ("name: reason; ..."), or None."""
     scores: list
     scores_by_function: dict
     errors: list
@@ -64,7 +71,7 @@ def _describe(exc):
 
 
 def _check_value(value):
-    """(float or None, reason or None) for one returned score; bools count as 1.0 / 0.0."""
+    """(float or None, failure reason or None) for one returned score; bools count as 1.0 / 0.0."""
     if value is None:
         return None, None
     if isinstance(value, (str, bytes)):
@@ -84,7 +91,10 @@ class RewardSet:
     names_or_fns: list of registered names, `module:function` specs or callables, or a comma-separated string.
     weights: one per function (list or comma-separated string); default all 1.0.
     timeout_s: limit per call of a function (the batch call; then the per-sample calls, which run concurrently);
-        None: no limit. A sample whose call exceeds it gets None and the reason.
+        None: no limit. A sample whose call exceeds it has failed.
+
+    A sample's total is the weighted sum of the functions' scores, skipping the ones that returned None; it is None
+    when any function failed on the sample (the reason is in `errors`) or when every function returned None.
     """
 
     def __init__(self, names_or_fns, weights=None, timeout_s=None):
@@ -143,17 +153,24 @@ class RewardSet:
         for name, fn in zip(self.names, self.fns):
             values, reasons = self._evaluate(fn, prompts, completions, kwargs)
             by_function[name] = values
-            for i, reason in enumerate(reasons):
-                if reason is not None:
-                    errors[i].append(f"{name}: {reason}")
+            failed = [i for i, reason in enumerate(reasons) if reason is not None]
+            for i in failed:
+                errors[i].append(f"{name}: {reasons[i]}")
+            if failed:  # the one place a failure shows up in the trainer's or the server's log
+                logger.warning("reward %s failed on %d of %d samples (their total reward is None); first: %s",
+                               name, len(failed), n, reasons[failed[0]])
         totals = []
         for i in range(n):
+            if errors[i]:
+                totals.append(None)
+                continue
             terms = [w * by_function[name][i] for name, w in zip(self.names, self.weights)
                      if by_function[name][i] is not None]
             totals.append(sum(terms) if terms else None)
         return RewardResult(totals, by_function, ["; ".join(e) if e else None for e in errors])
 
     def _evaluate(self, fn, prompts, completions, kwargs):
+        """(values, reasons): reasons[i] is not None exactly when fn failed on sample i (values[i] is then None)."""
         n = len(completions)
         try:
             out = _call_with_timeout(fn, (prompts, completions), kwargs, self.timeout_s)
@@ -169,12 +186,18 @@ class RewardSet:
             raise TypeError(f"returned a {type(out).__name__}, not a list of scores")
         if len(out) != n:
             raise ValueError(f"returned {len(out)} scores for {n} samples")
-        given = getattr(out, "errors", None) if isinstance(out, Scores) else None
+        given = out.errors if isinstance(out, Scores) else [None] * n
+        if len(given) != n:  # a Scores appended to after construction
+            raise ValueError(f"returned Scores with {n} values but {len(given)} errors")
         values, reasons = [], []
-        for i, value in enumerate(out):
+        for value, note in zip(out, given):
             value, reason = _check_value(value)
+            # Beside None a reason reports a failure (base.py); beside a number it is dropped, so errors[i] is
+            # set exactly when a failure made the total None.
+            if reason is None and value is None and note is not None:
+                reason = str(note)
             values.append(value)
-            reasons.append(reason or (given[i] if given else None))
+            reasons.append(reason)
         return values, reasons
 
     def _per_sample(self, fn, prompts, completions, kwargs):

@@ -7,7 +7,8 @@ dropped ("1,000" == 1000); anything else goes to math-verify as text, which extr
 compared with math-verify (`parse`, `verify`), so "0.5", "1/2" and "\\frac{1}{2}" agree.
 
 A completion with no answer at all scores 0.0 (a wrong answer, not "cannot judge"). Each check runs in a killable
-child process with a time limit (`math_verify_pool.py`); a check that exceeds it gives None with the reason.
+child process with a time limit (`math_verify_pool.py`); a check that exceeds it gives None with the reason, which
+counts as a failure (the sample's combined reward is None, see base.py), not as an abstention.
 """
 import re
 

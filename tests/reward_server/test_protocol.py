@@ -136,6 +136,7 @@ def flaky(prompts, completions, **kwargs):
 
 
 def test_failing_sample_is_null_with_reason(serve):
+    # A raise or a timeout in one function makes that sample's total null, even though tag_format scored it.
     url = serve(create_app([flaky, "tag_format"], timeout_s=0.3)).url
     try:
         reply = post(url, {"src": ["q"] * 3, "tgt": ["t"] * 3, "response": ["fine", "BOOM", "HANG <answer>a</answer>"]})
@@ -144,7 +145,7 @@ def test_failing_sample_is_null_with_reason(serve):
     assert reply.status_code == 200
     body = reply.json()
     assert body["scores_by_function"] == {"flaky": [1.0, None, None], "tag_format": [0.0, 0.0, 1.0]}
-    assert body["score"] == [1.0, 0.0, 1.0]
+    assert body["score"] == [1.0, None, None]
     assert body["errors"] == [None, "flaky: RuntimeError: exploded on purpose", "flaky: timed out after 0.3 s"]
 
 

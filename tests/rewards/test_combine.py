@@ -1,4 +1,5 @@
-"""RewardSet: weighted totals, per-function scores, and per-sample isolation of failures and timeouts."""
+"""RewardSet: weighted totals, per-function scores, per-sample isolation of failures and timeouts, and how a
+failure (total None) differs from an abstention (None term skipped in the sum)."""
 import threading
 import time
 
@@ -23,8 +24,13 @@ def sleepy(prompts, completions, **kwargs):
     return [1.0] * len(completions)
 
 
+def abstain(prompts, completions, **kwargs):
+    """None (abstains, no reason) for completions starting with '?', else 2.0."""
+    return [None if c.startswith("?") else 2.0 for c in completions]
+
+
 def unsure(prompts, completions, **kwargs):
-    """None ("cannot judge") for '?' completions, with a reason."""
+    """None with a reason (a reported failure) for '?' completions, else 2.0."""
     return Scores([None if c == "?" else 2.0 for c in completions],
                   ["no idea" if c == "?" else None for c in completions])
 
@@ -43,21 +49,59 @@ def test_weighted_total_and_breakdown():
     assert out.errors == [None, None, None]
 
 
-def test_none_terms_left_out():
+def test_returned_none_is_skipped_in_the_sum():
+    rs = RewardSet([abstain, "tag_format"], weights=[1.0, 3.0])
+    out = rs(["p"] * 3, ["?", "? <answer>y</answer>", "<answer>y</answer>"])
+    assert out.scores_by_function == {"abstain": [None, None, 2.0], "tag_format": [0.0, 1.0, 1.0]}
+    assert out.scores == [0.0, 3.0, 5.0]  # samples 0 and 1: tag_format's term alone (3 * 0.0, 3 * 1.0)
+    assert out.errors == [None, None, None]  # abstaining is not an error
+    alone = RewardSet([abstain])(["p", "p"], ["?", "x"])
+    assert alone.scores == [None, 2.0]  # every term None -> None total
+    assert alone.errors == [None, None]
+
+
+def test_none_with_a_reason_is_a_failure():
     rs = RewardSet([unsure, "tag_format"], weights=[1.0, 3.0])
     out = rs(["p", "p"], ["?", "<answer>y</answer>"])
-    assert out.scores == [0.0, 5.0]            # sample 0: only tag_format's 3 * 0.0
+    assert out.scores_by_function == {"unsure": [None, 2.0], "tag_format": [0.0, 1.0]}
+    assert out.scores == [None, 5.0]
     assert out.errors == ["unsure: no idea", None]
-    alone = RewardSet([unsure])(["p", "p"], ["?", "x"])
-    assert alone.scores == [None, 2.0]          # no term at all -> None total
 
 
-def test_raising_sample_is_isolated():
+def test_raising_sample_makes_the_total_none():
     rs = RewardSet([fragile, "tag_format"])
-    out = rs(["p"] * 3, ["ab", "BOOM", "<answer>c</answer>"])
-    assert out.scores_by_function["fragile"] == [2.0, None, 18.0]
-    assert out.scores == [2.0, 0.0, 19.0]
+    out = rs(["p"] * 3, ["ab", "BOOM <answer>c</answer>", "<answer>c</answer>"])
+    assert out.scores_by_function == {"fragile": [2.0, None, 18.0], "tag_format": [0.0, 1.0, 1.0]}
+    # Sample 1: tag_format's 1.0 is not paid alone; the failure makes the whole total None.
+    assert out.scores == [2.0, None, 19.0]
     assert out.errors == [None, "fragile: ValueError: cannot score BOOM", None]
+
+
+def same_but_raising(prompts, completions, **kwargs):
+    """Raises on 'BOOM', None on '?', else 2.0: both cases in one function."""
+    if any("BOOM" in c for c in completions):
+        raise ValueError("cannot score BOOM")
+    return [None if c.startswith("?") else 2.0 for c in completions]
+
+
+def test_raise_versus_return_none_with_weights_1_and_half():
+    rs = RewardSet([same_but_raising, "tag_format"], weights=[1.0, 0.5])
+    out = rs(["p"] * 3, ["BOOM <answer>a</answer>", "? <answer>a</answer>", "<answer>a</answer>"])
+    assert out.scores == [None, 0.5, 2.5]
+    assert out.errors == ["same_but_raising: ValueError: cannot score BOOM", None, None]
+
+
+def test_failures_in_two_functions_are_both_reported():
+    rs = RewardSet([fragile, unsure])
+    out = rs(["p", "p"], ["BOOM", "?"])
+    assert out.scores == [None, None]
+    assert out.errors == ["fragile: ValueError: cannot score BOOM", "unsure: no idea"]
+
+
+def test_a_failure_is_logged(caplog):
+    RewardSet([fragile])(["p"] * 3, ["a", "BOOM", "BOOM"])
+    assert "reward fragile failed on 2 of 3 samples (their total reward is None); first: ValueError: cannot " \
+           "score BOOM" in caplog.text
 
 
 def test_hanging_sample_times_out_alone():
@@ -67,7 +111,7 @@ def test_hanging_sample_times_out_alone():
     elapsed = time.monotonic() - started
     assert out.scores_by_function == {"sleepy": [1.0, None, 1.0], "fragile": [1.0, 4.0, 3.0]}
     assert out.errors == [None, "sleepy: timed out after 0.3 s", None]
-    assert out.scores == [2.0, 4.0, 4.0]
+    assert out.scores == [2.0, None, 4.0]  # a timeout is a failure: fragile's 4.0 is not paid alone
     assert elapsed < 2.0, elapsed  # batch call (0.3 s) + concurrent per-sample calls (0.3 s)
 
 
@@ -80,9 +124,17 @@ def test_bad_return_values():
 
     out = RewardSet([wrong_length])(["p"] * 2, ["a", "b"])
     assert out.scores == [1.0, 1.0]  # per-sample calls return one score each, which is the right length
-    out = RewardSet([mixed])(["p"] * 4, ["a", "b", "c", "d"])
-    assert out.scores == [None, None, 1.0, 3.0]
+    out = RewardSet([mixed, "tag_format"])(["p"] * 4, ["a", "b", "c", "d"])
+    assert out.scores == [None, None, 1.0, 3.0]  # a value that is not a finite number is a failure
     assert out.errors == ["mixed: returned a str, not a number", "mixed: returned nan", None, None]
+
+
+def test_a_note_beside_a_number_is_not_an_error():
+    def noted(prompts, completions, **kwargs):
+        return Scores([1.0], ["fine, just saying"])
+
+    out = RewardSet([noted])(["p"], ["a"])
+    assert out.scores == [1.0] and out.errors == [None]
 
 
 def test_columns_are_sliced_per_sample():

@@ -1,0 +1,151 @@
+"""docs/rewards.md runs as written: every `python -m reward_server ...` block starts a real server (the CLI, on a free
+port instead of 8731), every `curl` block after it is run against that server, and the reply must equal the block
+that follows it, byte for byte (only `request_id`, random per request, is taken from the docs).
+
+Each curl runs twice: with the real curl through bash, as a user pastes it, and parsed with shlex and sent with
+requests, so the check does not depend on curl being installed.
+"""
+import json
+import pathlib
+import re
+import shlex
+import shutil
+import subprocess
+
+import pytest
+import requests
+
+from paddle_grpo.rewards import available_rewards, get_reward_fn
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+DOC_PORT = "http://127.0.0.1:8731"
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+REQUEST_ID = re.compile(r'"request_id":"([^"]*)"')
+
+
+def doc_text(repo_root):
+    return (repo_root / "docs" / "rewards.md").read_text(encoding="utf-8")
+
+
+def sections(text):
+    """[(server argv, [(curl command, expected reply)])] in the order of the page.
+
+    Every bash block must be a one-line server start or one curl command, and every curl block must be followed by
+    a plain block with the reply, so nothing on the page escapes the check."""
+    blocks = FENCE.findall(text)
+    out, i = [], 0
+    while i < len(blocks):
+        lang, body = blocks[i]
+        command = body.strip()
+        i += 1
+        if lang != "bash":
+            continue
+        if command.startswith("python -m reward_server"):
+            assert "\n" not in command, f"docs/rewards.md: a server start must be one line: {command!r}"
+            argv = shlex.split(command)[3:]
+            assert "--port" not in argv and "&" not in argv, command  # the examples use the default port
+            out.append((argv, []))
+        elif command.startswith("curl "):
+            assert out, f"docs/rewards.md: curl before any server start: {command[:80]!r}"
+            assert i < len(blocks) and blocks[i][0] == "", \
+                f"docs/rewards.md: curl without a plain reply block after it: {command[:80]!r}"
+            out[-1][1].append((command, blocks[i][1].strip()))
+            i += 1
+        else:
+            raise AssertionError(f"docs/rewards.md: a bash block that is neither a server start nor a curl: "
+                                 f"{command[:80]!r}")
+    return out
+
+
+def send_like_curl(command):
+    """The reply body to `command` (curl -s [-H H]... [-d DATA] URL), sent with requests."""
+    args = shlex.split(command)
+    assert args[0] == "curl", command
+    headers, data, url = {}, None, None
+    rest = iter(args[1:])
+    for arg in rest:
+        if arg == "-s":
+            continue
+        if arg == "-H":
+            name, value = next(rest).split(":", 1)
+            headers[name.strip()] = value.strip()
+        elif arg == "-d":
+            data = next(rest).encode()
+        elif arg.startswith("http://"):
+            url = arg
+        else:
+            raise AssertionError(f"curl option {arg!r} in docs/rewards.md is not understood by this test")
+    if data is None:
+        return requests.get(url, headers=headers, timeout=60).text
+    return requests.post(url, data=data, headers=headers, timeout=60).text
+
+
+def assert_same_reply(documented, actual, command):
+    got = actual.strip()
+    ids = REQUEST_ID.findall(got)
+    if ids:  # random per request: it must be there and look like one; its value is the docs'
+        assert len(ids) == 1 and re.fullmatch(r"[0-9a-f]{16}", ids[0]), got
+        wanted = REQUEST_ID.findall(documented)
+        assert len(wanted) == 1, f"docs/rewards.md shows no request_id for {command[:80]!r}"
+        got = got.replace(f'"request_id":"{ids[0]}"', f'"request_id":"{wanted[0]}"')
+    json.loads(documented)  # the docs show valid JSON
+    assert got == documented, f"\ncommand:\n{command}\ndocumented:\n{documented}\nreal:\n{got}"
+
+
+def pytest_generate_tests(metafunc):
+    if "section" in metafunc.fixturenames:  # one test per server start on the page
+        found = sections(doc_text(REPO))
+        metafunc.parametrize("section", found, ids=[" ".join(argv) for argv, _ in found])
+
+
+def test_page_has_an_example_for_every_builtin_reward(repo_root):
+    found = sections(doc_text(repo_root))
+    shown = {name for argv, examples in found if examples
+             for name in argv[argv.index("--reward") + 1].split(",")}
+    # The rewards package's own (other modules, e.g. paddle_grpo.quickstart, may register theirs when imported).
+    builtin = {name for name in available_rewards()
+               if get_reward_fn(name).__module__.startswith("paddle_grpo.rewards.")}
+    assert {"kk", "gsm8k", "gsm8k_format", "tag_format", "tag_format_strict", "rouge_l",
+            "length_similarity"} <= builtin
+    assert builtin <= shown, builtin - shown
+    assert sum(len(examples) for _, examples in found) >= 12
+
+
+def test_documented_example_matches_a_real_server(section, start_cli, free_port, repo_root):
+    argv, examples = section
+    port = free_port()
+    proc = start_cli(port, *argv)
+    url = f"http://127.0.0.1:{port}"
+    for command, documented in examples:
+        local = command.replace(DOC_PORT, url)
+        assert local != command, f"the example does not use {DOC_PORT}: {command[:80]!r}"
+        if shutil.which("curl") and shutil.which("bash"):
+            done = subprocess.run(["bash", "-c", local], capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            assert_same_reply(documented, done.stdout, command)
+        assert_same_reply(documented, send_like_curl(local), command)
+    if argv == ["--reward", "kk"]:  # the start-up line the page quotes is the one this server logged
+        quoted = re.search(r"`(reward server listening on [^`]*)`", doc_text(repo_root)).group(1)
+        assert quoted.replace(DOC_PORT, url) in proc.log_path.read_text()
+
+
+def test_every_server_command_in_readme_and_docs_parses_and_loads(repo_root):
+    # A literal `[--token T]` or a misspelt reward in any page fails here, not in a user's terminal.
+    from reward_server import create_app
+    from reward_server.__main__ import parse_args
+
+    pages = [repo_root / "README.md", *sorted((repo_root / "docs").glob("*.md"))]
+    seen = 0
+    for page in pages:
+        for lang, body in FENCE.findall(page.read_text(encoding="utf-8")):
+            for line in body.splitlines():
+                if lang != "bash" or not line.strip().startswith("python -m reward_server"):
+                    continue
+                argv = [a for a in shlex.split(line, comments=True)[3:] if a != "&"]
+                try:
+                    args = parse_args(argv)
+                except SystemExit:
+                    raise AssertionError(f"{page.name}: `{line.strip()}` is rejected by the CLI") from None
+                create_app(args.reward, weights=args.weights, token=args.token, timeout_s=args.timeout_s or None)
+                seen += 1
+    assert seen >= 15, seen
