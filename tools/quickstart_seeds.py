@@ -25,16 +25,21 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def machine() -> dict:
     """What the numbers depend on: float kernels differ by CPU, and results by thread count."""
-    cpu = platform.processor() or ""
+    cpu, flags = platform.processor() or "", []
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+            info = f.read().splitlines()
+        cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+        present = set(next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), []))
+        # paddle's oneDNN/MKL kernels are picked by these instruction sets, so results differ between CPUs
+        flags = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in present]
     except OSError:
         pass
     import paddle
 
-    return {"cpu": cpu, "cores": os.cpu_count(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"),
-            "python": platform.python_version(), "paddle": paddle.__version__}
+    return {"cpu": cpu, "cpu_flags": flags, "cores": os.cpu_count(),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"), "python": platform.python_version(),
+            "paddle": paddle.__version__}
 
 
 def run_paths(seed: int, control: bool) -> dict:

@@ -38,3 +38,25 @@ def test_tables_give_ranges_over_seeds_and_controls(load_tool):
     assert "| `--seed 1` | 475 | 0.478 | 0.831 | +35.3 | 180 s |" in text
     assert "| `--seed 2` | 450 | 0.471 | 0.934 | +46.3 |  |" in text
     assert "| `--seed 1 --learning_rate 0` | 475 | 0.478 | 0.506 | +2.8 (all evals 0.478-0.512) | 176 s |" in text
+
+
+def test_readme_and_quickstart_doc_show_the_recorded_runs(load_tool, repo_root):
+    """The numbers README.md and docs/quickstart.md give are the ones tools/quickstart_seeds.py recorded, on the
+    machine they name."""
+    tool = load_tool("quickstart_seeds")
+    with open(repo_root / "docs" / "results" / "quickstart_seeds.json", encoding="utf-8") as f:
+        results = json.load(f)
+    readme = (repo_root / "README.md").read_text(encoding="utf-8")
+    doc = (repo_root / "docs" / "quickstart.md").read_text(encoding="utf-8")
+    text = tool.tables(results)
+    summary_line, table = text.split("\n", 1)
+    assert summary_line in readme and summary_line in doc
+    assert table.strip() in doc
+    for claim in (readme, doc):
+        assert results["machine"]["cpu"] in claim and f"{results['machine']['cores']} cores" in claim
+    # the README's wall-time range is the recorded one of the runs that built their own policy (not the controls)
+    walls = [r["wall_s"] for r in results["runs"] if r["wall_s"] is not None and not r["learning_rate_0"]]
+    assert f"{min(walls) / 60:.1f}-{max(walls) / 60:.1f} min" in readme
+    runs = [r for r in results["runs"] if not r["learning_rate_0"]]
+    gains = [100 * (r["eval_last"] - r["eval_first"]) for r in runs]
+    assert f"{min(gains):+.1f} to {max(gains):+.1f} points held-out accuracy over {len(runs)} seeds" in readme
