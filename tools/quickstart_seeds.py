@@ -47,12 +47,14 @@ def run_paths(seed: int, control: bool) -> dict:
     return {"policy": f"build/qs_s{seed}", "output": f"output/{name}"}
 
 
-def run_one(seed: int, control: bool, log_dir: str) -> dict:
+def run_one(seed: int, control: bool, log_dir: str, overwrite: bool = False) -> dict:
     """One `run_rl.py configs/quickstart.yaml` run; returns its summary row."""
     paths = run_paths(seed, control)
     cmd = [sys.executable, "run_rl.py", "configs/quickstart.yaml", "--seed", str(seed),
            "--actor_model_name_or_path", paths["policy"], "--output_dir", paths["output"],
            "--logging_dir", f"{paths['output']}/vdl_log", "--disable_tqdm", "true"]
+    if overwrite:
+        cmd += ["--overwrite_output_dir", "true"]
     if control:
         cmd += ["--learning_rate", "0"]
     os.makedirs(log_dir, exist_ok=True)
@@ -91,12 +93,13 @@ def tables(results: dict) -> str:
     runs = [r for r in results["runs"] if not r["learning_rate_0"]]
     controls = [r for r in results["runs"] if r["learning_rate_0"]]
     gains = [r["eval_last"] - r["eval_first"] for r in runs]
+    control_gains = [r["eval_last"] - r["eval_first"] for r in controls]
     lines = [f"Over {len(runs)} seeds: step 0 {min(r['eval_first'] for r in runs):.3f}-"
              f"{max(r['eval_first'] for r in runs):.3f}, step {runs[0]['last_step']} "
              f"{min(r['eval_last'] for r in runs):.3f}-{max(r['eval_last'] for r in runs):.3f}, "
-             f"**{_pts(min(gains))} to {_pts(max(gains))} points**; with `learning_rate 0`: "
-             f"{_pts(min(r['eval_last'] - r['eval_first'] for r in controls))} to "
-             f"{_pts(max(r['eval_last'] - r['eval_first'] for r in controls))} points.", "",
+             f"**{_pts(min(gains))} to {_pts(max(gains))} points**" +
+             (f"; with `learning_rate 0`: {_pts(min(control_gains))} to {_pts(max(control_gains))} points."
+              if controls else "."), "",
              "| run | SFT steps | step 0 | last step | change | wall time |", "|---|---|---|---|---|---|"]
     for r in results["runs"]:
         label = f"`--seed {r['seed']}" + (" --learning_rate 0`" if r["learning_rate_0"] else "`")
@@ -118,6 +121,8 @@ def main(argv=None) -> int:
     parser.add_argument("--collect", action="store_true",
                         help="do not run: summarise runs already finished in output/ (wall times unknown)")
     parser.add_argument("--tables", metavar="JSON", help="only print the markdown of an existing results file")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace runs already in output/ (each run gets --overwrite_output_dir true)")
     args = parser.parse_args(argv)
     if args.tables:
         with open(args.tables, encoding="utf-8") as f:
@@ -125,7 +130,12 @@ def main(argv=None) -> int:
         return 0
     plan = [(int(s), False) for s in args.seeds.split(",") if s] + \
            [(int(s), True) for s in args.controls.split(",") if s]
-    rows = [summarise(s, c) if args.collect else run_one(s, c, args.log_dir) for s, c in plan]
+    existing = [run_paths(s, c)["output"] for s, c in plan if os.path.exists(os.path.join(_REPO,
+                                                                                         run_paths(s, c)["output"]))]
+    if existing and not (args.collect or args.overwrite):
+        raise SystemExit(f"{', '.join(existing)} already exist: pass --overwrite to train them again from scratch, "
+                         "or --collect to summarise them")
+    rows = [summarise(s, c) if args.collect else run_one(s, c, args.log_dir, args.overwrite) for s, c in plan]
     results = {"machine": machine(), "runs": rows}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:

@@ -60,3 +60,11 @@ def test_readme_and_quickstart_doc_show_the_recorded_runs(load_tool, repo_root):
     runs = [r for r in results["runs"] if not r["learning_rate_0"]]
     gains = [100 * (r["eval_last"] - r["eval_first"]) for r in runs]
     assert f"{min(gains):+.1f} to {max(gains):+.1f} points held-out accuracy over {len(runs)} seeds" in readme
+
+
+def test_tables_without_controls(load_tool):
+    tool = load_tool("quickstart_seeds")
+    run = dict(seed=5, learning_rate_0=False, sft_steps=400, eval_first=0.5, eval_last=0.75, last_step=300,
+               eval_all_min=0.5, eval_all_max=0.75, wall_s=100)
+    assert tool.tables({"runs": [run]}).splitlines()[0] == ("Over 1 seeds: step 0 0.500-0.500, step 300 "
+                                                            "0.750-0.750, **+25.0 to +25.0 points**.")
