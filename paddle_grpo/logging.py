@@ -92,10 +92,10 @@ def format_sample(row: dict) -> str:
     """One sample as plain text: reward with each function's score, prompt, completion.
 
     VisualDL's text page shows plain text (no markdown) and folds line breaks into spaces, so every part carries
-    a label rather than relying on layout.
+    a label rather than relying on layout; `=` because reward names may contain colons (`module:function`).
     """
     scores = row.get("scores") or {}
-    breakdown = f" ({', '.join(f'{name}: {_number(v)}' for name, v in scores.items())})" if scores else ""
+    breakdown = f" ({', '.join(f'{name} = {_number(v)}' for name, v in scores.items())})" if scores else ""
     return (f"reward: {_number(row.get('reward'))}{breakdown}\n"
             f"prompt: {row.get('prompt', '')}\n"
             f"completion: {row.get('completion', '')}")

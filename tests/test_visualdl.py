@@ -96,7 +96,7 @@ def test_sample_rows_carry_prompt_whole_completion_reward_and_every_score(tokeni
         kanji, bonus = float("東京" in c), len(c) / 10
         assert row["scores"] == {"has_kanji": kanji, "length_bonus": pytest.approx(bonus)}
         assert row["reward"] == pytest.approx(kanji + bonus)
-    assert format_sample(rows[1]) == ("reward: 2.4 (has_kanji: 1, length_bonus: 1.4)\n"
+    assert format_sample(rows[1]) == ("reward: 2.4 (has_kanji = 1, length_bonus = 1.4)\n"
                                       f"prompt: {RECORDS[0]['src']}\ncompletion: Kyōto? non, 東京")
     assert format_sample({"prompt": "p", "completion": "c", "reward": None, "scores": {}}) == \
         "reward: None\nprompt: p\ncompletion: c"
