@@ -37,6 +37,9 @@ INSTALL_REQUIRES = PADDLE + [
     # paddlenlp 3.0.0b4 pins numpy<=1.26.4; pyarrow 26 (pulled in by `datasets`) refuses numpy 1.x at import.
     "numpy<=1.26.4",
     "pyarrow>=21,<26",
+    # No pin keeps `visualdl --logdir DIR` from answering HTTP 500 to curl and to browsers in languages other than
+    # English and Chinese: every VisualDL from 2.0.5 to 2.5.3 sets its language cookie to None then, which every
+    # Werkzeug (2.2 to 3.1) refuses. The README's command passes `--language en` (paddle_grpo/logging.py).
     "visualdl>=2.5",
     "flask>=3.0",
     "waitress>=3.0",

@@ -3,7 +3,7 @@ groups (so DAPO dynamic sampling can keep or drop whole groups) and merged back 
 
 A batch is a dict of paddle tensors (`prompt_ids`/`prompt_mask` [n, L] left-padded, `completion_ids`/
 `completion_mask`/`sample_logprobs` [n, T]) and numpy/python per-row data (`lengths`, `truncated`, `texts`,
-`rewards`, `valid`, `by_function`), rows ordered prompt by prompt, G samples each.
+`rewards`, `valid`, `by_function`, `prompt_index`), rows ordered prompt by prompt, G samples each.
 """
 import numpy as np
 import paddle
@@ -55,11 +55,17 @@ def merge_groups(groups, pad_id):
         "rewards": np.array([0.0 if s is None else s for s in scores], dtype=np.float64),
         "valid": np.array([s is not None for s in scores]),
         "by_function": {k: [v for g in groups for v in g["by_function"][k]] for k in names},
+        "prompt_index": [g["index"] for g in groups for _ in g["texts"]],  # the dataset row each sample answers
     }
 
 
-def sample_rows(b, rewards, rank, k=4):
-    n = len(b["texts"])
-    start = rank * n
-    return [{"response": b["texts"][i], "reward": float(rewards[start + i]), "length": int(b["lengths"][i])}
-            for i in range(min(k, n))]
+def sample_rows(b: dict, records: list, k: int = 4) -> list:
+    """The first `k` samples of batch `b` as logged rows: `prompt` (the record's src), `completion` (the text the
+    reward functions scored, decoded from the whole token sequence), `reward` (the weighted total before any
+    shaping or normalisation; None when no function could judge it), `scores` (each reward function's own score)
+    and `length` (generated tokens, EOS included)."""
+    return [{"prompt": records[b["prompt_index"][i]]["src"], "completion": b["texts"][i],
+             "reward": float(b["rewards"][i]) if b["valid"][i] else None,
+             "scores": {name: values[i] for name, values in b["by_function"].items()},
+             "length": int(b["lengths"][i])}
+            for i in range(min(k, len(b["texts"])))]

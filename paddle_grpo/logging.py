@@ -9,6 +9,7 @@ import json
 import logging as _pylogging
 import math
 import os
+import shlex
 
 logger = _pylogging.getLogger("paddle_grpo")
 
@@ -28,6 +29,7 @@ class MetricsLogger:
             from visualdl import LogWriter
 
             self.writer = LogWriter(logdir=os.path.join(logging_dir, run_name) if run_name else logging_dir)
+            logger.info("VisualDL logs in %s; to view them: %s", logging_dir, visualdl_command(logging_dir))
         if not disable_tqdm:
             from tqdm.auto import tqdm
 
@@ -55,8 +57,10 @@ class MetricsLogger:
         self.bar.set_postfix(shown, refresh=False)
         self.bar.update(step - self.bar.n)
 
-    def log_samples(self, step, rows, tag="rollout"):
-        """Sample completions with their rewards: one JSON line each in rollouts.jsonl, and as VisualDL text."""
+    def log_samples(self, step: int, rows: list, tag: str = "rollout") -> None:
+        """Sample completions (dicts with prompt, completion, reward, scores, length): one JSON line each in
+        rollouts.jsonl, and one VisualDL text card each, `samples/<tag>/<i>` (VisualDL shows one card per tag, with
+        that tag's text at every logged step)."""
         if not self.enabled or not rows:
             return
         with open(self.samples_path, "a", encoding="utf-8") as f:
@@ -64,15 +68,41 @@ class MetricsLogger:
                 f.write(json.dumps({"step": int(step), "kind": tag, **{k: _plain(v) for k, v in row.items()}},
                                    ensure_ascii=False) + "\n")
         if self.writer is not None:
-            text = "\n\n".join(f"reward {row.get('reward')}: {row.get('prompt_tail', '')}**{row.get('response')}**"
-                               for row in rows)
-            self.writer.add_text(tag=f"samples/{tag}", text_string=text, step=int(step))
+            for i, row in enumerate(rows):
+                self.writer.add_text(tag=f"samples/{tag}/{i}", text_string=format_sample(row), step=int(step))
 
     def close(self):
         if self.bar is not None:
             self.bar.close()
         if self.writer is not None:
             self.writer.close()
+
+
+def visualdl_command(logdir: str) -> str:
+    """The command that serves `logdir` in VisualDL.
+
+    `--language en` because VisualDL (every release from 2.0.5 to 2.5.3, the newest) answers HTTP 500 to a
+    request whose Accept-Language matches neither English nor Chinese (curl, a French browser): it sets its
+    language cookie to None, which every Werkzeug refuses. No version pin avoids that; the flag does.
+    """
+    return f"visualdl --logdir {shlex.quote(str(logdir))} --language en"
+
+
+def format_sample(row: dict) -> str:
+    """One sample as plain text: reward with each function's score, prompt, completion.
+
+    VisualDL's text page shows plain text (no markdown) and folds line breaks into spaces, so every part carries
+    a label rather than relying on layout; `=` because reward names may contain colons (`module:function`).
+    """
+    scores = row.get("scores") or {}
+    breakdown = f" ({', '.join(f'{name} = {_number(v)}' for name, v in scores.items())})" if scores else ""
+    return (f"reward: {_number(row.get('reward'))}{breakdown}\n"
+            f"prompt: {row.get('prompt', '')}\n"
+            f"completion: {row.get('completion', '')}")
+
+
+def _number(v):
+    return "None" if v is None else f"{float(v):.4g}"
 
 
 def _plain(v):

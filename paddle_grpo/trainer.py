@@ -309,7 +309,9 @@ class Trainer:
         metrics["train/reward"] = float(rewards[valid].mean()) if valid.any() else 0.0
         metrics["train/reward_std"] = float(rewards[valid].std(ddof=1)) if valid.sum() > 1 else 0.0
         metrics["train/reward_none_frac"] = float(1.0 - valid.mean())
-        for name in gathered[0]["by_function"]:
+        # Per function only with several: a single function's mean would repeat train/reward under another tag.
+        names = list(gathered[0]["by_function"]) if len(gathered[0]["by_function"]) > 1 else []
+        for name in names:
             vals = [v for g in gathered for v in g["by_function"][name] if v is not None]
             if vals:
                 metrics[f"train/reward/{name}"] = float(np.mean(vals))
@@ -572,8 +574,10 @@ class Trainer:
             result = self._score(self.eval_records, idx, rollout, texts, 1)
             rewards.extend(result.scores)
             if not samples:
-                samples = [{"prompt_tail": self.eval_records[i]["src"][-120:], "response": t, "reward": r}
-                           for i, t, r in zip(idx[:2], texts, result.scores)]
+                samples = [{"prompt": self.eval_records[i]["src"], "completion": texts[j], "reward": result.scores[j],
+                            "scores": {name: v[j] for name, v in result.scores_by_function.items()},
+                            "length": int(rollout.lengths[j])}
+                           for j, i in enumerate(idx[:2])]
         everything = [r for part in dist.all_gather_object(rewards) for r in part]
         scores = np.array([np.nan if r is None else r for r in everything], dtype=np.float64)
         best = self._max_reward()
@@ -678,7 +682,7 @@ class Trainer:
                 self.log.log(self.step, metrics)
                 self.log.advance(self.step, metrics)
                 if self.step % cfg.logging_steps == 0:
-                    self.log.log_samples(self.step, sample_rows(b, rewards, self.rank))
+                    self.log.log_samples(self.step, sample_rows(b, self.train_records))
                 if cfg.save_strategy == "steps" and self.step % cfg.save_steps == 0 and self.step < self.max_steps:
                     self.save()
         except KeyboardInterrupt:

@@ -246,6 +246,11 @@ def test_eval_reports_accuracy_against_the_declared_maximum(workdir, tiny_policy
     assert t2.evaluate()["eval/accuracy"] == 1.0
     samples = [json.loads(line) for line in open(tmp_path / "out" / "rollouts.jsonl")]
     assert {s["kind"] for s in samples} == {"eval", "rollout"}
+    srcs = {r["src"] for r in trainer.train_records}
+    for s in samples:
+        assert s["prompt"] in srcs and isinstance(s["completion"], str) and s["scores"] == {"kk": s["reward"]}
+    # one reward function: its score is train/reward, not logged a second time as train/reward/kk
+    assert not [k for r in rows for k in r if k.startswith("train/reward/")]
 
 
 def test_training_against_a_real_reward_server_and_failing_loudly(workdir, tiny_policy_dir, tmp_path):
@@ -326,7 +331,11 @@ def test_visualdl_receives_every_scalar_of_metrics_jsonl_and_the_samples(workdir
 
     from visualdl import LogReader
 
-    cfg = make_cfg(workdir, tiny_policy_dir, tmp_path / "out", report_to="visualdl", run_name="run1")
+    from paddle_grpo.logging import format_sample
+
+    # two reward functions: each gets its own scalar beside train/reward
+    cfg = make_cfg(workdir, tiny_policy_dir, tmp_path / "out", report_to="visualdl", run_name="run1",
+                   reward_funcs="kk,tag_format")
     Trainer(cfg).train()
     files = glob.glob(str(tmp_path / "out" / "vdl" / "run1" / "vdlrecords*"))
     assert len(files) == 1
@@ -334,7 +343,15 @@ def test_visualdl_receives_every_scalar_of_metrics_jsonl_and_the_samples(workdir
     tags = reader.get_tags()
     rows = read_metrics(cfg.output_dir)
     assert set(tags["scalar"]) == {k for r in rows for k in r if k != "step"}
-    for key in ("train/reward", "train/policy_loss", "perf/step_s"):
+    assert all({"train/reward/kk", "train/reward/tag_format"} <= set(r) for r in rows)
+    for key in ("train/reward", "train/reward/kk", "train/policy_loss", "perf/step_s"):
         logged = [(d.id, d.value) for d in reader.get_data("scalar", key)]
         assert logged == [(r["step"], pytest.approx(r[key], rel=1e-6)) for r in rows]
-    assert "samples/rollout" in tags["text"]
+    # one text card per sample, holding at each step the row rollouts.jsonl has for it
+    samples = [json.loads(line) for line in open(tmp_path / "out" / "rollouts.jsonl", encoding="utf-8")]
+    assert [(s["step"], set(s["scores"])) for s in samples] == [(step, {"kk", "tag_format"}) for step in (1, 2)
+                                                                 for _ in range(4)]
+    assert sorted(tags["text"]) == [f"samples/rollout/{i}" for i in range(4)]
+    for i in range(4):
+        shown = [(d.id, d.text.encoded_text_string) for d in reader.get_data("text", f"samples/rollout/{i}")]
+        assert shown == [(s["step"], format_sample(s)) for s in samples[i::4]]
