@@ -5,6 +5,7 @@ line to metrics.jsonl (`{"step": N, "train/reward": ...}`), so a crashed run kee
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging as _pylogging
 import math
@@ -28,7 +29,14 @@ class MetricsLogger:
         if report_to in ("visualdl", "all") and logging_dir:
             from visualdl import LogWriter
 
-            self.writer = LogWriter(logdir=os.path.join(logging_dir, run_name) if run_name else logging_dir)
+            # One record file per output_dir, rewritten at every start from metrics.jsonl and rollouts.jsonl (which
+            # a resume has cut back to the checkpoint's step): VisualDL then shows one history, as metrics.jsonl.
+            vdl_dir = os.path.join(logging_dir, run_name) if run_name else logging_dir
+            record = os.path.join(vdl_dir, record_file_name(output_dir))
+            if os.path.exists(record):  # LogWriter would append to it
+                os.remove(record)
+            self.writer = LogWriter(logdir=vdl_dir, file_name=os.path.basename(record))
+            self._replay()
             logger.info("VisualDL logs in %s; to view them: %s", logging_dir, visualdl_command(logging_dir))
         if not disable_tqdm:
             from tqdm.auto import tqdm
@@ -44,9 +52,7 @@ class MetricsLogger:
         with open(self.metrics_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
         if self.writer is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
-                    self.writer.add_scalar(tag=key, value=value, step=int(step))
+            self._send_scalars(step, record)
 
     def advance(self, step, metrics):
         """Move the progress bar to `step`, showing reward and step time."""
@@ -71,11 +77,42 @@ class MetricsLogger:
             for i, row in enumerate(rows):
                 self.writer.add_text(tag=f"samples/{tag}/{i}", text_string=format_sample(row), step=int(step))
 
+    def _replay(self) -> None:
+        """Send the rows already in metrics.jsonl and rollouts.jsonl (a resumed run's history) to VisualDL."""
+        for path, send in ((self.metrics_path, self._send_scalars), (self.samples_path, None)):
+            if not os.path.exists(path):
+                continue
+            with open(path, encoding="utf-8") as f:
+                rows = [json.loads(line) for line in f if line.strip()]
+            if send is not None:
+                for row in rows:
+                    send(row["step"], row)
+                continue
+            index = {}
+            for row in rows:  # cards are numbered within each (step, kind), as log_samples numbered them
+                key = (row["step"], row["kind"])
+                i = index[key] = index.get(key, -1) + 1
+                self.writer.add_text(tag=f"samples/{row['kind']}/{i}", text_string=format_sample(row),
+                                     step=int(row["step"]))
+
+    def _send_scalars(self, step: int, record: dict) -> None:
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+                self.writer.add_scalar(tag=key, value=value, step=int(step))
+
     def close(self):
         if self.bar is not None:
             self.bar.close()
         if self.writer is not None:
             self.writer.close()
+
+
+def record_file_name(output_dir: str) -> str:
+    """The VisualDL record file of the run in `output_dir` (VisualDL reads files named `vdlrecords.*`); runs with
+    different output_dirs sharing one logging_dir keep their own files."""
+    path = os.path.abspath(output_dir)
+    digest = hashlib.sha1(path.encode("utf-8")).hexdigest()[:8]
+    return f"vdlrecords.{os.path.basename(path) or 'run'}-{digest}.log"
 
 
 def visualdl_command(logdir: str) -> str:

@@ -9,6 +9,8 @@ import json
 import os
 from typing import Dict, List, Optional
 
+from .logging import visualdl_command
+
 
 def eval_key(rows: List[dict]) -> Optional[str]:
     """The headline evaluation metric present in the rows: eval/accuracy, else eval/reward (None: no eval)."""
@@ -53,7 +55,7 @@ def format_summary(s: Dict) -> str:
     lines.append(f"  plot:       python tools/plot_metrics.py {s['metrics']} --metrics "
                  f"{ev['metric'] + ',' if ev else ''}train/reward --out {os.path.join(os.path.dirname(s['metrics']), 'plot.png')}")
     if s.get("visualdl_logdir"):
-        lines.append(f"  VisualDL:   visualdl --logdir {s['visualdl_logdir']}   (then open http://127.0.0.1:8040)")
+        lines.append(f"  VisualDL:   {visualdl_command(s['visualdl_logdir'])}   (then open http://127.0.0.1:8040)")
     return "\n".join(lines) + "\n"
 
 

@@ -148,3 +148,34 @@ def test_a_crashed_run_without_checkpoint_is_refused_before_loading_anything(tin
     with pytest.raises(ConfigError, match="overwrite_output_dir"):
         Trainer(_cfg(tiny_policy_dir, data, out, save_strategy="no"))
     assert (out / "metrics.jsonl").read_text() == before
+
+
+def _vdl_history(out):
+    """(record files, [(step, train/reward)], number of sample cards at step 1) of the run's VisualDL record."""
+    import glob
+
+    from visualdl import LogReader
+
+    files = glob.glob(str(out / "vdl" / "vdlrecords*"))
+    reader = LogReader(file_path=files[0])
+    scalars = [(d.id, d.value) for d in reader.get_data("scalar", "train/reward")]
+    cards = [t for t in reader.get_tags().get("text", []) if t.startswith("samples/rollout/")]
+    return files, scalars, cards
+
+
+def test_visualdl_record_holds_one_history_after_resume_and_overwrite(tiny_policy_dir, data, tmp_path):
+    out = tmp_path / "run"
+    common = dict(report_to="visualdl", logging_steps=1)
+    assert train(_cfg(tiny_policy_dir, data, out, **common)) == 0
+    _, first, cards = _vdl_history(out)
+    assert [s for s, _ in first] == [1, 2] and cards
+    assert train(_cfg(tiny_policy_dir, data, out, max_steps=4, **common)) == 0
+    files, resumed, cards_after = _vdl_history(out)
+    rows = run_dir.read_rows(str(out / "metrics.jsonl"))
+    assert len(files) == 1  # one record file per output_dir, rewritten from metrics.jsonl at every start
+    assert resumed == [(r["step"], pytest.approx(r["train/reward"], rel=1e-6)) for r in rows]
+    assert [s for s, _ in resumed] == [1, 2, 3, 4] and resumed[:2] == first
+    assert cards_after == cards
+    assert train(_cfg(tiny_policy_dir, data, out, overwrite_output_dir=True, **common)) == 0
+    files, fresh, _ = _vdl_history(out)
+    assert len(files) == 1 and [s for s, _ in fresh] == [1, 2]

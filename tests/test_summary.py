@@ -15,7 +15,7 @@ def test_summary_takes_first_last_and_best_evaluation():
     assert text.splitlines()[0] == "done: step 60 (60 steps in this run, 3 min 03 s)"
     assert "eval/accuracy: 0.450 at step 0 -> 0.800 at step 60 (+35.0 points; best 0.830 at step 30)" in text
     assert "checkpoint: out/q/checkpoint-60" in text
-    assert "visualdl --logdir out/q/vdl" in text
+    assert "visualdl --logdir out/q/vdl --language en" in text
     assert ("python tools/plot_metrics.py out/q/metrics.jsonl --metrics eval/accuracy,train/reward "
             "--out out/q/plot.png") in text
 

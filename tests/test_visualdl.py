@@ -258,3 +258,17 @@ def test_the_logger_prints_the_readme_command(repo_root):
     """The command MetricsLogger prints at start-up is the one the server tests above ran."""
     assert visualdl_command("output/quickstart/vdl_log") in readme_visualdl_commands(repo_root)
     assert visualdl_command("my runs/vdl") == "visualdl --logdir 'my runs/vdl' --language en"
+
+
+def test_every_documented_visualdl_command_sets_the_language(repo_root):
+    """Without `--language`, VisualDL answers HTTP 500 to curl and to browsers in other languages (visualdl_command);
+    every command README.md and docs/ give must carry it."""
+    import re
+
+    found = []
+    for path in [repo_root / "README.md", *sorted((repo_root / "docs").glob("*.md"))]:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            for command in re.findall(r"(?:^|`)\s*(visualdl --logdir[^`#]*)", line):
+                found.append((path.name, command.strip()))
+    assert len(found) >= 5
+    assert [f for f in found if "--language en" not in f[1]] == []
