@@ -676,7 +676,7 @@ class Trainer:
                 first = self.evaluate()
                 self.log.log(0, first)
             while self.step < self.max_steps:
-                metrics, b, rewards = self.train_step()
+                metrics, b, _ = self.train_step()
                 if self._should_eval():
                     metrics.update(self.evaluate())
                 self.log.log(self.step, metrics)
