@@ -4,7 +4,10 @@ draw the same completions; global denominators and summed gradients then make th
 rounding of a different summation order."""
 import json
 import os
+import socket
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import paddle
@@ -98,6 +101,83 @@ def test_prompt_positions_split_every_global_mini_batch_over_the_ranks():
             assert all(part[k * share + i] // mini == k for k in range(n // mini) for i in range(share))
     # A generation batch that is not whole mini-batches (dynamic sampling): contiguous blocks.
     assert dist.prompt_positions(10, 2, 1, 4) == [5, 6, 7, 8, 9]
+
+
+# ------------------------------------------------------------ building a missing policy before the groups form
+
+def test_build_once_per_node_renames_a_finished_build_into_place_and_clears_dead_builders(tmp_path):
+    host = socket.gethostname()
+    target = tmp_path / "build" / "policy"
+    target.parent.mkdir()
+    dead = target.parent / f"policy.tmp-{host}-999999999.building"  # no such pid: a killed builder's leftover
+    alive = target.parent / f"policy.tmp-{host}-{os.getppid()}"      # a running process's: not touched
+    dead.mkdir()
+    alive.mkdir()
+    seen = []
+
+    def build(directory):
+        seen.append((directory, target.exists()))
+        os.makedirs(directory)
+        with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
+            f.write("{}")
+
+    dist.build_once_per_node(str(target), build, "a test recipe")
+    assert seen == [(str(target.parent / f"policy.tmp-{host}-{os.getpid()}"), False)]  # built beside, not in place
+    assert (target / "config.json").read_text() == "{}"
+    assert sorted(p.name for p in target.parent.iterdir()) == sorted(["policy", alive.name])
+
+
+def test_a_failed_build_stops_the_waiting_ranks_of_this_launch_only(tmp_path, monkeypatch):
+    target = tmp_path / "policy"
+    marker = tmp_path / f"policy.failed-{socket.gethostname()}"
+
+    def broken(directory):
+        os.makedirs(directory)
+        raise ValueError("no space left for the tokenizer")
+
+    with pytest.raises(ValueError, match="no space left"):
+        dist.build_once_per_node(str(target), broken, "a test recipe")
+    assert not target.exists() and sorted(p.name for p in tmp_path.iterdir()) == [marker.name]  # no half build
+    monkeypatch.setenv("PADDLE_LOCAL_RANK", "1")  # a rank of the same launch (same launcher pid) waits
+    with pytest.raises(RuntimeError, match=r"local rank 0 failed to build .*policy with a test recipe: "
+                                           r"ValueError: no space left for the tokenizer"):
+        dist.build_once_per_node(str(target), broken, "a test recipe", poll_seconds=0.01)
+
+    # A marker left by an earlier launch is not this launch's failure: the rank waits until the directory appears.
+    marker.write_text(json.dumps({"launch": "another host 1 127.0.0.1:1", "error": "ValueError: old"}))
+    timer = threading.Timer(0.3, target.mkdir)
+    timer.start()
+    dist.build_once_per_node(str(target), broken, "a test recipe", poll_seconds=0.01)
+    timer.join()
+    assert target.is_dir()
+
+
+@pytest.mark.e2e
+def test_two_ranks_build_a_missing_policy_longer_than_the_collective_timeout(tmp_path, tiny_policy_dir, repo_root):
+    """build_actor_if_missing under 2 ranks, with a build (35 s) longer than gloo's fixed 30 s collective timeout:
+    local rank 0 builds before the process group forms while rank 1 waits on the file system, then both train and
+    the run equals one process on the same policy. (When the build ran after dist.init, rank 1 waited in a barrier
+    and gloo timed out: `unbound_buffer.cc:80 TIMEOUT`, exit 241.)"""
+    policy = tmp_path / "build" / "policy"
+    cfg = write_config(tmp_path, str(policy), "grpo")
+    run_rl = str(repo_root / "run_rl.py")
+    with ThreadPoolExecutor(1) as pool:  # the single-process reference runs while the launch mostly sleeps
+        one = pool.submit(run, [sys.executable, run_rl, str(cfg), "--output_dir", str(tmp_path / "one"),
+                                "--actor_model_name_or_path", tiny_policy_dir], tmp_path)
+        run(launch(repo_root / "tests" / "workers" / "slow_build_run_rl.py", tiny_policy_dir, 35, cfg,
+                   "--build_actor_if_missing", "quickstart", "--output_dir", tmp_path / "two",
+                   log_dir=tmp_path / "log"), tmp_path)
+        one.result()
+    rank1 = (tmp_path / "log" / "workerlog.1").read_text()
+    assert "still waiting for local rank 0 to build" in rank1 and "Traceback" not in rank1  # waited >= 30 s
+    assert sorted(p.name for p in policy.parent.iterdir()) == ["policy"]  # renamed into place, nothing left over
+    one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    assert sorted(one) == sorted(two) == [1, 2]
+    for step in one:  # the global batch's statistics: both ranks' completions are in them
+        for key, value in one[step].items():
+            if not key.startswith("perf/"):
+                assert two[step][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (step, key)
+    assert one[1]["train/reward_std"] > 0
 
 
 @pytest.mark.e2e
