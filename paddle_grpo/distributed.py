@@ -191,7 +191,7 @@ def init(cfg):
 
         cpu = not paddle.device.is_compiled_with_cuda()
         if cpu:
-            _serialise_group_creation()
+            _isolate_gloo_groups()
         strategy = fleet.DistributedStrategy()
         strategy.hybrid_configs = dict(degrees)
         if degrees["pp_degree"] > 1:
@@ -234,23 +234,64 @@ def _new_groups(rank_lists):
     return mine
 
 
-def _serialise_group_creation():
-    """gloo (CPU) fails intermittently when ranks create *disjoint* subgroups at the same time (fleet.init with
-    4 processes: `pair.cc connect ... Connection refused` or a TIMEOUT); a barrier after each `new_group` orders
-    them. fleet's topology code looks `new_group` up at call time, so replacing the module attribute suffices."""
+# Each gloo group's store while the process lives (group rank 0's also serves it to the other ranks).
+_group_stores = []
+
+
+def _isolate_gloo_groups():
+    """Give every gloo group after the default one a TCP store of its own, so groups cannot read each other's
+    rendezvous keys.
+
+    paddle's `ProcessGroupGloo` (3.x) rendezvouses twice per group on the store it is given: once for its
+    `GlooCommContext`, under keys prefixed with the group id, and once in its constructor (a second gloo context,
+    `connectFullMesh`), under the bare keys "0", "1", ... of the group ranks, in the one TCP store all groups share.
+    Those bare keys are left over from the previous groups, so a rank that reads key "j" before rank j of *its*
+    group has overwritten it gets another group's address: `address.cc:30 sizeof(impl_) == bytes.size()` when that
+    group had another size, `pair.cc connect ... Connection refused` / `Connection reset` when its listener has
+    closed. fleet.init with 3-4 processes (8-12 groups) failed in a good share of launches, even with a barrier
+    after each group (docs/distributed.md, "Start-up"). A new store per group has no leftover keys: every read is
+    of this group's own value. fleet and `new_group` look `_new_process_group_impl` up at call time, so replacing
+    the module attribute reaches every group they create."""
     from paddle.distributed import collective
 
-    original = collective.new_group
-    if getattr(original, "_serialised", False):
+    original = collective._new_process_group_impl
+    if getattr(original, "_isolated", False):
         return
 
-    def new_group(*args, **kwargs):
-        group = original(*args, **kwargs)
-        dist.barrier()
-        return group
+    def new_process_group(backend, store, rank, world_size, *args, group_id=0, **kwargs):
+        if backend == "gloo" and group_id != 0:  # the default group (id 0) is the first: no leftovers yet
+            store = _group_store(store, rank, group_id)
+        return original(backend, store, rank, world_size, *args, group_id=group_id, **kwargs)
 
-    new_group._serialised = True
-    collective.new_group = dist.new_group = new_group
+    new_process_group._isolated = True
+    collective._new_process_group_impl = new_process_group
+
+
+def _group_store(default_store, group_rank, group_id, timeout=900):
+    """A new TCP store for group `group_id`: group rank 0 serves it on a free port of its host and publishes the
+    address in the default store (the group id is unique in this launch), the other members connect to it."""
+    from paddle.base import core
+
+    key = f"paddle_grpo/group_store/{group_id}"
+    if group_rank == 0:
+        host = os.environ.get("PADDLE_CURRENT_ENDPOINT", "127.0.0.1:0").rsplit(":", 1)[0]
+        for attempt in range(1, 6):
+            with socket.socket() as probe:  # a free port; another process may take it before the store binds it
+                probe.bind(("", 0))  # all interfaces, as the store listens
+                port = probe.getsockname()[1]
+            try:
+                store = core.TCPStore(host, port, True, 0, timeout)  # 0 workers: the constructor does not wait
+                break
+            except Exception as e:  # paddle raises its own error types for a failed bind
+                if attempt == 5:
+                    raise RuntimeError(f"could not serve the TCP store of gloo group {group_id} on {host}: "
+                                       f"{e}") from e
+        default_store.set(key, f"{host}:{port}".encode())
+    else:
+        host, port = bytes(default_store.get(key)).decode().rsplit(":", 1)  # get waits for the key
+        store = core.TCPStore(host, int(port), False, 0, timeout)
+    _group_stores.append(store)
+    return store
 
 
 def _hcg():

@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import paddle
 import pytest
-from launch_helpers import assert_resume_exact, launch, read_metrics, read_params, run, write_config
+from launch_helpers import (SLOW, assert_resume_exact, launch, read_metrics, read_params, run, run_once,
+                            write_config)
 
 from paddle_grpo import distributed as dist
 
@@ -310,3 +311,55 @@ def test_sharding_stage1_equals_a_single_process_and_resumes_exactly(tmp_path, t
             np.testing.assert_allclose(part[key].numpy(), full[key].numpy(), rtol=1e-4, atol=1e-7)
 
     assert_resume_exact(tmp_path, run_rl, cfg, sharded, full_dir=tmp_path / "s1")
+
+
+# ------------------------------------------------------------------- 3-4 processes (opt-in: slow on 2 cores)
+
+LAUNCHES = 20
+# layout: (processes, overrides, {group: size}); the pipelines of 3+ stages add their p2p pair groups.
+LAYOUTS = {
+    "tp2_x_sharding2": (4, ["--tensor_parallel_degree", 2, "--sharding", "stage1"],
+                        {"world": 4, "data": 2, "model": 2, "pipe": 1, "sharding": 2}),
+    "pp4": (4, ["--pipeline_parallel_degree", 4], {"world": 4, "data": 1, "model": 1, "pipe": 4, "sharding": 1}),
+    "pp3": (3, ["--pipeline_parallel_degree", 3], {"world": 3, "data": 1, "model": 1, "pipe": 3, "sharding": 1}),
+}
+
+
+def _first_error(log_dir):
+    """The first line of a failed launch's worker logs that says what went wrong."""
+    for log in sorted(log_dir.glob("workerlog.*")):
+        for line in log.read_text(errors="replace").splitlines():
+            if any(s in line for s in ("Error", "error:", "TIMEOUT", "refused", "reset by peer", "address.cc")):
+                return f"{log.name}: {line.strip()[:200]}"
+    return "no error line in the worker logs"
+
+
+@pytest.mark.e2e
+@SLOW
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_twenty_launches_in_a_row_all_start(tmp_path, tiny_policy_dir, repo_root, layout):
+    """distributed.init with 3-4 gloo processes, LAUNCHES times in a row, none retried: every launch creates all its
+    groups, and an all-reduce of rank + 1 over each group this rank belongs to gives the sum over that group's
+    ranks. Before each gloo group got its own TCP store (distributed._isolate_gloo_groups) fleet.init failed in
+    most of these launches (docs/distributed.md)."""
+    nproc, overrides, sizes = LAYOUTS[layout]
+    cfg = write_config(tmp_path, tiny_policy_dir, "grpo")
+    worker = repo_root / "tests" / "workers" / "startup_worker.py"
+    failures = []
+    for i in range(LAUNCHES):
+        out = tmp_path / f"out{i}"
+        out.mkdir()
+        done = run_once(launch(worker, out, cfg, *overrides, log_dir=tmp_path / f"log{i}", nproc=nproc), tmp_path,
+                        timeout=180)
+        if done.returncode != 0:
+            failures.append(f"launch {i + 1}: exit {done.returncode}, {_first_error(tmp_path / f'log{i}')}")
+            continue
+        for r in range(nproc):
+            groups = json.loads((out / f"rank{r}.json").read_text())
+            pairs = [name for name in groups if name.startswith("pair")]
+            assert len(pairs) == (2 if sizes["pipe"] >= 3 else 0), (i, r, groups)  # a ring: two neighbours
+            for name, (total, ranks) in groups.items():
+                assert r in ranks and len(ranks) == sizes.get(name, 2), (i, r, name, ranks)
+                assert total == sum(q + 1 for q in ranks), (i, r, name, total, ranks)
+    print(f"{layout}: {LAUNCHES - len(failures)} of {LAUNCHES} launches started")
+    assert not failures, f"{len(failures)} of {LAUNCHES} launches failed:\n" + "\n".join(failures)
