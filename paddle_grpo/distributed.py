@@ -22,10 +22,20 @@ three more CPU stand-ins (`_configure_pipeline`, `_install_cpu_pipeline`).
 """
 from __future__ import annotations
 
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable
+
 import numpy as np
 import paddle
 import paddle.distributed as dist
 from paddle.autograd import PyLayer
+
+logger = logging.getLogger("paddle_grpo.distributed")
 
 _state = {"initialised": False, "hcg": None, "data_group": None, "sharding_optimizer": None}
 
@@ -43,6 +53,95 @@ def rank():
 def is_main():
     """Rank 0 alone logs, writes metrics and checkpoints."""
     return rank() == 0
+
+
+def local_rank() -> int:
+    """This process's rank on its node, from the launcher's environment (`paddle.distributed.launch` sets
+    PADDLE_LOCAL_RANK; 0 in a single process). Readable before `init`."""
+    return int(os.environ.get("PADDLE_LOCAL_RANK", os.environ.get("PADDLE_RANK_IN_NODE", "0")))
+
+
+def _launch_id() -> str:
+    """Names this launch on this node: the workers of one `paddle.distributed.launch` share its pid (their parent)
+    and endpoint list; a marker left by an earlier launch carries another."""
+    return f"{socket.gethostname()} {os.getppid()} {os.environ.get('PADDLE_TRAINER_ENDPOINTS', '')}"
+
+
+def build_once_per_node(path: str, build: Callable[[str], object], what: str, *, poll_seconds: float = 1.0,
+                        log_seconds: float = 30.0) -> None:
+    """Make the missing directory `path` with `build(directory)` once per node, before any process group exists.
+
+    A build can take longer than a collective's timeout (gloo's is a fixed 30 s), so no rank waits for it in a
+    collective: local rank 0 builds into a temporary directory beside `path` (named by host and pid) and renames it
+    into place, so `path` is either absent or complete; the other local ranks poll the file system for it and log
+    every `log_seconds`. If the build fails, the builder writes `<path>.failed-<host>` with the error and this
+    launch's id before re-raising, and the waiting ranks stop with that error instead of waiting for a directory
+    that will not come. Temporary directories of builders that are no longer running (a killed run) are removed.
+    Several nodes on a shared file system each build; the first rename wins and the others keep its copy."""
+    path = os.path.normpath(path)
+    host = socket.gethostname()
+    failed = f"{path}.failed-{host}"
+    if local_rank() != 0:
+        start = last_log = time.monotonic()
+        logger.info("waiting for local rank 0 to build %s with %s", path, what)
+        while not os.path.isdir(path):
+            error = _failure_of_this_launch(failed)
+            if error is not None:
+                raise RuntimeError(f"local rank 0 failed to build {path} with {what}: {error}")
+            if time.monotonic() - last_log >= log_seconds:
+                last_log = time.monotonic()
+                logger.info("still waiting for local rank 0 to build %s (%.0f s)", path, last_log - start)
+            time.sleep(poll_seconds)
+        return
+    parent, base = os.path.split(os.path.abspath(path))
+    prefix = f"{base}.tmp-{host}-"
+    os.makedirs(parent, exist_ok=True)
+    for name in os.listdir(parent):
+        pid = name[len(prefix):].split(".")[0] if name.startswith(prefix) else ""  # "<pid>" or "<pid>.<suffix>"
+        if pid.isdigit() and not _running(int(pid)):
+            logger.info("removing %s, left by a build that is no longer running", os.path.join(parent, name))
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    if os.path.exists(failed):
+        os.remove(failed)
+    tmp = os.path.join(parent, f"{prefix}{os.getpid()}")
+    logger.info("%s does not exist: building it with %s", path, what)
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, path)  # atomic: other ranks see no directory or a complete one
+        except OSError:
+            if not os.path.isdir(path):
+                raise
+            logger.info("%s was built meanwhile by another node; using that copy", path)
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            with open(failed, "w", encoding="utf-8") as f:
+                json.dump({"launch": _launch_id(), "error": f"{type(e).__name__}: {e}"}, f)
+        except OSError:
+            logger.warning("could not write %s; the other local ranks wait until the launcher stops them", failed)
+        raise
+
+
+def _failure_of_this_launch(marker):
+    """The error recorded in a builder's failure marker when this launch wrote it (None otherwise)."""
+    try:
+        with open(marker, encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):  # absent, or being written
+        return None
+    return record.get("error", "unknown error") if record.get("launch") == _launch_id() else None
+
+
+def _running(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def hybrid_degrees(cfg, world):
@@ -92,7 +191,7 @@ def init(cfg):
 
         cpu = not paddle.device.is_compiled_with_cuda()
         if cpu:
-            _serialise_group_creation()
+            _isolate_gloo_groups()
         strategy = fleet.DistributedStrategy()
         strategy.hybrid_configs = dict(degrees)
         if degrees["pp_degree"] > 1:
@@ -135,23 +234,64 @@ def _new_groups(rank_lists):
     return mine
 
 
-def _serialise_group_creation():
-    """gloo (CPU) fails intermittently when ranks create *disjoint* subgroups at the same time (fleet.init with
-    4 processes: `pair.cc connect ... Connection refused` or a TIMEOUT); a barrier after each `new_group` orders
-    them. fleet's topology code looks `new_group` up at call time, so replacing the module attribute suffices."""
+# Each gloo group's store while the process lives (group rank 0's also serves it to the other ranks).
+_group_stores = []
+
+
+def _isolate_gloo_groups():
+    """Give every gloo group after the default one a TCP store of its own, so groups cannot read each other's
+    rendezvous keys.
+
+    paddle's `ProcessGroupGloo` (3.x) rendezvouses twice per group on the store it is given: once for its
+    `GlooCommContext`, under keys prefixed with the group id, and once in its constructor (a second gloo context,
+    `connectFullMesh`), under the bare keys "0", "1", ... of the group ranks, in the one TCP store all groups share.
+    Those bare keys are left over from the previous groups, so a rank that reads key "j" before rank j of *its*
+    group has overwritten it gets another group's address: `address.cc:30 sizeof(impl_) == bytes.size()` when that
+    group had another size, `pair.cc connect ... Connection refused` / `Connection reset` when its listener has
+    closed. fleet.init with 3-4 processes (8-12 groups) failed in a good share of launches, even with a barrier
+    after each group (docs/distributed.md, "Start-up"). A new store per group has no leftover keys: every read is
+    of this group's own value. fleet and `new_group` look `_new_process_group_impl` up at call time, so replacing
+    the module attribute reaches every group they create."""
     from paddle.distributed import collective
 
-    original = collective.new_group
-    if getattr(original, "_serialised", False):
+    original = collective._new_process_group_impl
+    if getattr(original, "_isolated", False):
         return
 
-    def new_group(*args, **kwargs):
-        group = original(*args, **kwargs)
-        dist.barrier()
-        return group
+    def new_process_group(backend, store, rank, world_size, *args, group_id=0, **kwargs):
+        if backend == "gloo" and group_id != 0:  # the default group (id 0) is the first: no leftovers yet
+            store = _group_store(store, rank, group_id)
+        return original(backend, store, rank, world_size, *args, group_id=group_id, **kwargs)
 
-    new_group._serialised = True
-    collective.new_group = dist.new_group = new_group
+    new_process_group._isolated = True
+    collective._new_process_group_impl = new_process_group
+
+
+def _group_store(default_store, group_rank, group_id, timeout=900):
+    """A new TCP store for group `group_id`: group rank 0 serves it on a free port of its host and publishes the
+    address in the default store (the group id is unique in this launch), the other members connect to it."""
+    from paddle.base import core
+
+    key = f"paddle_grpo/group_store/{group_id}"
+    if group_rank == 0:
+        host = os.environ.get("PADDLE_CURRENT_ENDPOINT", "127.0.0.1:0").rsplit(":", 1)[0]
+        for attempt in range(1, 6):
+            with socket.socket() as probe:  # a free port; another process may take it before the store binds it
+                probe.bind(("", 0))  # all interfaces, as the store listens
+                port = probe.getsockname()[1]
+            try:
+                store = core.TCPStore(host, port, True, 0, timeout)  # 0 workers: the constructor does not wait
+                break
+            except Exception as e:  # paddle raises its own error types for a failed bind
+                if attempt == 5:
+                    raise RuntimeError(f"could not serve the TCP store of gloo group {group_id} on {host}: "
+                                       f"{e}") from e
+        default_store.set(key, f"{host}:{port}".encode())
+    else:
+        host, port = bytes(default_store.get(key)).decode().rsplit(":", 1)  # get waits for the key
+        store = core.TCPStore(host, int(port), False, 0, timeout)
+    _group_stores.append(store)
+    return store
 
 
 def _hcg():

@@ -77,6 +77,8 @@ def lr_lambda(kind, warmup, total):
 class Trainer:
     def __init__(self, cfg):
         self.cfg = cfg
+        if cfg.build_actor_if_missing and not os.path.isdir(cfg.actor_model_name_or_path):
+            _build_actor(cfg)                # before the process groups form: no collective waits for a build
         self.world = dist.init(cfg)          # data-parallel ranks: each samples different prompts
         self.rank = dist.data_parallel_rank()
         self.geometry = cfg.batch_geometry(dist.world_size())
@@ -87,8 +89,6 @@ class Trainer:
         paddle.seed(cfg.seed + self.rank)
         np.random.seed(cfg.seed + self.rank)
 
-        if cfg.build_actor_if_missing and not os.path.isdir(cfg.actor_model_name_or_path):
-            _build_actor(cfg)
         quiet_paddlenlp()
         self.tokenizer = load_tokenizer(cfg.actor_model_name_or_path)
         self.eos_ids = sorted({self.tokenizer.eos_token_id})
@@ -717,14 +717,15 @@ def _mini_batch_metrics(sums):
 
 
 def _build_actor(cfg):
-    """Make the policy directory with the named recipe (rank 0 builds; the others wait and load it)."""
-    if dist.is_main():
+    """Make the missing policy directory with the named recipe, once per node (local rank 0 builds, the other ranks
+    wait on the file system): the quickstart build takes about a minute, longer than gloo's 30 s collective
+    timeout, so it runs before `dist.init` and nobody waits for it in a collective."""
+    def build(directory):
         from .quickstart import build_quickstart_policy
 
-        logger.info("%s does not exist: building it with the '%s' recipe", cfg.actor_model_name_or_path,
-                    cfg.build_actor_if_missing)
-        build_quickstart_policy(cfg.actor_model_name_or_path, seed=cfg.seed)
-    dist.barrier()
+        build_quickstart_policy(directory, seed=cfg.seed)
+
+    dist.build_once_per_node(cfg.actor_model_name_or_path, build, f"the '{cfg.build_actor_if_missing}' recipe")
 
 
 def _raise_interrupt(*_):

@@ -3,11 +3,13 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
 import numpy as np
 import paddle
+import pytest
 
 NAMES = ["Ann", "Bob", "Cid", "Dan", "Eve", "Fay", "Gus", "Hal"]
 
@@ -33,11 +35,33 @@ def launch(*args, log_dir, nproc=2):
             "--log_dir", str(log_dir), *map(str, args)]
 
 
-def run(cmd, cwd):
+# Opt-in: 3-4 gloo processes on a 2-core machine are slow; PADDLE_GRPO_SLOW_DIST=1 runs these tests.
+SLOW = pytest.mark.skipif(os.environ.get("PADDLE_GRPO_SLOW_DIST") != "1",
+                          reason="3-4 gloo processes on a 2-core machine; PADDLE_GRPO_SLOW_DIST=1 runs them")
+
+
+def run_once(cmd, cwd, timeout=600):
+    """Run `cmd` with this checkout first on PYTHONPATH; the CompletedProcess, whatever its exit status. A launch
+    still running after `timeout` seconds gets SIGTERM (the launcher then stops its workers) and returncode None."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        return subprocess.CompletedProcess(cmd, None, out, err + f"\n(stopped after {timeout} s)")
+
+
+def run(cmd, cwd):
     for attempt in (1, 2):
-        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env, check=False)
+        out = run_once(cmd, cwd)
         # A gloo worker killed by a signal (SIGABRT, seen only while other test suites overloaded the 2 cores) is
         # retried once; any real error fails the second attempt the same way.
         if out.returncode == 0 or "Exit code -" not in out.stdout + out.stderr or attempt == 2:

@@ -4,12 +4,16 @@ draw the same completions; global denominators and summed gradients then make th
 rounding of a different summation order."""
 import json
 import os
+import socket
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import paddle
 import pytest
-from launch_helpers import assert_resume_exact, launch, read_metrics, read_params, run, write_config
+from launch_helpers import (SLOW, assert_resume_exact, launch, read_metrics, read_params, run, run_once,
+                            write_config)
 
 from paddle_grpo import distributed as dist
 
@@ -98,6 +102,83 @@ def test_prompt_positions_split_every_global_mini_batch_over_the_ranks():
             assert all(part[k * share + i] // mini == k for k in range(n // mini) for i in range(share))
     # A generation batch that is not whole mini-batches (dynamic sampling): contiguous blocks.
     assert dist.prompt_positions(10, 2, 1, 4) == [5, 6, 7, 8, 9]
+
+
+# ------------------------------------------------------------ building a missing policy before the groups form
+
+def test_build_once_per_node_renames_a_finished_build_into_place_and_clears_dead_builders(tmp_path):
+    host = socket.gethostname()
+    target = tmp_path / "build" / "policy"
+    target.parent.mkdir()
+    dead = target.parent / f"policy.tmp-{host}-999999999.building"  # no such pid: a killed builder's leftover
+    alive = target.parent / f"policy.tmp-{host}-{os.getppid()}"      # a running process's: not touched
+    dead.mkdir()
+    alive.mkdir()
+    seen = []
+
+    def build(directory):
+        seen.append((directory, target.exists()))
+        os.makedirs(directory)
+        with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
+            f.write("{}")
+
+    dist.build_once_per_node(str(target), build, "a test recipe")
+    assert seen == [(str(target.parent / f"policy.tmp-{host}-{os.getpid()}"), False)]  # built beside, not in place
+    assert (target / "config.json").read_text() == "{}"
+    assert sorted(p.name for p in target.parent.iterdir()) == sorted(["policy", alive.name])
+
+
+def test_a_failed_build_stops_the_waiting_ranks_of_this_launch_only(tmp_path, monkeypatch):
+    target = tmp_path / "policy"
+    marker = tmp_path / f"policy.failed-{socket.gethostname()}"
+
+    def broken(directory):
+        os.makedirs(directory)
+        raise ValueError("no space left for the tokenizer")
+
+    with pytest.raises(ValueError, match="no space left"):
+        dist.build_once_per_node(str(target), broken, "a test recipe")
+    assert not target.exists() and sorted(p.name for p in tmp_path.iterdir()) == [marker.name]  # no half build
+    monkeypatch.setenv("PADDLE_LOCAL_RANK", "1")  # a rank of the same launch (same launcher pid) waits
+    with pytest.raises(RuntimeError, match=r"local rank 0 failed to build .*policy with a test recipe: "
+                                           r"ValueError: no space left for the tokenizer"):
+        dist.build_once_per_node(str(target), broken, "a test recipe", poll_seconds=0.01)
+
+    # A marker left by an earlier launch is not this launch's failure: the rank waits until the directory appears.
+    marker.write_text(json.dumps({"launch": "another host 1 127.0.0.1:1", "error": "ValueError: old"}))
+    timer = threading.Timer(0.3, target.mkdir)
+    timer.start()
+    dist.build_once_per_node(str(target), broken, "a test recipe", poll_seconds=0.01)
+    timer.join()
+    assert target.is_dir()
+
+
+@pytest.mark.e2e
+def test_two_ranks_build_a_missing_policy_longer_than_the_collective_timeout(tmp_path, tiny_policy_dir, repo_root):
+    """build_actor_if_missing under 2 ranks, with a build (35 s) longer than gloo's fixed 30 s collective timeout:
+    local rank 0 builds before the process group forms while rank 1 waits on the file system, then both train and
+    the run equals one process on the same policy. (When the build ran after dist.init, rank 1 waited in a barrier
+    and gloo timed out: `unbound_buffer.cc:80 TIMEOUT`, exit 241.)"""
+    policy = tmp_path / "build" / "policy"
+    cfg = write_config(tmp_path, str(policy), "grpo")
+    run_rl = str(repo_root / "run_rl.py")
+    with ThreadPoolExecutor(1) as pool:  # the single-process reference runs while the launch mostly sleeps
+        one = pool.submit(run, [sys.executable, run_rl, str(cfg), "--output_dir", str(tmp_path / "one"),
+                                "--actor_model_name_or_path", tiny_policy_dir], tmp_path)
+        run(launch(repo_root / "tests" / "workers" / "slow_build_run_rl.py", tiny_policy_dir, 35, cfg,
+                   "--build_actor_if_missing", "quickstart", "--output_dir", tmp_path / "two",
+                   log_dir=tmp_path / "log"), tmp_path)
+        one.result()
+    rank1 = (tmp_path / "log" / "workerlog.1").read_text()
+    assert "still waiting for local rank 0 to build" in rank1 and "Traceback" not in rank1  # waited >= 30 s
+    assert sorted(p.name for p in policy.parent.iterdir()) == ["policy"]  # renamed into place, nothing left over
+    one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    assert sorted(one) == sorted(two) == [1, 2]
+    for step in one:  # the global batch's statistics: both ranks' completions are in them
+        for key, value in one[step].items():
+            if not key.startswith("perf/"):
+                assert two[step][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (step, key)
+    assert one[1]["train/reward_std"] > 0
 
 
 @pytest.mark.e2e
@@ -230,3 +311,55 @@ def test_sharding_stage1_equals_a_single_process_and_resumes_exactly(tmp_path, t
             np.testing.assert_allclose(part[key].numpy(), full[key].numpy(), rtol=1e-4, atol=1e-7)
 
     assert_resume_exact(tmp_path, run_rl, cfg, sharded, full_dir=tmp_path / "s1")
+
+
+# ------------------------------------------------------------------- 3-4 processes (opt-in: slow on 2 cores)
+
+LAUNCHES = 20
+# layout: (processes, overrides, {group: size}); the pipelines of 3+ stages add their p2p pair groups.
+LAYOUTS = {
+    "tp2_x_sharding2": (4, ["--tensor_parallel_degree", 2, "--sharding", "stage1"],
+                        {"world": 4, "data": 2, "model": 2, "pipe": 1, "sharding": 2}),
+    "pp4": (4, ["--pipeline_parallel_degree", 4], {"world": 4, "data": 1, "model": 1, "pipe": 4, "sharding": 1}),
+    "pp3": (3, ["--pipeline_parallel_degree", 3], {"world": 3, "data": 1, "model": 1, "pipe": 3, "sharding": 1}),
+}
+
+
+def _first_error(log_dir):
+    """The first line of a failed launch's worker logs that says what went wrong."""
+    for log in sorted(log_dir.glob("workerlog.*")):
+        for line in log.read_text(errors="replace").splitlines():
+            if any(s in line for s in ("Error", "error:", "TIMEOUT", "refused", "reset by peer", "address.cc")):
+                return f"{log.name}: {line.strip()[:200]}"
+    return "no error line in the worker logs"
+
+
+@pytest.mark.e2e
+@SLOW
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_twenty_launches_in_a_row_all_start(tmp_path, tiny_policy_dir, repo_root, layout):
+    """distributed.init with 3-4 gloo processes, LAUNCHES times in a row, none retried: every launch creates all its
+    groups, and an all-reduce of rank + 1 over each group this rank belongs to gives the sum over that group's
+    ranks. Before each gloo group got its own TCP store (distributed._isolate_gloo_groups) fleet.init failed in
+    most of these launches (docs/distributed.md)."""
+    nproc, overrides, sizes = LAYOUTS[layout]
+    cfg = write_config(tmp_path, tiny_policy_dir, "grpo")
+    worker = repo_root / "tests" / "workers" / "startup_worker.py"
+    failures = []
+    for i in range(LAUNCHES):
+        out = tmp_path / f"out{i}"
+        out.mkdir()
+        done = run_once(launch(worker, out, cfg, *overrides, log_dir=tmp_path / f"log{i}", nproc=nproc), tmp_path,
+                        timeout=180)
+        if done.returncode != 0:
+            failures.append(f"launch {i + 1}: exit {done.returncode}, {_first_error(tmp_path / f'log{i}')}")
+            continue
+        for r in range(nproc):
+            groups = json.loads((out / f"rank{r}.json").read_text())
+            pairs = [name for name in groups if name.startswith("pair")]
+            assert len(pairs) == (2 if sizes["pipe"] >= 3 else 0), (i, r, groups)  # a ring: two neighbours
+            for name, (total, ranks) in groups.items():
+                assert r in ranks and len(ranks) == sizes.get(name, 2), (i, r, name, ranks)
+                assert total == sum(q + 1 for q in ranks), (i, r, name, total, ranks)
+    print(f"{layout}: {LAUNCHES - len(failures)} of {LAUNCHES} launches started")
+    assert not failures, f"{len(failures)} of {LAUNCHES} launches failed:\n" + "\n".join(failures)

@@ -8,12 +8,11 @@ import importlib.util
 import json
 import os
 import pathlib
-import shutil
 import sys
 
 import paddle
 import pytest
-from launch_helpers import assert_resume_exact, launch, read_metrics, run, write_config
+from launch_helpers import SLOW, assert_resume_exact, launch, read_metrics, run, write_config
 
 from paddle_grpo import distributed as dist
 from paddle_grpo.config import ConfigError, parse_args
@@ -164,25 +163,7 @@ def test_two_stages_resume_exactly(tmp_path, tiny_policy_dir, repo_root):
 
 # ----------------------------------------------------------------------- 3-4 processes (opt-in: slow on 2 cores)
 
-# Opt-in: 3-4 processes on 2 cores (~30 s each here) and fleet.init's occasional gloo failure with 3+ processes.
-SLOW = pytest.mark.skipif(os.environ.get("PADDLE_GRPO_SLOW_DIST") != "1",
-                          reason="3-4 gloo processes on a 2-core machine; PADDLE_GRPO_SLOW_DIST=1 runs them")
-
-
-def _launch_retrying(args, log_dir, cwd, nproc):
-    """fleet.init's gloo group creation with 3+ processes sometimes fails with `Connection refused` (seen in 1 of 3
-    starts); such a start is retried once, any other failure is not."""
-    cmd = launch(*args, log_dir=log_dir, nproc=nproc)
-    try:
-        run(cmd, cwd)
-    except AssertionError:
-        logs = "".join(p.read_text(errors="replace") for p in pathlib.Path(log_dir).glob("workerlog.*"))
-        if "Connection refused" not in logs:
-            raise
-        print("retrying after fleet.init's gloo group creation failed (Connection refused)")
-        shutil.rmtree(log_dir)
-        run(cmd, cwd)
-
+# Opt-in (launch_helpers.SLOW): 3-4 processes on 2 cores, ~30 s each here.
 
 def _compare(one_dir, other_dir, rel, param_atol):
     for a, b in zip(_metrics(one_dir), _metrics(other_dir)):
@@ -194,8 +175,6 @@ def _compare(one_dir, other_dir, rel, param_atol):
     pb = paddle.load(str(other_dir / "checkpoint-2" / "model_state.pdparams"))
     diff = max(float((pa[k] - pb[k]).abs().max()) for k in pa)
     assert diff < param_atol, diff
-
-
 
 
 @pytest.mark.e2e
@@ -210,7 +189,7 @@ def test_three_stages_match_one_process(tmp_path, repo_root, vpp):
     common = ["--max_grad_norm", 0.5, "--per_device_train_batch_size", 2, "--pipeline_parallel_degree", 3,
               "--virtual_pp_degree", vpp]
     run([sys.executable, run_rl, str(cfg), "--output_dir", str(tmp_path / "one"), *map(str, common[:4])], tmp_path)
-    _launch_retrying([run_rl, cfg, "--output_dir", tmp_path / "pp", *common], tmp_path / "log", tmp_path, 3)
+    run(launch(run_rl, cfg, "--output_dir", tmp_path / "pp", *common, log_dir=tmp_path / "log", nproc=3), tmp_path)
     _compare(tmp_path / "one", tmp_path / "pp", rel=2e-5, param_atol=6e-5)
 
 
@@ -225,6 +204,6 @@ def test_two_stages_times_two_data_ranks_match_two_data_ranks(tmp_path, tiny_pol
     run_rl = str(repo_root / "run_rl.py")
     common = ["--global_mini_batch_size", 2, "--max_grad_norm", 0.5]
     run(launch(run_rl, cfg, "--output_dir", tmp_path / "dp", *common, log_dir=tmp_path / "log_dp"), tmp_path)
-    _launch_retrying([run_rl, cfg, "--output_dir", tmp_path / "pp", "--pipeline_parallel_degree", 2, *common],
-                     tmp_path / "log", tmp_path, 4)
+    run(launch(run_rl, cfg, "--output_dir", tmp_path / "pp", "--pipeline_parallel_degree", 2, *common,
+               log_dir=tmp_path / "log", nproc=4), tmp_path)
     _compare(tmp_path / "dp", tmp_path / "pp", rel=2e-5, param_atol=3e-5)
