@@ -109,6 +109,7 @@ def build_once_per_node(path: str, build: Callable[[str], object], what: str, *,
         build(tmp)
         try:
             os.rename(tmp, path)  # atomic: other ranks see no directory or a complete one
+            logger.info("%s is ready", path)
         except OSError:
             if not os.path.isdir(path):
                 raise

@@ -223,6 +223,6 @@ def build_quickstart_policy(out_dir, seed=0, *, max_steps=None, target_loss=None
         shutil.rmtree(out_dir)
     os.makedirs(os.path.dirname(os.path.abspath(out_dir)), exist_ok=True)
     os.replace(tmp, out_dir)
-    logger.info("quickstart policy saved to %s after %d SFT steps: validation loss %.3f -> %.3f in %.0f s", out_dir,
-                step, loss_init, loss_now, stats["seconds"])
+    logger.info("quickstart policy built (%d SFT steps, validation loss %.3f -> %.3f, %.0f s)", step, loss_init,
+                loss_now, stats["seconds"])
     return stats

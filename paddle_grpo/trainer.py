@@ -77,13 +77,13 @@ def lr_lambda(kind, warmup, total):
 class Trainer:
     def __init__(self, cfg):
         self.cfg = cfg
+        # Before anything slow: an output_dir holding a run is resumed, replaced (overwrite_output_dir) or refused.
+        self.run_dir = run_dir.plan(cfg.output_dir, cfg.resume_from_checkpoint, cfg.overwrite_output_dir)
         if cfg.build_actor_if_missing and not os.path.isdir(cfg.actor_model_name_or_path):
             _build_actor(cfg)                # before the process groups form: no collective waits for a build
         self.world = dist.init(cfg)          # data-parallel ranks: each samples different prompts
         self.rank = dist.data_parallel_rank()
         self.geometry = cfg.batch_geometry(dist.world_size())
-        # Before anything slow: an output_dir holding a run is resumed, replaced (overwrite_output_dir) or refused.
-        self.run_dir = run_dir.plan(cfg.output_dir, cfg.resume_from_checkpoint, cfg.overwrite_output_dir)
         if self.run_dir.reason and dist.is_main():
             logger.info(self.run_dir.reason)
         paddle.seed(cfg.seed + self.rank)
@@ -723,7 +723,7 @@ def _build_actor(cfg):
     def build(directory):
         from .quickstart import build_quickstart_policy
 
-        build_quickstart_policy(directory, seed=cfg.seed)
+        build_quickstart_policy(directory, seed=cfg.seed, progress=not cfg.disable_tqdm)
 
     dist.build_once_per_node(cfg.actor_model_name_or_path, build, f"the '{cfg.build_actor_if_missing}' recipe")
 
