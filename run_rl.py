@@ -28,14 +28,18 @@ def main(argv=None):
     if os.environ.get("PADDLE_TRAINER_ID", "0") == "0":  # rank 0 under paddle.distributed.launch
         print(f"configuration: the keys that differ from the defaults (all keys: {cfg.output_dir}/config.yaml)")
         print(cfg.format(only_changed=True), end="", flush=True)
+    import contextlib
+
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     from paddle_grpo.data import DataError
     from paddle_grpo.rewards.client import RewardServerError
     from paddle_grpo.trainer import TrainingError, train
 
+    # With progress bars, log lines are printed above the bar, not into it; without, logging stays as it is.
+    bars = contextlib.nullcontext() if cfg.disable_tqdm else logging_redirect_tqdm()
     try:
-        with logging_redirect_tqdm():  # log lines are printed above the progress bar, not into it
+        with bars:
             return train(cfg)
     except (ConfigError, DataError, FileNotFoundError, RewardServerError, TrainingError, NotImplementedError) as e:
         # Problems with the user's setup, data or reward server: say what and where, without a traceback.

@@ -161,8 +161,10 @@ class Trainer:
             self._resume(self.run_dir.resume)
         self.steps_at_start = self.step
         self.last_checkpoint = ckpt.latest_checkpoint(cfg.output_dir)
-        self.log = MetricsLogger(cfg.output_dir, cfg.logging_dir, cfg.report_to, cfg.run_name, cfg.disable_tqdm,
-                                 total_steps=self.max_steps, initial_step=self.step, enabled=dist.is_main())
+        finished = self.step >= self.max_steps  # a finished run resumed: no bar for the steps it will not take
+        self.log = MetricsLogger(cfg.output_dir, cfg.logging_dir, cfg.report_to, cfg.run_name,
+                                 cfg.disable_tqdm or finished, total_steps=self.max_steps, initial_step=self.step,
+                                 enabled=dist.is_main())
 
     # ------------------------------------------------------------------------------------------------ data
 
