@@ -153,6 +153,14 @@ def iter_json_lines(path: str, expected: str):
                 raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno}); expected {expected}") from None
 
 
+def read_json_rows(path: str, expected: str = "one JSON object per line") -> List[Any]:
+    """Every line of a JSONL file the trainer wrote (metrics.jsonl, rollouts.jsonl), parsed; [] when the file does
+    not exist. Errors as `iter_json_lines`."""
+    if not os.path.exists(path):
+        return []
+    return [value for _, value in iter_json_lines(path, expected)]
+
+
 def _read_jsonl_file(path: str, prompt_key: str, response_key: str, require_response: bool) -> List[Dict[str, Any]]:
     return [_make_record(obj, where, prompt_key, response_key, require_response)
             for where, obj in iter_json_lines(path, f"one JSON object per line with key {prompt_key!r}")]

@@ -79,21 +79,16 @@ class MetricsLogger:
 
     def _replay(self) -> None:
         """Send the rows already in metrics.jsonl and rollouts.jsonl (a resumed run's history) to VisualDL."""
-        for path, send in ((self.metrics_path, self._send_scalars), (self.samples_path, None)):
-            if not os.path.exists(path):
-                continue
-            with open(path, encoding="utf-8") as f:
-                rows = [json.loads(line) for line in f if line.strip()]
-            if send is not None:
-                for row in rows:
-                    send(row["step"], row)
-                continue
-            index = {}
-            for row in rows:  # cards are numbered within each (step, kind), as log_samples numbered them
-                key = (row["step"], row["kind"])
-                i = index[key] = index.get(key, -1) + 1
-                self.writer.add_text(tag=f"samples/{row['kind']}/{i}", text_string=format_sample(row),
-                                     step=int(row["step"]))
+        from .data import read_json_rows
+
+        for row in read_json_rows(self.metrics_path):
+            self._send_scalars(row["step"], row)
+        index = {}
+        for row in read_json_rows(self.samples_path):  # cards numbered within each (step, kind), as log_samples did
+            key = (row["step"], row["kind"])
+            i = index[key] = index.get(key, -1) + 1
+            self.writer.add_text(tag=f"samples/{row['kind']}/{i}", text_string=format_sample(row),
+                                 step=int(row["step"]))
 
     def _send_scalars(self, step: int, record: dict) -> None:
         for key, value in record.items():

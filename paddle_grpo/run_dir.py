@@ -59,11 +59,13 @@ def plan(output_dir: str, resume_from_checkpoint, overwrite_output_dir: bool) ->
             else ""))
     latest = ckpt.latest_checkpoint(output_dir)
     if latest is not None and resume_from_checkpoint is None:
-        if not _is_full(latest):
+        try:
+            ckpt.load_trainer_state(latest)  # refuses a model-only checkpoint
+        except ValueError:
             raise ConfigError(
                 f"output_dir {output_dir} holds a run whose latest checkpoint {latest} was saved with "
                 "ignore_save_lr_and_optim: true, so it cannot be resumed; set overwrite_output_dir: true to delete "
-                "the run and start over, or choose another output_dir")
+                "the run and start over, or choose another output_dir") from None
         return RunDirPlan(resume=latest, reason=(
             f"{output_dir} holds a run: resuming from {latest} (set overwrite_output_dir: true to start over, or "
             "choose another output_dir)"))
@@ -109,19 +111,6 @@ def truncate_after(path: str, step: int) -> int:
         f.writelines(line if line.endswith("\n") else line + "\n" for line in kept)
     os.replace(tmp, path)
     return len(lines) - len(kept)
-
-
-def read_rows(path: str) -> List[dict]:
-    """The JSON rows of a JSONL file ([] when it does not exist)."""
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def _is_full(path: str) -> bool:
-    with open(os.path.join(path, ckpt.STATE_FILE), encoding="utf-8") as f:
-        return bool(json.load(f).get("full"))
 
 
 def _names(paths: List[str]) -> str:

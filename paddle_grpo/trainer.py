@@ -33,7 +33,8 @@ from .algorithms import (
     overlong_penalty,
     scalar_to_token_level,
 )
-from .data import PromptSampler, apply_chat_template, collate_prompts, read_jsonl, tokenize_prompts
+from .data import (PromptSampler, apply_chat_template, collate_prompts, read_json_rows, read_jsonl,
+                   tokenize_prompts)
 from .experience import merge_groups, sample_rows, split_groups
 from .config import write_config
 from .logging import MetricsLogger
@@ -747,7 +748,7 @@ def train(cfg):
     except KeyboardInterrupt:
         return 130
     if dist.is_main():
-        s = summary.run_summary(run_dir.read_rows(os.path.join(cfg.output_dir, "metrics.jsonl")),
+        s = summary.run_summary(read_json_rows(os.path.join(cfg.output_dir, "metrics.jsonl")),
                                 output_dir=cfg.output_dir,
                                 logging_dir=cfg.logging_dir if cfg.report_to in ("visualdl", "all") else "",
                                 checkpoint=trainer.last_checkpoint, wall_s=time.time() - t0,

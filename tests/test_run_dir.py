@@ -10,6 +10,7 @@ import pytest
 
 from paddle_grpo import run_dir
 from paddle_grpo.config import ConfigError, config_from_dict
+from paddle_grpo.data import read_json_rows
 from paddle_grpo.trainer import Trainer, train
 
 
@@ -48,8 +49,8 @@ def test_latest_checkpoint_is_resumed_and_later_rows_dropped(tmp_path):
     p = run_dir.plan(str(tmp_path), None, False)
     assert p.resume == latest and p.remove == [] and "resuming from" in p.reason
     run_dir.apply(p, str(tmp_path))
-    assert [r["step"] for r in run_dir.read_rows(str(tmp_path / "metrics.jsonl"))] == [0, 1, 2, 3, 4]
-    assert [r["step"] for r in run_dir.read_rows(str(tmp_path / "rollouts.jsonl"))] == [1]
+    assert [r["step"] for r in read_json_rows(str(tmp_path / "metrics.jsonl"))] == [0, 1, 2, 3, 4]
+    assert [r["step"] for r in read_json_rows(str(tmp_path / "rollouts.jsonl"))] == [1]
     assert os.path.isdir(tmp_path / "checkpoint-2")
 
 
@@ -110,7 +111,7 @@ def data(tmp_path):
 def test_rerunning_a_command_resumes_and_keeps_one_history(tiny_policy_dir, data, tmp_path, capsys):
     out = tmp_path / "run"
     assert train(_cfg(tiny_policy_dir, data, out)) == 0
-    first = run_dir.read_rows(str(out / "metrics.jsonl"))
+    first = read_json_rows(str(out / "metrics.jsonl"))
     assert [r["step"] for r in first] == [1, 2]
     ckpt_files = {f: os.stat(out / "checkpoint-2" / f).st_mtime_ns for f in os.listdir(out / "checkpoint-2")}
     summary = json.loads((out / "summary.json").read_text())
@@ -119,14 +120,14 @@ def test_rerunning_a_command_resumes_and_keeps_one_history(tiny_policy_dir, data
 
     # The same command again: the finished run is resumed at step 2, nothing trains, nothing is rewritten.
     assert train(_cfg(tiny_policy_dir, data, out)) == 0
-    assert run_dir.read_rows(str(out / "metrics.jsonl")) == first
+    assert read_json_rows(str(out / "metrics.jsonl")) == first
     assert {f: os.stat(out / "checkpoint-2" / f).st_mtime_ns for f in os.listdir(out / "checkpoint-2")} == ckpt_files
     assert json.loads((out / "summary.json").read_text()) == summary
     assert "done: step 2 (0 steps in this run" in capsys.readouterr().out
 
     # More steps: continues from step 2; steps 3-4 are appended once, and the step-2 rows are the first run's.
     assert train(_cfg(tiny_policy_dir, data, out, max_steps=4)) == 0
-    rows = run_dir.read_rows(str(out / "metrics.jsonl"))
+    rows = read_json_rows(str(out / "metrics.jsonl"))
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[:2] == first
     assert os.path.isdir(out / "checkpoint-4")
     saved = (out / "config.yaml").read_text()
@@ -137,7 +138,7 @@ def test_overwrite_output_dir_starts_over_with_one_history(tiny_policy_dir, data
     out = tmp_path / "run"
     assert train(_cfg(tiny_policy_dir, data, out, max_steps=4)) == 0
     assert train(_cfg(tiny_policy_dir, data, out, overwrite_output_dir=True)) == 0
-    assert [r["step"] for r in run_dir.read_rows(str(out / "metrics.jsonl"))] == [1, 2]
+    assert [r["step"] for r in read_json_rows(str(out / "metrics.jsonl"))] == [1, 2]
     assert sorted(p for p in os.listdir(out) if p.startswith("checkpoint-")) == ["checkpoint-2"]
 
 
@@ -171,7 +172,7 @@ def test_visualdl_record_holds_one_history_after_resume_and_overwrite(tiny_polic
     assert [s for s, _ in first] == [1, 2] and cards
     assert train(_cfg(tiny_policy_dir, data, out, max_steps=4, **common)) == 0
     files, resumed, cards_after = _vdl_history(out)
-    rows = run_dir.read_rows(str(out / "metrics.jsonl"))
+    rows = read_json_rows(str(out / "metrics.jsonl"))
     assert len(files) == 1  # one record file per output_dir, rewritten from metrics.jsonl at every start
     assert resumed == [(r["step"], pytest.approx(r["train/reward"], rel=1e-6)) for r in rows]
     assert [s for s, _ in resumed] == [1, 2, 3, 4] and resumed[:2] == first
