@@ -153,7 +153,7 @@ def load_weights(model, path, **shard):
     tensor-parallel degree/rank to split the full checkpoint for). A LoRA model gets the saved adapters."""
     from paddlenlp.transformers import AutoModelForCausalLM, AutoModelForConditionalGeneration
 
-    from .lora import is_lora_model, load_adapters
+    from .policy.lora import is_lora_model, load_adapters
 
     if is_lora_model(_unwrap(model)):
         load_adapters(_unwrap(model), path)

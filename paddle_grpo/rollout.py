@@ -23,8 +23,8 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from . import fast_qwen2
-from .modeling import position_ids_from_mask
+from .policy import fast_qwen2
+from .policy.causal import position_ids_from_mask
 from .sampling import sample_with_uniforms, uniforms
 
 

@@ -19,7 +19,7 @@ import paddle
 from . import checkpoint as ckpt
 from . import distributed as dist
 from . import run_dir, summary
-from . import seq2seq
+from .policy import seq2seq
 from .algorithms import (
     RunningRewardNormalizer,
     aggregate_loss,
@@ -38,8 +38,8 @@ from .data import (PromptSampler, apply_chat_template, collate_prompts, read_jso
 from .experience import merge_groups, sample_rows, split_groups
 from .config import write_config
 from .logging import MetricsLogger
-from .lora import adapters_disabled, apply_lora, load_adapters, trainable_parameters
-from .modeling import (
+from .policy.lora import adapters_disabled, apply_lora, load_adapters, trainable_parameters
+from .policy.causal import (
     completion_logprobs,
     freeze,
     load_causal_lm,
@@ -724,7 +724,7 @@ def _build_actor(cfg):
     wait on the file system): the quickstart build takes about a minute, longer than gloo's 30 s collective
     timeout, so it runs before `dist.init` and nobody waits for it in a collective."""
     def build(directory):
-        from .quickstart import build_quickstart_policy
+        from .recipes.quickstart import build_quickstart_policy
 
         build_quickstart_policy(directory, seed=cfg.seed, progress=not cfg.disable_tqdm)
 

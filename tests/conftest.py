@@ -38,7 +38,7 @@ TINY_CORPUS = [
 @pytest.fixture(scope="session")
 def tiny_policy_dir(tmp_path_factory):
     """A tiny random Qwen2 policy + byte-level BPE tokenizer saved with save_pretrained (built once per session)."""
-    from paddle_grpo.tiny import build_tiny_policy
+    from paddle_grpo.recipes.tiny import build_tiny_policy
 
     path = tmp_path_factory.mktemp("tiny_policy")
     build_tiny_policy(str(path), TINY_CORPUS, vocab_size=320, seed=0)

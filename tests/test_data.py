@@ -18,7 +18,7 @@ from paddle_grpo.data import (
     tokenize_prompts,
     write_jsonl,
 )
-from paddle_grpo.kk_puzzles import build_kk_prompt, format_kk_solution
+from paddle_grpo.recipes.kk_puzzles import build_kk_prompt, format_kk_solution
 
 # Seed 003's example record, verbatim: the reference for the K&K prompt format.
 SEED_003_SRC = (

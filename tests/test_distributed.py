@@ -218,7 +218,7 @@ def test_two_ranks_match_one_rank(tmp_path, tiny_policy_dir, repo_root, algorith
 @pytest.mark.e2e
 def test_tensor_parallel_logprobs_entropy_and_gradients_equal_a_single_process(tmp_path, tiny_policy_dir,
                                                                               repo_root):
-    from paddle_grpo.modeling import completion_logprobs, load_causal_lm
+    from paddle_grpo.policy.causal import completion_logprobs, load_causal_lm
 
     rng = np.random.default_rng(0)
     V = 300  # a vocabulary the 2 ranks split evenly

@@ -1,4 +1,4 @@
-"""The lean Qwen2 path (paddle_grpo/fast_qwen2.py) against PaddleNLP's own `Qwen2ForCausalLM.forward`.
+"""The lean Qwen2 path (paddle_grpo/policy/fast_qwen2.py) against PaddleNLP's own `Qwen2ForCausalLM.forward`.
 
 Every comparison runs the same model object twice: once with the fast path and once with `PADDLE_GRPO_FAST=0`
 (PaddleNLP's forward; the straightforward code that tests/test_modeling.py and tests/test_rollout.py check against
@@ -10,8 +10,8 @@ import paddle
 import pytest
 from paddlenlp.transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from paddle_grpo import fast_qwen2
-from paddle_grpo.modeling import completion_logprobs
+from paddle_grpo.policy import fast_qwen2
+from paddle_grpo.policy.causal import completion_logprobs
 from paddle_grpo.rollout import generate
 from paddle_grpo.sampling import row_keys
 

@@ -1,4 +1,4 @@
-"""paddle_grpo/lora.py: only adapters train, the reference is the base model exactly, adapters round-trip."""
+"""paddle_grpo/policy/lora.py: only adapters train, the reference is the base model exactly, adapters round-trip."""
 import importlib.util
 import json
 import math
@@ -8,8 +8,8 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_grpo import lora as L
-from paddle_grpo.modeling import completion_logprobs, load_causal_lm
+from paddle_grpo.policy import lora as L
+from paddle_grpo.policy.causal import completion_logprobs, load_causal_lm
 
 TARGETS = [r".*\.q_proj", r".*\.v_proj", r".*\.down_proj"]
 
@@ -265,7 +265,7 @@ def _trainer_has_lora():
 
 
 needs_wiring = pytest.mark.skipif(not _trainer_has_lora(), reason="the config has no 'lora' key yet: "
-                                  "paddle_grpo/lora.py is not wired into config.py/trainer.py")
+                                  "paddle_grpo/policy/lora.py is not wired into config.py/trainer.py")
 
 REWARD = '''
 def letter_reward(prompts, completions, **kwargs):

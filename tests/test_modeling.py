@@ -1,11 +1,11 @@
-"""Model helpers (paddle_grpo/modeling.py) and the learning-rate schedule, against independent references."""
+"""Model helpers (paddle_grpo/policy/causal.py) and the learning-rate schedule, against independent references."""
 import math
 
 import numpy as np
 import paddle
 import pytest
 
-from paddle_grpo.modeling import (completion_logprobs, load_causal_lm, load_tokenizer, mix_into,
+from paddle_grpo.policy.causal import (completion_logprobs, load_causal_lm, load_tokenizer, mix_into,
                                   parameters_by_decay, position_ids_from_mask)
 from paddle_grpo.trainer import lr_lambda
 

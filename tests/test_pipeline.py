@@ -95,7 +95,7 @@ def test_one_process_refuses_two_stages(tmp_path, tiny_policy_dir):
 
 def _tiny_policy(tmp_path, **model_kwargs):
     """The tests' tiny policy (conftest.tiny_policy_dir) with other model options."""
-    from paddle_grpo.tiny import build_tiny_policy
+    from paddle_grpo.recipes.tiny import build_tiny_policy
 
     spec = importlib.util.spec_from_file_location("_conftest_corpus", pathlib.Path(__file__).with_name("conftest.py"))
     conftest = importlib.util.module_from_spec(spec)

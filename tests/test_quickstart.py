@@ -1,4 +1,4 @@
-"""The quickstart: policy builder (paddle_grpo/quickstart.py), its data files, reward and config.
+"""The quickstart: policy builder (paddle_grpo/recipes/quickstart.py), its data files, reward and config.
 
 The full learning run (build + 300 GRPO steps, ~3 minutes) is too slow for the suite; docs/quickstart.md has its
 numbers. Here the builder runs with a tiny SFT budget, and the default command once with 60 GRPO steps.
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from paddle_grpo import quickstart as qs
+from paddle_grpo.recipes import quickstart as qs
 from paddle_grpo.config import load_config
 from paddle_grpo.data import apply_chat_template, read_jsonl, tokenize_prompts
 from paddle_grpo.rewards import get_reward_fn
@@ -49,7 +49,7 @@ def test_sft_lowers_the_held_out_loss(built):
 
 def test_sft_uses_the_trainers_prompt_tokens(built):
     """SFT prompt rows equal what the trainer feeds (chat template + tokenize_prompts), answers end with EOS."""
-    from paddle_grpo.modeling import load_tokenizer
+    from paddle_grpo.policy.causal import load_tokenizer
 
     tok = load_tokenizer(built[0])
     problems = [(10, 99), (57, 68), (99, 99)]
@@ -62,7 +62,7 @@ def test_sft_uses_the_trainers_prompt_tokens(built):
 
 
 def test_reward_scores_exact_sums():
-    fn = get_reward_fn("paddle_grpo.quickstart:addition_reward")
+    fn = get_reward_fn("paddle_grpo.recipes.quickstart:addition_reward")
     assert fn is qs.addition_reward and fn.max_score == 1.0
     assert fn(["p"] * 4, ["109", " 109\n", "108", "1090"], tgt=["109"] * 4, completion_ids=[[1]] * 4) == \
         [1.0, 1.0, 0.0, 0.0]

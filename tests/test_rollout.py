@@ -5,7 +5,7 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_grpo.modeling import completion_logprobs, load_causal_lm, load_tokenizer
+from paddle_grpo.policy.causal import completion_logprobs, load_causal_lm, load_tokenizer
 from paddle_grpo.rollout import _top_p_filter, generate
 
 

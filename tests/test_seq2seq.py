@@ -10,9 +10,10 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_grpo import seq2seq
+from paddle_grpo.policy import seq2seq
+from paddle_grpo.recipes.seq2seq import build_summarization_policy, build_tiny_seq2seq
 from paddle_grpo.sampling import row_keys
-from paddle_grpo.tiny import build_tokenizer
+from paddle_grpo.recipes.tiny import build_tokenizer
 
 CORPUS = [
     "summarize: Researchers at the Ostley Guild have discovered a new species of snail near Morholm. The team was "
@@ -28,7 +29,7 @@ TEXTS = ["summarize: The Ostley Guild found a snail.", "summarize: On Tuesday th
 def tiny(request, tmp_path_factory):
     """(directory, tokenizer, model) of a tiny random encoder-decoder, loaded the way the trainer loads it."""
     path = str(tmp_path_factory.mktemp(f"tiny_{request.param}"))
-    tokenizer, _ = seq2seq.build_tiny_seq2seq(path, CORPUS, arch=request.param, vocab_size=300, d_model=32,
+    tokenizer, _ = build_tiny_seq2seq(path, CORPUS, arch=request.param, vocab_size=300, d_model=32,
                                               ffn_dim=64, num_heads=4, seed=3)
     return path, tokenizer, seq2seq.load_seq2seq_lm(path)
 

@@ -11,7 +11,8 @@ import math
 import numpy as np
 import pytest
 
-from paddle_grpo import seq2seq
+from paddle_grpo.policy import seq2seq
+from paddle_grpo.recipes.seq2seq import build_summarization_policy, build_tiny_seq2seq
 from paddle_grpo.config import load_config
 from paddle_grpo.trainer import Trainer
 
@@ -20,7 +21,7 @@ from paddle_grpo.trainer import Trainer
 def policy_dir(tmp_path_factory, repo_root):
     path = str(tmp_path_factory.mktemp("summarization_t5"))
     # A brief warm start on the references: a random policy's samples all score ROUGE-L 0 (no group variance).
-    seq2seq.build_summarization_policy(path, str(repo_root / "data" / "summarization_train.jsonl"), seed=0,
+    build_summarization_policy(path, str(repo_root / "data" / "summarization_train.jsonl"), seed=0,
                                        sft_steps=40, sft_batch_size=8)
     return path
 

@@ -28,7 +28,7 @@ from paddle_grpo.experience import merge_groups, sample_rows, split_groups
 from paddle_grpo.logging import MetricsLogger, format_sample, visualdl_command
 from paddle_grpo.rewards.combine import RewardSet
 from paddle_grpo.rollout import Rollout
-from paddle_grpo.tiny import IM_END, build_tokenizer
+from paddle_grpo.recipes.tiny import IM_END, build_tokenizer
 from paddle_grpo.trainer import Trainer
 
 # Exact in float32 (VisualDL stores scalars as float32), so the server must give back these very numbers.

@@ -58,7 +58,7 @@ def build(shape, workdir, seed=0):
     """Tokenizer + random model in workdir/model, prompts in workdir/train.jsonl. Returns (model_dir, data_file)."""
     import random
 
-    from paddle_grpo.tiny import CHAR_ALPHABET, build_char_tokenizer, build_model
+    from paddle_grpo.recipes.tiny import CHAR_ALPHABET, build_char_tokenizer, build_model
 
     model_dir = os.path.join(workdir, "model")
     tokenizer = build_char_tokenizer(model_dir, shape["vocab_size"])
@@ -202,7 +202,7 @@ def run(shape, threads, workdir, profile_dir=None):
         profiler.summary(sorted_by=paddle.profiler.SortedKeys.CPUTotal, op_detail=True, thread_sep=False,
                          time_unit="ms")
     step_median = statistics.median(per_step["step"])
-    from paddle_grpo import fast_qwen2
+    from paddle_grpo.policy import fast_qwen2
 
     fast = fast_qwen2.enabled_for(trainer.model)
     gflop = flops(shape, fast)
@@ -229,7 +229,7 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2, help="CPU threads for paddle's kernels (default 2)")
     ap.add_argument("--repeat", type=int, default=1, help="run the benchmark this many times, each in a fresh process")
     ap.add_argument("--fast", choices=("auto", "off"), default="auto",
-                    help="auto: the lean Qwen2 path where it applies (paddle_grpo/fast_qwen2.py); off: PaddleNLP's "
+                    help="auto: the lean Qwen2 path where it applies (paddle_grpo/policy/fast_qwen2.py); off: PaddleNLP's "
                          "forward everywhere (sets PADDLE_GRPO_FAST=0)")
     ap.add_argument("--cpu-tuning", choices=("on", "off"), default="on",
                     help="off: skip paddle_grpo/cpu_tuning.py (sets PADDLE_GRPO_CPU_TUNING=0)")

@@ -4,7 +4,7 @@
 
 `python run_rl.py configs/quickstart.yaml` does this by itself when the directory is missing
 (`build_actor_if_missing: quickstart`); this tool is for building ahead of time or with other SFT settings.
-Prints the SFT statistics as one JSON line. Everything is in `paddle_grpo.quickstart.build_quickstart_policy`.
+Prints the SFT statistics as one JSON line. Everything is in `paddle_grpo.recipes.quickstart.build_quickstart_policy`.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from paddle_grpo.quickstart import build_quickstart_policy  # noqa: E402
+from paddle_grpo.recipes.quickstart import build_quickstart_policy  # noqa: E402
 
 
 def main(argv=None):

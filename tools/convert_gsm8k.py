@@ -28,7 +28,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from paddle_grpo.convert import conversion_main  # noqa: E402
+from paddle_grpo.recipes.convert import conversion_main  # noqa: E402
 from paddle_grpo.data import DataError, format_qwen_chat, iter_json_lines  # noqa: E402
 
 INSTRUCTION = ("Solve the problem step by step. Then give the final answer as a plain number on its own last line, "

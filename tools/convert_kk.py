@@ -5,7 +5,7 @@
 
 Reads the columns `quiz`, `names`, `solution` and `statements` of the K&K dataset's parquet files. Each output line:
 - `src`: [the K&K system prompt + the quiz as the user turn + `<|im_start|>assistant\\n<think>`] (seed 003's format,
-  built by `paddle_grpo.kk_puzzles.build_kk_prompt`, identical to the dataset's own `prompt` column);
+  built by `paddle_grpo.recipes.kk_puzzles.build_kk_prompt`, identical to the dataset's own `prompt` column);
 - `tgt`: ["(1) Name is a knight\\n(2) Name is a knave..."] in the order of `names`;
 - `solution`: the list of booleans (True = knight), `id`: "<dir>/<file>:<0-based row>".
 
@@ -28,8 +28,8 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from paddle_grpo.convert import conversion_main  # noqa: E402
-from paddle_grpo.kk_puzzles import build_kk_prompt, format_kk_solution, parse_statements, solve  # noqa: E402
+from paddle_grpo.recipes.convert import conversion_main  # noqa: E402
+from paddle_grpo.recipes.kk_puzzles import build_kk_prompt, format_kk_solution, parse_statements, solve  # noqa: E402
 
 
 class ConversionError(ValueError):

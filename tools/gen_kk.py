@@ -5,7 +5,7 @@
 
 Each person (2..8, names drawn from NAMES, which this tool owns) makes one statement from a small grammar:
 "X is a knight", "X is a knave", "X is not a knight/knave", and two such simple claims joined by "and", "or",
-"if ... then ...", or "... if and only if ...". A brute-force solver (`paddle_grpo.kk_puzzles.solve`, all 2^N
+"if ... then ...", or "... if and only if ...". A brute-force solver (`paddle_grpo.recipes.kk_puzzles.solve`, all 2^N
 assignments) keeps only puzzles with exactly one consistent assignment; others are discarded and resampled.
 Puzzles are also unique as logic: two puzzles that differ only by renaming or reordering the people are never
 both emitted (`canonical_key`), so the train and eval outputs, drawn from one stream, are disjoint.
@@ -32,7 +32,7 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from paddle_grpo.data import write_jsonl  # noqa: E402
-from paddle_grpo.kk_puzzles import build_kk_prompt, format_kk_solution, solve  # noqa: E402
+from paddle_grpo.recipes.kk_puzzles import build_kk_prompt, format_kk_solution, solve  # noqa: E402
 
 MIN_PEOPLE, MAX_PEOPLE = 2, 8
 EXACT_DEDUP_PEOPLE = 5

@@ -3,7 +3,7 @@
     python tools/gen_quickstart_data.py [--train-num 2000 --seed 1 --out-dir data]
 
 `data/quickstart_train.jsonl`: `--train-num` distinct problems drawn with `--seed` (the GRPO prompts);
-`data/quickstart_eval.jsonl`: the fixed held-out set `paddle_grpo.quickstart.eval_problems()` (never in the train
+`data/quickstart_eval.jsonl`: the fixed held-out set `paddle_grpo.recipes.quickstart.eval_problems()` (never in the train
 file, nor in the policy's SFT data). Rows: `src` (the chat-templated prompt, used verbatim by the trainer), `tgt`
 (the sum), `a`, `b`. Only `random.Random(seed)` is used, so a seed always gives the same bytes.
 Left out: any other task; the SFT data, which the policy builder draws on the fly.
@@ -19,7 +19,7 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from paddle_grpo.data import write_jsonl  # noqa: E402
-from paddle_grpo.quickstart import eval_problems, record, train_problems  # noqa: E402
+from paddle_grpo.recipes.quickstart import eval_problems, record, train_problems  # noqa: E402
 
 
 def distinct_train_problems(n, seed):

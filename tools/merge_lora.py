@@ -50,7 +50,7 @@ def main(argv=None):
     args = parse_args(argv)
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    from paddle_grpo.lora import LoRAError, merge_into_base, read_adapter_config
+    from paddle_grpo.policy.lora import LoRAError, merge_into_base, read_adapter_config
 
     t0 = time.perf_counter()
     try:

@@ -102,7 +102,7 @@ def test_page_has_an_example_for_every_builtin_reward(repo_root):
     found = sections(doc_text(repo_root))
     shown = {name for argv, examples in found if examples
              for name in argv[argv.index("--reward") + 1].split(",")}
-    # The rewards package's own (other modules, e.g. paddle_grpo.quickstart, may register theirs when imported).
+    # The rewards package's own (other modules, e.g. paddle_grpo.recipes.quickstart, may register theirs when imported).
     builtin = {name for name in available_rewards()
                if get_reward_fn(name).__module__.startswith("paddle_grpo.rewards.")}
     assert {"kk", "gsm8k", "gsm8k_format", "tag_format", "tag_format_strict", "rouge_l",

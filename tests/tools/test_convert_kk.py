@@ -39,7 +39,7 @@ def expected_tgt(names, solution):
 
 
 def truth(stmt, knight):
-    """A second evaluator of the dataset's statement tuples, written apart from paddle_grpo.kk_puzzles."""
+    """A second evaluator of the dataset's statement tuples, written apart from paddle_grpo.recipes.kk_puzzles."""
     op, args = stmt[0], stmt[1:]
     table = {
         "telling-truth": lambda: knight[args[0]],

@@ -1,4 +1,4 @@
-"""tools/gen_kk.py and the solver in paddle_grpo.kk_puzzles.
+"""tools/gen_kk.py and the solver in paddle_grpo.recipes.kk_puzzles.
 
 The generated puzzles are checked by reading their English back: the parser and brute-force checker below share no
 code with the generator or the solver, so a wrong rendering, a wrong solver or a wrong answer line all fail here.
@@ -10,7 +10,7 @@ import re
 import pytest
 
 from paddle_grpo.data import read_jsonl
-from paddle_grpo.kk_puzzles import evaluate, parse_statements, solve, statements_to_text
+from paddle_grpo.recipes.kk_puzzles import evaluate, parse_statements, solve, statements_to_text
 
 T, F = True, False
 

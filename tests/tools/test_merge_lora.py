@@ -6,8 +6,8 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_grpo import lora as L
-from paddle_grpo.modeling import load_causal_lm
+from paddle_grpo.policy import lora as L
+from paddle_grpo.policy.causal import load_causal_lm
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import time
 
 import run_rl
 
-from paddle_grpo import quickstart
+from paddle_grpo.recipes import quickstart
 
 source, seconds = sys.argv[1], float(sys.argv[2])
 

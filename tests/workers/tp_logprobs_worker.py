@@ -8,7 +8,7 @@ import paddle
 
 from paddle_grpo import distributed as dist
 from paddle_grpo.config import config_from_dict
-from paddle_grpo.modeling import completion_logprobs, load_causal_lm
+from paddle_grpo.policy.causal import completion_logprobs, load_causal_lm
 
 model_dir, out = sys.argv[1], sys.argv[2]
 dist.init(config_from_dict({"tensor_parallel_degree": 2}))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .data import shuffle_split, split_paths, write_jsonl
+from ..data import shuffle_split, split_paths, write_jsonl
 
 
 def conversion_main(argv, description, load_file, noun):

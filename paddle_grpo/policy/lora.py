@@ -32,7 +32,7 @@ import re
 import numpy as np
 import paddle
 
-logger = logging.getLogger("paddle_grpo.lora")
+logger = logging.getLogger("paddle_grpo.policy.lora")
 
 # Every linear projection of a Qwen2 (and Llama-style) decoder layer: attention q/k/v/o and the MLP. PaddleNLP's
 # `get_lora_target_modules` uses the same layers for qwen2 (written `.*q_proj.*`); these are anchored at the end

@@ -5,7 +5,7 @@ The prompt is Qwen's chat format without a system turn (17 tokens), the completi
 cheap on a CPU; digits are single tokens (Qwen2's pre-tokenizer splits numbers into digits).
 
 `build_quickstart_policy(out_dir, seed)` trains a byte-level BPE tokenizer on the task's text, initialises a random
-Qwen2ForCausalLM (`paddle_grpo.tiny`) and fine-tunes it briefly (SFT) on generated problems: cross-entropy on the
+Qwen2ForCausalLM (`paddle_grpo.recipes.tiny`) and fine-tunes it briefly (SFT) on generated problems: cross-entropy on the
 answer tokens only (prompt masked), in exactly the chat format the RL prompts use. SFT stops early on purpose, at
 partial skill (sampled at temperature 1 the policy gets about half of the held-out sums right, greedy about 70%),
 which leaves GRPO room to show learning in minutes. `addition_reward` scores 1.0 for exactly the right sum.
@@ -24,11 +24,11 @@ import random
 import shutil
 import time
 
-from .data import format_qwen_chat, tokenize_prompts
-from .rewards.base import completion_text, references
-from .rewards.registry import register_reward
+from ..data import format_qwen_chat, tokenize_prompts
+from ..rewards.base import completion_text, references
+from ..rewards.registry import register_reward
 
-logger = logging.getLogger("paddle_grpo.quickstart")
+logger = logging.getLogger("paddle_grpo.recipes.quickstart")
 
 MIN_OPERAND, MAX_OPERAND = 10, 99
 EVAL_SEED, VALIDATION_SEED = 0, 1   # the held-out sets are the same for every run seed
@@ -128,7 +128,7 @@ def sft_loss(model, batch):
     same `completion_logprobs` the RL loss uses. A scalar paddle tensor."""
     import paddle
 
-    from .modeling import completion_logprobs
+    from ..policy.causal import completion_logprobs
 
     pid, pm, cid, cm = (paddle.to_tensor(x) for x in batch)
     lp, _ = completion_logprobs(model, pid, pm, cid, cm)
@@ -152,8 +152,8 @@ def build_quickstart_policy(out_dir, seed=0, *, max_steps=None, target_loss=None
 
     from tqdm.auto import tqdm
 
-    from . import cpu_tuning
-    from .modeling import quiet_paddlenlp
+    from .. import cpu_tuning
+    from ..policy.causal import quiet_paddlenlp
     from .tiny import build_model, build_tokenizer
 
     quiet_paddlenlp()  # PaddleNLP's INFO lines (unk_token, every file saved) are noise before the first step

@@ -13,8 +13,9 @@ import os
 
 import paddle
 
-from . import cpu_tuning, fast_qwen2
-from .algorithms import entropy_from_logits, logprobs_from_logits
+from .. import cpu_tuning
+from ..algorithms import entropy_from_logits, logprobs_from_logits
+from . import fast_qwen2
 
 
 def quiet_paddlenlp():

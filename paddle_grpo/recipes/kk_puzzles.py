@@ -24,7 +24,7 @@ import ast
 import itertools
 from typing import List, Optional, Sequence, Tuple
 
-from paddle_grpo.data import format_qwen_chat
+from ..data import format_qwen_chat
 
 __all__ = ["KK_SYSTEM_PROMPT", "build_kk_prompt", "format_kk_solution", "evaluate", "is_consistent", "solve",
            "parse_statements", "statements_to_text", "MAX_PEOPLE"]

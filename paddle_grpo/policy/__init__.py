@@ -1,0 +1,1 @@
+"""The policy room: loading causal and encoder-decoder models, log-probs, the fast Qwen2 forward, LoRA."""
