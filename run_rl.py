@@ -32,15 +32,14 @@ def main(argv=None):
 
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    from paddle_grpo.data import DataError
-    from paddle_grpo.rewards.client import RewardServerError
-    from paddle_grpo.trainer import TrainingError, train
+    from paddle_grpo import DataError, RewardServerError, TrainingError, train
+    from paddle_grpo.recipes import policy_builder
 
     # With progress bars, log lines are printed above the bar, not into it; without, logging stays as it is.
     bars = contextlib.nullcontext() if cfg.disable_tqdm else logging_redirect_tqdm()
     try:
         with bars:
-            return train(cfg)
+            return train(cfg, policy_builder(cfg))
     except (ConfigError, DataError, FileNotFoundError, RewardServerError, TrainingError, NotImplementedError) as e:
         # Problems with the user's setup, data or reward server: say what and where, without a traceback.
         print(f"run_rl.py: error: {e}", file=sys.stderr)

@@ -456,6 +456,21 @@ def collate_prompts(token_id_lists: Sequence[Sequence[int]], pad_token_id: int, 
     return input_ids, attention_mask
 
 
+def pad_columns(x: Any, width: int, value: Any, side: str = "right") -> Any:
+    """`x` [n, w] padded with `value` to [n, width] on the `side` ("left" or "right"); a numpy array or a paddle
+    tensor (the same type comes back). Prompts are padded on the left (generation appends on the right),
+    completions and per-token values on the right."""
+    missing = width - x.shape[1]
+    if missing == 0:
+        return x
+    if isinstance(x, np.ndarray):
+        return np.pad(x, ((0, 0), (missing, 0) if side == "left" else (0, missing)), constant_values=value)
+    import paddle  # data files are read without paddle; only tensors need it
+
+    filler = paddle.full([x.shape[0], missing], value, dtype=x.dtype)
+    return paddle.concat([filler, x] if side == "left" else [x, filler], axis=1)
+
+
 def encode_prompts(prompts: Sequence[str], tokenizer: Any, max_prompt_len: Optional[int], chat_template: str = "auto",
                    system: Optional[str] = None):
     """Template, tokenize and collate a batch of `src` strings in one call.

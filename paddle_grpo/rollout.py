@@ -23,6 +23,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+from .data import pad_columns
 from .policy import fast_qwen2
 from .policy.causal import position_ids_from_mask
 from .sampling import sample_with_uniforms, uniforms
@@ -73,8 +74,8 @@ def generate(model, prompt_ids, prompt_mask, *, num_samples=1, max_new_tokens=64
         if was_training:
             model.train()
     T = max(c[0].shape[1] for c in chunks)
-    ids = paddle.concat([_pad_right(c[0], T, pad_token_id) for c in chunks], axis=0)
-    logps = paddle.concat([_pad_right(c[1], T, 0.0) for c in chunks], axis=0)
+    ids = paddle.concat([pad_columns(c[0], T, pad_token_id) for c in chunks], axis=0)
+    logps = paddle.concat([pad_columns(c[1], T, 0.0) for c in chunks], axis=0)
     lengths = np.concatenate([c[2] for c in chunks])
     truncated = np.concatenate([c[3] for c in chunks])
     mask = paddle.to_tensor((np.arange(T)[None, :] < lengths[:, None]).astype("int64"))
@@ -82,13 +83,6 @@ def generate(model, prompt_ids, prompt_mask, *, num_samples=1, max_new_tokens=64
                    prompt_mask=paddle.repeat_interleave(prompt_mask, num_samples, axis=0),
                    completion_ids=ids, completion_mask=mask, lengths=lengths, truncated=truncated,
                    sample_logprobs=logps)
-
-
-def _pad_right(x, T, value):
-    if x.shape[1] == T:
-        return x
-    pad = paddle.full([x.shape[0], T - x.shape[1]], value, dtype=x.dtype)
-    return paddle.concat([x, pad], axis=1)
 
 
 def _generate_chunk(model, prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id, temperature,

@@ -1,2 +1,25 @@
 """Recipes on top of the runtime: the quickstart policy, tiny models, Knights-and-Knaves generation, seq2seq build
-recipes and data converters. Tools, tests and the command line import them; the runtime core never does."""
+recipes and data converters. Tools, tests and the command line import them; the runtime core never does (it takes
+a recipe's build function as an argument: `Trainer(cfg, build_policy)`)."""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+# The values of `build_actor_if_missing` that name a recipe (config.py offers exactly these; a test checks it).
+POLICY_RECIPES = ("quickstart",)
+
+
+def policy_builder(cfg: Any) -> Optional[Callable[[str], None]]:
+    """`build(directory)` for the recipe that `cfg.build_actor_if_missing` names; None when it names none."""
+    name = cfg.build_actor_if_missing
+    if not name:
+        return None
+    if name not in POLICY_RECIPES:
+        raise ValueError(f"build_actor_if_missing: unknown recipe {name!r}; valid: {', '.join(POLICY_RECIPES)}")
+
+    def build(directory: str) -> None:
+        from . import quickstart  # looked up at build time, so a test can stand in for the slow build
+
+        quickstart.build_quickstart_policy(directory, seed=cfg.seed, progress=not cfg.disable_tqdm)
+
+    return build

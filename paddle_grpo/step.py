@@ -1,0 +1,676 @@
+"""One RL step as phase functions over a typed `Batch` (docs/architecture.md):
+
+    collect (rollout + score, DAPO dynamic sampling) -> log-probs (reference, old) -> gather once over the
+    data-parallel ranks -> shape rewards -> advantages -> update (mini-batches of micro-batches)
+
+Each rank holds its own rows (`Batch`); the per-sequence data that group statistics, reward normalisation,
+REINFORCE++ whitening and the `token-mean` denominators need is gathered once per step (`gather`), so every batch
+statistic is over the global batch (docs/algorithms.md sections 1-5). Each phase returns a typed metrics record;
+`as_dict()` gives the metric names of docs/algorithms.md section 7.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import paddle
+
+from .algorithms import (
+    RunningRewardNormalizer,
+    advantage_estimator_spec,
+    aggregate_loss,
+    clip_reward,
+    compute_policy_loss,
+    global_denominators,
+    kl_penalty,
+    masked_mean,
+    normalize_advantage,
+    overlong_penalty,
+    scalar_to_token_level,
+)
+from .data import PromptSampler, apply_chat_template, collate_prompts, pad_columns, tokenize_prompts
+from .parallel import ParallelContext
+from .policy import Policy, logprobs_from_completion_logits, position_ids_from_mask
+from .rewards import RewardResult
+from .rollout import Rollout
+from .sampling import row_keys
+
+logger = logging.getLogger("paddle_grpo.step")
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (for example too many non-finite updates in a row)."""
+
+
+# ------------------------------------------------------------------------------------------------ the batch
+
+@dataclass
+class Batch:
+    """This data-parallel rank's rows of one step, prompt by prompt (rows i*G .. i*G+G-1 answer one prompt).
+
+    Tensors: `prompt_ids`/`prompt_mask` [n, L] int64, left-padded; `completion_ids`/`completion_mask` [n, T] int64
+    (mask 1 up to and including EOS); `sample_logprobs` [n, T] float32, the sampled tokens' log-probs at sampling
+    time. Per row: `lengths` [n] generated tokens (EOS included), `truncated` [n] bool (stopped by max_dec_len),
+    `texts` the decoded completions the rewards saw, `rewards` [n] float64 combined reward (0 where not `valid`),
+    `valid` [n] bool (False: no reward function could judge the row), `scores_by_function` {name: [n] raw scores},
+    `prompt_index` the dataset row each sample answers."""
+    prompt_ids: paddle.Tensor
+    prompt_mask: paddle.Tensor
+    completion_ids: paddle.Tensor
+    completion_mask: paddle.Tensor
+    sample_logprobs: paddle.Tensor
+    lengths: np.ndarray
+    truncated: np.ndarray
+    texts: List[str]
+    rewards: np.ndarray
+    valid: np.ndarray
+    scores_by_function: Dict[str, list]
+    prompt_index: List[int]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @classmethod
+    def from_rollout(cls, rollout: Rollout, texts: List[str], result: RewardResult, indices: Sequence[int],
+                     G: int) -> "Batch":
+        """The rows of one rollout round and their rewards (`result.scores[i]` None: not judged)."""
+        return cls(prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask,
+                   completion_ids=rollout.completion_ids, completion_mask=rollout.completion_mask,
+                   sample_logprobs=rollout.sample_logprobs, lengths=rollout.lengths, truncated=rollout.truncated,
+                   texts=list(texts),
+                   rewards=np.array([0.0 if s is None else s for s in result.scores], dtype=np.float64),
+                   valid=np.array([s is not None for s in result.scores]),
+                   scores_by_function={k: list(v) for k, v in result.scores_by_function.items()},
+                   prompt_index=[i for i in indices for _ in range(G)])
+
+    def informative_groups(self, G: int) -> np.ndarray:
+        """[n / G] bool: groups whose judged rewards vary (variance >= 1e-6). A group whose rewards all agree gives
+        no gradient under group baselines (DAPO dynamic sampling drops it)."""
+        out = []
+        for g in range(len(self) // G):
+            judged = self.rewards[g * G:(g + 1) * G][self.valid[g * G:(g + 1) * G]]
+            out.append(len(judged) > 1 and float(np.var(judged)) >= 1e-6)
+        return np.array(out, dtype=bool)
+
+    def groups(self, group_ids: Sequence[int], G: int) -> "Batch":
+        """The rows of the prompt groups `group_ids`, in that order (tensor widths unchanged)."""
+        rows = [g * G + j for g in group_ids for j in range(G)]
+        index = paddle.to_tensor(np.asarray(rows, dtype=np.int64))
+        take = lambda t: paddle.gather(t, index, axis=0)  # noqa: E731
+        return Batch(prompt_ids=take(self.prompt_ids), prompt_mask=take(self.prompt_mask),
+                     completion_ids=take(self.completion_ids), completion_mask=take(self.completion_mask),
+                     sample_logprobs=take(self.sample_logprobs), lengths=self.lengths[rows],
+                     truncated=self.truncated[rows], texts=[self.texts[r] for r in rows], rewards=self.rewards[rows],
+                     valid=self.valid[rows],
+                     scores_by_function={k: [v[r] for r in rows] for k, v in self.scores_by_function.items()},
+                     prompt_index=[self.prompt_index[r] for r in rows])
+
+    @staticmethod
+    def concat(parts: Sequence["Batch"], pad_id: int) -> "Batch":
+        """Stack batches, padding prompts (left) and completions (right) to the widest part."""
+        if len(parts) == 1:
+            return parts[0]
+        L = max(p.prompt_ids.shape[1] for p in parts)
+        T = max(p.completion_ids.shape[1] for p in parts)
+        cat = lambda name, width, value, side: paddle.concat(  # noqa: E731
+            [pad_columns(getattr(p, name), width, value, side) for p in parts])
+        return Batch(prompt_ids=cat("prompt_ids", L, pad_id, "left"), prompt_mask=cat("prompt_mask", L, 0, "left"),
+                     completion_ids=cat("completion_ids", T, pad_id, "right"),
+                     completion_mask=cat("completion_mask", T, 0, "right"),
+                     sample_logprobs=cat("sample_logprobs", T, 0.0, "right"),
+                     lengths=np.concatenate([p.lengths for p in parts]),
+                     truncated=np.concatenate([p.truncated for p in parts]),
+                     texts=[t for p in parts for t in p.texts], rewards=np.concatenate([p.rewards for p in parts]),
+                     valid=np.concatenate([p.valid for p in parts]),
+                     scores_by_function={k: [v for p in parts for v in p.scores_by_function[k]]
+                                         for k in parts[0].scores_by_function},
+                     prompt_index=[i for p in parts for i in p.prompt_index])
+
+    def sample_rows(self, records: Sequence[dict], k: int = 4) -> List[dict]:
+        """The first `k` samples as logged rows: `prompt` (the record's src), `completion` (the text the rewards
+        scored), `reward` (the combined reward before any shaping; None when not judged), `scores` (each function's
+        own score) and `length` (generated tokens, EOS included)."""
+        return [{"prompt": records[self.prompt_index[i]]["src"], "completion": self.texts[i],
+                 "reward": float(self.rewards[i]) if self.valid[i] else None,
+                 "scores": {name: values[i] for name, values in self.scores_by_function.items()},
+                 "length": int(self.lengths[i])}
+                for i in range(min(k, len(self)))]
+
+
+@dataclass
+class GlobalRows:
+    """Per-sequence data of the whole step: every data-parallel rank's rows, in rank order ([N] or [N, T_max],
+    completions right-padded to the widest rank's). `offset` is this rank's first row. `old`/`ref` (the sampling
+    and reference log-probs) only when the reward carries a KL term."""
+    rewards: np.ndarray
+    valid: np.ndarray
+    lengths: np.ndarray
+    truncated: np.ndarray
+    scores_by_function: List[Dict[str, list]]
+    mask: np.ndarray
+    old: Optional[np.ndarray]
+    ref: Optional[np.ndarray]
+    offset: int
+
+
+def gather(par: ParallelContext, batch: Batch, old_for_reward: Optional[paddle.Tensor],
+           ref_lp: Optional[paddle.Tensor]) -> GlobalRows:
+    """The step's one gather over the data-parallel ranks."""
+    local = {"rewards": batch.rewards, "valid": batch.valid, "lengths": batch.lengths, "truncated": batch.truncated,
+             "by_function": batch.scores_by_function, "mask": batch.completion_mask.numpy()}
+    if old_for_reward is not None:
+        local["old"], local["ref"] = old_for_reward.numpy(), ref_lp.numpy()
+    parts = par.all_gather_object(local)
+    T = max(p["mask"].shape[1] for p in parts)
+    stack = lambda key: np.concatenate([pad_columns(p[key], T, 0, "right") for p in parts])  # noqa: E731
+    return GlobalRows(rewards=np.concatenate([p["rewards"] for p in parts]).astype(np.float64),
+                      valid=np.concatenate([p["valid"] for p in parts]),
+                      lengths=np.concatenate([p["lengths"] for p in parts]),
+                      truncated=np.concatenate([p["truncated"] for p in parts]),
+                      scores_by_function=[p["by_function"] for p in parts], mask=stack("mask"),
+                      old=stack("old") if old_for_reward is not None else None,
+                      ref=stack("ref") if old_for_reward is not None else None,
+                      offset=par.dp_rank * len(batch))
+
+
+# ------------------------------------------------------------------------------------------ metrics records
+
+@dataclass
+class CollectMetrics:
+    rollout_s: float = 0.0
+    reward_s: float = 0.0
+    dropped_groups: Optional[float] = None   # with dynamic sampling only
+    rounds: Optional[float] = None
+
+    def as_dict(self) -> Dict[str, float]:
+        out = {"perf/rollout_s": self.rollout_s, "perf/reward_s": self.reward_s}
+        if self.rounds is not None:
+            out["train/dynamic_sampling_dropped_groups"] = self.dropped_groups
+            out["train/dynamic_sampling_rounds"] = self.rounds
+        return out
+
+
+@dataclass
+class RewardMetrics:
+    reward: float
+    reward_std: float
+    none_frac: float
+    by_function: Dict[str, float]   # only with several reward functions
+
+    def as_dict(self) -> Dict[str, float]:
+        out = {"train/reward": self.reward, "train/reward_std": self.reward_std,
+               "train/reward_none_frac": self.none_frac}
+        out.update({f"train/reward/{name}": v for name, v in self.by_function.items()})
+        return out
+
+
+@dataclass
+class AdvantageMetrics:
+    mean: float
+    std: float
+    frac_reward_zero_std: float
+
+    def as_dict(self) -> Dict[str, float]:
+        return {"train/advantage_mean": self.mean, "train/advantage_std": self.std,
+                "train/frac_reward_zero_std": self.frac_reward_zero_std}
+
+
+@dataclass
+class LengthMetrics:
+    mean: float
+    max: float
+    min: float
+    clip_ratio: float
+
+    @classmethod
+    def of(cls, rows: GlobalRows) -> "LengthMetrics":
+        return cls(float(rows.lengths.mean()), float(rows.lengths.max()), float(rows.lengths.min()),
+                   float(rows.truncated.mean()))
+
+    def as_dict(self) -> Dict[str, float]:
+        return {"response_length/mean": self.mean, "response_length/max": self.max,
+                "response_length/min": self.min, "response_length/clip_ratio": self.clip_ratio}
+
+
+# Sums over the micro-batches (and ranks) of one mini-batch: the loss shares add up to the mini-batch loss (global
+# denominators); the token-weighted statistics are divided by the mini-batch's token count at the end.
+SHARE_KEYS = ("train/policy_loss", "train/kl_loss")
+TOKEN_MEAN_KEYS = ("train/entropy", "train/clip_frac_low", "train/clip_frac_high", "train/clip_frac_dual",
+                   "train/approx_kl_old")
+
+
+@dataclass
+class LossSums:
+    """One mini-batch's loss statistics as an array that adds up over micro-batches and ranks:
+    `values` = [shares of SHARE_KEYS..., token-weighted sums of TOKEN_MEAN_KEYS..., tokens]."""
+    values: np.ndarray = field(default_factory=lambda: np.zeros(len(SHARE_KEYS) + len(TOKEN_MEAN_KEYS) + 1))
+
+    def means(self) -> Dict[str, float]:
+        n_share = len(SHARE_KEYS)
+        tokens = max(self.values[-1], 1.0)
+        out = dict(zip(SHARE_KEYS, self.values[:n_share].tolist()))
+        out.update({k: float(v) / tokens for k, v in zip(TOKEN_MEAN_KEYS, self.values[n_share:-1])})
+        return out
+
+
+@dataclass
+class UpdateMetrics:
+    per_mini_batch: List[Dict[str, float]]   # LossSums.means() + train/grad_norm of each mini-batch
+    nonfinite_updates: int
+    optimizer_steps: int
+    with_kl_loss: bool
+
+    def as_dict(self) -> Dict[str, float]:
+        out = {}
+        for k in self.per_mini_batch[0]:
+            values = [m[k] for m in self.per_mini_batch if math.isfinite(m[k])]
+            out[k] = float(np.mean(values)) if values else float("nan")
+        if not self.with_kl_loss:
+            out.pop("train/kl_loss", None)
+        out["train/nonfinite_updates"] = float(self.nonfinite_updates)
+        out["train/optimizer_steps"] = float(self.optimizer_steps)
+        return out
+
+
+# --------------------------------------------------------------------------------------- rollout and score
+
+class PromptEncoder:
+    """Left-padded prompt ids [B, L] and mask for dataset rows, tokenised once per row."""
+
+    def __init__(self, policy: Policy, tokenizer: Any, chat_template: str, max_prompt_len: int):
+        self.policy, self.tokenizer = policy, tokenizer
+        self.chat_template, self.max_prompt_len = chat_template, max_prompt_len
+        self._cache: Dict[Tuple[int, int], List[int]] = {}
+
+    def __call__(self, records: Sequence[dict], indices: Sequence[int]) -> Tuple[np.ndarray, np.ndarray]:
+        token_lists = []
+        for i in indices:
+            key = (id(records), i)
+            if key not in self._cache:
+                text = apply_chat_template(records[i]["src"], self.tokenizer, mode=self.chat_template)
+                ids = tokenize_prompts(self.tokenizer, [text])[0]
+                self._cache[key] = self.policy.prompt_token_ids(self.tokenizer, ids)
+            token_lists.append(self._cache[key])
+        ids, mask = collate_prompts(token_lists, self.tokenizer.pad_token_id, self.max_prompt_len)
+        return ids, mask
+
+
+def rollout(policy: Policy, encode: PromptEncoder, cfg: Any, records: Sequence[dict], indices: Sequence[int],
+            G: int, *, do_sample: bool = True, keys: Optional[np.ndarray] = None) -> Rollout:
+    """G completions for each of the dataset rows `indices` (rollout.generate's contract)."""
+    prompt_ids, prompt_mask = encode(records, indices)
+    tokenizer = encode.tokenizer
+    return policy.generate(prompt_ids, prompt_mask, num_samples=G, max_new_tokens=cfg.max_dec_len,
+                           min_new_tokens=cfg.min_dec_len, eos_token_ids=sorted({tokenizer.eos_token_id}),
+                           pad_token_id=tokenizer.pad_token_id, temperature=cfg.temperature, top_p=cfg.top_p,
+                           repetition_penalty=cfg.repetition_penalty, do_sample=do_sample,
+                           max_num_seqs=cfg.rollout_max_num_seqs, row_keys=keys)
+
+
+def completion_texts(tokenizer: Any, rollout: Rollout) -> List[str]:
+    """Completion texts without the EOS token (what reward functions and the server see)."""
+    ids = rollout.completion_ids.numpy()
+    texts = []
+    for row, n, cut in zip(ids, rollout.lengths, rollout.truncated):
+        keep = row[:n] if cut else row[:max(0, n - 1)]
+        # clean_up_tokenization_spaces would rewrite the text (" ..." -> "..."); rewards see it verbatim.
+        texts.append(tokenizer.decode(keep.tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False))
+    return texts
+
+
+def score(par: ParallelContext, rewarder: Any, use_rm_server: bool, records: Sequence[dict],
+          indices: Sequence[int], rollout: Rollout, texts: List[str], G: int) -> RewardResult:
+    """Rewards of this rank's rows; under tensor or pipeline parallelism one request per group, shared."""
+    def request():
+        rows = [records[i] for i in indices for _ in range(G)]
+        srcs = [r["src"] for r in rows]
+        if use_rm_server:  # the server protocol carries src, tgt and the response only
+            return rewarder.score_detailed(srcs, [r.get("tgt") or "" for r in rows], texts)
+        extra = {k: [r.get(k) for r in rows] for k in rows[0] if k not in ("src", "tgt")} if rows else {}
+        ids = rollout.completion_ids.numpy()
+        extra["completion_ids"] = [ids[j, :rollout.lengths[j]].tolist() for j in range(len(rows))]
+        return rewarder.score_detailed(srcs, [r.get("tgt") for r in rows], texts, **extra)
+
+    return par.share_within_model_parallel_group(request)
+
+
+def collect(par: ParallelContext, policy: Policy, encode: PromptEncoder, rewarder: Any, sampler: PromptSampler,
+            records: Sequence[dict], cfg: Any, prompts_per_rank: int, step: int) -> Tuple[Batch, CollectMetrics]:
+    """Sample and score this rank's share of the step's prompts; with DAPO dynamic sampling, more rounds until every
+    rank has `prompts_per_rank` groups with reward variance (or `max_gen_batches` rounds). Sampling noise is keyed
+    by (seed, step, round, global row): the same samples on 1 or N ranks."""
+    G = cfg.rollout_n
+    metrics = CollectMetrics()
+    kept: List[Tuple[Batch, int]] = []   # (round batch, group) in the order the step keeps them
+    dropped = rounds = 0
+    while True:
+        rounds += 1
+        global_indices = sampler.next_batch()
+        positions = par.prompt_positions(len(global_indices), cfg.mini_batch_prompts)
+        mine = [global_indices[p] for p in positions]
+        rows = (np.asarray(positions)[:, None] * G + np.arange(G)[None, :]).reshape(-1)
+        t0 = time.perf_counter()
+        sampled = rollout(policy, encode, cfg, records, mine, G, keys=row_keys(cfg.seed, step * 1000 + rounds, rows))
+        t1 = time.perf_counter()
+        texts = completion_texts(encode.tokenizer, sampled)
+        batch = Batch.from_rollout(sampled, texts, score(par, rewarder, cfg.use_rm_server, records, mine, sampled,
+                                                         texts, G), mine, G)
+        metrics.reward_s += time.perf_counter() - t1
+        metrics.rollout_s += t1 - t0
+        if not cfg.dynamic_sampling:
+            kept = [(batch, g) for g in range(len(mine))]
+            break
+        informative = batch.informative_groups(G)
+        dropped += int((~informative).sum())
+        kept.extend((batch, int(g)) for g in np.flatnonzero(informative))
+        enough = min(par.all_gather_object(len(kept))) >= prompts_per_rank  # every rank must agree to go on
+        if enough or rounds >= cfg.max_gen_batches:
+            if not enough:  # fill with the zero-variance groups of the last round (their advantage is 0)
+                kept.extend((batch, int(g)) for g in np.flatnonzero(~informative))
+            break
+    kept = kept[:prompts_per_rank]
+    if cfg.dynamic_sampling:
+        metrics.dropped_groups = float(sum(par.all_gather_object(dropped)))
+        metrics.rounds = float(rounds)
+    runs: List[Tuple[Batch, List[int]]] = []   # consecutive groups of one round, selected together
+    for source, g in kept:
+        if runs and runs[-1][0] is source:
+            runs[-1][1].append(g)
+        else:
+            runs.append((source, [g]))
+    parts = [source if groups == list(range(len(source) // G)) else source.groups(groups, G)
+             for source, groups in runs]
+    return Batch.concat(parts, encode.tokenizer.pad_token_id), metrics
+
+
+# ---------------------------------------------------------------------------------------------- log-probs
+
+@paddle.no_grad()
+def logprobs(policy: Policy, batch: Batch, cfg: Any, vocab_parallel: Any = None, with_entropy: bool = False
+             ) -> Tuple[paddle.Tensor, Optional[paddle.Tensor]]:
+    """Per-token log-probs [n, T] (and entropy) of the batch's completions under `policy`, in chunks of
+    per_device_logprob_batch_size rows, in eval mode (no dropout), as the rollout that sampled them."""
+    out, ent = [], []
+    n, mb = batch.completion_ids.shape[0], cfg.per_device_logprob_batch_size
+    model = policy.model
+    was_training = model.training
+    model.eval()
+    try:
+        for s in range(0, n, mb):
+            lp, e = policy.logprobs(batch.prompt_ids[s:s + mb], batch.prompt_mask[s:s + mb],
+                                    batch.completion_ids[s:s + mb], batch.completion_mask[s:s + mb],
+                                    temperature=cfg.temperature, with_entropy=with_entropy,
+                                    vocab_parallel=vocab_parallel)
+            out.append(lp)
+            ent.append(e)
+    finally:
+        if was_training:
+            model.train()
+    return paddle.concat(out, 0), (paddle.concat(ent, 0) if with_entropy else None)
+
+
+def reference_logprobs(policy: Policy, reference: Optional[Policy], batch: Batch, cfg: Any,
+                       vocab_parallel: Any = None) -> Optional[paddle.Tensor]:
+    """Log-probs under the reference model: the frozen copy, or under LoRA the policy with its adapters disabled
+    (the base model, exactly); None when no KL term needs them."""
+    if reference is not None:
+        return logprobs(reference, batch, cfg, vocab_parallel)[0]
+    if cfg.lora and cfg.needs_reference_model:
+        with policy.adapters_disabled():
+            return logprobs(policy, batch, cfg, vocab_parallel)[0]
+    return None
+
+
+def reference_kl(par: ParallelContext, batch: Batch, ref_lp: paddle.Tensor) -> float:
+    """train/kl: the k3 estimate of KL(sampling policy || reference), token-mean over the global batch."""
+    k3 = kl_penalty(batch.sample_logprobs, ref_lp, "k3")
+    mask = batch.completion_mask.astype("float32")
+    kl_sum, tokens = par.all_reduce_sum([float((k3 * mask).sum()), float(mask.sum())])
+    return float(kl_sum / max(tokens, 1.0))
+
+
+# ------------------------------------------------------------------------------------ rewards, advantages
+
+def shape_rewards(rows: GlobalRows, cfg: Any, normalizer: Optional[RunningRewardNormalizer]
+                  ) -> Tuple[np.ndarray, RewardMetrics]:
+    """Global rewards [N] float32 after clipping, DAPO overlong shaping and running normalisation; rows no function
+    could judge get 0 (docs/algorithms.md section 1)."""
+    rewards, valid = rows.rewards, rows.valid
+    names = list(rows.scores_by_function[0]) if len(rows.scores_by_function[0]) > 1 else []
+    by_function = {}
+    for name in names:  # per function only with several: one function's mean would repeat train/reward
+        vals = [v for part in rows.scores_by_function for v in part[name] if v is not None]
+        if vals:
+            by_function[name] = float(np.mean(vals))
+    metrics = RewardMetrics(reward=float(rewards[valid].mean()) if valid.any() else 0.0,
+                            reward_std=float(rewards[valid].std(ddof=1)) if valid.sum() > 1 else 0.0,
+                            none_frac=float(1.0 - valid.mean()), by_function=by_function)
+    if cfg.clip_range_score > 0:
+        rewards = clip_reward(rewards, cfg.clip_range_score)
+    if cfg.enable_overlong_reward_buffer:
+        rewards = rewards + np.asarray(overlong_penalty(rows.lengths, cfg.max_dec_len, cfg.overlong_reward_buffer,
+                                                        cfg.overlong_penalty_factor), dtype=np.float64)
+    if normalizer is not None and valid.any():
+        normalizer.update(rewards[valid])
+        rewards = np.asarray(normalizer.normalize(rewards), dtype=np.float64)
+    rewards = np.where(valid, rewards, 0.0)
+    return rewards.astype(np.float32), metrics
+
+
+def compute_advantages(rows: GlobalRows, rewards: np.ndarray, cfg: Any) -> Tuple[np.ndarray, AdvantageMetrics]:
+    """Advantages [N, T_max] of the global batch from the shaped rewards [N] (docs/algorithms.md sections 2-3).
+    The reward's KL term, when `rows` carries log-probs, goes where the estimator's spec says: per token inside
+    the estimator, or per sequence (`R - kl_coeff * sum_t KL_t`) before it."""
+    G = cfg.rollout_n
+    spec = advantage_estimator_spec(cfg.rl_algorithm)
+    mask = rows.mask * rows.valid[:, None]   # rows no function could judge take no part in any statistic
+    index = np.repeat(np.arange(len(rewards) // G), G)
+    options = {key: getattr(cfg, key) for key in spec.config_options}
+    seq_rewards = rewards.copy()
+    if rows.old is not None:
+        if spec.kl_in_reward == "token":
+            options.update(kl_coeff=cfg.kl_coeff, old_log_probs=paddle.to_tensor(rows.old),
+                           ref_log_probs=paddle.to_tensor(rows.ref), kl_estimator=cfg.kl_estimator)
+        else:
+            kl = kl_penalty(paddle.to_tensor(rows.old), paddle.to_tensor(rows.ref), cfg.kl_estimator).numpy()
+            seq_rewards = rewards - cfg.kl_coeff * (kl * mask).sum(-1)
+    mask_t = paddle.to_tensor(mask.astype(np.float32))
+    token_rewards = scalar_to_token_level(paddle.to_tensor(seq_rewards.astype(np.float32)), mask_t)
+    adv, _ = spec.fn(token_rewards, mask_t, index, **options)
+    if cfg.normalize_advantage:
+        adv = normalize_advantage(adv, mask_t)
+    adv = adv.numpy()
+    m = mask.astype(bool)
+    metrics = AdvantageMetrics(mean=float(adv[m].mean()) if m.any() else 0.0,
+                               std=float(adv[m].std()) if m.any() else 0.0,
+                               frac_reward_zero_std=float((rewards.reshape(-1, G).std(axis=1) < 1e-6).mean()))
+    return adv, metrics
+
+
+def local_rows(rows: GlobalRows, values: np.ndarray, batch: Batch) -> np.ndarray:
+    """This rank's rows of a global [N, ...] array, cut to its own completion width."""
+    out = values[rows.offset:rows.offset + len(batch)]
+    return out[:, :batch.completion_ids.shape[1]] if out.ndim == 2 else out
+
+
+# ---------------------------------------------------------------------------------------------- the update
+
+@dataclass
+class UpdateState:
+    """The update's counters, kept in checkpoints."""
+    optimizer_steps: int = 0
+    nonfinite_total: int = 0
+    nonfinite_in_a_row: int = 0
+
+
+@dataclass
+class Learner:
+    """What the update phase trains: the policy (its full copy under pipeline parallelism, which then only
+    generates and scores), this rank's pipeline stage if any, the optimizer, its schedule and the counters."""
+    policy: Policy
+    pipeline: Any
+    optimizer: Any
+    scheduler: Any
+    state: UpdateState = field(default_factory=UpdateState)
+
+    def parameters(self) -> list:
+        return (self.pipeline if self.pipeline is not None else self.policy.model).parameters()
+
+
+@dataclass
+class UpdateInputs:
+    """The tensors of one update: the batch, advantages [n, T], the loss mask [n, T] (completion mask times the
+    row's validity), old log-probs [n, T] (None on-policy: the detached current ones are used) and reference
+    log-probs [n, T] (None without KL loss)."""
+    batch: Batch
+    advantages: paddle.Tensor
+    loss_mask: paddle.Tensor
+    old_lp: Optional[paddle.Tensor]
+    ref_lp: Optional[paddle.Tensor]
+
+
+def rl_loss(cfg: Any, lp: paddle.Tensor, entropy: paddle.Tensor, old: paddle.Tensor, advantages: paddle.Tensor,
+            mask: paddle.Tensor, ref: Optional[paddle.Tensor], agg: Dict[str, Any]) -> Tuple[paddle.Tensor, np.ndarray]:
+    """A micro-batch's share of the mini-batch loss: policy loss + KL loss - entropy bonus with the global
+    denominators `agg` (docs/algorithms.md sections 4-5), and its LossSums values. All inputs [mb, T]; `ref` None
+    without KL loss."""
+    out = compute_policy_loss(lp, old, advantages, mask, clip_ratio_low=cfg.eps_low, clip_ratio_high=cfg.eps_high,
+                              clip_ratio_c=cfg.clip_ratio_c, importance_sampling_level=cfg.importance_sampling_level,
+                              loss_agg_mode=cfg.loss_agg_mode, **agg)
+    loss = cfg.pg_loss_coeff * out["pg_loss"]
+    kl_loss = paddle.zeros([])
+    if cfg.kl_loss_coeff > 0:
+        kl_loss = aggregate_loss(kl_penalty(lp, ref, cfg.kl_loss_estimator), mask, cfg.loss_agg_mode, **agg)
+        loss = loss + cfg.kl_loss_coeff * kl_loss
+    if cfg.entropy_coeff > 0:
+        loss = loss - cfg.entropy_coeff * aggregate_loss(entropy, mask, cfg.loss_agg_mode, **agg)
+    tokens = float(mask.astype("float32").sum())
+    token_means = (masked_mean(entropy.detach(), mask), out["clip_frac_low"], out["clip_frac_high"],
+                   out["clip_frac_dual"], out["approx_kl_old"])
+    sums = np.array([float(out["pg_loss"]), float(kl_loss)] + [float(v) * tokens for v in token_means] + [tokens])
+    return loss, sums
+
+
+def _micro_batch(learner: Learner, inputs: UpdateInputs, sl: slice, agg: Dict[str, Any], cfg: Any,
+                 vocab_parallel: Any) -> Tuple[np.ndarray, bool]:
+    """Forward + backward of one micro-batch (skipped backward when its loss is not finite)."""
+    b = inputs.batch
+    lp, entropy = learner.policy.logprobs(b.prompt_ids[sl], b.prompt_mask[sl], b.completion_ids[sl],
+                                          b.completion_mask[sl], temperature=cfg.temperature, with_entropy=True,
+                                          vocab_parallel=vocab_parallel)  # entropy is logged every step
+    old = lp.detach() if inputs.old_lp is None else inputs.old_lp[sl]
+    loss, sums = rl_loss(cfg, lp, entropy, old, inputs.advantages[sl], inputs.loss_mask[sl],
+                         None if inputs.ref_lp is None else inputs.ref_lp[sl], agg)
+    finite = bool(paddle.isfinite(loss))
+    if finite:
+        loss.backward()
+    return sums, finite
+
+
+def _pipeline_mini_batch(learner: Learner, inputs: UpdateInputs, sl: slice, agg: Dict[str, Any], cfg: Any,
+                         micro_batches: int) -> Tuple[np.ndarray, bool]:
+    """Forward + backward of the mini-batch rows `sl` through the pipeline (fleet splits them into the
+    micro-batches), the loss of `rl_loss` on the last stage; the summed LossSums values and whether every
+    micro-batch's loss was finite, on every stage."""
+    b = inputs.batch
+    ids = paddle.concat([b.prompt_ids[sl], b.completion_ids[sl]], axis=1)
+    attention_mask = paddle.concat([b.prompt_mask[sl], b.completion_mask[sl]], axis=1).astype("int64")
+    T = b.completion_ids.shape[1]
+    labels = (b.completion_ids[sl], inputs.loss_mask[sl], inputs.advantages[sl],
+              None if inputs.old_lp is None else inputs.old_lp[sl], None if inputs.ref_lp is None else inputs.ref_lp[sl])
+    micro = []
+
+    def loss_fn(logits, labels):
+        completion_ids, mask, adv, old, ref = labels
+        # The token at position L + t is predicted from the logits at L + t - 1.
+        lp, entropy = logprobs_from_completion_logits(logits[:, -T - 1:-1], completion_ids, cfg.temperature)
+        loss, sums = rl_loss(cfg, lp, entropy, lp.detach() if old is None else old, adv, mask, ref, agg)
+        micro.append(np.append(sums, float(bool(paddle.isfinite(loss)))))
+        return loss
+
+    learner.pipeline.forward_backward((ids, attention_mask, None, position_ids_from_mask(attention_mask)), labels,
+                                      loss_fn)
+    out = learner.pipeline.from_last_stage(np.sum(micro, axis=0) if micro else
+                                           np.zeros(len(SHARE_KEYS) + len(TOKEN_MEAN_KEYS) + 2))
+    return out[:-1], bool(out[-1] == micro_batches)
+
+
+def clip_gradients(parameters: Sequence[Any], grad_norm: float, max_grad_norm: float) -> None:
+    """Scale gradients by max_grad_norm / norm when the norm exceeds it (as ClipGradByGlobalNorm, but with the
+    norm of the whole model under tensor parallelism, not of this rank's shard)."""
+    if max_grad_norm <= 0 or grad_norm <= max_grad_norm:
+        return
+    scale = max_grad_norm / grad_norm
+    with paddle.no_grad():
+        for p in parameters:
+            if p.grad is not None:
+                p.grad.scale_(scale)
+
+
+def update(par: ParallelContext, learner: Learner, inputs: UpdateInputs, cfg: Any, geometry: Any, step: int,
+           vocab_parallel: Any = None) -> UpdateMetrics:
+    """`update_iters` passes over the batch in mini-batches of `geometry.sequences_per_mini_batch` rows, one
+    optimizer step each, gradients accumulated over micro-batches of per_device_train_batch_size rows and summed
+    over the data-parallel ranks. A mini-batch whose loss or gradient is not finite on any rank is skipped on all;
+    `max_consecutive_nonfinite` skipped in a row raise TrainingError."""
+    n = inputs.batch.completion_ids.shape[0]
+    per_mini, mb = geometry.sequences_per_mini_batch, cfg.per_device_train_batch_size
+    per_mini_metrics = []
+    state = learner.state
+    learner.policy.model.train()
+    params = learner.parameters()
+    for _ in range(cfg.update_iters):
+        for m0 in range(0, n, per_mini):
+            local = global_denominators(inputs.loss_mask[m0:m0 + per_mini], cfg.loss_agg_mode)
+            keys = sorted(local)
+            agg = dict(zip(keys, par.all_reduce_sum([local[k] for k in keys]).tolist()))
+            if cfg.loss_agg_mode == "seq-mean-token-sum-norm":
+                agg["max_dec_len"] = cfg.max_dec_len
+            sums, finite = LossSums().values, True
+            if learner.pipeline is not None:
+                sums, finite = _pipeline_mini_batch(learner, inputs, slice(m0, m0 + per_mini), agg, cfg,
+                                                    geometry.grad_accum_steps)
+            else:
+                for s in range(m0, m0 + per_mini, mb):
+                    micro_sums, micro_finite = _micro_batch(learner, inputs, slice(s, s + mb), agg, cfg,
+                                                            vocab_parallel)
+                    sums += micro_sums
+                    finite = finite and micro_finite
+            per_mini_metrics.append(LossSums(par.all_reduce_sum(sums)).means())
+            # Every rank takes the same branch: a rank whose loss was not finite skipped its backward, so gradients
+            # are summed only when all ranks have them.
+            finite = par.all_true(finite)
+            if finite:
+                par.sum_gradients(params)
+            grad_norm = par.global_grad_norm(params) if finite else float("nan")
+            finite = finite and math.isfinite(grad_norm)
+            if finite:
+                clip_gradients(params, grad_norm, cfg.max_grad_norm)
+            per_mini_metrics[-1]["train/grad_norm"] = grad_norm
+            if finite:
+                learner.optimizer.step()
+                state.nonfinite_in_a_row = 0
+            else:
+                _count_nonfinite(state, step, cfg.max_consecutive_nonfinite)
+            learner.optimizer.clear_grad(set_to_zero=False)
+            learner.scheduler.step()
+            state.optimizer_steps += 1
+    if learner.pipeline is not None:  # the next rollout, log-probs and checkpoint use the full copy
+        learner.pipeline.copy_to(learner.policy.model)
+    return UpdateMetrics(per_mini_metrics, state.nonfinite_total, state.optimizer_steps, cfg.kl_loss_coeff != 0)
+
+
+def _count_nonfinite(state: UpdateState, step: int, limit: int) -> None:
+    state.nonfinite_total += 1
+    state.nonfinite_in_a_row += 1
+    logger.warning("step %d: non-finite loss or gradient, optimizer step skipped (%d in a row)", step + 1,
+                   state.nonfinite_in_a_row)
+    if state.nonfinite_in_a_row >= limit:
+        raise TrainingError(
+            f"{state.nonfinite_in_a_row} consecutive updates had a non-finite loss or gradient "
+            f"(max_consecutive_nonfinite = {limit}); stopping. Lower learning_rate, set max_grad_norm, or check "
+            "the rewards for inf/NaN.")
