@@ -1,0 +1,252 @@
+"""The import rules of docs/architecture.md ("What may import what"), checked on the source with `ast`, and the
+citations of the docs (docs/algorithms.md sections, `file.py: name` references, links between docs).
+
+A rule whose code does not exist yet (a folder of the target layout) is skipped with a message naming what it waits
+for. Imports inside functions count; imports through `importlib` are not seen.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import FrozenSet, List, Set, Tuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECKED_PACKAGES = ("paddle_grpo", "reward_server")  # the code the rules are about
+OWN_PREFIXES = ("paddle_grpo", "reward_server")      # imports of these are the project's own
+
+
+# ---- reading imports ------------------------------------------------------------------------------------------------
+
+def module_name(path: Path, root: Path) -> str:
+    """Dotted module name of a .py file below `root` (a package's __init__.py is the package)."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_names(path: Path, root: Path) -> Set[str]:
+    """Absolute dotted names a module imports, relative imports resolved. `from M import n` gives `M.n` (n may be a
+    submodule or an attribute; prefix matching treats both alike), `from M import *` gives `M`; an attribute
+    `paddle.distributed` gives `paddle.distributed`."""
+    package = module_name(path, root).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    names: Set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module
+            for alias in node.names:
+                names.add(module if alias.name == "*" else f"{module}.{alias.name}")
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "paddle" \
+                and node.attr == "distributed":
+            names.add("paddle.distributed")  # `import paddle` then `paddle.distributed.x`: the same dependency
+    return names
+
+
+def under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def modules(root: Path) -> List[Tuple[str, Path]]:
+    found = []
+    for package in CHECKED_PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            found.append((module_name(path, root), path))
+    return found
+
+
+# ---- the rules ------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Rule:
+    """Modules under `scope` (minus `exempt`) may import of the project's own code only `allowed` (when given), and
+    never anything under `forbidden` (any package, paddle's included)."""
+    name: str
+    scope: str
+    allowed: FrozenSet[str] = frozenset()
+    forbidden: FrozenSet[str] = frozenset()
+    exempt: FrozenSet[str] = frozenset()
+    waits_for: Tuple[str, ...] = ()   # paths that must exist for the rule to apply
+    why_waiting: str = ""
+
+    def violations(self, root: Path) -> List[str]:
+        out = []
+        for name, path in modules(root):
+            if not under(name, self.scope) or any(under(name, e) for e in self.exempt):
+                continue
+            for imported in sorted(imported_names(path, root)):
+                own = imported.startswith(OWN_PREFIXES)
+                if own and self.allowed and not any(under(imported, a) for a in self.allowed | {self.scope}):
+                    out.append(f"{path.relative_to(root)} imports {imported}")
+                elif any(under(imported, f) for f in self.forbidden):
+                    out.append(f"{path.relative_to(root)} imports {imported}")
+        return out
+
+
+AFTER_STEP = "paddle_grpo/step.py (the trainer restructure of issue 13)"
+RULES = (
+    Rule("algorithms/ imports nothing of the package outside itself", "paddle_grpo.algorithms",
+         allowed=frozenset({"paddle_grpo.algorithms"}), waits_for=("paddle_grpo/algorithms",)),
+    Rule("rewards/ imports nothing of the package outside itself", "paddle_grpo.rewards",
+         allowed=frozenset({"paddle_grpo.rewards"}), waits_for=("paddle_grpo/rewards",)),
+    Rule("config.py imports only algorithms/", "paddle_grpo.config",
+         allowed=frozenset({"paddle_grpo.algorithms"})),
+    Rule("parallel/ imports only config.py", "paddle_grpo.parallel",
+         allowed=frozenset({"paddle_grpo.config"}), waits_for=("paddle_grpo/parallel",)),
+    Rule("policy/ imports only algorithms/, parallel/, rollout, sampling, cpu_tuning", "paddle_grpo.policy",
+         allowed=frozenset({"paddle_grpo.algorithms", "paddle_grpo.parallel", "paddle_grpo.rollout",
+                            "paddle_grpo.sampling", "paddle_grpo.cpu_tuning"}), waits_for=("paddle_grpo/policy",)),
+    Rule("step.py imports neither trainer.py nor recipes/", "paddle_grpo.step",
+         forbidden=frozenset({"paddle_grpo.trainer", "paddle_grpo.recipes"}), waits_for=("paddle_grpo/step.py",),
+         why_waiting=AFTER_STEP),
+    Rule("no core module imports recipes/", "paddle_grpo", forbidden=frozenset({"paddle_grpo.recipes"}),
+         exempt=frozenset({"paddle_grpo.recipes"}), waits_for=("paddle_grpo/step.py",),
+         why_waiting=AFTER_STEP + ", which moves the quickstart build out of trainer.py"),
+    Rule("only parallel/ imports paddle.distributed (package)", "paddle_grpo",
+         forbidden=frozenset({"paddle.distributed"}), exempt=frozenset({"paddle_grpo.parallel"}),
+         waits_for=("paddle_grpo/parallel",)),
+    Rule("only parallel/ imports paddle.distributed (reward server)", "reward_server",
+         forbidden=frozenset({"paddle.distributed"})),
+    Rule("reward_server/ imports only paddle_grpo.rewards", "reward_server",
+         allowed=frozenset({"paddle_grpo.rewards"})),
+)
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_import_rule(rule: Rule) -> None:
+    missing = [p for p in rule.waits_for if not (ROOT / p).exists()]
+    if missing:
+        pytest.skip(f"waits for {rule.why_waiting or ', '.join(missing)}")
+    assert rule.violations(ROOT) == [], f"{rule.name} (docs/architecture.md)"
+
+
+# ---- the checker itself can fail ------------------------------------------------------------------------------------
+
+def _write(root: Path, files: dict) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def test_imported_names_resolve_relative_imports(tmp_path: Path) -> None:
+    _write(tmp_path, {
+        "paddle_grpo/__init__.py": "from . import config\n",
+        "paddle_grpo/policy/__init__.py": "from .causal import Policy\n",
+        "paddle_grpo/policy/causal.py": "import numpy as np\nfrom .. import cpu_tuning\nfrom ..algorithms.kl import k\n"
+                                        "def f():\n    from paddle import distributed\n",
+        "paddle_grpo/policy/deep/x.py": "from ...rollout import *\nfrom . import y\n",
+    })
+    assert imported_names(tmp_path / "paddle_grpo/__init__.py", tmp_path) == {"paddle_grpo.config"}
+    assert imported_names(tmp_path / "paddle_grpo/policy/__init__.py", tmp_path) == {"paddle_grpo.policy.causal.Policy"}
+    assert imported_names(tmp_path / "paddle_grpo/policy/causal.py", tmp_path) == {
+        "numpy", "paddle_grpo.cpu_tuning", "paddle_grpo.algorithms.kl.k", "paddle.distributed"}
+    assert imported_names(tmp_path / "paddle_grpo/policy/deep/x.py", tmp_path) == {
+        "paddle_grpo.rollout", "paddle_grpo.policy.deep.y"}
+
+
+def test_rules_report_violations(tmp_path: Path) -> None:
+    _write(tmp_path, {
+        "paddle_grpo/__init__.py": "",
+        "paddle_grpo/algorithms/__init__.py": "from .kl import k\n",
+        "paddle_grpo/algorithms/kl.py": "def k():\n    from ..policy import causal\n",
+        "paddle_grpo/trainer.py": "def build():\n    from .recipes.quickstart import build\n",
+        "paddle_grpo/recipes/quickstart.py": "from ..trainer import build\nimport paddle.distributed as dist\n",
+        "paddle_grpo/parallel/context.py": "import paddle.distributed as dist\nfrom ..config import Config\n",
+        "paddle_grpo/rollout.py": "from paddle.distributed import fleet\n",
+        "paddle_grpo/sampling.py": "import paddle\nrank = paddle.distributed.get_rank\n",
+        "reward_server/__init__.py": "from paddle_grpo.rewards import RewardSet\nfrom paddle_grpo import trainer\n",
+    })
+    by_name = {rule.name: rule.violations(tmp_path) for rule in RULES}
+    assert by_name["algorithms/ imports nothing of the package outside itself"] == [
+        "paddle_grpo/algorithms/kl.py imports paddle_grpo.policy.causal"]
+    assert by_name["no core module imports recipes/"] == [
+        "paddle_grpo/trainer.py imports paddle_grpo.recipes.quickstart.build"]
+    assert by_name["only parallel/ imports paddle.distributed (package)"] == [
+        "paddle_grpo/recipes/quickstart.py imports paddle.distributed",
+        "paddle_grpo/rollout.py imports paddle.distributed.fleet",
+        "paddle_grpo/sampling.py imports paddle.distributed"]
+    assert by_name["parallel/ imports only config.py"] == []
+    assert by_name["reward_server/ imports only paddle_grpo.rewards"] == [
+        "reward_server/__init__.py imports paddle_grpo.trainer"]
+
+
+# ---- citations of the docs ------------------------------------------------------------------------------------------
+
+DOCS = ("docs/architecture.md", "docs/algorithms.md", "docs/platform.md")
+SECTION_CITATION = re.compile(r"docs/([\w.-]+\.md) sections? (\d+(?:\s*(?:,|and|-)\s*\d+)*)")
+NAME_CITATION = re.compile(r"`((?:[\w]+/)*[\w]+\.py): ([A-Za-z_][\w.]*)`")
+LINK = re.compile(r"\]\(([\w./-]+\.md)(?:#[\w-]+)?\)")
+
+
+def _source_files() -> List[Path]:
+    files = [ROOT / "run_rl.py"]
+    for folder in ("paddle_grpo", "reward_server", "tools", "tests"):
+        files.extend(sorted((ROOT / folder).rglob("*.py")))
+    return files
+
+
+def _defined(path: Path, dotted: str) -> bool:
+    """True when `dotted` (`name` or `Class.attribute`) is defined at the top of `path` (def, class, assignment)."""
+    body = ast.parse(path.read_text(encoding="utf-8")).body
+    for part in dotted.split("."):
+        found = None
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == part:
+                found = node
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(t, ast.Name) and t.id == part for t in targets):
+                    found = node
+        if found is None:
+            return False
+        body = getattr(found, "body", [])
+    return True
+
+
+def test_algorithm_section_citations_exist() -> None:
+    """Every `docs/X.md section N` in the code names a doc that exists and, for algorithms.md, a section 1-7."""
+    headings = set(re.findall(r"^## (\d+)\. ", (ROOT / "docs/algorithms.md").read_text(encoding="utf-8"), re.M))
+    assert headings == {str(n) for n in range(1, 8)}
+    bad = []
+    for path in _source_files():
+        for doc, numbers in SECTION_CITATION.findall(path.read_text(encoding="utf-8")):
+            if not (ROOT / "docs" / doc).is_file():
+                bad.append(f"{path.relative_to(ROOT)}: docs/{doc}")
+            elif doc == "algorithms.md":
+                bad.extend(f"{path.relative_to(ROOT)}: section {n}" for n in re.findall(r"\d+", numbers)
+                           if n not in headings)
+    assert bad == []
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_docs_cite_names_that_exist(doc: str) -> None:
+    """`file.py: name` in the docs: the file exists (under paddle_grpo/ or the repository root) and defines name."""
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    bad = []
+    for rel, name in NAME_CITATION.findall(text):
+        path = next((p for p in (ROOT / "paddle_grpo" / rel, ROOT / rel) if p.is_file()), None)
+        if path is None or not _defined(path, name):
+            bad.append(f"{rel}: {name}")
+    for link in LINK.findall(text):
+        if not (ROOT / "docs" / link).is_file():
+            bad.append(link)
+    assert bad == []
+
+
+def test_name_citation_checker_can_fail(tmp_path: Path) -> None:
+    _write(tmp_path, {"m.py": "class A:\n    def f(self):\n        pass\nX = 1\ndef g():\n    pass\n"})
+    path = tmp_path / "m.py"
+    assert _defined(path, "A.f") and _defined(path, "X") and _defined(path, "g")
+    assert not _defined(path, "A.g") and not _defined(path, "f") and not _defined(path, "h")
