@@ -1,4 +1,4 @@
-"""Policy losses, aggregation and logit helpers against loop / numpy references (ALGORITHMS.md sections 4, 5).
+"""Policy losses, aggregation and logit helpers against loop / numpy references (docs/algorithms.md sections 4, 5).
 
 Tolerances: float32 results vs float64 references rtol=1e-5, atol=1e-6 unless stated; float64 finite differences
 rtol=1e-6, atol=1e-8.
