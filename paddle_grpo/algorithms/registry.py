@@ -80,12 +80,12 @@ class Registry(Generic[SpecT]):
     """A name -> spec table. `register(name, **fields)` is a decorator; `spec(name)` / `get(name)` look up the spec /
     its function. Names are kept in registration order."""
 
-    def __init__(self, kind: str, spec_type: Type[SpecT]):
+    def __init__(self, kind: str, spec_type: Type[SpecT]) -> None:
         self.kind = kind
         self.spec_type = spec_type
         self._specs: Dict[str, SpecT] = {}
 
-    def register(self, name: str, **fields) -> Callable[[Callable], Callable]:
+    def register(self, name: str, **fields: object) -> Callable[[Callable], Callable]:
         def decorator(fn: Callable) -> Callable:
             spec = self.spec_type(name=name, fn=fn, **fields)
             # Re-registering the same spec (module reload) is harmless; a different one would silently replace a
