@@ -47,7 +47,8 @@ def aggregate_loss(loss_mat: TensorLike, loss_mask: TensorLike, loss_agg_mode: s
 
     `num_global_seqs` counts sequences with >= 1 valid token for `seq-mean-token-mean` and all sequences for the
     token-sum modes. Without the global counts, the local ones are used (the whole-batch value of this batch).
-    `max_dec_len` is required by `seq-mean-token-sum-norm`. Masked positions never contribute, even if inf/NaN.
+    `max_dec_len` is required by `seq-mean-token-sum-norm` and ignored by the other modes (so a caller can always
+    pass it, whatever the mode). Masked positions never contribute, even if inf/NaN.
     """
     if loss_agg_mode not in LOSS_AGG_MODES:
         raise unknown_name("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)

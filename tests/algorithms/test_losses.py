@@ -102,6 +102,13 @@ def test_aggregate_ignores_garbage_in_padding_and_empty_batch_is_zero(mode):
     assert float(empty) == 0.0
 
 
+@pytest.mark.parametrize("mode", [m for m in LOSS_AGG_MODES if m != "seq-mean-token-sum-norm"])
+def test_max_dec_len_is_ignored_by_the_other_modes(mode):
+    rng = np.random.default_rng(3)
+    L, m = paddle.to_tensor(rng.normal(size=(4, 5))), paddle.to_tensor((rng.random((4, 5)) < 0.7).astype(np.float64))
+    assert float(aggregate_loss(L, m, mode, max_dec_len=MAX_DEC_LEN)) == float(aggregate_loss(L, m, mode))
+
+
 def test_aggregate_errors():
     with pytest.raises(ValueError, match="max_dec_len"):
         aggregate_loss(paddle.ones([2, 2]), paddle.ones([2, 2]), "seq-mean-token-sum-norm")
