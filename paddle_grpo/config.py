@@ -19,15 +19,12 @@ import logging
 import re
 import typing
 from dataclasses import dataclass, field
-from typing import List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import yaml
 
 logger = logging.getLogger("paddle_grpo.config")
 
-ADVANTAGE_ESTIMATORS = ("grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo")
-KL_ESTIMATORS = ("k1", "k2", "k3")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LR_SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
 REPORT_TO = ("visualdl", "all", "none")
 
@@ -49,8 +46,31 @@ class ConfigError(ValueError):
     """A configuration problem; the message names the source (file:line or command line) and the key."""
 
 
-def arg(default, help, *, choices=None, inert=None, gpu_only=None, default_factory=None):
-    """A config field. `inert`: why the key never has an effect here; `gpu_only`: why it has none on a CPU run."""
+Choices = Union[Tuple[str, ...], Callable[[], Tuple[str, ...]]]
+
+
+def _from_algorithms(name: str) -> Callable[[], Tuple[str, ...]]:
+    """The choices `paddle_grpo.algorithms.<name>` holds (a tuple, or a function of the registry that returns the
+    names), read when they are asked for: what is registered after this module is imported is a valid choice, and
+    `import paddle_grpo.config` stays light (algorithms/ imports paddle)."""
+    def choices() -> Tuple[str, ...]:
+        from . import algorithms
+        found = getattr(algorithms, name)
+        return tuple(found() if callable(found) else found)
+
+    return choices
+
+
+def field_choices(f: dataclasses.Field) -> Optional[Tuple[str, ...]]:
+    """The valid values of config field `f` (None: any value of its type)."""
+    choices = f.metadata["choices"]
+    return choices() if callable(choices) else choices
+
+
+def arg(default: Any, help: str, *, choices: Optional[Choices] = None, inert: Optional[str] = None,
+        gpu_only: Optional[str] = None, default_factory: Optional[Callable[[], Any]] = None) -> Any:
+    """A config field. `choices`: the valid values, or a function returning them when they are asked for (read with
+    `field_choices`); `inert`: why the key never has an effect here; `gpu_only`: why it has none on a CPU run."""
     meta = {"help": help, "choices": choices, "inert": inert, "gpu_only": gpu_only}
     if default_factory is not None:
         return field(default_factory=default_factory, metadata=meta)
@@ -189,12 +209,15 @@ class TrainingArguments:
 
 @dataclass
 class AlgorithmArguments:
-    rl_algorithm: str = arg("grpo", "Advantage estimator.", choices=ADVANTAGE_ESTIMATORS)
+    rl_algorithm: str = arg("grpo", "Advantage estimator.",
+                            choices=_from_algorithms("available_advantage_estimators"))
     norm_adv_by_std: bool = arg(True, "(new) GRPO: divide by the group std; false gives Dr.GRPO.")
     kl_coeff: float = arg(0.001, "KL penalty coefficient inside the reward (REINFORCE++ style).")
-    kl_estimator: str = arg("k1", "(new) KL estimator for the KL in the reward.", choices=KL_ESTIMATORS)
+    kl_estimator: str = arg("k1", "(new) KL estimator for the KL in the reward.",
+                            choices=_from_algorithms("KL_ESTIMATORS"))
     kl_loss_coeff: float = arg(0.0, "KL loss coefficient (GRPO style); works for every estimator.")
-    kl_loss_estimator: str = arg("k3", "(new) KL estimator for the KL loss.", choices=KL_ESTIMATORS)
+    kl_loss_estimator: str = arg("k3", "(new) KL estimator for the KL loss.",
+                                 choices=_from_algorithms("KL_ESTIMATORS"))
     pg_loss_coeff: float = arg(1.0, "Policy-gradient loss coefficient.")
     entropy_coeff: float = arg(0.0, "Entropy bonus coefficient.")
     clip_range_ratio: float = arg(0.2, "PPO clip range of the ratio.")
@@ -204,8 +227,9 @@ class AlgorithmArguments:
     clip_ratio_c: Optional[float] = arg(None, "(new) Dual-clip constant c > 1 for negative advantages (off when "
                                               "unset).")
     importance_sampling_level: str = arg("token", "(new) token: per-token ratio; sequence: GSPO's sequence ratio.",
-                                         choices=("token", "sequence"))
-    loss_agg_mode: str = arg("token-mean", "(new) How per-token losses are averaged.", choices=LOSS_AGG_MODES)
+                                         choices=_from_algorithms("importance_sampling_levels"))
+    loss_agg_mode: str = arg("token-mean", "(new) How per-token losses are averaged.",
+                             choices=_from_algorithms("LOSS_AGG_MODES"))
     clip_range_score: float = arg(10.0, "Rewards are clipped to [-c, c] (0: no clipping).")
     clip_range_value: float = arg(5.0, "Value clip range.", inert="GRPO and REINFORCE++ have no critic")
     normalize_reward: bool = arg(False, "Normalise rewards with running statistics.")
@@ -281,7 +305,7 @@ class KernelArguments:
                                    inert="phase timings are always measured and logged as perf/* metrics; they cost microseconds")
 
 
-def yaml_value(value):
+def yaml_value(value: Any) -> str:
     """`value` as it would be written after `key: ` in a YAML file (one line)."""
     text = yaml.safe_dump(value, default_flow_style=True, width=10**6)
     return text.removesuffix("\n").removesuffix("...").strip()
@@ -292,7 +316,7 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
              AlgorithmArguments, EvalArguments, LoggingArguments, KernelArguments):
     """The whole configuration, flat (one attribute per key) like PaddleNLP's YAML files."""
 
-    def to_dict(self):
+    def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
     def format(self, only_changed: bool = False) -> str:
@@ -313,28 +337,28 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
                 lines.append(f"{f.name}: {yaml_value(value)}")
         return "\n".join(lines) + "\n"
 
-    # Derived values (PaddleNLP semantics of ALGORITHMS.md section 6).
+    # Derived values (PaddleNLP semantics of docs/algorithms.md section 6).
     @property
-    def eps_low(self):
+    def eps_low(self) -> float:
         return self.clip_range_ratio if self.clip_range_ratio_low is None else self.clip_range_ratio_low
 
     @property
-    def eps_high(self):
+    def eps_high(self) -> float:
         return self.clip_range_ratio if self.clip_range_ratio_high is None else self.clip_range_ratio_high
 
     @property
-    def mini_batch_prompts(self):
+    def mini_batch_prompts(self) -> int:
         return self.global_batch_size if self.global_mini_batch_size == -1 else self.global_mini_batch_size
 
     @property
-    def lora_alpha_value(self):
+    def lora_alpha_value(self) -> float:
         return 2.0 * self.lora_rank if self.lora_alpha == -1 else self.lora_alpha
 
     @property
-    def needs_reference_model(self):
+    def needs_reference_model(self) -> bool:
         return self.kl_coeff != 0 or self.kl_loss_coeff != 0
 
-    def batch_geometry(self, world_size=1):
+    def batch_geometry(self, world_size: int = 1) -> BatchGeometry:
         """Per-rank batch sizes for `world_size` processes; raises ConfigError naming the keys when they don't fit."""
         return BatchGeometry.from_config(self, world_size)
 
@@ -356,7 +380,7 @@ class BatchGeometry:
     optimizer_steps_per_step: int   # mini_batches_per_rollout * update_iters
 
     @classmethod
-    def from_config(cls, cfg, world_size):
+    def from_config(cls, cfg: Config, world_size: int) -> BatchGeometry:
         model_ranks = cfg.tensor_parallel_degree * cfg.pipeline_parallel_degree
         if world_size % model_ranks:
             raise ConfigError(f"tensor_parallel_degree ({cfg.tensor_parallel_degree}) x pipeline_parallel_degree "
@@ -544,7 +568,8 @@ def _apply(values, source, cfg_values, given):
         given[key] = source.where(raw_key)
 
 
-def load_config(path=None, overrides=(), *, device=None, warn=True):
+def load_config(path: Union[str, os.PathLike, None] = None, overrides: Sequence[str] = (), *,
+                device: Optional[str] = None, warn: bool = True) -> Config:
     """Load `path` (YAML or JSON, flat keys), apply `--key value` `overrides`, validate, and return a `Config`.
 
     `device` ("cpu"/"gpu"; default: what paddle is compiled for, or "cpu" when paddle is absent) decides which
@@ -585,13 +610,13 @@ SHARDING_OPTIONS = {
 }
 
 
-def sharding_options(cfg):
+def sharding_options(cfg: Config) -> List[str]:
     """The options in `sharding_parallel_config`, split as PaddleNLP splits them (by commas if any, else spaces)."""
     text = cfg.sharding_parallel_config
     return [x.strip() for x in (text.split(",") if "," in text else text.split(" ")) if x.strip()]
 
 
-def inert_key_messages(cfg, given, device):
+def inert_key_messages(cfg: Config, given: Dict[str, str], device: str) -> List[str]:
     """One line per key set (file or command line) to a non-default value that has no effect on this run, and why.
 
     Inert switches default to off, so setting one on is always reported."""
@@ -612,7 +637,7 @@ def inert_key_messages(cfg, given, device):
 
 # ------------------------------------------------------------------------------------------------- validation
 
-def validate(cfg, given=None):
+def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
     """Check ranges, choices and combinations; raise ConfigError naming the key, its value and where it was set."""
     given = given or {}
 
@@ -622,7 +647,7 @@ def validate(cfg, given=None):
         raise ConfigError(f"{prefix}key '{key}' = {getattr(cfg, key)!r}: {msg}")
 
     for key, f in FIELDS.items():
-        choices = f.metadata["choices"]
+        choices = field_choices(f)
         if choices is not None and getattr(cfg, key) not in choices:
             fail(key, f"must be one of {', '.join(repr(c) for c in choices)}")
         value = getattr(cfg, key)
@@ -691,8 +716,14 @@ def validate(cfg, given=None):
                                       "differs from it with dynamic_sampling")
     if cfg.enable_overlong_reward_buffer and cfg.overlong_reward_buffer > cfg.max_dec_len:
         fail("overlong_reward_buffer", f"must not exceed max_dec_len ({cfg.max_dec_len})")
-    if cfg.rl_algorithm == "rloo" and cfg.rollout_n < 2:
-        fail("rollout_n", "rloo needs at least 2 samples per prompt (its baseline is the other samples' mean)")
+    from .algorithms import advantage_estimator_spec  # paddle: see _from_algorithms
+    estimator = advantage_estimator_spec(cfg.rl_algorithm)
+    if cfg.rollout_n < estimator.min_group_size:
+        fail("rollout_n", f"{cfg.rl_algorithm} needs at least {estimator.min_group_size} samples per prompt (its "
+                          "advantage compares each sample with the others of its group)")
+    unknown_options = [k for k in estimator.config_options if k not in FIELDS]
+    if unknown_options:
+        fail("rl_algorithm", f"the estimator takes config option {unknown_options[0]!r}, which is not a config key")
     if cfg.reward_model_name_or_path:
         fail("reward_model_name_or_path", "reward models are not supported; score with reward functions "
                                           "in-process (use_rm_server: false, reward_funcs: ...) or a reward server")
@@ -732,14 +763,14 @@ def validate(cfg, given=None):
     return cfg
 
 
-def parse_args(argv):
+def parse_args(argv: Sequence[str]) -> Config:
     """`[CONFIG.yaml|CONFIG.json] [--key value ...]` -> Config (PaddleNLP's run_rl.py convention)."""
     argv = list(argv)
     path = argv.pop(0) if argv and not argv[0].startswith("--") else None
     return load_config(path, argv)
 
 
-def config_from_dict(values, **kwargs):
+def config_from_dict(values: Dict[str, Any], **kwargs: Any) -> Config:
     """A validated Config from a plain dict (tests, tools); the same conversions and errors as a file."""
     cfg_values, given = {}, {}
     _apply(values, _Source("<dict>"), cfg_values, given)
@@ -748,7 +779,7 @@ def config_from_dict(values, **kwargs):
     return cfg
 
 
-def dump_config(cfg, path):
+def dump_config(cfg: Config, path: Union[str, os.PathLike]) -> None:
     """Write the resolved configuration as YAML (JSON if `path` ends in .json)."""
     with open(path, "w", encoding="utf-8") as f:
         if str(path).endswith(".json"):
@@ -757,7 +788,7 @@ def dump_config(cfg, path):
             f.write(cfg.format())
 
 
-def write_config(cfg, path):
+def write_config(cfg: Config, path: Union[str, os.PathLike]) -> None:
     """Write the resolved configuration to `path` (a run's `output_dir/config.yaml`). When a previous start of
     the same run wrote one (a resume), name the keys whose values changed since, rather than replace it silently."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

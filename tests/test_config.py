@@ -380,6 +380,65 @@ def test_printed_config_round_trips_and_hides_the_token(tmp_path):
     assert (tmp_path / "resolved.yaml").read_text() == text
 
 
+def test_algorithm_choices_are_the_registries(repo_root):
+    from paddle_grpo import algorithms
+    from paddle_grpo.config import field_choices
+    assert field_choices(FIELDS["rl_algorithm"]) == algorithms.available_advantage_estimators()
+    assert field_choices(FIELDS["importance_sampling_level"]) == ("token", "sequence")
+    assert field_choices(FIELDS["kl_estimator"]) == field_choices(FIELDS["kl_loss_estimator"]) == ("k1", "k2", "k3")
+    assert field_choices(FIELDS["loss_agg_mode"]) == algorithms.LOSS_AGG_MODES
+    # No list of names is kept in config.py itself.
+    source = (repo_root / "paddle_grpo" / "config.py").read_text(encoding="utf-8")
+    for name in ("reinforce_plus_plus", "rloo", '"k2"', "seq-mean-token-mean", '"gspo"'):
+        assert name not in source, name
+
+
+def test_a_registered_estimator_is_a_valid_rl_algorithm_with_its_min_group_size():
+    from paddle_grpo.algorithms import register_advantage_estimator, unregister_advantage_estimator
+
+    @register_advantage_estimator("test_triplets", min_group_size=3)
+    def triplets(token_level_rewards, response_mask, index):
+        return response_mask, response_mask
+
+    try:
+        assert config_from_dict({"rl_algorithm": "test_triplets", "rollout_n": 3}).rl_algorithm == "test_triplets"
+        with pytest.raises(ConfigError, match="key 'rollout_n' = 2: test_triplets needs at least 3 samples per "
+                                              "prompt"):
+            config_from_dict({"rl_algorithm": "test_triplets", "rollout_n": 2})
+    finally:
+        unregister_advantage_estimator("test_triplets")
+    with pytest.raises(ConfigError, match="key 'rl_algorithm' = 'test_triplets': must be one of 'grpo'"):
+        config_from_dict({"rl_algorithm": "test_triplets", "rollout_n": 3})
+
+
+def test_an_estimator_option_that_is_not_a_config_key_is_an_error():
+    from paddle_grpo.algorithms import register_advantage_estimator, unregister_advantage_estimator
+
+    @register_advantage_estimator("test_tempered", config_options=("temperature", "tempering"))
+    def tempered(token_level_rewards, response_mask, index, temperature=1.0, tempering=1.0):
+        return response_mask, response_mask
+
+    try:
+        with pytest.raises(ConfigError, match="key 'rl_algorithm' = 'test_tempered': the estimator takes config "
+                                              "option 'tempering', which is not a config key"):
+            config_from_dict({"rl_algorithm": "test_tempered"})
+    finally:
+        unregister_advantage_estimator("test_tempered")
+
+
+def test_a_registered_importance_sampling_level_is_a_valid_choice():
+    from paddle_grpo.algorithms import get_policy_loss, register_policy_loss, unregister_policy_loss
+
+    register_policy_loss("test_vanilla_copy", importance_sampling_level="test_level")(get_policy_loss("vanilla"))
+    try:
+        assert config_from_dict({"importance_sampling_level": "test_level"}).importance_sampling_level == \
+            "test_level"
+    finally:
+        unregister_policy_loss("test_vanilla_copy")
+    with pytest.raises(ConfigError, match="must be one of 'token', 'sequence'"):
+        config_from_dict({"importance_sampling_level": "test_level"})
+
+
 def test_every_field_has_help_and_a_valid_default():
     for name, f in FIELDS.items():
         assert f.metadata["help"], name

@@ -7,11 +7,12 @@ import argparse
 import dataclasses
 import pathlib
 import sys
+from typing import List, Optional
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from paddle_grpo.config import ALIASES, GROUPS, yaml_value  # noqa: E402
+from paddle_grpo.config import ALIASES, GROUPS, field_choices, yaml_value  # noqa: E402
 
 TITLES = {
     "ModelArguments": "Models and rewards", "LoRAArguments": "LoRA", "DataArguments": "Data",
@@ -37,7 +38,7 @@ Old PaddleNLP names still load as the key they became: {aliases}.
 """
 
 
-def render():
+def render() -> str:
     aliases = ", ".join(f"`{old}` -> `{new}`" for old, new in ALIASES.items())
     out = [HEADER.format(aliases=aliases)]
     for group in GROUPS:
@@ -46,8 +47,9 @@ def render():
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
             meta = f.metadata
             text = meta["help"].replace("(new)", "**(new)**")
-            if meta["choices"]:
-                text += " One of: " + ", ".join(f"`{c}`" if c else '`""`' for c in meta["choices"]) + "."
+            choices = field_choices(f)
+            if choices:
+                text += " One of: " + ", ".join(f"`{c}`" if c else '`""`' for c in choices) + "."
             if meta["inert"]:
                 text += f" *Inert:* {meta['inert']}."
             if meta["gpu_only"]:
@@ -56,7 +58,7 @@ def render():
     return "\n".join(out) + "\n"
 
 
-def main(argv=None):
+def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if docs/configuration.md is out of date")
     args = parser.parse_args(argv)

@@ -5,21 +5,24 @@
   losses.py         clipped policy losses by name (token-level, GSPO; dual-clip), loss aggregation,
                     log-probs and entropy from logits
   normalization.py  running reward normalisation (Chan), advantage whitening
-  shaping.py        combining reward functions, reward clipping, DAPO overlong penalty
-  registry.py       the name -> function registries; _common.py: dtype / mask helpers
-The formulas are those of the project's ALGORITHMS.md, sections 1-5. Every batch statistic is over the batch passed
+  shaping.py        reward clipping, DAPO overlong penalty (combining reward functions: rewards.RewardSet)
+  registry.py       the name -> spec registries: what each estimator / loss needs and where its KL goes
+  _common.py        dtype / mask helpers
+The config reads its choices from this package (rl_algorithm, importance_sampling_level from the registries;
+kl_estimator, kl_loss_estimator, loss_agg_mode from KL_ESTIMATORS, LOSS_AGG_MODES), so nothing else lists them.
+The formulas are those of docs/algorithms.md, sections 1-5. Every batch statistic is over the batch passed
 in, so the trainer passes the global (all-rank) batch.
 """
 from .advantages import (
-    ADVANTAGE_ESTIMATORS,
+    advantage_estimator_spec,
     available_advantage_estimators,
     get_advantage_estimator,
     register_advantage_estimator,
     scalar_to_token_level,
+    unregister_advantage_estimator,
 )
 from .kl import KL_ESTIMATORS, kl_penalty
 from .losses import (
-    IMPORTANCE_SAMPLING_LEVELS,
     LOSS_AGG_MODES,
     aggregate_loss,
     available_policy_losses,
@@ -27,21 +30,23 @@ from .losses import (
     entropy_from_logits,
     get_policy_loss,
     global_denominators,
+    importance_sampling_levels,
     logprobs_from_logits,
     masked_mean,
+    policy_loss_spec,
     register_policy_loss,
+    unregister_policy_loss,
 )
 from .normalization import RunningRewardNormalizer, normalize_advantage
-from .registry import UnknownNameError
-from .shaping import clip_reward, combine_rewards, overlong_penalty
-
-POLICY_LOSSES = available_policy_losses()
+from .registry import EstimatorSpec, PolicyLossSpec, UnknownNameError
+from .shaping import clip_reward, overlong_penalty
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS", "IMPORTANCE_SAMPLING_LEVELS", "KL_ESTIMATORS", "LOSS_AGG_MODES", "POLICY_LOSSES",
-    "RunningRewardNormalizer", "UnknownNameError",
-    "aggregate_loss", "available_advantage_estimators", "available_policy_losses", "clip_reward", "combine_rewards",
-    "compute_policy_loss", "entropy_from_logits", "get_advantage_estimator", "get_policy_loss",
-    "global_denominators", "kl_penalty", "logprobs_from_logits", "masked_mean", "normalize_advantage",
-    "overlong_penalty", "register_advantage_estimator", "register_policy_loss", "scalar_to_token_level",
+    "EstimatorSpec", "KL_ESTIMATORS", "LOSS_AGG_MODES", "PolicyLossSpec", "RunningRewardNormalizer",
+    "UnknownNameError",
+    "advantage_estimator_spec", "aggregate_loss", "available_advantage_estimators", "available_policy_losses",
+    "clip_reward", "compute_policy_loss", "entropy_from_logits", "get_advantage_estimator", "get_policy_loss",
+    "global_denominators", "importance_sampling_levels", "kl_penalty", "logprobs_from_logits", "masked_mean",
+    "normalize_advantage", "overlong_penalty", "policy_loss_spec", "register_advantage_estimator",
+    "register_policy_loss", "scalar_to_token_level", "unregister_advantage_estimator", "unregister_policy_loss",
 ]

@@ -1,11 +1,15 @@
 """Tensor helpers shared by the modules of `algorithms/`: dtype promotion, masking, masked batch statistics."""
-from typing import Tuple
+from typing import Sequence, Tuple, Union
 
 import numpy as np
 import paddle
 
+# What the public functions accept for a tensor argument: a paddle tensor (kept on its device, autograd path kept),
+# or anything numpy can read.
+TensorLike = Union[paddle.Tensor, np.ndarray, Sequence]
 
-def compute_dtype(*xs) -> str:
+
+def compute_dtype(*xs: object) -> str:
     """float64 if any floating input is float64, else float32: low-precision inputs (bf16/fp16) are promoted to
     float32, and float64 is never demoted (finite-difference tests and float64 users keep their precision)."""
     for x in xs:
@@ -16,7 +20,7 @@ def compute_dtype(*xs) -> str:
     return "float32"
 
 
-def as_float(x, dtype: str = "float32") -> paddle.Tensor:
+def as_float(x: TensorLike, dtype: str = "float32") -> paddle.Tensor:
     """A paddle tensor of `dtype`; casting keeps the autograd path of a tensor input."""
     if not isinstance(x, paddle.Tensor):
         x = paddle.to_tensor(np.asarray(x))
@@ -25,7 +29,7 @@ def as_float(x, dtype: str = "float32") -> paddle.Tensor:
     return x if x.dtype == getattr(paddle, dtype) else x.astype(dtype)
 
 
-def as_mask(response_mask, dtype: str = "float32") -> paddle.Tensor:
+def as_mask(response_mask: TensorLike, dtype: str = "float32") -> paddle.Tensor:
     """The response mask as a 0/1 float tensor (any non-zero entry counts as valid)."""
     if not isinstance(response_mask, paddle.Tensor):
         response_mask = paddle.to_tensor(np.asarray(response_mask))
@@ -40,7 +44,8 @@ def masked(x: paddle.Tensor, mask: paddle.Tensor) -> paddle.Tensor:
     return paddle.where(mask > 0, x, paddle.zeros_like(x))
 
 
-def check_same_shape(**tensors) -> None:
+def check_same_shape(**tensors: Union[paddle.Tensor, None]) -> None:
+    """Raise ValueError listing every shape when the given (non-None) tensors differ in shape."""
     shapes = {k: list(v.shape) for k, v in tensors.items() if v is not None}
     if len({tuple(s) for s in shapes.values()}) > 1:
         raise ValueError("shape mismatch: " + ", ".join(f"{k}={s}" for k, s in shapes.items()))

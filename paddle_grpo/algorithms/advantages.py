@@ -8,38 +8,57 @@ and exactly 0 on masked positions.
 Every estimator normalises over the batch it is given, so the trainer must pass the GLOBAL batch (all data-parallel
 ranks gathered): per-rank groups or per-rank whitening would change the result with the number of ranks.
 
-Rows with no valid token (e.g. a sample whose reward functions all returned None, whose mask row the trainer zeroed;
-see `shaping.combine_rewards`) take no part in any statistic and get advantage 0.
+Rows with no valid token (e.g. a sample whose combined reward is None, see `paddle_grpo.rewards.RewardSet`, whose
+mask row the trainer zeroed) take no part in any statistic and get advantage 0.
 
 Options an estimator does not know raise `TypeError`: an option meant for another estimator (say `kl_coeff` for
 `grpo`) is a config error, not something to ignore silently.
 """
-from typing import Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 import paddle
 
-from ._common import as_float, as_mask, check_same_shape, compute_dtype, masked, masked_centered_var
+from ._common import TensorLike, as_float, as_mask, check_same_shape, compute_dtype, masked, masked_centered_var
 from .kl import KL_ESTIMATORS, kl_penalty
-from .registry import Registry, unknown_name
+from .registry import EstimatorSpec, Registry, unknown_name
 
-_ESTIMATORS = Registry("advantage estimator")
-register_advantage_estimator = _ESTIMATORS.register
+_ESTIMATORS = Registry("advantage estimator", EstimatorSpec)
 
 
-def get_advantage_estimator(name: str):
-    """The estimator registered as `name`; an unknown name raises `UnknownNameError` listing the valid ones."""
+def register_advantage_estimator(name: str, *, kl_in_reward: str = "sequence", config_options: Sequence[str] = (),
+                                 min_group_size: int = 1, uses_groups: bool = True) -> Callable[[Callable], Callable]:
+    """Decorator registering an estimator under `name` with its `EstimatorSpec` fields (see there); the defaults
+    fit a group-relative estimator of outcome rewards, so `@register_advantage_estimator("mine")` is enough for
+    one. The name becomes a valid `rl_algorithm`."""
+    return _ESTIMATORS.register(name, kl_in_reward=kl_in_reward, config_options=config_options,
+                                min_group_size=min_group_size, uses_groups=uses_groups)
+
+
+def unregister_advantage_estimator(name: str) -> None:
+    """Remove `name` from the registry (an unknown name raises `UnknownNameError`)."""
+    _ESTIMATORS.unregister(name)
+
+
+def advantage_estimator_spec(name: str) -> EstimatorSpec:
+    """The spec registered as `name`; an unknown name raises `UnknownNameError` listing the valid ones."""
+    return _ESTIMATORS.spec(name)
+
+
+def get_advantage_estimator(name: str) -> Callable:
+    """The estimator registered as `name` (`advantage_estimator_spec(name).fn`); an unknown name raises
+    `UnknownNameError` listing the valid ones."""
     return _ESTIMATORS.get(name)
 
 
 def available_advantage_estimators() -> Tuple[str, ...]:
-    """All registered names, including ones registered after import."""
+    """All registered names in registration order, including ones registered after import."""
     return _ESTIMATORS.names()
 
 
 # ---- helpers --------------------------------------------------------------------------------------------------------
 
-def scalar_to_token_level(rewards, response_mask) -> paddle.Tensor:
+def scalar_to_token_level(rewards: TensorLike, response_mask: TensorLike) -> paddle.Tensor:
     """Place each sequence's scalar reward on its last valid token.
 
     Args:
@@ -101,7 +120,7 @@ def _group_stats(scores: np.ndarray, valid: np.ndarray, inverse: np.ndarray):
 
 
 def _group_centered(scores: np.ndarray, valid: np.ndarray, inverse: np.ndarray):
-    """`(R - mean_g R, group size)` per sample; a group of size 1 has mean 0 (ALGORITHMS.md section 2)."""
+    """`(R - mean_g R, group size)` per sample; a group of size 1 has mean 0 (docs/algorithms.md section 2)."""
     dev, mean_dev, n = _group_stats(scores, valid, inverse)
     centered = np.where(n > 1, dev - mean_dev, scores)
     return np.where(valid, centered, 0.0), n
@@ -134,15 +153,16 @@ def _broadcast(per_seq: np.ndarray, mask: paddle.Tensor, dtype: str) -> paddle.T
 
 # ---- outcome-reward estimators --------------------------------------------------------------------------------------
 
-@register_advantage_estimator("grpo")
-def grpo_advantage(token_level_rewards, response_mask, index: Sequence, norm_adv_by_std: bool = True,
-                   epsilon: float = 1e-6):
+@register_advantage_estimator("grpo", config_options=("norm_adv_by_std",))
+def grpo_advantage(token_level_rewards: TensorLike, response_mask: TensorLike, index: Sequence,
+                   norm_adv_by_std: bool = True, epsilon: float = 1e-6) -> Tuple[paddle.Tensor, paddle.Tensor]:
     """GRPO (DeepSeekMath, arXiv 2402.03300): `A_{i,t} = m_{i,t} (R_i - mean_g R) / (std_g R + epsilon)`.
 
     `R_i = sum_t m_{i,t} token_level_rewards_{i,t}`; `std_g` is unbiased (Bessel). A group of size 1 has mean 0
-    and std 1 (ALGORITHMS.md, taken literally: its advantage is `R / (1 + epsilon)`). A group whose rewards are all
-    equal gets exactly 0. `norm_adv_by_std=False` is Dr.GRPO (arXiv 2503.20783): `A = R_i - mean_g R`.
-    Groups are formed over the batch given - pass the global batch. Returns `(advantages, advantages)`.
+    and std 1 (docs/algorithms.md section 2, taken literally: its advantage is `R / (1 + epsilon)`). A group
+    whose rewards are all equal gets exactly 0. `norm_adv_by_std=False` is Dr.GRPO (arXiv 2503.20783):
+    `A = R_i - mean_g R`. Groups are formed over the batch given - pass the global batch. Returns
+    `(advantages, advantages)`.
     """
     rewards, mask, dtype = _prepare(token_level_rewards, response_mask)
     scores, valid = _scores_and_valid(rewards, mask)
@@ -151,24 +171,6 @@ def grpo_advantage(token_level_rewards, response_mask, index: Sequence, norm_adv
     if norm_adv_by_std:
         centered = centered / (_unbiased_group_std(centered, inverse, n) + epsilon)
     advantages = _broadcast(centered, mask, dtype)
-    return advantages, advantages
-
-
-@register_advantage_estimator("rloo")
-def rloo_advantage(token_level_rewards, response_mask, index: Sequence):
-    """RLOO (leave-one-out baseline): `A_i = R_i - (sum_g R - R_i) / (G - 1)`, broadcast over valid tokens.
-
-    `G` counts the valid members of the group; with `G = 1` there is no other sample to form a baseline from, and
-    the advantage is defined as 0 (the sample carries no learning signal rather than an unnormalised raw reward).
-    Equivalent to `G / (G - 1) * (R_i - mean_g R)`. Returns `(advantages, advantages)`.
-    """
-    rewards, mask, dtype = _prepare(token_level_rewards, response_mask)
-    scores, valid = _scores_and_valid(rewards, mask)
-    inverse = _group_inverse(index, scores.shape[0])
-    dev, mean_dev, n = _group_stats(scores, valid, inverse)
-    # In deviations from the group anchor: the anchor cancels, and equal rewards give exactly 0.
-    loo = np.where(n > 1, dev - (mean_dev * n - dev) / np.maximum(n - 1, 1), 0.0)
-    advantages = _broadcast(np.where(valid, loo, 0.0), mask, dtype)
     return advantages, advantages
 
 
@@ -208,10 +210,12 @@ def _reinforce_pp(rewards, mask, dtype, gamma, kl_coeff, old_log_probs, ref_log_
     return _whiten(returns, mask, 1e-8), returns
 
 
-@register_advantage_estimator("reinforce_plus_plus")
-def reinforce_plus_plus_advantage(token_level_rewards, response_mask, index: Optional[Sequence] = None,
-                                  gamma: float = 1.0, kl_coeff: float = 0.0, old_log_probs=None, ref_log_probs=None,
-                                  kl_estimator: str = "k1"):
+@register_advantage_estimator("reinforce_plus_plus", kl_in_reward="token", uses_groups=False)
+def reinforce_plus_plus_advantage(token_level_rewards: TensorLike, response_mask: TensorLike,
+                                  index: Optional[Sequence] = None, gamma: float = 1.0, kl_coeff: float = 0.0,
+                                  old_log_probs: Optional[TensorLike] = None,
+                                  ref_log_probs: Optional[TensorLike] = None,
+                                  kl_estimator: str = "k1") -> Tuple[paddle.Tensor, paddle.Tensor]:
     """REINFORCE++ (arXiv 2501.03262).
 
     Per-token reward `r_t = m_t (token_level_rewards_t - kl_coeff * k(l^old_t, l^ref_t))` (the scalar reward sits
@@ -225,10 +229,12 @@ def reinforce_plus_plus_advantage(token_level_rewards, response_mask, index: Opt
     return _reinforce_pp(rewards, mask, dtype, gamma, kl_coeff, old_log_probs, ref_log_probs, kl_estimator)
 
 
-@register_advantage_estimator("reinforce_plus_plus_baseline")
-def reinforce_plus_plus_baseline_advantage(token_level_rewards, response_mask, index: Sequence, gamma: float = 1.0,
-                                           kl_coeff: float = 0.0, old_log_probs=None, ref_log_probs=None,
-                                           kl_estimator: str = "k1"):
+@register_advantage_estimator("reinforce_plus_plus_baseline", kl_in_reward="token")
+def reinforce_plus_plus_baseline_advantage(token_level_rewards: TensorLike, response_mask: TensorLike,
+                                           index: Sequence, gamma: float = 1.0, kl_coeff: float = 0.0,
+                                           old_log_probs: Optional[TensorLike] = None,
+                                           ref_log_probs: Optional[TensorLike] = None,
+                                           kl_estimator: str = "k1") -> Tuple[paddle.Tensor, paddle.Tensor]:
     """REINFORCE++-baseline (arXiv 2501.03262): `R_i <- R_i - mean_g R` (a group of size 1 has mean 0), then
     exactly `reinforce_plus_plus`. Pass the global batch."""
     rewards, mask, dtype = _prepare(token_level_rewards, response_mask, old_log_probs, ref_log_probs)
@@ -238,4 +244,22 @@ def reinforce_plus_plus_baseline_advantage(token_level_rewards, response_mask, i
     return _reinforce_pp(rewards, mask, dtype, gamma, kl_coeff, old_log_probs, ref_log_probs, kl_estimator)
 
 
-ADVANTAGE_ESTIMATORS = available_advantage_estimators()
+# ---- RLOO (registered last: the config lists the choices in registration order) ----------------------------------
+
+@register_advantage_estimator("rloo", min_group_size=2)
+def rloo_advantage(token_level_rewards: TensorLike, response_mask: TensorLike,
+                   index: Sequence) -> Tuple[paddle.Tensor, paddle.Tensor]:
+    """RLOO (leave-one-out baseline): `A_i = R_i - (sum_g R - R_i) / (G - 1)`, broadcast over valid tokens.
+
+    `G` counts the valid members of the group; with `G = 1` there is no other sample to form a baseline from, and
+    the advantage is defined as 0 (the sample carries no learning signal rather than an unnormalised raw reward).
+    Equivalent to `G / (G - 1) * (R_i - mean_g R)`. Returns `(advantages, advantages)`.
+    """
+    rewards, mask, dtype = _prepare(token_level_rewards, response_mask)
+    scores, valid = _scores_and_valid(rewards, mask)
+    inverse = _group_inverse(index, scores.shape[0])
+    dev, mean_dev, n = _group_stats(scores, valid, inverse)
+    # In deviations from the group anchor: the anchor cancels, and equal rewards give exactly 0.
+    loo = np.where(n > 1, dev - (mean_dev * n - dev) / np.maximum(n - 1, 1), 0.0)
+    advantages = _broadcast(np.where(valid, loo, 0.0), mask, dtype)
+    return advantages, advantages

@@ -10,7 +10,7 @@ cannot dominate the loss. (For every estimator the clamp on `d` changes nothing 
 """
 import paddle
 
-from ._common import as_float, compute_dtype
+from ._common import TensorLike, as_float, compute_dtype
 from .registry import unknown_name
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -18,7 +18,7 @@ _D_CLAMP = 20.0
 _KL_CLAMP = 10.0
 
 
-def kl_penalty(logprob, ref_logprob, estimator: str = "k3") -> paddle.Tensor:
+def kl_penalty(logprob: TensorLike, ref_logprob: TensorLike, estimator: str = "k3") -> paddle.Tensor:
     """Per-token KL estimate.
 
     Args:

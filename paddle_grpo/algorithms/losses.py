@@ -3,15 +3,14 @@
 Everything here is a pure function of paddle tensors, computed in float32 (float64 if an input is float64) whatever
 the input dtype; `[bs, T]` tensors are per token of the response, `response_mask` is non-zero on valid tokens.
 """
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple, Union
 
 import paddle
 
-from ._common import as_float, as_mask, check_same_shape, compute_dtype, masked
-from .registry import Registry, unknown_name
+from ._common import TensorLike, as_float, as_mask, check_same_shape, compute_dtype, masked
+from .registry import PolicyLossSpec, Registry, unknown_name
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-IMPORTANCE_SAMPLING_LEVELS = {"token": "vanilla", "sequence": "gspo"}
 _LOG_RATIO_CLAMP = 20.0
 
 
@@ -24,11 +23,13 @@ def _divide(numerator: paddle.Tensor, denominator, dtype: str) -> paddle.Tensor:
     return numerator / max(float(denominator), 1.0)
 
 
-def aggregate_loss(loss_mat, loss_mask, loss_agg_mode: str = "token-mean", num_global_tokens=None,
-                   num_global_seqs=None, max_dec_len: Optional[int] = None) -> paddle.Tensor:
+def aggregate_loss(loss_mat: TensorLike, loss_mask: TensorLike, loss_agg_mode: str = "token-mean",
+                   num_global_tokens: Union[int, float, paddle.Tensor, None] = None,
+                   num_global_seqs: Union[int, float, paddle.Tensor, None] = None,
+                   max_dec_len: Optional[int] = None) -> paddle.Tensor:
     """Reduce a per-token loss `[bs, T]` to a scalar (0-D tensor) over the valid tokens of `loss_mask`.
 
-    Modes (ALGORITHMS.md section 5):
+    Modes (docs/algorithms.md section 5):
       token-mean               sum_{i,t} m L / sum_{i,t} m           (DAPO, arXiv 2503.14476)
       seq-mean-token-mean      mean over sequences with >= 1 valid token of sum_t m L / sum_t m   (GRPO paper)
       seq-mean-token-sum       mean over all sequences of sum_t m L
@@ -46,7 +47,8 @@ def aggregate_loss(loss_mat, loss_mask, loss_agg_mode: str = "token-mean", num_g
 
     `num_global_seqs` counts sequences with >= 1 valid token for `seq-mean-token-mean` and all sequences for the
     token-sum modes. Without the global counts, the local ones are used (the whole-batch value of this batch).
-    `max_dec_len` is required by `seq-mean-token-sum-norm`. Masked positions never contribute, even if inf/NaN.
+    `max_dec_len` is required by `seq-mean-token-sum-norm` and ignored by the other modes (so a caller can always
+    pass it, whatever the mode). Masked positions never contribute, even if inf/NaN.
     """
     if loss_agg_mode not in LOSS_AGG_MODES:
         raise unknown_name("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
@@ -75,7 +77,7 @@ def aggregate_loss(loss_mat, loss_mask, loss_agg_mode: str = "token-mean", num_g
     return _divide(per_token.sum(), num_seqs * max_dec_len, dtype)
 
 
-def global_denominators(response_mask, loss_agg_mode: str = "token-mean") -> Dict[str, int]:
+def global_denominators(response_mask: TensorLike, loss_agg_mode: str = "token-mean") -> Dict[str, int]:
     """This micro-batch's contribution to the global counts `aggregate_loss` needs.
 
     Returns `{"num_global_tokens": valid tokens, "num_global_seqs": sequences}` as python ints, where sequences
@@ -94,7 +96,7 @@ def global_denominators(response_mask, loss_agg_mode: str = "token-mean") -> Dic
     return {"num_global_tokens": int(tokens_per_seq.sum()), "num_global_seqs": num_seqs}
 
 
-def masked_mean(values, mask) -> paddle.Tensor:
+def masked_mean(values: TensorLike, mask: TensorLike) -> paddle.Tensor:
     """Mean of `values` over valid positions (0 when nothing is valid)."""
     dtype = compute_dtype(values)
     mask = as_mask(mask, dtype)
@@ -103,19 +105,51 @@ def masked_mean(values, mask) -> paddle.Tensor:
 
 # ---- policy losses --------------------------------------------------------------------------------------------------
 
-_POLICY_LOSSES = Registry("policy loss")
-register_policy_loss = _POLICY_LOSSES.register
+_POLICY_LOSSES = Registry("policy loss", PolicyLossSpec)
 
 
-def get_policy_loss(name: str):
-    """The policy loss registered as `name` ("vanilla"/"clip", "gspo", ...); unknown names raise listing the
-    valid ones. A policy loss is `fn(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low,
-    clip_ratio_high, clip_ratio_c) -> (pg_losses [bs, T], {"clip_low"|"clip_high"|"clip_dual": bool [bs, T]})`."""
+def register_policy_loss(name: str, *, importance_sampling_level: Optional[str] = None,
+                         needs_old_log_probs: bool = True) -> Callable[[Callable], Callable]:
+    """Decorator registering a policy loss under `name` with its `PolicyLossSpec` fields (see there). With an
+    `importance_sampling_level` the loss becomes that config value of `importance_sampling_level`; one level has
+    one loss."""
+    if importance_sampling_level is not None:
+        taken = importance_sampling_levels().get(importance_sampling_level)
+        if taken is not None and taken != name:
+            raise ValueError(f"importance_sampling_level {importance_sampling_level!r} is already implemented by "
+                             f"policy loss {taken!r}")
+    return _POLICY_LOSSES.register(name, importance_sampling_level=importance_sampling_level,
+                                   needs_old_log_probs=needs_old_log_probs)
+
+
+def unregister_policy_loss(name: str) -> None:
+    """Remove `name` from the registry (an unknown name raises `UnknownNameError`)."""
+    _POLICY_LOSSES.unregister(name)
+
+
+def policy_loss_spec(name: str) -> PolicyLossSpec:
+    """The spec registered as `name` ("vanilla"/"clip", "gspo", ...); an unknown name raises `UnknownNameError`
+    listing the valid ones."""
+    return _POLICY_LOSSES.spec(name)
+
+
+def get_policy_loss(name: str) -> Callable:
+    """The policy loss registered as `name` (`policy_loss_spec(name).fn`). A policy loss is `fn(log_prob,
+    old_log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c) -> (pg_losses [bs, T],
+    {"clip_low"|"clip_high"|"clip_dual": bool [bs, T]})`."""
     return _POLICY_LOSSES.get(name)
 
 
 def available_policy_losses() -> Tuple[str, ...]:
+    """All registered policy-loss names in registration order."""
     return _POLICY_LOSSES.names()
+
+
+def importance_sampling_levels() -> Dict[str, str]:
+    """`{importance_sampling_level: policy loss name}` over the registered losses, in registration order
+    (built-ins: token -> vanilla, sequence -> gspo)."""
+    return {spec.importance_sampling_level: spec.name for spec in _POLICY_LOSSES.specs()
+            if spec.importance_sampling_level is not None}
 
 
 def _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high, clip_ratio_c):
@@ -138,10 +172,11 @@ def _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high, clip_
     return loss, info
 
 
-@register_policy_loss("vanilla")
+@register_policy_loss("vanilla", importance_sampling_level="token")
 @register_policy_loss("clip")
-def vanilla_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high,
-                        clip_ratio_c):
+def vanilla_policy_loss(log_prob: paddle.Tensor, old_log_prob: paddle.Tensor, advantages: paddle.Tensor,
+                        response_mask: paddle.Tensor, clip_ratio_low: float, clip_ratio_high: float,
+                        clip_ratio_c: Optional[float]) -> Tuple[paddle.Tensor, Dict[str, paddle.Tensor]]:
     """Token-level PPO-clip surrogate (GRPO, arXiv 2402.03300): `rho_t = exp(clamp(l_t - l^old_t, -20, 20))`,
     `L_t = max(-A_t rho_t, -A_t clip(rho_t, 1 - eps_low, 1 + eps_high))`, dual-clipped when `clip_ratio_c`."""
     # Padding is given log-ratio 0 so that garbage there (inf - inf) cannot put NaN into the backward pass.
@@ -149,9 +184,10 @@ def vanilla_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_
     return _clipped_surrogate(paddle.exp(log_ratio), advantages, clip_ratio_low, clip_ratio_high, clip_ratio_c)
 
 
-@register_policy_loss("gspo")
-def gspo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high,
-                     clip_ratio_c):
+@register_policy_loss("gspo", importance_sampling_level="sequence")
+def gspo_policy_loss(log_prob: paddle.Tensor, old_log_prob: paddle.Tensor, advantages: paddle.Tensor,
+                     response_mask: paddle.Tensor, clip_ratio_low: float, clip_ratio_high: float,
+                     clip_ratio_c: Optional[float]) -> Tuple[paddle.Tensor, Dict[str, paddle.Tensor]]:
     """GSPO (arXiv 2507.18071): the ratio of every token of sequence i is the sequence-level
     `s_i = exp(clamp(mean_t m_t (l_t - l^old_t), -20, 20))`, clipped per sequence.
 
@@ -165,11 +201,12 @@ def gspo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_rat
     return _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high, clip_ratio_c)
 
 
-def compute_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low: float = 0.2,
+def compute_policy_loss(log_prob: TensorLike, old_log_prob: TensorLike, advantages: TensorLike,
+                        response_mask: TensorLike, clip_ratio_low: float = 0.2,
                         clip_ratio_high: float = 0.2, clip_ratio_c: Optional[float] = None,
                         importance_sampling_level: str = "token", loss_agg_mode: str = "token-mean",
-                        **agg_kwargs) -> Dict[str, paddle.Tensor]:
-    """Clipped policy-gradient loss (ALGORITHMS.md section 4).
+                        **agg_kwargs: object) -> Dict[str, paddle.Tensor]:
+    """Clipped policy-gradient loss (docs/algorithms.md section 4).
 
     Args:
         log_prob: `[bs, T]` log-probs of the sampled tokens under the current policy (carries the gradient).
@@ -198,10 +235,11 @@ def compute_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_
     """
     if clip_ratio_c is not None and not clip_ratio_c > 1.0:
         raise ValueError(f"clip_ratio_c must be > 1 for dual-clip (or None to disable it), got {clip_ratio_c!r}")
-    name = IMPORTANCE_SAMPLING_LEVELS.get(importance_sampling_level, importance_sampling_level)
+    levels = importance_sampling_levels()
+    name = levels.get(importance_sampling_level, importance_sampling_level)
     if name not in _POLICY_LOSSES:
         raise unknown_name("importance_sampling_level / policy loss", importance_sampling_level,
-                           list(IMPORTANCE_SAMPLING_LEVELS) + list(available_policy_losses()))
+                           list(levels) + list(available_policy_losses()))
     policy_loss = get_policy_loss(name)
 
     dtype = compute_dtype(log_prob, old_log_prob, advantages)
@@ -227,7 +265,7 @@ def compute_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_
 
 # ---- from logits ----------------------------------------------------------------------------------------------------
 
-def logprobs_from_logits(logits, labels, temperature: float = 1.0) -> paddle.Tensor:
+def logprobs_from_logits(logits: TensorLike, labels: TensorLike, temperature: float = 1.0) -> paddle.Tensor:
     """`log softmax(logits / temperature)[label]` per position.
 
     Args:
@@ -251,7 +289,7 @@ def logprobs_from_logits(logits, labels, temperature: float = 1.0) -> paddle.Ten
     return label_logit - paddle.logsumexp(z, axis=-1)
 
 
-def entropy_from_logits(logits, temperature: float = 1.0) -> paddle.Tensor:
+def entropy_from_logits(logits: TensorLike, temperature: float = 1.0) -> paddle.Tensor:
     """Entropy `H = logsumexp(z) - sum_v softmax(z)_v z_v` of the token distribution, `z = logits / temperature`.
 
     `[bs, T, V] -> [bs, T]` float32; stable for large logits (no exp of an unshifted logit). Logits must be finite.

@@ -1,10 +1,11 @@
-"""Reward normalisation with running statistics, and batch whitening of advantages (ALGORITHMS.md sections 1, 2)."""
-from typing import Dict
+"""Reward normalisation with running statistics, and batch whitening of advantages (docs/algorithms.md sections 1,
+2)."""
+from typing import Dict, Union
 
 import numpy as np
 import paddle
 
-from ._common import as_float, as_mask, compute_dtype, masked_centered_var
+from ._common import TensorLike, as_float, as_mask, compute_dtype, masked_centered_var
 
 
 class RunningRewardNormalizer:
@@ -22,19 +23,19 @@ class RunningRewardNormalizer:
     at 2^24 rewards. Pass the global batch (all ranks) so every rank keeps the same statistics.
     """
 
-    def __init__(self, epsilon: float = 1e-8):
+    def __init__(self, epsilon: float = 1e-8) -> None:
         self.epsilon = epsilon
         self.mean = np.float32(0.0)
         self.var = np.float32(1.0)
         self.count = 0.0
 
     @staticmethod
-    def _to_numpy(rewards) -> np.ndarray:
+    def _to_numpy(rewards: TensorLike) -> np.ndarray:
         if isinstance(rewards, paddle.Tensor):
             rewards = rewards.astype("float32").numpy() if rewards.dtype != paddle.float64 else rewards.numpy()
         return np.asarray(rewards, dtype=np.float64).reshape(-1)
 
-    def update(self, rewards) -> None:
+    def update(self, rewards: TensorLike) -> None:
         """Fold a batch of scalar rewards `[n]` (paddle tensor, numpy array or list) into the statistics."""
         batch = self._to_numpy(rewards)
         n_b = batch.size
@@ -49,7 +50,7 @@ class RunningRewardNormalizer:
         self.var = np.float32((var * n + var_b * n_b + delta * delta * n * n_b / total) / total)
         self.count = float(total)
 
-    def normalize(self, rewards):
+    def normalize(self, rewards: TensorLike) -> Union[paddle.Tensor, np.ndarray]:
         """`(R - mu) / (sqrt(var) + 1e-8)` with the current statistics; a paddle tensor in gives a float32 paddle
         tensor out, anything else a float32 numpy array."""
         denominator = float(np.sqrt(np.float32(self.var)) + np.float32(self.epsilon))
@@ -57,8 +58,9 @@ class RunningRewardNormalizer:
             return (as_float(rewards, "float32") - float(self.mean)) / denominator
         return ((np.asarray(rewards, dtype=np.float64) - float(self.mean)) / denominator).astype(np.float32)
 
-    def update_and_normalize(self, rewards):
-        """`update(rewards)` then `normalize(rewards)` (ALGORITHMS.md normalises with the updated statistics)."""
+    def update_and_normalize(self, rewards: TensorLike) -> Union[paddle.Tensor, np.ndarray]:
+        """`update(rewards)` then `normalize(rewards)` (docs/algorithms.md section 1 normalises with the updated
+        statistics)."""
         self.update(rewards)
         return self.normalize(rewards)
 
@@ -77,8 +79,8 @@ class RunningRewardNormalizer:
         return f"RunningRewardNormalizer(mean={float(self.mean):.6g}, var={float(self.var):.6g}, count={self.count:g})"
 
 
-def normalize_advantage(advantages, response_mask, epsilon: float = 1e-8) -> paddle.Tensor:
-    """`(A - mean) / (std + 1e-8) * m` over all valid tokens of the batch (ALGORITHMS.md section 2).
+def normalize_advantage(advantages: TensorLike, response_mask: TensorLike, epsilon: float = 1e-8) -> paddle.Tensor:
+    """`(A - mean) / (std + 1e-8) * m` over all valid tokens of the batch (docs/algorithms.md section 2).
 
     `advantages`, `response_mask`: `[bs, T]`. `std` is unbiased (Bessel; with one valid token it is taken as 0).
     Pass the global batch. Returns `[bs, T]` float32 (float64 for float64 input), 0 on masked positions.

@@ -1,9 +1,16 @@
-"""Name -> function registries shared by the advantage estimators and the policy losses.
+"""Name -> spec registries of the advantage estimators and the policy losses.
+
+A spec is the function plus what a caller must know to call it without branching on its name: what it needs and
+where its KL goes (`EstimatorSpec`), which importance-sampling level it implements (`PolicyLossSpec`). The config's
+valid choices are read from these registries, so registering a function makes it a valid config value.
 
 An unknown name raises `UnknownNameError`, a `ValueError` (and `KeyError`) whose message lists the valid names, so a
 typo in a config fails at the first lookup with the fix in the message.
 """
-from typing import Callable, Dict, Iterable, Tuple
+import dataclasses
+from typing import Callable, Dict, Generic, Iterable, Optional, Tuple, Type, TypeVar
+
+KL_IN_REWARD = ("token", "sequence")
 
 
 class UnknownNameError(ValueError, KeyError):
@@ -13,36 +20,101 @@ class UnknownNameError(ValueError, KeyError):
     __str__ = ValueError.__str__
 
 
-def unknown_name(kind: str, name, valid: Iterable[str]) -> UnknownNameError:
+def unknown_name(kind: str, name: object, valid: Iterable[str]) -> UnknownNameError:
+    """The error for `name` not being one of `valid` (listed sorted in the message)."""
     return UnknownNameError(f"unknown {kind} {name!r}; valid: {', '.join(sorted(valid))}")
 
 
-class Registry:
-    """A name -> callable table. `register(name)` is a decorator; `get(name)` looks a callable up."""
+@dataclasses.dataclass(frozen=True)
+class EstimatorSpec:
+    """An advantage estimator and how to call it.
 
-    def __init__(self, kind: str):
+    fn: `fn(token_level_rewards [bs, T], response_mask [bs, T], index [bs], **options) -> (advantages, returns)`.
+    kl_in_reward: where the KL penalty of the reward (`kl_coeff`) goes. "token": the estimator takes it per token
+        and needs `kl_coeff=`, `old_log_probs=`, `ref_log_probs=` `[bs, T]` and `kl_estimator=` (REINFORCE++).
+        "sequence": the caller subtracts `kl_coeff * sum_t m_t KL_t` from each sequence's scalar reward first.
+    config_options: config keys passed to `fn` as keyword options of the same name (grpo: `norm_adv_by_std`).
+    min_group_size: samples per prompt (`rollout_n`) the estimator needs (rloo: 2, its baseline is the others).
+    uses_groups: whether `index` (which prompt each sample answers) changes the result.
+    """
+    name: str
+    fn: Callable
+    kl_in_reward: str = "sequence"
+    config_options: Tuple[str, ...] = ()
+    min_group_size: int = 1
+    uses_groups: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kl_in_reward not in KL_IN_REWARD:
+            raise ValueError(f"advantage estimator {self.name!r}: kl_in_reward must be one of {KL_IN_REWARD}, "
+                             f"got {self.kl_in_reward!r}")
+        if not isinstance(self.min_group_size, int) or self.min_group_size < 1:
+            raise ValueError(f"advantage estimator {self.name!r}: min_group_size must be an int >= 1, "
+                             f"got {self.min_group_size!r}")
+        if isinstance(self.config_options, str):  # ("norm_adv_by_std") without the comma
+            raise TypeError(f"advantage estimator {self.name!r}: config_options must be a tuple of key names")
+        object.__setattr__(self, "config_options", tuple(self.config_options))
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyLossSpec:
+    """A policy loss and how to call it.
+
+    fn: `fn(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c)
+        -> (pg_losses [bs, T], {"clip_low"|"clip_high"|"clip_dual": bool [bs, T]})`.
+    importance_sampling_level: the config value of `importance_sampling_level` that selects this loss ("token",
+        "sequence"), or None when it is only reachable by its name (an alias such as "clip").
+    needs_old_log_probs: whether `old_log_prob` enters the loss (every ratio-based loss); on policy the caller
+        passes `log_prob.detach()`.
+    """
+    name: str
+    fn: Callable
+    importance_sampling_level: Optional[str] = None
+    needs_old_log_probs: bool = True
+
+
+SpecT = TypeVar("SpecT", EstimatorSpec, PolicyLossSpec)
+
+
+class Registry(Generic[SpecT]):
+    """A name -> spec table. `register(name, **fields)` is a decorator; `spec(name)` / `get(name)` look up the spec /
+    its function. Names are kept in registration order."""
+
+    def __init__(self, kind: str, spec_type: Type[SpecT]) -> None:
         self.kind = kind
-        self._fns: Dict[str, Callable] = {}
+        self.spec_type = spec_type
+        self._specs: Dict[str, SpecT] = {}
 
-    def register(self, name: str) -> Callable[[Callable], Callable]:
+    def register(self, name: str, **fields: object) -> Callable[[Callable], Callable]:
         def decorator(fn: Callable) -> Callable:
-            # Re-registering the same function (module reload) is harmless; a different one would silently replace
-            # a built-in, which is never what a user meant.
-            if name in self._fns and self._fns[name] is not fn:
-                raise ValueError(f"{self.kind} {name!r} is already registered ({self._fns[name].__qualname__})")
-            self._fns[name] = fn
+            spec = self.spec_type(name=name, fn=fn, **fields)
+            # Re-registering the same spec (module reload) is harmless; a different one would silently replace a
+            # built-in, which is never what a user meant.
+            if name in self._specs and self._specs[name] != spec:
+                raise ValueError(f"{self.kind} {name!r} is already registered ({self._specs[name].fn.__qualname__})")
+            self._specs[name] = spec
             return fn
 
         return decorator
 
-    def get(self, name: str) -> Callable:
+    def unregister(self, name: str) -> None:
+        self.spec(name)  # unknown name: the usual error
+        del self._specs[name]
+
+    def spec(self, name: str) -> SpecT:
         try:
-            return self._fns[name]
+            return self._specs[name]
         except (KeyError, TypeError):
-            raise unknown_name(self.kind, name, self._fns) from None
+            raise unknown_name(self.kind, name, self._specs) from None
+
+    def get(self, name: str) -> Callable:
+        return self.spec(name).fn
 
     def names(self) -> Tuple[str, ...]:
-        return tuple(self._fns)
+        return tuple(self._specs)
 
-    def __contains__(self, name) -> bool:
-        return name in self._fns
+    def specs(self) -> Tuple[SpecT, ...]:
+        return tuple(self._specs.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs

@@ -5,13 +5,13 @@ dataset columns and `completion_ids` (accept and ignore what you do not use). Bu
 tag_format_strict, rouge_l, length_similarity. Nothing here imports paddle; heavy libraries load on first use.
 """
 from .registry import available_rewards, get_reward_fn, register_reward
-from .base import Scores, completion_text
+from .base import RewardFn, Scores, completion_text
 from . import gsm8k, kk, rouge, tag_format  # noqa: F401  (registers the built-ins)
 from .tag_format import make_tag_format_reward
 from .gsm8k import make_gsm8k_reward
 from .combine import RewardResult, RewardSet
 
 __all__ = [
-    "available_rewards", "get_reward_fn", "register_reward", "Scores", "completion_text",
+    "available_rewards", "get_reward_fn", "register_reward", "RewardFn", "Scores", "completion_text",
     "make_tag_format_reward", "make_gsm8k_reward", "RewardResult", "RewardSet",
 ]

@@ -12,6 +12,12 @@ How a sample's score combines with the other functions' (`RewardSet`):
   returned None *with a reason* in `Scores.errors`. The sample's combined reward is None (the trainer leaves it
   out of the advantages and counts it in `train/reward_none_frac`), and the reason goes to the errors.
 """
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+
+# One completion: a string, or a chat (TRL's conversational format) whose last message holds the text.
+Completion = Union[str, Dict[str, Any], Sequence[Dict[str, Any]]]
+# fn(prompts, completions, **kwargs) -> one score (or None) per completion.
+RewardFn = Callable[..., Sequence[Optional[float]]]
 
 
 class Scores(list):
@@ -23,14 +29,15 @@ class Scores(list):
     `RewardSet` copies the reasons into the per-sample error report.
     """
 
-    def __init__(self, values=(), errors=None):
+    def __init__(self, values: Iterable[Optional[float]] = (),
+                 errors: Optional[Iterable[Optional[str]]] = None) -> None:
         super().__init__(values)
         self.errors = list(errors) if errors is not None else [None] * len(self)
         if len(self.errors) != len(self):
             raise ValueError(f"Scores: {len(self)} values but {len(self.errors)} errors")
 
 
-def completion_text(completion):
+def completion_text(completion: Completion) -> str:
     """The text of one completion: a string as-is, or the content of the last message of a chat completion
     (TRL's conversational format `[{"role": "assistant", "content": ...}]`)."""
     if isinstance(completion, str):
@@ -42,7 +49,7 @@ def completion_text(completion):
     raise TypeError(f"a completion must be a string or a chat message list, got {type(completion).__name__}")
 
 
-def references(tgt, completions, reward_name):
+def references(tgt: Optional[Sequence[str]], completions: Sequence[Completion], reward_name: str) -> List[str]:
     """Check that `tgt` holds one string reference per completion and return it as a list."""
     if tgt is None:
         raise ValueError(f"{reward_name} needs the references: pass tgt=[...] (one per completion)")

@@ -13,9 +13,11 @@ import random
 import re
 import time
 import uuid
+from typing import Any, List, Optional, Sequence, Union
 
 import requests
 
+from .base import RewardFn
 from .combine import RewardResult, RewardSet
 
 logger = logging.getLogger(__name__)
@@ -67,8 +69,9 @@ class RewardClient:
     the server's error_msg) and protocol violations in a 200 reply (RewardResponseError).
     """
 
-    def __init__(self, urls, connect_timeout=5, read_timeout=60, max_retries=3, backoff=0.5, token=None,
-                 session=None, max_backoff=30.0):
+    def __init__(self, urls: Union[str, Sequence[str]], connect_timeout: float = 5, read_timeout: float = 60,
+                 max_retries: int = 3, backoff: float = 0.5, token: Optional[str] = None,
+                 session: Optional[requests.Session] = None, max_backoff: float = 30.0) -> None:
         self.urls = _split_urls(urls)
         self.timeout = (connect_timeout, read_timeout)
         if max_retries < 0:
@@ -81,7 +84,7 @@ class RewardClient:
         self._turn = itertools.count()  # next() is atomic in CPython, so threads may share a client
 
     @property
-    def max_score(self):
+    def max_score(self) -> Optional[float]:
         """The best total reward the server's functions can give (from its GET /health), or None when the server
         does not say (a PaddleNLP server) or cannot be asked. Asked once."""
         if not hasattr(self, "_max_score"):
@@ -97,11 +100,11 @@ class RewardClient:
                     logger.warning("could not read max_score from %s/health: %s", url, _short(exc))
         return self._max_score
 
-    def score(self, src, tgt, response):
+    def score(self, src: Sequence[str], tgt: Sequence[str], response: Sequence[str]) -> List[Optional[float]]:
         """Weighted total reward per sample (None: a reward function failed on it, or none judged it)."""
         return self.score_detailed(src, tgt, response).scores
 
-    def score_detailed(self, src, tgt, response):
+    def score_detailed(self, src: Sequence[str], tgt: Sequence[str], response: Sequence[str]) -> RewardResult:
         """RewardResult with the totals, the per-function scores and per-sample reasons (when the server sends
         them; a PaddleNLP server sends only `score`)."""
         batch = {"src": list(src), "tgt": list(tgt), "response": list(response)}
@@ -186,22 +189,28 @@ class InProcessRewarder:
     """The same `score` / `score_detailed` interface, computed in this process with a RewardSet
     (`use_rm_server: false`). Extra dataset columns may be passed as keyword arguments."""
 
-    def __init__(self, reward_funcs, weights=None, timeout_s=None):
+    def __init__(self, reward_funcs: Union[str, Sequence[Union[str, RewardFn]]],
+                 weights: Union[str, Sequence[float], None] = None, timeout_s: Optional[float] = None) -> None:
         self.reward_set = RewardSet(reward_funcs, weights=weights, timeout_s=timeout_s)
 
     @property
-    def max_score(self):
+    def max_score(self) -> Optional[float]:
         return self.reward_set.max_score
 
-    def score(self, src, tgt, response, **columns):
+    def score(self, src: Sequence[str], tgt: Sequence[str], response: Sequence[str],
+              **columns: Any) -> List[Optional[float]]:
         return self.score_detailed(src, tgt, response, **columns).scores
 
-    def score_detailed(self, src, tgt, response, **columns):
+    def score_detailed(self, src: Sequence[str], tgt: Sequence[str], response: Sequence[str],
+                       **columns: Any) -> RewardResult:
         return self.reward_set(list(src), list(response), tgt=list(tgt), **columns)
 
 
-def make_rewarder(use_rm_server, reward_server=None, reward_funcs=None, reward_weights=None, token=None,
-                  timeout_s=None, **client_kwargs):
+def make_rewarder(use_rm_server: bool, reward_server: Optional[str] = None,
+                  reward_funcs: Union[str, Sequence[Union[str, RewardFn]], None] = None,
+                  reward_weights: Union[str, Sequence[float], None] = None, token: Optional[str] = None,
+                  timeout_s: Optional[float] = None,
+                  **client_kwargs: Any) -> Union[RewardClient, InProcessRewarder]:
     """RewardClient(reward_server) when use_rm_server, else InProcessRewarder(reward_funcs, reward_weights)."""
     if use_rm_server:
         if not reward_server:

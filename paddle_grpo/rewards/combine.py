@@ -14,8 +14,9 @@ import logging
 import math
 import threading
 import time
+from typing import Any, Dict, List, Optional, Sequence, Union
 
-from .base import Scores
+from .base import Completion, RewardFn, Scores
 from .registry import get_reward_fn
 
 logger = logging.getLogger(__name__)
@@ -26,9 +27,9 @@ class RewardResult:
     """`scores[i]`: weighted total for sample i (None when a function failed on it or every function abstained);
     `scores_by_function[name][i]`: that function's raw score (None: failed or abstained); `errors[i]`: the
     failure reasons ("name: reason; ..."), or None."""
-    scores: list
-    scores_by_function: dict
-    errors: list
+    scores: List[Optional[float]]
+    scores_by_function: Dict[str, List[Optional[float]]]
+    errors: List[Optional[str]]
 
 
 class RewardTimeout(Exception):
@@ -97,7 +98,8 @@ class RewardSet:
     when any function failed on the sample (the reason is in `errors`) or when every function returned None.
     """
 
-    def __init__(self, names_or_fns, weights=None, timeout_s=None):
+    def __init__(self, names_or_fns: Union[str, RewardFn, Sequence[Union[str, RewardFn]]],
+                 weights: Union[str, Sequence[float], None] = None, timeout_s: Optional[float] = None) -> None:
         if isinstance(names_or_fns, str) or callable(names_or_fns):
             names_or_fns = [names_or_fns] if callable(names_or_fns) else \
                 [s.strip() for s in names_or_fns.split(",") if s.strip()]
@@ -115,7 +117,7 @@ class RewardSet:
         self.timeout_s = timeout_s
 
     @property
-    def max_score(self):
+    def max_score(self) -> Optional[float]:
         """The best weighted total: sum of w * fn.max_score, or None when a function does not declare its
         maximum or a weight is negative (the total's maximum would then depend on the function's minimum)."""
         maxima = [getattr(fn, "max_score", None) for fn in self.fns]
@@ -143,7 +145,7 @@ class RewardSet:
                              f"({', '.join(self.names)}); give one weight per function")
         return weights
 
-    def __call__(self, prompts, completions, **kwargs):
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Completion], **kwargs: Any) -> RewardResult:
         """RewardResult for the batch. kwargs (tgt, completion_ids, other columns) go to every function."""
         prompts, completions = list(prompts), list(completions)
         n = len(completions)

@@ -11,9 +11,10 @@ child process with a time limit (`math_verify_pool.py`); a check that exceeds it
 counts as a failure (the sample's combined reward is None, see base.py), not as an abstention.
 """
 import re
+from typing import Any, List, Optional, Sequence
 
-from .base import Scores, completion_text, references
-from .math_verify_pool import default_pool
+from .base import Completion, RewardFn, Scores, completion_text, references
+from .math_verify_pool import MathVerifyPool, default_pool
 from .registry import register_reward
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -24,7 +25,7 @@ def _normalise_number(text):
     return text.replace(",", "").rstrip(".")
 
 
-def gold_answer(tgt):
+def gold_answer(tgt: str) -> str:
     """The reference answer as a string for math-verify; ValueError when there is none."""
     text = tgt.rsplit("####", 1)[-1].strip()
     text = text.splitlines()[0].strip() if text else ""
@@ -36,7 +37,7 @@ def gold_answer(tgt):
     return text  # an expression: math-verify finds it in the text ("1/2", "\\frac{1}{2}", "$x=5$")
 
 
-def last_boxed(text):
+def last_boxed(text: str) -> Optional[str]:
     """The content of the last `\\boxed{...}` (balanced braces), or None."""
     start = text.rfind("\\boxed{")
     if start < 0:
@@ -52,7 +53,7 @@ def last_boxed(text):
     return None  # unbalanced: treat as no boxed answer
 
 
-def completion_answer(text):
+def completion_answer(text: str) -> Optional[str]:
     """The completion's final answer as a string for math-verify, or None when it gives none."""
     if "####" in text:
         tail = text.rsplit("####", 1)[1].strip()
@@ -69,10 +70,11 @@ def completion_answer(text):
     return _normalise_number(numbers[-1]) if numbers else None
 
 
-def make_gsm8k_reward(timeout_s=DEFAULT_TIMEOUT_S, pool=None):
+def make_gsm8k_reward(timeout_s: float = DEFAULT_TIMEOUT_S, pool: Optional[MathVerifyPool] = None) -> RewardFn:
     """A GSM8K reward with a per-sample time limit of `timeout_s` seconds; `pool` defaults to the shared one."""
 
-    def gsm8k(prompts, completions, tgt=None, **kwargs):
+    def gsm8k(prompts: Sequence[Any], completions: Sequence[Completion], tgt: Optional[Sequence[str]] = None,
+              **kwargs: Any) -> Scores:
         refs = references(tgt, completions, "gsm8k")
         golds = [gold_answer(ref) for ref in refs]
         preds = [completion_answer(completion_text(c)) for c in completions]
@@ -95,7 +97,7 @@ _FORMAT_LINE = re.compile(r"####\s*\$?-?\d[\d,]*(?:\.\d+)?\.?\s*")
 
 
 @register_reward("gsm8k_format", max_score=1.0)
-def gsm8k_format(prompts, completions, **kwargs):
+def gsm8k_format(prompts: Sequence[Any], completions: Sequence[Completion], **kwargs: Any) -> List[float]:
     """1.0 when the completion's last non-empty line is `#### <number>` (the strict-match format of GSM8K
     evaluation), else 0.0. The `gsm8k` reward also accepts a bare last number, so on its own it never teaches the
     format; combined with a small weight (`reward_funcs: gsm8k,gsm8k_format`, `reward_weights: [1.0, 0.2]`) it does."""

@@ -17,8 +17,9 @@ ones, makes the answer unparseable. Negations ("X is not a knight") are not unde
 "X is a knight/knave" statements.
 """
 import re
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
-from .base import completion_text, references
+from .base import Completion, completion_text, references
 from .registry import register_reward
 
 FORMAT_OK, FORMAT_BAD = 1.0, -1.0
@@ -29,7 +30,7 @@ _TRUTH = re.compile(r"([^\W\d_][\w'-]*)\s+is\s+an?\s+(knight|knave)\b", re.IGNOR
 _ROLE = re.compile(r"\b(knight|knave)s?\b", re.IGNORECASE)
 
 
-def parse_ground_truth(tgt):
+def parse_ground_truth(tgt: str) -> Dict[str, str]:
     """{lowercased name: "knight" | "knave"} from a reference; ValueError when it names nobody or contradicts itself."""
     truth = {}
     for name, role in _TRUTH.findall(tgt):
@@ -41,7 +42,7 @@ def parse_ground_truth(tgt):
     return truth
 
 
-def format_ok(text):
+def format_ok(text: str) -> bool:
     """True when each of the four tags occurs exactly once and they come in order."""
     positions = []
     for tag in TAGS:
@@ -51,7 +52,7 @@ def format_ok(text):
     return positions == sorted(positions)
 
 
-def last_answer(text):
+def last_answer(text: str) -> Optional[str]:
     """The text inside the last `<answer>...</answer>` block, or None."""
     start = text.rfind("<answer>")
     if start < 0:
@@ -61,7 +62,7 @@ def last_answer(text):
     return None if end < 0 else text[start:end]
 
 
-def parse_answer(answer, names):
+def parse_answer(answer: str, names: Iterable[str]) -> Optional[Dict[str, str]]:
     """{name: role} for every name in `names` (lowercase) read from the answer text, or None when some person has
     no status or two different ones."""
     occurrences = []
@@ -80,7 +81,7 @@ def parse_answer(answer, names):
     return {name: next(iter(roles[name])) for name in names}
 
 
-def kk_score(response, tgt):
+def kk_score(response: str, tgt: str) -> float:
     """PaddleNLP's K&K score of one response against one reference: 3, -0.5, -1 or -3."""
     truth = parse_ground_truth(tgt)
     text = response if "<think>" in response else "<think>" + response
@@ -94,7 +95,8 @@ def kk_score(response, tgt):
 
 
 @register_reward("kk", max_score=3.0)
-def kk(prompts, completions, tgt=None, **kwargs):
+def kk(prompts: Sequence[Any], completions: Sequence[Completion], tgt: Optional[Sequence[str]] = None,
+       **kwargs: Any) -> List[float]:
     """Knights-and-Knaves reward (PaddleNLP's rules): 3, -0.5, -1 or -3 per completion."""
     refs = references(tgt, completions, "kk")
     return [kk_score(completion_text(c), ref) for c, ref in zip(completions, refs)]

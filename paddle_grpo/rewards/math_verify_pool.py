@@ -13,6 +13,7 @@ import select
 import subprocess
 import sys
 import threading
+from typing import List, Optional, Sequence, Tuple
 
 WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "math_verify_worker.py")
 
@@ -59,7 +60,8 @@ class MathVerifyPool:
     `verify_many(pairs, timeout_s)` returns, per (gold, pred) pair, `(True | False | None, reason | None)`; None
     when the check timed out or the worker failed. Workers start lazily (about half a second each, for sympy)."""
 
-    def __init__(self, size=None, start_timeout_s=60.0, wait_timeout_s=120.0, memory_mb=4096):
+    def __init__(self, size: Optional[int] = None, start_timeout_s: float = 60.0, wait_timeout_s: float = 120.0,
+                 memory_mb: int = 4096) -> None:
         self.size = size or max(1, min(4, os.cpu_count() or 1))
         self.start_timeout_s = start_timeout_s
         self.wait_timeout_s = wait_timeout_s
@@ -105,7 +107,8 @@ class MathVerifyPool:
                 if worker in self._all:
                     self._all.remove(worker)
 
-    def verify_many(self, pairs, timeout_s):
+    def verify_many(self, pairs: Sequence[Tuple[str, str]],
+                    timeout_s: float) -> List[Tuple[Optional[bool], Optional[str]]]:
         results = []
         worker = self._acquire()
         try:
@@ -132,7 +135,7 @@ class MathVerifyPool:
                 self._release(worker)
         return results
 
-    def close(self):
+    def close(self) -> None:
         with self._lock:
             workers, self._all = self._all, []
             self._created = 0
@@ -149,7 +152,7 @@ _DEFAULT_POOL = None
 _DEFAULT_POOL_LOCK = threading.Lock()
 
 
-def default_pool():
+def default_pool() -> MathVerifyPool:
     """The process-wide pool, created on first use and closed at exit."""
     global _DEFAULT_POOL
     with _DEFAULT_POOL_LOCK:

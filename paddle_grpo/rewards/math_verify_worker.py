@@ -11,7 +11,7 @@ import logging
 import sys
 
 
-def limit_memory(max_bytes):
+def limit_memory(max_bytes: int) -> None:
     """Cap the address space so an exploding expression fails with MemoryError instead of swapping the host."""
     try:
         import resource
@@ -22,7 +22,7 @@ def limit_memory(max_bytes):
         pass
 
 
-def main():
+def main() -> None:
     max_mb = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     if max_mb > 0:
         limit_memory(max_mb * 1024 * 1024)

@@ -12,11 +12,14 @@ import hashlib
 import importlib
 import importlib.util
 import os
+from typing import Callable, List, Optional, Union
+
+from .base import RewardFn
 
 _REGISTRY = {}
 
 
-def register_reward(name, max_score=None):
+def register_reward(name: str, max_score: Optional[float] = None) -> Callable[[RewardFn], RewardFn]:
     """Decorator registering `fn(prompts, completions, **kwargs) -> list[float | None]` under `name`.
 
     `max_score`: the best score the function can give (kept as `fn.max_score`); the trainer's eval/accuracy is the
@@ -37,12 +40,12 @@ def register_reward(name, max_score=None):
     return decorator
 
 
-def available_rewards():
+def available_rewards() -> List[str]:
     """Sorted names of the registered reward functions."""
     return sorted(_REGISTRY)
 
 
-def get_reward_fn(name_or_spec):
+def get_reward_fn(name_or_spec: Union[str, RewardFn]) -> RewardFn:
     """Resolve a registered name, `module:function` or `path/to/file.py:function` to the function.
 
     A callable is returned as it is. Errors say what was asked for and what went wrong (unknown name with the

@@ -8,8 +8,9 @@ length_similarity: min(words_c, words_t) / max(words_c, words_t), words split on
 Both are in [0, 1].
 """
 import threading
+from typing import Any, List, Optional, Sequence
 
-from .base import completion_text, references
+from .base import Completion, completion_text, references
 from .registry import register_reward
 
 _scorer = None
@@ -27,20 +28,23 @@ def _rouge_scorer():
 
 
 @register_reward("rouge_l", max_score=1.0)
-def rouge_l(prompts, completions, tgt=None, **kwargs):
+def rouge_l(prompts: Sequence[Any], completions: Sequence[Completion], tgt: Optional[Sequence[str]] = None,
+            **kwargs: Any) -> List[float]:
     """ROUGE-L F1 against the reference, in [0, 1]."""
     refs = references(tgt, completions, "rouge_l")
     scorer = _rouge_scorer()
     return [scorer.score(ref, completion_text(c))["rougeL"].fmeasure for c, ref in zip(completions, refs)]
 
 
-def length_ratio(text, ref):
+def length_ratio(text: str, ref: str) -> float:
+    """min/max of the two texts' word counts (1.0 when both are empty)."""
     n, m = len(text.split()), len(ref.split())
     return 1.0 if max(n, m) == 0 else min(n, m) / max(n, m)
 
 
 @register_reward("length_similarity", max_score=1.0)
-def length_similarity(prompts, completions, tgt=None, **kwargs):
+def length_similarity(prompts: Sequence[Any], completions: Sequence[Completion],
+                      tgt: Optional[Sequence[str]] = None, **kwargs: Any) -> List[float]:
     """min/max ratio of the word counts of completion and reference, in [0, 1]."""
     refs = references(tgt, completions, "length_similarity")
     return [length_ratio(completion_text(c), ref) for c, ref in zip(completions, refs)]

@@ -1,4 +1,4 @@
-"""KL estimators k1/k2/k3 against a per-element python reference (ALGORITHMS.md section 3).
+"""KL estimators k1/k2/k3 against a per-element python reference (docs/algorithms.md section 3).
 
 Tolerances: rtol=1e-5, atol=1e-6 (float32).
 """

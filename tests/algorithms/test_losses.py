@@ -1,4 +1,4 @@
-"""Policy losses, aggregation and logit helpers against loop / numpy references (ALGORITHMS.md sections 4, 5).
+"""Policy losses, aggregation and logit helpers against loop / numpy references (docs/algorithms.md sections 4, 5).
 
 Tolerances: float32 results vs float64 references rtol=1e-5, atol=1e-6 unless stated; float64 finite differences
 rtol=1e-6, atol=1e-8.
@@ -100,6 +100,13 @@ def test_aggregate_ignores_garbage_in_padding_and_empty_batch_is_zero(mode):
     np.testing.assert_allclose(out, ref_aggregate(np.nan_to_num(L, posinf=0, neginf=0), m, mode), rtol=1e-6)
     empty = aggregate_loss(paddle.to_tensor(L), paddle.zeros([2, 3]), mode, max_dec_len=MAX_DEC_LEN)
     assert float(empty) == 0.0
+
+
+@pytest.mark.parametrize("mode", [m for m in LOSS_AGG_MODES if m != "seq-mean-token-sum-norm"])
+def test_max_dec_len_is_ignored_by_the_other_modes(mode):
+    rng = np.random.default_rng(3)
+    L, m = paddle.to_tensor(rng.normal(size=(4, 5))), paddle.to_tensor((rng.random((4, 5)) < 0.7).astype(np.float64))
+    assert float(aggregate_loss(L, m, mode, max_dec_len=MAX_DEC_LEN)) == float(aggregate_loss(L, m, mode))
 
 
 def test_aggregate_errors():

@@ -1,4 +1,4 @@
-"""Running reward normalisation (Chan's update) and advantage whitening (ALGORITHMS.md sections 1, 2).
+"""Running reward normalisation (Chan's update) and advantage whitening (docs/algorithms.md sections 1, 2).
 
 Tolerances: statistics are stored in float32, so rtol=1e-6 against float64 numpy (atol=1e-7); whitened values
 rtol=1e-5, atol=1e-6.

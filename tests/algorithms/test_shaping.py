@@ -1,14 +1,12 @@
-"""Reward shaping: combining reward functions, clipping, DAPO overlong penalty (ALGORITHMS.md section 1).
+"""Reward shaping: clipping, DAPO overlong penalty (docs/algorithms.md section 1).
 
 Tolerances: rtol=1e-6 (float32 of float64 references).
 """
-import math
-
 import numpy as np
 import paddle
 import pytest
 
-from paddle_grpo.algorithms import clip_reward, combine_rewards, overlong_penalty
+from paddle_grpo.algorithms import clip_reward, overlong_penalty
 
 
 # ---- clip_reward -----------------------------------------------------------------------------------------------------
@@ -60,56 +58,3 @@ def test_overlong_penalty_argument_errors():
         overlong_penalty([10], 100, 0, 1.0)
     with pytest.raises(ValueError, match="max_dec_len"):
         overlong_penalty([10], 100, 101, 1.0)
-
-
-# ---- combine_rewards -------------------------------------------------------------------------------------------------
-
-def test_combine_rewards_with_none_terms_and_weights():
-    scores = {
-        "accuracy": [1.0, 0.0, None, None, 1.0],
-        "format": [0.5, None, None, 1.0, 0.0],
-    }
-    total, has_any, means = combine_rewards(scores, {"accuracy": 2.0, "format": 0.5})
-    assert total.dtype == np.float32 and has_any.dtype == bool
-    np.testing.assert_allclose(total, [2.25, 0.0, 0.0, 0.5, 2.0], rtol=1e-6)
-    np.testing.assert_array_equal(has_any, [True, True, False, True, True])
-    assert means == {"accuracy": pytest.approx(2 / 3), "format": pytest.approx(0.5)}
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_combine_rewards_matches_loop_reference(seed):
-    rng = np.random.default_rng(seed)
-    n_fn, n = 3, 11
-    raw = rng.normal(size=(n_fn, n))
-    scores = [[None if rng.random() < 0.3 else float(raw[k, i]) for i in range(n)] for k in range(n_fn)]
-    weights = list(rng.uniform(0.1, 2.0, size=n_fn))
-    total, has_any, means = combine_rewards(scores, weights)
-    for i in range(n):
-        terms = [weights[k] * scores[k][i] for k in range(n_fn) if scores[k][i] is not None]
-        assert has_any[i] == bool(terms)
-        assert total[i] == pytest.approx(sum(terms), rel=1e-6, abs=1e-7)
-    for k in range(n_fn):
-        judged = [x for x in scores[k] if x is not None]
-        assert means[f"reward_{k}"] == pytest.approx(sum(judged) / len(judged), rel=1e-9)
-
-
-def test_combine_rewards_default_weights_and_function_that_judged_nothing():
-    total, has_any, means = combine_rewards({"a": [1, 2], "b": [None, None]})
-    np.testing.assert_array_equal(total, [1.0, 2.0])
-    assert has_any.all()
-    assert means == {"a": 1.5, "b": None}
-    total, has_any, _ = combine_rewards([[True, False]])  # bools are scores too
-    np.testing.assert_array_equal(total, [1.0, 0.0])
-
-
-def test_combine_rewards_errors_are_specific():
-    with pytest.raises(ValueError, match="different numbers"):
-        combine_rewards({"a": [1.0, 2.0], "b": [1.0]})
-    with pytest.raises(ValueError, match="do not match"):
-        combine_rewards({"a": [1.0]}, {"b": 1.0})
-    with pytest.raises(ValueError, match="2 reward_weights for 1"):
-        combine_rewards({"a": [1.0]}, [1.0, 2.0])
-    with pytest.raises(ValueError, match=r"'a' returned nan for sample 1"):
-        combine_rewards({"a": [1.0, math.nan]})
-    with pytest.raises(ValueError, match="at least one"):
-        combine_rewards({})

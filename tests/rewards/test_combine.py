@@ -1,8 +1,10 @@
 """RewardSet: weighted totals, per-function scores, per-sample isolation of failures and timeouts, and how a
 failure (total None) differs from an abstention (None term skipped in the sum)."""
+import math
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from paddle_grpo.rewards import RewardSet, Scores
@@ -58,6 +60,37 @@ def test_returned_none_is_skipped_in_the_sum():
     alone = RewardSet([abstain])(["p", "p"], ["?", "x"])
     assert alone.scores == [None, 2.0]  # every term None -> None total
     assert alone.errors == [None, None]
+
+
+def fixed_scores(name, values):
+    """A reward function named `name` that returns `values` (one per completion, in order)."""
+    def fn(prompts, completions, **kwargs):
+        assert len(completions) == len(values)
+        return list(values)
+
+    fn.__name__ = name
+    return fn
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_weighted_sum_over_non_none_terms_matches_a_loop(seed):
+    rng = np.random.default_rng(seed)
+    n_fn, n = 3, 11
+    raw = rng.normal(size=(n_fn, n))
+    scores = [[None if rng.random() < 0.3 else float(raw[k, i]) for i in range(n)] for k in range(n_fn)]
+    weights = [float(w) for w in rng.uniform(-2.0, 2.0, size=n_fn)]
+    out = RewardSet([fixed_scores(f"f{k}", scores[k]) for k in range(n_fn)], weights=weights)(["p"] * n, ["c"] * n)
+    assert out.scores_by_function == {f"f{k}": scores[k] for k in range(n_fn)}
+    assert out.errors == [None] * n
+    for i in range(n):
+        terms = [weights[k] * scores[k][i] for k in range(n_fn) if scores[k][i] is not None]
+        assert out.scores[i] == (pytest.approx(math.fsum(terms), rel=1e-12, abs=1e-15) if terms else None)
+
+
+def test_infinite_scores_are_failures_too():
+    out = RewardSet([fixed_scores("f", [math.inf, -math.inf, 1.0]), "tag_format"])(["p"] * 3, ["a", "b", "c"])
+    assert out.scores == [None, None, 1.0]
+    assert out.errors == ["f: returned inf", "f: returned -inf", None]
 
 
 def test_none_with_a_reason_is_a_failure():
