@@ -628,8 +628,7 @@ def update(par: ParallelContext, learner: Learner, inputs: UpdateInputs, cfg: An
             local = global_denominators(inputs.loss_mask[m0:m0 + per_mini], cfg.loss_agg_mode)
             keys = sorted(local)
             agg = dict(zip(keys, par.all_reduce_sum([local[k] for k in keys]).tolist()))
-            if cfg.loss_agg_mode == "seq-mean-token-sum-norm":
-                agg["max_dec_len"] = cfg.max_dec_len
+            agg["max_dec_len"] = cfg.max_dec_len  # read by seq-mean-token-sum-norm only
             sums, finite = LossSums().values, True
             if learner.pipeline is not None:
                 sums, finite = _pipeline_mini_batch(learner, inputs, slice(m0, m0 + per_mini), agg, cfg,
