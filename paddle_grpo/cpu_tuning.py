@@ -21,7 +21,7 @@ Three causes, all measured on the 2-core AMD EPYC hosts (docs/PERFORMANCE.md):
 `apply()` is idempotent and does nothing when `PADDLE_GRPO_CPU_TUNING=0`; `PADDLE_GRPO_CPU_TUNING=mkl,malloc`
 (any subset of mkl, malloc, stride) applies only those. It never overrides an `MKL_DEBUG_CPU_TYPE` or
 `FLAGS_use_stride_kernel` the user set in the environment and sets the MKL variable only on AMD CPUs. It is called
-by `modeling.load_causal_lm` (before any model runs) and by tools/bench.py. It changes no numbers beyond float
+by `policy.causal.load_causal_lm` (before any model runs) and by tools/bench.py. It changes no numbers beyond float
 rounding.
 """
 from __future__ import annotations

@@ -19,7 +19,6 @@ import paddle
 from . import checkpoint as ckpt
 from . import distributed as dist
 from . import run_dir, summary
-from .policy import seq2seq
 from .algorithms import (
     RunningRewardNormalizer,
     aggregate_loss,
@@ -38,20 +37,17 @@ from .data import (PromptSampler, apply_chat_template, collate_prompts, read_jso
 from .experience import merge_groups, sample_rows, split_groups
 from .config import write_config
 from .logging import MetricsLogger
-from .policy.lora import adapters_disabled, apply_lora, load_adapters, trainable_parameters
-from .policy.causal import (
-    completion_logprobs,
+from .policy import (
     freeze,
-    load_causal_lm,
+    load_policy,
     load_tokenizer,
-    logprobs_from_completion_logits,
     mix_into,
     parameters_by_decay,
     position_ids_from_mask,
     quiet_paddlenlp,
 )
+from .policy.causal import logprobs_from_completion_logits
 from .rewards.client import make_rewarder
-from .rollout import generate
 from .sampling import row_keys
 
 logger = logging.getLogger("paddle_grpo.trainer")
@@ -94,26 +90,24 @@ class Trainer:
         self.tokenizer = load_tokenizer(cfg.actor_model_name_or_path)
         self.eos_ids = sorted({self.tokenizer.eos_token_id})
         shard = dist.model_load_kwargs()
-        # An encoder-decoder policy (its config says is_encoder_decoder) is loaded, sampled and scored by seq2seq.py.
-        enc_dec = seq2seq.is_encoder_decoder(cfg.actor_model_name_or_path)
-        load = seq2seq.load_seq2seq_lm if enc_dec else load_causal_lm
-        self._generate = seq2seq.generate if enc_dec else generate
-        self._completion_logprobs = seq2seq.completion_logprobs if enc_dec else completion_logprobs
-        self._encoder_decoder = enc_dec
-        self.model = load(cfg.actor_model_name_or_path, recompute=cfg.recompute, **shard)
-        if cfg.lora:  # the reference is then self.model with its adapters disabled (_reference_logprobs)
-            self.model = load_adapters(self.model, cfg.lora_path) if cfg.lora_path else apply_lora(
-                self.model, cfg.lora_rank, cfg.lora_alpha_value, cfg.lora_dropout, cfg.target_modules or None,
-                base_model_name_or_path=cfg.actor_model_name_or_path)
+        # An encoder-decoder policy (its config says is_encoder_decoder) is a Seq2SeqPolicy (policy/seq2seq.py).
+        self.policy = load_policy(cfg.actor_model_name_or_path, recompute=cfg.recompute, **shard)
+        if cfg.lora:  # the reference is then the policy with its adapters disabled (_reference_logprobs)
+            if cfg.lora_path:
+                self.policy.load_adapters(cfg.lora_path)
+            else:
+                self.policy.apply_lora(cfg.lora_rank, cfg.lora_alpha_value, cfg.lora_dropout,
+                                       cfg.target_modules or None, base_model_name_or_path=cfg.actor_model_name_or_path)
+        self.model = self.policy.model  # the paddle model (under LoRA the LoRAModel)
         self.reference = None
         if cfg.needs_reference_model and not cfg.lora:
-            self.reference = load(cfg.actor_model_name_or_path, trainable=False, **shard)
+            self.reference = load_policy(cfg.actor_model_name_or_path, trainable=False, **shard)
         self.vocab_parallel = dist.vocab_parallel()
         # Pipeline parallel: self.model stays the full policy, frozen (generation, old/reference log-probs,
         # checkpoints); self.pipeline trains this rank's stage and copies the weights back after each update.
         self.pipeline = None
         if dist.pipeline_parallel_world() > 1:
-            if enc_dec:
+            if self.policy.is_encoder_decoder:
                 raise NotImplementedError("pipeline_parallel_degree > 1 supports decoder-only policies only")
             self.pipeline = dist.Pipeline(self.model, cfg.virtual_pp_degree)
             freeze(self.model)
@@ -146,7 +140,7 @@ class Trainer:
         decay = parameters_by_decay(trained)
         self.optimizer = dist.wrap_optimizer(paddle.optimizer.AdamW(
             learning_rate=self.scheduler,
-            parameters=trainable_parameters(self.model) if cfg.lora else trained.parameters(),
+            parameters=self.policy.trainable_parameters() if cfg.lora else trained.parameters(),
             weight_decay=cfg.weight_decay,
             beta1=cfg.adam_beta1, beta2=cfg.adam_beta2, epsilon=cfg.adam_epsilon,
             apply_decay_param_fun=lambda name: name in decay))  # clipping: _clip_gradients (TP-aware norm)
@@ -177,8 +171,7 @@ class Trainer:
             if key not in self._token_cache:
                 text = apply_chat_template(records[i]["src"], self.tokenizer, mode=self.cfg.chat_template)
                 ids = tokenize_prompts(self.tokenizer, [text])[0]
-                self._token_cache[key] = seq2seq.encoder_input_ids(self.tokenizer, ids) if self._encoder_decoder \
-                    else ids
+                self._token_cache[key] = self.policy.prompt_token_ids(self.tokenizer, ids)
             token_lists.append(self._token_cache[key])
         collated = collate_prompts(token_lists, self.tokenizer.pad_token_id, self.cfg.max_prompt_len)
         return collated[0], collated[1]
@@ -218,12 +211,12 @@ class Trainer:
         cfg = self.cfg
         records = self.train_records if records is None else records
         prompt_ids, prompt_mask = self._encode(records, indices)
-        rollout = self._generate(self.model, prompt_ids, prompt_mask, num_samples=G,
-                                 max_new_tokens=cfg.max_dec_len, min_new_tokens=cfg.min_dec_len,
-                                 eos_token_ids=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id,
-                                 temperature=cfg.temperature, top_p=cfg.top_p,
-                                 repetition_penalty=cfg.repetition_penalty, do_sample=do_sample,
-                                 max_num_seqs=cfg.rollout_max_num_seqs, row_keys=row_keys)
+        rollout = self.policy.generate(prompt_ids, prompt_mask, num_samples=G,
+                                       max_new_tokens=cfg.max_dec_len, min_new_tokens=cfg.min_dec_len,
+                                       eos_token_ids=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id,
+                                       temperature=cfg.temperature, top_p=cfg.top_p,
+                                       repetition_penalty=cfg.repetition_penalty, do_sample=do_sample,
+                                       max_num_seqs=cfg.rollout_max_num_seqs, row_keys=row_keys)
         return rollout
 
     def _collect(self, metrics):
@@ -271,18 +264,19 @@ class Trainer:
     # --------------------------------------------------------------------------------------------- log-probs
 
     @paddle.no_grad()
-    def _logprobs(self, model, b, with_entropy=False):
+    def _logprobs(self, policy, b, with_entropy=False):
         """In eval mode (no dropout: lora_dropout), as the rollout that sampled the completions."""
+        model = policy.model
         out, ent = [], []
         n, mb = b["completion_ids"].shape[0], self.cfg.per_device_logprob_batch_size
         was_training = model.training
         model.eval()
         try:
             for s in range(0, n, mb):
-                lp, e = self._completion_logprobs(model, b["prompt_ids"][s:s + mb], b["prompt_mask"][s:s + mb],
-                                                  b["completion_ids"][s:s + mb], b["completion_mask"][s:s + mb],
-                                                  temperature=self.cfg.temperature, with_entropy=with_entropy,
-                                                  vocab_parallel=self.vocab_parallel)
+                lp, e = policy.logprobs(b["prompt_ids"][s:s + mb], b["prompt_mask"][s:s + mb],
+                                        b["completion_ids"][s:s + mb], b["completion_mask"][s:s + mb],
+                                        temperature=self.cfg.temperature, with_entropy=with_entropy,
+                                        vocab_parallel=self.vocab_parallel)
                 out.append(lp)
                 ent.append(e)
         finally:
@@ -296,8 +290,8 @@ class Trainer:
         if self.reference is not None:
             return self._logprobs(self.reference, b)[0]
         if self.cfg.lora and self.cfg.needs_reference_model:
-            with adapters_disabled(self.model):
-                return self._logprobs(self.model, b)[0]
+            with self.policy.adapters_disabled():
+                return self._logprobs(self.policy, b)[0]
         return None
 
     # ------------------------------------------------------------------------------------------- advantages
@@ -382,7 +376,7 @@ class Trainer:
         t0 = time.perf_counter()
         on_policy = geo.optimizer_steps_per_step == 1
         ref_lp = self._reference_logprobs(b)
-        old_lp = None if on_policy else self._logprobs(self.model, b)[0]
+        old_lp = None if on_policy else self._logprobs(self.policy, b)[0]
         # The reward's KL uses the sampling policy's log-probs: recomputed when off-policy, else the rollout's own
         # (equal to a recomputation up to float rounding, and free).
         old_for_reward = None
@@ -414,7 +408,7 @@ class Trainer:
         metrics["perf/completion_tokens_per_s"] = float(lengths.sum()) / max(metrics["perf/rollout_s"], 1e-9)
         self.step += 1
         if self.reference is not None and cfg.sync_ref_model and self.step % cfg.ref_model_sync_steps == 0:
-            mix_into(self.reference, self.model, cfg.ref_model_mixup_alpha)
+            mix_into(self.reference.model, self.model, cfg.ref_model_mixup_alpha)
         return metrics, b, rewards
 
     def _update(self, b, advantages, old_lp, ref_lp, on_policy, metrics):
@@ -488,10 +482,10 @@ class Trainer:
         cfg = self.cfg
         mask = b["completion_mask_loss"][sl]
         need_entropy = True  # logged every step (train/entropy); its cost is one pass over the logits
-        lp, entropy = self._completion_logprobs(self.model, b["prompt_ids"][sl], b["prompt_mask"][sl],
-                                                b["completion_ids"][sl], b["completion_mask"][sl],
-                                                temperature=cfg.temperature, with_entropy=need_entropy,
-                                                vocab_parallel=self.vocab_parallel)
+        lp, entropy = self.policy.logprobs(b["prompt_ids"][sl], b["prompt_mask"][sl],
+                                           b["completion_ids"][sl], b["completion_mask"][sl],
+                                           temperature=cfg.temperature, with_entropy=need_entropy,
+                                           vocab_parallel=self.vocab_parallel)
         old = lp.detach() if old_lp is None else old_lp[sl]
         loss, sums = self._rl_loss(lp, entropy, old, advantages[sl], mask, None if ref_lp is None else ref_lp[sl],
                                    agg)
@@ -621,7 +615,8 @@ class Trainer:
         path = ckpt.save_checkpoint(
             self.cfg.output_dir, self.step, self.model, self.tokenizer, trainer_state=self.trainer_state(),
             optimizer=self.optimizer, full=full, total_limit=self.cfg.save_total_limit,
-            reference=self.reference if (self.cfg.sync_ref_model and full) else None,
+            reference=self.reference.model if (self.reference is not None and self.cfg.sync_ref_model and full)
+            else None,
             writer=dist.is_main(), participant=self.rank == 0, tp_world=dist.tensor_parallel_world(),
             pp_world=dist.pipeline_parallel_world(), optimizer_shard=shard, saves_optimizer=saves,
             optimizer_model=self._optimizer_model(), sync=dist.barrier)
@@ -639,7 +634,7 @@ class Trainer:
         shard = dist.model_load_kwargs()
         ckpt.load_weights(self.model, path, **shard)
         if self.reference is not None and os.path.isdir(os.path.join(path, ckpt.REFERENCE_DIR)):
-            ckpt.load_weights(self.reference, os.path.join(path, ckpt.REFERENCE_DIR), **shard)
+            ckpt.load_weights(self.reference.model, os.path.join(path, ckpt.REFERENCE_DIR), **shard)
         if self.pipeline is not None:
             self.pipeline.load_from(self.model)
         ckpt.load_optimizer_and_rng(path, dist.inner_optimizer(self.optimizer), self._optimizer_model(),

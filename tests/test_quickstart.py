@@ -49,7 +49,7 @@ def test_sft_lowers_the_held_out_loss(built):
 
 def test_sft_uses_the_trainers_prompt_tokens(built):
     """SFT prompt rows equal what the trainer feeds (chat template + tokenize_prompts), answers end with EOS."""
-    from paddle_grpo.policy.causal import load_tokenizer
+    from paddle_grpo.policy import load_tokenizer
 
     tok = load_tokenizer(built[0])
     problems = [(10, 99), (57, 68), (99, 99)]

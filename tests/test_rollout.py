@@ -5,7 +5,8 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_grpo.policy.causal import completion_logprobs, load_causal_lm, load_tokenizer
+from paddle_grpo.policy import load_tokenizer
+from paddle_grpo.policy.causal import completion_logprobs, load_causal_lm
 from paddle_grpo.rollout import _top_p_filter, generate
 
 

@@ -52,7 +52,7 @@ def test_grpo_trains_a_t5_summarizer_and_resumes(repo_root, policy_dir, tmp_path
 
     trainer = Trainer(make_cfg(repo_root, policy_dir, tmp_path / "full"))
     assert type(trainer.model).__name__ == "T5ForConditionalGeneration" and trainer.reference is not None
-    before, ref_before = params(trainer.model), params(trainer.reference)
+    before, ref_before = params(trainer.model), params(trainer.reference.model)
     trainer.train()
     metrics = read_metrics(tmp_path / "full")
     assert sorted(metrics) == [0, 1, 2, 3]  # step 0: evaluation before training
@@ -68,7 +68,7 @@ def test_grpo_trains_a_t5_summarizer_and_resumes(repo_root, policy_dir, tmp_path
     assert 0.0 <= metrics[3]["eval/reward"] <= 1.0 and metrics[3]["eval/samples"] == 40
     after = params(trainer.model)
     assert any(not np.array_equal(before[k], after[k]) for k in before)
-    assert all(np.array_equal(ref_before[k], v) for k, v in params(trainer.reference).items())
+    assert all(np.array_equal(ref_before[k], v) for k, v in params(trainer.reference.model).items())
 
     # The checkpoint is a plain encoder-decoder directory holding the trained weights.
     loaded = AutoModelForConditionalGeneration.from_pretrained(str(tmp_path / "full" / "checkpoint-3"))

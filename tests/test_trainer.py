@@ -299,11 +299,11 @@ def test_sync_ref_model_mixes_the_policy_into_the_reference(workdir, tiny_policy
     cfg = make_cfg(workdir, tiny_policy_dir, tmp_path / "out", kl_loss_coeff=0.01, sync_ref_model=True,
                    ref_model_sync_steps=2, ref_model_mixup_alpha=0.25, max_steps=2)
     trainer = Trainer(cfg)
-    initial = params(trainer.reference)
+    initial = params(trainer.reference.model)
     trainer.train_step()
-    assert all(np.array_equal(initial[k], v) for k, v in params(trainer.reference).items())  # not yet (step 1)
+    assert all(np.array_equal(initial[k], v) for k, v in params(trainer.reference.model).items())  # not yet (step 1)
     trainer.train_step()
-    policy, ref = params(trainer.model), params(trainer.reference)
+    policy, ref = params(trainer.model), params(trainer.reference.model)
     for k in ref:
         np.testing.assert_allclose(ref[k], 0.25 * policy[k] + 0.75 * initial[k], rtol=1e-6, atol=1e-7)
 

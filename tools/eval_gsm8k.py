@@ -261,7 +261,8 @@ def main(argv=None):
     except (DataError, FileNotFoundError) as e:
         print(f"eval_gsm8k.py: error: {e}", file=sys.stderr)
         return 2
-    from paddle_grpo.policy.causal import load_causal_lm, load_tokenizer
+    from paddle_grpo.policy import load_tokenizer
+    from paddle_grpo.policy.causal import load_causal_lm
 
     tokenizer, model = load_tokenizer(args.model), load_causal_lm(args.model, trainable=False)
     log(f"{len(examples)} problems from {args.data}")

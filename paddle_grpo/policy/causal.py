@@ -1,43 +1,29 @@
-"""Loading policy/reference models and tokenizers, and per-token log-probs of completions.
+"""Decoder-only policies: `CausalPolicy`, loading, and per-token log-probs of completions.
 
 Models are PaddleNLP causal LMs loaded from a local directory with `AutoModelForCausalLM`; nothing is downloaded.
 Log-probs are computed from the decoder's hidden states at the completion positions only, so the `[bs, T, V]`
 logits of the prompt positions are never materialised (with a 150k vocabulary they would dominate memory).
 For a plain Qwen2 model (no tensor parallelism) `completion_logprobs` runs the lean forward of fast_qwen2.py, which
 also computes each group's shared prompt once; other models use PaddleNLP's forward. `PADDLE_GRPO_FAST=0` forces
-PaddleNLP's forward everywhere.
+PaddleNLP's forward everywhere. Sampling is rollout.py's decode loop (the causal stepper lives there).
 """
 from __future__ import annotations
 
-import os
+from typing import TYPE_CHECKING
 
 import paddle
 
 from .. import cpu_tuning
 from ..algorithms import entropy_from_logits, logprobs_from_logits
 from . import fast_qwen2
+from .base import Policy, _require_local_dir, freeze, position_ids_from_mask
+
+if TYPE_CHECKING:
+    from ..rollout import Rollout
 
 
-def quiet_paddlenlp():
-    """PaddleNLP logs every file it loads at INFO; keep its warnings and errors only."""
-    from paddlenlp.utils.log import logger as paddlenlp_logger
-
-    paddlenlp_logger.set_level("WARNING")
-
-
-def load_tokenizer(path):
-    """PaddleNLP tokenizer from a local directory; the pad token falls back to EOS; padding side left."""
-    from paddlenlp.transformers import AutoTokenizer
-
-    _require_local_dir(path, "actor_model_name_or_path")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
-    return tokenizer
-
-
-def load_causal_lm(path, *, trainable=True, recompute=False, tensor_parallel_degree=1, tensor_parallel_rank=0):
+def load_causal_lm(path: str, *, trainable: bool = True, recompute: bool = False, tensor_parallel_degree: int = 1,
+                   tensor_parallel_rank: int = 0) -> paddle.nn.Layer:
     """`AutoModelForCausalLM` from a local directory, in float32; frozen (eval, no grads) unless `trainable`.
 
     With `tensor_parallel_degree > 1` this rank's shard is loaded (PaddleNLP splits the full checkpoint); its
@@ -61,26 +47,9 @@ def load_causal_lm(path, *, trainable=True, recompute=False, tensor_parallel_deg
     return model
 
 
-def freeze(model):
-    model.eval()
-    for p in model.parameters():
-        p.stop_gradient = True
-    return model
-
-
-def _require_local_dir(path, key):
-    if not path or not os.path.isdir(path):
-        raise FileNotFoundError(f"{key}: '{path}' is not a local model directory (models are never downloaded; "
-                                "point it at a directory written by save_pretrained)")
-
-
-def position_ids_from_mask(attention_mask):
-    """Positions counted over real tokens only, so a left-padded prompt starts at position 0. [bs, L] int64."""
-    return paddle.clip(paddle.cumsum(attention_mask.astype("int64"), axis=-1) - 1, min=0)
-
-
-def completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *, temperature=1.0,
-                        with_entropy=False, vocab_parallel=None):
+def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor,
+                        completion_ids: paddle.Tensor, completion_mask: paddle.Tensor, *, temperature: float = 1.0,
+                        with_entropy=False, vocab_parallel=None) -> tuple[paddle.Tensor, paddle.Tensor | None]:
     """Log-probs (and optionally entropies) of the completion tokens under `model`.
 
     prompt_ids/prompt_mask: [bs, L] left-padded; completion_ids/completion_mask: [bs, T].
@@ -114,7 +83,8 @@ def completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completi
     return logprobs, _entropy(logits, temperature, with_entropy)
 
 
-def logprobs_from_completion_logits(logits, completion_ids, temperature=1.0):
+def logprobs_from_completion_logits(logits: paddle.Tensor, completion_ids: paddle.Tensor,
+                                    temperature: float = 1.0) -> tuple[paddle.Tensor, paddle.Tensor]:
     """Log-probs and entropies (both differentiable, [bs, T] float32) from the logits [bs, T, V] that predict
     `completion_ids` [bs, T]: the pipeline model's last stage, whose LM head sees every position."""
     logits = logits.astype("float32")
@@ -132,13 +102,25 @@ def _entropy(logits, temperature, with_entropy):
     return entropy_from_logits(logits / temperature)
 
 
-def parameters_by_decay(model):
-    """Names of parameters that get weight decay: not biases and not normalisation weights (as PaddleNLP)."""
-    return {p.name for n, p in model.named_parameters() if not any(k in n for k in ("bias", "norm", "ln_"))}
+class CausalPolicy(Policy):
+    """A decoder-only LM: the prompt is the decoder's prefix, completions continue it (rollout.generate)."""
 
+    is_encoder_decoder = False
+    load_model = staticmethod(load_causal_lm)
 
-def mix_into(reference, policy, alpha):
-    """TR-DPO reference sync: ref <- alpha * policy + (1 - alpha) * ref, in place (seed 001's ref_model_mixup_alpha)."""
-    with paddle.no_grad():
-        for r, p in zip(reference.parameters(), policy.parameters()):
-            r.set_value(alpha * p.detach() + (1.0 - alpha) * r)
+    def prompt_token_ids(self, tokenizer, ids: list[int]) -> list[int]:
+        """The prompt's own tokens, unchanged (the chat template already framed them)."""
+        return ids
+
+    def generate(self, prompt_ids, prompt_mask, **kwargs) -> Rollout:
+        """`rollout.generate(self.model, prompt_ids, prompt_mask, **kwargs)`."""
+        from .. import rollout  # at call time: rollout.py imports this module (position_ids_from_mask)
+
+        return rollout.generate(self.model, prompt_ids, prompt_mask, **kwargs)
+
+    def logprobs(self, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, completion_ids: paddle.Tensor,
+                 completion_mask: paddle.Tensor, *, temperature: float = 1.0, with_entropy=False,
+                 vocab_parallel=None) -> tuple[paddle.Tensor, paddle.Tensor | None]:
+        """`completion_logprobs(self.model, ...)`: prompts [n, L] left-padded, completions [n, T]."""
+        return completion_logprobs(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                   temperature=temperature, with_entropy=with_entropy, vocab_parallel=vocab_parallel)

@@ -15,7 +15,7 @@ fewer and cheaper paddle ops, and it shares work between the G samples of a prom
   `x * x` instead of `pow` (paddle's CPU `pow` is ~30x slower than a multiply); one attention bias for all layers.
 - Decoding: a preallocated KV cache `[N, kv_heads, L + max_new, d]` written in place, instead of a concat per step.
 
-Numbers equal PaddleNLP's forward up to float32 rounding (tests/test_fast_qwen2.py compares logits, log-probs,
+Numbers equal PaddleNLP's forward up to float32 rounding (tests/policy/test_fast_qwen2.py compares logits, log-probs,
 greedy generations and gradients against `Qwen2ForCausalLM.forward`).
 
 Switch: `enabled_for(model)` is True for a plain float32 `Qwen2ForCausalLM` (exact type: not a `paddle.DataParallel`

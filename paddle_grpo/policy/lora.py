@@ -4,7 +4,7 @@
   whose dotted name fully matches one of the `target_modules` regexes gets a rank-`rank` adapter
   `W x + (alpha / rank) * B A x` (A random, B = 0, so the wrapped model starts out equal to the base model), and
   only the adapter weights are trainable (`stop_gradient` is True on every base weight). The wrapper forwards
-  `get_decoder`, `get_output_embeddings`, `config` and the forward pass, so `modeling.completion_logprobs` and
+  `get_decoder`, `get_output_embeddings`, `config` and the forward pass, so `causal.completion_logprobs` and
   `rollout.generate` use it like the plain model.
 - `adapters_disabled(model)`: the reference model. Inside the context the adapters are switched off (and the
   model is in eval mode, as a frozen reference is), so the same weights compute exactly the base model's outputs:

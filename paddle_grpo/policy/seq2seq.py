@@ -1,9 +1,11 @@
-"""Encoder-decoder policies (T5 / BART family): loading, sampling G completions per prompt, per-token log-probs.
+"""Encoder-decoder policies (T5 / BART family): `Seq2SeqPolicy`, loading, sampling G completions per prompt,
+per-token log-probs.
 
 `generate` and `completion_logprobs` have the signatures and contracts of `rollout.generate` and
-`modeling.completion_logprobs`, so the trainer only chooses which pair to call (`is_encoder_decoder`). Here the
-prompt is the encoder input (the document) and the completion is what the decoder produces after the model's
-`decoder_start_token_id`; everything downstream (rewards, advantages, losses) is unchanged.
+`causal.completion_logprobs`; `Seq2SeqPolicy` offers them through the `Policy` interface (base.py), so the trainer
+never asks which kind of model it has. Here the prompt is the encoder input (the document) and the completion is
+what the decoder produces after the model's `decoder_start_token_id`; everything downstream (rewards, advantages,
+losses) is unchanged.
 
 - Encoder inputs may be padded on either side: rows are packed to the left (real tokens first) before the encoder,
   which is exact for both families (the encoder is bidirectional and attends to real tokens only, and BART's learned
@@ -20,14 +22,13 @@ Not supported: tensor parallelism (`vocab_parallel`), PaddleNLP's fused/fast gen
 from __future__ import annotations
 
 import logging
-import os
 
 import numpy as np
 import paddle
 
 from ..algorithms import entropy_from_logits, logprobs_from_logits
 from .. import rollout
-from .causal import _require_local_dir, freeze
+from .base import Policy, _require_local_dir, freeze, is_encoder_decoder  # noqa: F401 (is_encoder_decoder: API)
 
 logger = logging.getLogger("paddle_grpo.seq2seq")
 
@@ -35,22 +36,11 @@ logger = logging.getLogger("paddle_grpo.seq2seq")
 _DROPOUT_KEYS = ("dropout_rate", "dropout", "attention_dropout", "activation_dropout")
 
 
-def is_encoder_decoder(model_or_path):
-    """True for an encoder-decoder model, config, or local model directory (its config.json says so)."""
-    if isinstance(model_or_path, (str, os.PathLike)):
-        from paddlenlp.transformers import AutoConfig
-
-        _require_local_dir(os.fspath(model_or_path), "actor_model_name_or_path")
-        config = AutoConfig.from_pretrained(os.fspath(model_or_path))
-    else:
-        config = getattr(model_or_path, "config", model_or_path)
-    return bool(getattr(config, "is_encoder_decoder", False))
-
-
-def load_seq2seq_lm(path, *, trainable=True, recompute=False, tensor_parallel_degree=1, tensor_parallel_rank=0):
+def load_seq2seq_lm(path: str, *, trainable: bool = True, recompute: bool = False, tensor_parallel_degree: int = 1,
+                    tensor_parallel_rank: int = 0) -> paddle.nn.Layer:
     """`AutoModelForConditionalGeneration` from a local directory, float32, dropout off; frozen unless `trainable`.
 
-    Same keyword arguments as `modeling.load_causal_lm`; tensor parallelism is not supported for encoder-decoders.
+    Same keyword arguments as `causal.load_causal_lm`; tensor parallelism is not supported for encoder-decoders.
     """
     from paddlenlp.transformers import AutoConfig, AutoModelForConditionalGeneration
 
@@ -59,7 +49,7 @@ def load_seq2seq_lm(path, *, trainable=True, recompute=False, tensor_parallel_de
     _require_local_dir(path, "actor_model_name_or_path")
     config = AutoConfig.from_pretrained(path)
     if not getattr(config, "is_encoder_decoder", False):
-        raise ValueError(f"{path}: config.is_encoder_decoder is false; load it with modeling.load_causal_lm")
+        raise ValueError(f"{path}: config.is_encoder_decoder is false; load it with causal.load_causal_lm")
     for key in _DROPOUT_KEYS:
         if hasattr(config, key):
             setattr(config, key, 0.0)
@@ -85,7 +75,7 @@ def decoder_start_id(model):
     return int(start)
 
 
-def encoder_input_ids(tokenizer, ids):
+def encoder_input_ids(tokenizer, ids: list[int]) -> list[int]:
     """A prompt's token ids as the encoder input: wrapped in the tokenizer's own special tokens, as in pre-training
     (T5: `ids </s>`, BART: `<s> ids </s>`); tokenizers that add none (Qwen2's) leave them unchanged."""
     return [int(i) for i in tokenizer.build_inputs_with_special_tokens(list(ids), None)]
@@ -112,8 +102,9 @@ def decoder_logits(model, encoder_hidden, encoder_mask, decoder_input_ids, cache
     return out.logits.astype("float32"), out.past_key_values
 
 
-def completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *, temperature=1.0,
-                        with_entropy=False, vocab_parallel=None):
+def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor,
+                        completion_ids: paddle.Tensor, completion_mask: paddle.Tensor, *, temperature: float = 1.0,
+                        with_entropy=False, vocab_parallel=None) -> tuple[paddle.Tensor, paddle.Tensor | None]:
     """Log-probs (and optionally entropies) of the completion tokens under an encoder-decoder `model`.
 
     prompt_ids/prompt_mask: [bs, L] encoder inputs (either padding side); completion_ids/completion_mask: [bs, T],
@@ -144,11 +135,34 @@ def _runs_of_equal_rows(ids, mask):
     return paddle.to_tensor(first, dtype="int64"), paddle.to_tensor(np.cumsum(new_run) - 1, dtype="int64")
 
 
-def generate(model, prompt_ids, prompt_mask, **kwargs):
+def generate(model: paddle.nn.Layer, prompt_ids, prompt_mask, **kwargs) -> rollout.Rollout:
     """Sample decoder outputs for encoder inputs: `rollout.generate` (same arguments, same `Rollout`) with the
     encoder-decoder stepper; prompts may be padded on either side, and the source document does not count for the
     repetition penalty (a summary should copy from it)."""
     return rollout.generate(model, prompt_ids, prompt_mask, stepper=Seq2SeqStepper, penalize_prompt=False, **kwargs)
+
+
+class Seq2SeqPolicy(Policy):
+    """An encoder-decoder LM: the prompt is the encoder input, completions are the decoder's output."""
+
+    is_encoder_decoder = True
+    load_model = staticmethod(load_seq2seq_lm)
+
+    def prompt_token_ids(self, tokenizer, ids: list[int]) -> list[int]:
+        """`encoder_input_ids`: the prompt wrapped in the tokenizer's special tokens, as in pre-training."""
+        return encoder_input_ids(tokenizer, ids)
+
+    def generate(self, prompt_ids, prompt_mask, **kwargs) -> rollout.Rollout:
+        """`generate(self.model, prompt_ids, prompt_mask, **kwargs)` (this module's, keyword arguments of
+        rollout.generate)."""
+        return generate(self.model, prompt_ids, prompt_mask, **kwargs)
+
+    def logprobs(self, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, completion_ids: paddle.Tensor,
+                 completion_mask: paddle.Tensor, *, temperature: float = 1.0, with_entropy=False,
+                 vocab_parallel=None) -> tuple[paddle.Tensor, paddle.Tensor | None]:
+        """`completion_logprobs(self.model, ...)` of this module: encoder inputs [n, L], completions [n, T]."""
+        return completion_logprobs(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                   temperature=temperature, with_entropy=with_entropy, vocab_parallel=vocab_parallel)
 
 
 class Seq2SeqStepper:

@@ -153,7 +153,7 @@ def build_quickstart_policy(out_dir, seed=0, *, max_steps=None, target_loss=None
     from tqdm.auto import tqdm
 
     from .. import cpu_tuning
-    from ..policy.causal import quiet_paddlenlp
+    from ..policy import quiet_paddlenlp
     from .tiny import build_model, build_tokenizer
 
     quiet_paddlenlp()  # PaddleNLP's INFO lines (unk_token, every file saved) are noise before the first step

@@ -1,18 +1,10 @@
-"""Model helpers (paddle_grpo/policy/causal.py) and the learning-rate schedule, against independent references."""
-import math
-
+"""Causal policies (paddle_grpo/policy/causal.py): loading and completion log-probs, against independent references."""
 import numpy as np
 import paddle
 import pytest
 
-from paddle_grpo.policy.causal import (completion_logprobs, load_causal_lm, load_tokenizer, mix_into,
-                                  parameters_by_decay, position_ids_from_mask)
-from paddle_grpo.trainer import lr_lambda
-
-
-def test_position_ids_skip_left_padding():
-    mask = paddle.to_tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]])
-    assert position_ids_from_mask(mask).numpy().tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4], [0, 0, 0, 0, 0]]
+from paddle_grpo.policy import load_tokenizer
+from paddle_grpo.policy.causal import completion_logprobs, load_causal_lm
 
 
 def test_completion_logprobs_equal_unpadded_full_forward(tiny_policy_dir):
@@ -46,43 +38,6 @@ def test_completion_logprobs_equal_unpadded_full_forward(tiny_policy_dir):
 def test_load_refuses_a_missing_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match="actor_model_name_or_path: '.*nope' is not a local model directory"):
         load_causal_lm(str(tmp_path / "nope"))
-
-
-def test_frozen_reference_has_no_gradients(tiny_policy_dir):
-    ref = load_causal_lm(tiny_policy_dir, trainable=False)
-    assert not ref.training and all(p.stop_gradient for p in ref.parameters())
-
-
-def test_weight_decay_skips_biases_and_norms(tiny_policy_dir):
-    model = load_causal_lm(tiny_policy_dir)
-    decay = parameters_by_decay(model)
-    names = {p.name: n for n, p in model.named_parameters()}
-    assert all("norm" not in names[d] and "bias" not in names[d] for d in decay)
-    assert any("q_proj.weight" in names[d] for d in decay)
-    assert not any("norm" in n for n in (names[d] for d in decay))
-    assert any("norm" in n for n in names.values())
-
-
-def test_mix_into_is_the_tr_dpo_average(tiny_policy_dir):
-    a, b = load_causal_lm(tiny_policy_dir), load_causal_lm(tiny_policy_dir)
-    with paddle.no_grad():
-        for p in a.parameters():
-            p.set_value(p + 1.0)
-    before = [p.numpy().copy() for p in b.parameters()]
-    mix_into(b, a, 0.25)
-    for r, pa, old in zip(b.parameters(), a.parameters(), before):
-        np.testing.assert_allclose(r.numpy(), 0.25 * pa.numpy() + 0.75 * old, rtol=1e-6, atol=1e-6)
-
-
-@pytest.mark.parametrize("kind", ["constant", "linear", "cosine"])
-def test_lr_schedule_hand_computed(kind):
-    f = lr_lambda(kind, warmup=4, total=20)
-    assert [f(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
-    values = [f(s) for s in range(4, 21)]
-    progress = [(s - 4) / 16 for s in range(4, 21)]
-    expected = {"constant": [1.0] * 17, "linear": [1 - p for p in progress],
-                "cosine": [0.5 * (1 + math.cos(math.pi * p)) for p in progress]}[kind]
-    np.testing.assert_allclose(values, expected, atol=1e-12)
 
 
 def test_detached_entropy_equals_entropy_without_a_graph(tiny_policy_dir):

@@ -1,7 +1,7 @@
 """The lean Qwen2 path (paddle_grpo/policy/fast_qwen2.py) against PaddleNLP's own `Qwen2ForCausalLM.forward`.
 
 Every comparison runs the same model object twice: once with the fast path and once with `PADDLE_GRPO_FAST=0`
-(PaddleNLP's forward; the straightforward code that tests/test_modeling.py and tests/test_rollout.py check against
+(PaddleNLP's forward; the straightforward code that tests/policy/test_causal.py and tests/test_rollout.py check against
 unpadded full forwards and naive loops). Float32 tolerances: log-probs 2e-5 absolute, gradients 1e-4 relative to
 each parameter's largest gradient; greedy and key-sampled generations must be identical token for token.
 """

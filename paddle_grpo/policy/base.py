@@ -1,0 +1,151 @@
+"""The `Policy` interface, and the model helpers that causal and encoder-decoder policies share.
+
+A `Policy` holds one PaddleNLP model (`.model`) and answers everything the trainer asks of a model: the prompt
+tokens it expects, G sampled completions per prompt (`generate`), per-token log-probs of completions (`logprobs`),
+LoRA adapters and the base model behind them, and `save`. `CausalPolicy` (causal.py) and `Seq2SeqPolicy`
+(seq2seq.py) differ only in how a prompt reaches the model (decoder prefix vs encoder input); `load_policy`
+(load.py) picks the class from the model's config. What the trainer does with the numbers is not in here.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import TYPE_CHECKING
+
+import paddle
+
+from . import lora
+
+if TYPE_CHECKING:
+    from ..rollout import Rollout
+
+
+class Policy:
+    """One model behind the trainer's questions. Subclasses set `is_encoder_decoder` and `load_model` (the
+    module function that loads their model family) and implement `prompt_token_ids`, `generate`, `logprobs`.
+
+    `.model` is the paddle model; after `apply_lora` / `load_adapters` it is the paddlenlp.peft `LoRAModel`
+    wrapping the same base weights (lora.py)."""
+
+    is_encoder_decoder: bool = False
+    load_model = None  # staticmethod(path, *, trainable, recompute, tensor_parallel_degree, tensor_parallel_rank)
+
+    def __init__(self, model: paddle.nn.Layer):
+        self.model = model
+
+    @classmethod
+    def load(cls, path: str, *, trainable: bool = True, recompute: bool = False, tensor_parallel_degree: int = 1,
+             tensor_parallel_rank: int = 0) -> "Policy":
+        """This class's model from a local directory (float32; frozen unless `trainable`), wrapped in the class."""
+        return cls(cls.load_model(path, trainable=trainable, recompute=recompute,
+                                  tensor_parallel_degree=tensor_parallel_degree,
+                                  tensor_parallel_rank=tensor_parallel_rank))
+
+    # ------------------------------------------------------------------------------------- what subclasses do
+
+    def prompt_token_ids(self, tokenizer, ids: list[int]) -> list[int]:
+        """A tokenised prompt as the model takes it (an encoder-decoder wraps it in its special tokens)."""
+        raise NotImplementedError
+
+    def generate(self, prompt_ids, prompt_mask, **kwargs) -> "Rollout":
+        """G completions per prompt: prompt_ids/prompt_mask [P, L]; keyword arguments exactly those of
+        `rollout.generate` (num_samples, max_new_tokens, temperature, row_keys, ...)."""
+        raise NotImplementedError
+
+    def logprobs(self, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, completion_ids: paddle.Tensor,
+                 completion_mask: paddle.Tensor, *, temperature: float = 1.0, with_entropy=False,
+                 vocab_parallel=None) -> tuple[paddle.Tensor, paddle.Tensor | None]:
+        """Per-token `(logprobs [n, T], entropy [n, T] or None)` of the completions [n, T] after prompts [n, L],
+        float32, of logits / temperature; `with_entropy` False, True or "detached"."""
+        raise NotImplementedError
+
+    # -------------------------------------------------------------------------------------------------- LoRA
+
+    def apply_lora(self, rank: int = 8, alpha: float = 16, dropout: float = 0.0, target_modules=None, *,
+                   base_model_name_or_path: str | None = None) -> None:
+        """Wrap `.model` in fresh LoRA adapters (lora.apply_lora); afterwards only the adapters train."""
+        self.model = lora.apply_lora(self.model, rank, alpha, dropout, target_modules,
+                                     base_model_name_or_path=base_model_name_or_path)
+
+    def load_adapters(self, adapter_dir: str) -> None:
+        """Load saved adapters into `.model`, creating them with the saved settings if it has none yet."""
+        self.model = lora.load_adapters(self.model, adapter_dir)
+
+    def adapters_disabled(self) -> contextlib.AbstractContextManager:
+        """Context in which `.model` computes the base model exactly (the LoRA reference; lora.adapters_disabled)."""
+        return lora.adapters_disabled(self.model)
+
+    def trainable_parameters(self) -> list:
+        """What an optimizer updates: under LoRA the adapters only, else every parameter of `.model`."""
+        if lora.is_lora_model(self.model):
+            return lora.trainable_parameters(self.model)
+        return self.model.parameters()
+
+    def save(self, out_dir: str, **save_pretrained_kwargs) -> str:
+        """`model.save_pretrained(out_dir, ...)` (under LoRA: the adapters, lora.save_adapters); returns out_dir."""
+        self.model.save_pretrained(out_dir, **save_pretrained_kwargs)
+        return out_dir
+
+
+# ---------------------------------------------------------------------------------------------- shared helpers
+
+def quiet_paddlenlp() -> None:
+    """PaddleNLP logs every file it loads at INFO; keep its warnings and errors only."""
+    from paddlenlp.utils.log import logger as paddlenlp_logger
+
+    paddlenlp_logger.set_level("WARNING")
+
+
+def load_tokenizer(path: str):
+    """PaddleNLP tokenizer from a local directory; the pad token falls back to EOS; padding side left."""
+    from paddlenlp.transformers import AutoTokenizer
+
+    _require_local_dir(path, "actor_model_name_or_path")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def is_encoder_decoder(model_or_path) -> bool:
+    """True for an encoder-decoder model, config, or local model directory (its config.json says so)."""
+    if isinstance(model_or_path, (str, os.PathLike)):
+        from paddlenlp.transformers import AutoConfig
+
+        _require_local_dir(os.fspath(model_or_path), "actor_model_name_or_path")
+        config = AutoConfig.from_pretrained(os.fspath(model_or_path))
+    else:
+        config = getattr(model_or_path, "config", model_or_path)
+    return bool(getattr(config, "is_encoder_decoder", False))
+
+
+def freeze(model: paddle.nn.Layer) -> paddle.nn.Layer:
+    """Eval mode and no gradients (a reference model); returns `model`."""
+    model.eval()
+    for p in model.parameters():
+        p.stop_gradient = True
+    return model
+
+
+def _require_local_dir(path: str, key: str) -> None:
+    if not path or not os.path.isdir(path):
+        raise FileNotFoundError(f"{key}: '{path}' is not a local model directory (models are never downloaded; "
+                                "point it at a directory written by save_pretrained)")
+
+
+def position_ids_from_mask(attention_mask: paddle.Tensor) -> paddle.Tensor:
+    """Positions counted over real tokens only, so a left-padded prompt starts at position 0. [bs, L] int64."""
+    return paddle.clip(paddle.cumsum(attention_mask.astype("int64"), axis=-1) - 1, min=0)
+
+
+def parameters_by_decay(model: paddle.nn.Layer) -> set[str]:
+    """Names of parameters that get weight decay: not biases and not normalisation weights (as PaddleNLP)."""
+    return {p.name for n, p in model.named_parameters() if not any(k in n for k in ("bias", "norm", "ln_"))}
+
+
+def mix_into(reference: paddle.nn.Layer, policy: paddle.nn.Layer, alpha: float) -> None:
+    """TR-DPO reference sync: ref <- alpha * policy + (1 - alpha) * ref, in place (seed 001's ref_model_mixup_alpha)."""
+    with paddle.no_grad():
+        for r, p in zip(reference.parameters(), policy.parameters()):
+            r.set_value(alpha * p.detach() + (1.0 - alpha) * r)
