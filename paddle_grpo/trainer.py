@@ -17,8 +17,8 @@ import numpy as np
 import paddle
 
 from . import checkpoint as ckpt
-from . import distributed as dist
 from . import run_dir, summary
+from .parallel import ParallelContext, build_once_per_node
 from .policy import seq2seq
 from .algorithms import (
     RunningRewardNormalizer,
@@ -82,10 +82,11 @@ class Trainer:
         self.run_dir = run_dir.plan(cfg.output_dir, cfg.resume_from_checkpoint, cfg.overwrite_output_dir)
         if cfg.build_actor_if_missing and not os.path.isdir(cfg.actor_model_name_or_path):
             _build_actor(cfg)                # before the process groups form: no collective waits for a build
-        self.world = dist.init(cfg)          # data-parallel ranks: each samples different prompts
-        self.rank = dist.data_parallel_rank()
-        self.geometry = cfg.batch_geometry(dist.world_size())
-        if self.run_dir.reason and dist.is_main():
+        self.par = ParallelContext.from_config(cfg)
+        self.world = self.par.dp_world       # data-parallel ranks: each samples different prompts
+        self.rank = self.par.dp_rank
+        self.geometry = cfg.batch_geometry(self.par.world_size)
+        if self.run_dir.reason and self.par.is_main:
             logger.info(self.run_dir.reason)
         paddle.seed(cfg.seed + self.rank)
         np.random.seed(cfg.seed + self.rank)
@@ -93,7 +94,7 @@ class Trainer:
         quiet_paddlenlp()
         self.tokenizer = load_tokenizer(cfg.actor_model_name_or_path)
         self.eos_ids = sorted({self.tokenizer.eos_token_id})
-        shard = dist.model_load_kwargs()
+        shard = self.par.model_load_kwargs()
         # An encoder-decoder policy (its config says is_encoder_decoder) is loaded, sampled and scored by seq2seq.py.
         enc_dec = seq2seq.is_encoder_decoder(cfg.actor_model_name_or_path)
         load = seq2seq.load_seq2seq_lm if enc_dec else load_causal_lm
@@ -108,14 +109,14 @@ class Trainer:
         self.reference = None
         if cfg.needs_reference_model and not cfg.lora:
             self.reference = load(cfg.actor_model_name_or_path, trainable=False, **shard)
-        self.vocab_parallel = dist.vocab_parallel()
+        self.vocab_parallel = self.par.vocab_parallel
         # Pipeline parallel: self.model stays the full policy, frozen (generation, old/reference log-probs,
         # checkpoints); self.pipeline trains this rank's stage and copies the weights back after each update.
         self.pipeline = None
-        if dist.pipeline_parallel_world() > 1:
+        if self.par.pp_world > 1:
             if enc_dec:
                 raise NotImplementedError("pipeline_parallel_degree > 1 supports decoder-only policies only")
-            self.pipeline = dist.Pipeline(self.model, cfg.virtual_pp_degree)
+            self.pipeline = self.par.pipeline(self.model, cfg.virtual_pp_degree)
             freeze(self.model)
 
         self.train_records = read_jsonl(cfg.train_datasets, prompt_key=cfg.prompt_key,
@@ -144,7 +145,7 @@ class Trainer:
                                                          lr_lambda(cfg.lr_scheduler_type, warmup, total_opt_steps))
         trained = self.pipeline.layers if self.pipeline is not None else self.model
         decay = parameters_by_decay(trained)
-        self.optimizer = dist.wrap_optimizer(paddle.optimizer.AdamW(
+        self.optimizer = self.par.wrap_optimizer(paddle.optimizer.AdamW(
             learning_rate=self.scheduler,
             parameters=trainable_parameters(self.model) if cfg.lora else trained.parameters(),
             weight_decay=cfg.weight_decay,
@@ -155,7 +156,7 @@ class Trainer:
         self.nonfinite_in_a_row = 0
         self.nonfinite_total = 0
         self.optimizer_steps = 0
-        if dist.is_main():
+        if self.par.is_main:
             run_dir.apply(self.run_dir, cfg.output_dir)
             write_config(cfg, os.path.join(cfg.output_dir, "config.yaml"))
         if self.run_dir.resume:
@@ -165,7 +166,7 @@ class Trainer:
         finished = self.step >= self.max_steps  # a finished run resumed: no bar for the steps it will not take
         self.log = MetricsLogger(cfg.output_dir, cfg.logging_dir, cfg.report_to, cfg.run_name,
                                  cfg.disable_tqdm or finished, total_steps=self.max_steps, initial_step=self.step,
-                                 enabled=dist.is_main())
+                                 enabled=self.par.is_main)
 
     # ------------------------------------------------------------------------------------------------ data
 
@@ -196,7 +197,7 @@ class Trainer:
 
     def _score(self, records, indices, rollout, texts, G):
         """Rewards for this rank's rows; under tensor or pipeline parallelism one request per group, shared."""
-        return dist.share_within_model_parallel_group(lambda: self._request_rewards(records, indices, rollout,
+        return self.par.share_within_model_parallel_group(lambda: self._request_rewards(records, indices, rollout,
                                                                                     texts, G))
 
     def _request_rewards(self, records, indices, rollout, texts, G):
@@ -235,7 +236,7 @@ class Trainer:
         while True:
             rounds += 1
             global_indices = self.sampler.next_batch()
-            positions = dist.prompt_positions(len(global_indices), self.world, self.rank, cfg.mini_batch_prompts)
+            positions = self.par.prompt_positions(len(global_indices), cfg.mini_batch_prompts)
             mine = [global_indices[p] for p in positions]
             # Sampling noise keyed by (seed, step, round, global row): the same samples on 1 or N ranks.
             rows = (np.asarray(positions)[:, None] * G + np.arange(G)[None, :]).reshape(-1)
@@ -255,7 +256,7 @@ class Trainer:
             dropped += len(groups) - len(informative)
             kept.extend(informative)
             # every rank must agree whether to continue: count kept groups globally
-            enough = min(dist.all_gather_object(len(kept))) >= geo.prompts_per_rank
+            enough = min(self.par.all_gather_object(len(kept))) >= geo.prompts_per_rank
             if enough or rounds >= cfg.max_gen_batches:
                 if not enough:  # fill with the zero-variance groups of the last round (their advantage is 0)
                     kept.extend(g for g in groups if not g["informative"])
@@ -264,7 +265,7 @@ class Trainer:
         metrics["perf/rollout_s"] = t_roll
         metrics["perf/reward_s"] = t_rew
         if cfg.dynamic_sampling:
-            metrics["train/dynamic_sampling_dropped_groups"] = float(sum(dist.all_gather_object(dropped)))
+            metrics["train/dynamic_sampling_dropped_groups"] = float(sum(self.par.all_gather_object(dropped)))
             metrics["train/dynamic_sampling_rounds"] = float(rounds)
         return merge_groups(kept, self.tokenizer.pad_token_id)
 
@@ -305,7 +306,7 @@ class Trainer:
     def _shape_rewards(self, local, metrics):
         """Global rewards after combination, None handling, clipping, overlong shaping and normalisation."""
         cfg = self.cfg
-        gathered = dist.all_gather_object({k: local[k] for k in ("rewards", "valid", "lengths", "by_function")})
+        gathered = self.par.all_gather_object({k: local[k] for k in ("rewards", "valid", "lengths", "by_function")})
         rewards = np.concatenate([g["rewards"] for g in gathered]).astype(np.float64)
         valid = np.concatenate([g["valid"] for g in gathered])
         lengths = np.concatenate([g["lengths"] for g in gathered])
@@ -337,7 +338,7 @@ class Trainer:
         if old_for_reward is not None:
             local["old"] = old_for_reward.numpy()
             local["ref"] = ref_lp.numpy()
-        gathered = dist.all_gather_object(local)
+        gathered = self.par.all_gather_object(local)
         T = max(g["mask"].shape[1] for g in gathered)
         pad = lambda a: np.pad(a, ((0, 0), (0, T - a.shape[1])))  # noqa: E731
         g_mask = np.concatenate([pad(g["mask"]) for g in gathered]) * valid[:, None]
@@ -376,7 +377,7 @@ class Trainer:
         cfg, geo = self.cfg, self.geometry
         metrics = {}
         t_start = time.perf_counter()
-        b = dist.from_first_stage(self._collect(metrics))
+        b = self.par.from_first_stage(self._collect(metrics))
         rewards, valid = self._shape_rewards(b, metrics)
 
         t0 = time.perf_counter()
@@ -397,15 +398,15 @@ class Trainer:
         if ref_lp is not None:
             k3 = kl_penalty(b["sample_logprobs"], ref_lp, "k3")
             mask = b["completion_mask"].astype("float32")
-            kl_sum, tokens = dist.all_reduce_sum([float((k3 * mask).sum()), float(mask.sum())])
+            kl_sum, tokens = self.par.all_reduce_sum([float((k3 * mask).sum()), float(mask.sum())])
             metrics["train/kl"] = float(kl_sum / max(tokens, 1.0))
 
         t0 = time.perf_counter()
         self._update(b, advantages, old_lp, ref_lp, on_policy, metrics)
         metrics["perf/update_s"] = time.perf_counter() - t0
 
-        lengths = np.concatenate(dist.all_gather_object(b["lengths"]))
-        truncated = np.concatenate(dist.all_gather_object(b["truncated"]))
+        lengths = np.concatenate(self.par.all_gather_object(b["lengths"]))
+        truncated = np.concatenate(self.par.all_gather_object(b["truncated"]))
         metrics.update({"response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
                         "response_length/min": float(lengths.min()),
                         "response_length/clip_ratio": float(truncated.mean())})
@@ -429,7 +430,7 @@ class Trainer:
                 mini_mask = b["completion_mask_loss"][m0:m0 + per_mini]
                 local = global_denominators(mini_mask, cfg.loss_agg_mode)
                 keys = sorted(local)
-                denominators = dict(zip(keys, dist.all_reduce_sum([local[k] for k in keys]).tolist()))
+                denominators = dict(zip(keys, self.par.all_reduce_sum([local[k] for k in keys]).tolist()))
                 agg = {k: v for k, v in denominators.items()}
                 if cfg.loss_agg_mode == "seq-mean-token-sum-norm":
                     agg["max_dec_len"] = cfg.max_dec_len
@@ -444,13 +445,13 @@ class Trainer:
                                                                     agg)
                         sums += micro_sums
                         finite = finite and micro_finite
-                per_mini_metrics.append(_mini_batch_metrics(dist.all_reduce_sum(sums)))
+                per_mini_metrics.append(_mini_batch_metrics(self.par.all_reduce_sum(sums)))
                 # Every rank takes the same branch: a rank whose loss was not finite skipped its backward, so
                 # gradients are summed only when all ranks have them.
-                finite = dist.all_true(finite)
+                finite = self.par.all_true(finite)
                 if finite:
-                    dist.sum_gradients(params)
-                grad_norm = dist.global_grad_norm(params) if finite else float("nan")
+                    self.par.sum_gradients(params)
+                grad_norm = self.par.global_grad_norm(params) if finite else float("nan")
                 finite = finite and math.isfinite(grad_norm)
                 if finite:
                     self._clip_gradients(grad_norm, params)
@@ -581,7 +582,7 @@ class Trainer:
                             "scores": {name: v[j] for name, v in result.scores_by_function.items()},
                             "length": int(rollout.lengths[j])}
                            for j, i in enumerate(idx[:2])]
-        everything = [r for part in dist.all_gather_object(rewards) for r in part]
+        everything = [r for part in self.par.all_gather_object(rewards) for r in part]
         scores = np.array([np.nan if r is None else r for r in everything], dtype=np.float64)
         best = self._max_reward()
         judged = scores[~np.isnan(scores)]
@@ -617,16 +618,16 @@ class Trainer:
         group are merged (a collective); each part of the optimizer state (per pipeline stage, TP rank and
         sharding rank) is written by one of the ranks that hold it."""
         full = not self.cfg.ignore_save_lr_and_optim
-        shard, saves = dist.optimizer_shard()
+        shard, saves = self.par.optimizer_shard()
         path = ckpt.save_checkpoint(
             self.cfg.output_dir, self.step, self.model, self.tokenizer, trainer_state=self.trainer_state(),
             optimizer=self.optimizer, full=full, total_limit=self.cfg.save_total_limit,
             reference=self.reference if (self.cfg.sync_ref_model and full) else None,
-            writer=dist.is_main(), participant=self.rank == 0, tp_world=dist.tensor_parallel_world(),
-            pp_world=dist.pipeline_parallel_world(), optimizer_shard=shard, saves_optimizer=saves,
-            optimizer_model=self._optimizer_model(), sync=dist.barrier)
+            writer=self.par.is_main, participant=self.rank == 0, tp_world=self.par.tp_world,
+            pp_world=self.par.pp_world, optimizer_shard=shard, saves_optimizer=saves,
+            optimizer_model=self._optimizer_model(), sync=self.par.barrier)
         self.last_checkpoint = path
-        if dist.is_main():
+        if self.par.is_main:
             logger.info("saved %s", path)
 
     def _optimizer_model(self):
@@ -636,14 +637,14 @@ class Trainer:
 
     def _resume(self, path):
         state = ckpt.load_trainer_state(path)
-        shard = dist.model_load_kwargs()
+        shard = self.par.model_load_kwargs()
         ckpt.load_weights(self.model, path, **shard)
         if self.reference is not None and os.path.isdir(os.path.join(path, ckpt.REFERENCE_DIR)):
             ckpt.load_weights(self.reference, os.path.join(path, ckpt.REFERENCE_DIR), **shard)
         if self.pipeline is not None:
             self.pipeline.load_from(self.model)
-        ckpt.load_optimizer_and_rng(path, dist.inner_optimizer(self.optimizer), self._optimizer_model(),
-                                    shard=dist.optimizer_shard()[0])
+        ckpt.load_optimizer_and_rng(path, self.par.inner_optimizer(self.optimizer), self._optimizer_model(),
+                                    shard=self.par.optimizer_shard()[0])
         self.scheduler.set_state_dict(state["scheduler"])
         self.sampler.set_state_dict(state["sampler"])
         if self.normalizer is not None and state.get("normalizer"):
@@ -666,7 +667,7 @@ class Trainer:
         metrics = {}
         interrupted = False
         if self.step >= self.max_steps:  # a finished run: re-running its command must not re-save its checkpoint
-            if dist.is_main():
+            if self.par.is_main:
                 logger.info("%s already holds this run up to step %d (max_steps %d): nothing to train; set "
                             "overwrite_output_dir: true to train again from scratch", cfg.output_dir, self.step,
                             self.max_steps)
@@ -722,13 +723,13 @@ def _mini_batch_metrics(sums):
 def _build_actor(cfg):
     """Make the missing policy directory with the named recipe, once per node (local rank 0 builds, the other ranks
     wait on the file system): the quickstart build takes about a minute, longer than gloo's 30 s collective
-    timeout, so it runs before `dist.init` and nobody waits for it in a collective."""
+    timeout, so it runs before `ParallelContext.from_config` and nobody waits for it in a collective."""
     def build(directory):
         from .recipes.quickstart import build_quickstart_policy
 
         build_quickstart_policy(directory, seed=cfg.seed, progress=not cfg.disable_tqdm)
 
-    dist.build_once_per_node(cfg.actor_model_name_or_path, build, f"the '{cfg.build_actor_if_missing}' recipe")
+    build_once_per_node(cfg.actor_model_name_or_path, build, f"the '{cfg.build_actor_if_missing}' recipe")
 
 
 def _raise_interrupt(*_):
@@ -740,14 +741,14 @@ def train(cfg):
     """Entry point used by run_rl.py: build the trainer and run it; returns a process exit status."""
     t0 = time.time()
     trainer = Trainer(cfg)
-    if dist.is_main():
+    if trainer.par.is_main:
         logger.info("%d training prompts, %d eval prompts, %d steps; batch geometry %s",
                     len(trainer.train_records), len(trainer.eval_records), trainer.max_steps, trainer.geometry)
     try:
         trainer.train()
     except KeyboardInterrupt:
         return 130
-    if dist.is_main():
+    if trainer.par.is_main:
         s = summary.run_summary(read_json_rows(os.path.join(cfg.output_dir, "metrics.jsonl")),
                                 output_dir=cfg.output_dir,
                                 logging_dir=cfg.logging_dir if cfg.report_to in ("visualdl", "all") else "",
