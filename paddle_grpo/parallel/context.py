@@ -74,18 +74,17 @@ class ParallelContext:
         problems = unsupported_layout(cfg)
         if problems:
             raise NotImplementedError("; ".join(problems) + ". See docs/distributed.md.")
-        rank = dist.get_rank()
         degrees = hybrid_degrees(cfg, world)
         if degrees["mp_degree"] == 1 and degrees["sharding_degree"] == 1 and degrees["pp_degree"] == 1:
             dist.init_parallel_env()
-            return cls(world, rank)
+            return cls(world, dist.get_rank())
         from paddle.distributed import fleet
 
         cpu = not paddle.device.is_compiled_with_cuda()
         if cpu:
             cpu_shims.isolate_gloo_groups()
         fleet.init(is_collective=True, strategy=fleet_strategy(cfg, world, cpu))
-        hcg = fleet.get_hybrid_communicate_group()
+        hcg, rank = fleet.get_hybrid_communicate_group(), dist.get_rank()
         dp_group = collectives.new_groups(data_parallel_groups(hcg.topology()), world, rank)
         if cpu and degrees["mp_degree"] > 1:
             cpu_shims.install_cpu_collectives()
