@@ -34,7 +34,8 @@ from .algorithms import (
 )
 from .data import PromptSampler, apply_chat_template, collate_prompts, pad_columns, tokenize_prompts
 from .parallel import ParallelContext
-from .policy import Policy, logprobs_from_completion_logits, position_ids_from_mask
+from .policy import Policy, position_ids_from_mask
+from .policy.causal import logprobs_from_completion_logits
 from .rewards import RewardResult
 from .rollout import Rollout
 from .sampling import row_keys

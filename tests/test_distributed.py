@@ -15,15 +15,22 @@ import pytest
 from launch_helpers import (SLOW, assert_resume_exact, launch, read_metrics, read_params, run, run_once,
                             write_config)
 
-from paddle_grpo import distributed as dist
+from paddle_grpo import parallel
+from paddle_grpo.parallel import ParallelContext
 
 
 def test_collectives_are_the_identity_in_one_process():
-    assert dist.world_size() == 1 and dist.rank() == 0 and dist.is_main()
-    assert dist.all_gather_object({"a": 1}) == [{"a": 1}]
-    np.testing.assert_array_equal(dist.all_reduce_sum([1.5, 2.0]), [1.5, 2.0])
-    assert dist.all_true(True) and not dist.all_true(False)
-    assert dist.broadcast_object([3]) == [3]
+    for _ in range(2):  # tests build several trainers in one process: the context is built each time
+        par = ParallelContext.from_config(_cfg())
+        assert par.world_size == 1 and par.rank == 0 and par.is_main
+        assert (par.dp_world, par.dp_rank, par.tp_world, par.pp_world, par.sharding_world) == (1, 0, 1, 1, 1)
+        assert par.vocab_parallel is None and par.model_load_kwargs() == {}
+        assert par.all_gather_object({"a": 1}) == [{"a": 1}]
+        np.testing.assert_array_equal(par.all_reduce_sum([1.5, 2.0]), [1.5, 2.0])
+        assert par.all_true(True) and not par.all_true(False)
+        assert par.broadcast_object([3]) == [3]
+        assert par.share_within_model_parallel_group(lambda: [4]) == [4] and par.from_first_stage(5) == 5
+        assert par.prompt_positions(8, 4) == list(range(8))
 
 
 def _cfg(**values):
@@ -41,7 +48,7 @@ def _cfg(**values):
     (4, {"sharding_parallel_degree": 2}, (4, 1, 1, 1)),  # no `sharding` stage: the degree alone shards nothing
 ])
 def test_hybrid_degrees(world, values, expected):
-    got = dist.hybrid_degrees(_cfg(**values), world)
+    got = parallel.hybrid_degrees(_cfg(**values), world)
     assert (got["dp_degree"], got["mp_degree"], got["pp_degree"], got["sharding_degree"]) == expected
     assert got["dp_degree"] * got["mp_degree"] * got["pp_degree"] * got["sharding_degree"] == world
 
@@ -50,7 +57,7 @@ def test_hybrid_degrees_reject_a_sharding_degree_that_does_not_divide():
     from paddle_grpo.config import ConfigError
 
     with pytest.raises(ConfigError, match="sharding_parallel_degree"):
-        dist.hybrid_degrees(_cfg(sharding="stage1", sharding_parallel_degree=3), 4)
+        parallel.hybrid_degrees(_cfg(sharding="stage1", sharding_parallel_degree=3), 4)
 
 
 def test_data_parallel_groups_are_the_data_and_sharding_axes_of_fleets_topology():
@@ -58,24 +65,24 @@ def test_data_parallel_groups_are_the_data_and_sharding_axes_of_fleets_topology(
 
     # fleet's axis order: data, pipe, sharding, sep, model (model innermost: consecutive ranks share a model shard)
     topo = CommunicateTopology(["data", "pipe", "sharding", "sep", "model"], [2, 1, 2, 1, 2])
-    assert dist.data_parallel_groups(topo) == [[0, 2, 4, 6], [1, 3, 5, 7]]
-    for group in dist.data_parallel_groups(topo):  # one TP coordinate per group, every data x sharding pair once
+    assert parallel.data_parallel_groups(topo) == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    for group in parallel.data_parallel_groups(topo):  # one TP coordinate per group, every data x sharding pair once
         coords = [topo.get_coord(r) for r in group]
         assert len({c.model for c in coords}) == 1 and len({(c.data, c.sharding) for c in coords}) == 4
     topo = CommunicateTopology(["data", "pipe", "sharding", "sep", "model"], [1, 1, 4, 1, 1])
-    assert dist.data_parallel_groups(topo) == [[0, 1, 2, 3]]
+    assert parallel.data_parallel_groups(topo) == [[0, 1, 2, 3]]
     topo = CommunicateTopology(["data", "pipe", "sharding", "sep", "model"], [1, 1, 1, 1, 4])
-    assert dist.data_parallel_groups(topo) == [[0], [1], [2], [3]]
+    assert parallel.data_parallel_groups(topo) == [[0], [1], [2], [3]]
 
 
 def test_unsupported_layouts_name_their_key():
-    assert dist.unsupported_layout(_cfg(sharding="stage1", tensor_parallel_degree=2)) == []
-    problems = dist.unsupported_layout(_cfg(sharding="stage2", sharding_parallel_config="split_param"))
+    assert parallel.unsupported_layout(_cfg(sharding="stage1", tensor_parallel_degree=2)) == []
+    problems = parallel.unsupported_layout(_cfg(sharding="stage2", sharding_parallel_config="split_param"))
     assert len(problems) == 2
     assert problems[0].startswith("sharding: 'stage2' is not supported")
     assert problems[1].startswith("sharding_parallel_config: 'split_param' is not supported")
-    assert dist.unsupported_layout(_cfg(pipeline_parallel_degree=2)) == []
-    problems = dist.unsupported_layout(_cfg(pipeline_parallel_degree=2, sharding="stage1",
+    assert parallel.unsupported_layout(_cfg(pipeline_parallel_degree=2)) == []
+    problems = parallel.unsupported_layout(_cfg(pipeline_parallel_degree=2, sharding="stage1",
                                             sharding_parallel_config="enable_stage1_overlap,split_param"))
     assert [p.split(":")[0] for p in problems] == ["pipeline_parallel_degree", "sharding_parallel_config"]
 
@@ -86,22 +93,22 @@ def test_optimizer_files_are_named_by_the_axes_that_split_the_state():
     assert optimizer_file() == optimizer_file({}) == "optimizer.pdopt"
     assert optimizer_file({"tp": 1}) == "optimizer.tp1.pdopt"
     assert optimizer_file({"tp": 0, "sharding": 3}) == "optimizer.tp0.sharding3.pdopt"
-    shard, saves = dist.optimizer_shard()  # one process: the whole state, saved by it
+    shard, saves = ParallelContext().optimizer_shard()  # one process: the whole state, saved by it
     assert shard == {} and saves
 
 
 def test_prompt_positions_split_every_global_mini_batch_over_the_ranks():
     # 8 prompts, mini-batches of 4, 2 ranks: rank 0 takes 0,1 of mini-batch 0 and 4,5 of mini-batch 1.
-    assert dist.prompt_positions(8, 2, 0, 4) == [0, 1, 4, 5]
-    assert dist.prompt_positions(8, 2, 1, 4) == [2, 3, 6, 7]
+    assert parallel.prompt_positions(8, 2, 0, 4) == [0, 1, 4, 5]
+    assert parallel.prompt_positions(8, 2, 1, 4) == [2, 3, 6, 7]
     for n, world, mini in [(12, 3, 6), (16, 4, 4), (16, 2, 16), (6, 1, 3)]:
-        parts = [dist.prompt_positions(n, world, r, mini) for r in range(world)]
+        parts = [parallel.prompt_positions(n, world, r, mini) for r in range(world)]
         assert sorted(p for part in parts for p in part) == list(range(n))  # a partition of the batch
         for part in parts:  # the rank's k-th local mini-batch lies inside global mini-batch k
             share = mini // world
             assert all(part[k * share + i] // mini == k for k in range(n // mini) for i in range(share))
     # A generation batch that is not whole mini-batches (dynamic sampling): contiguous blocks.
-    assert dist.prompt_positions(10, 2, 1, 4) == [5, 6, 7, 8, 9]
+    assert parallel.prompt_positions(10, 2, 1, 4) == [5, 6, 7, 8, 9]
 
 
 # ------------------------------------------------------------ building a missing policy before the groups form
@@ -122,7 +129,7 @@ def test_build_once_per_node_renames_a_finished_build_into_place_and_clears_dead
         with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
             f.write("{}")
 
-    dist.build_once_per_node(str(target), build, "a test recipe")
+    parallel.build_once_per_node(str(target), build, "a test recipe")
     assert seen == [(str(target.parent / f"policy.tmp-{host}-{os.getpid()}"), False)]  # built beside, not in place
     assert (target / "config.json").read_text() == "{}"
     assert sorted(p.name for p in target.parent.iterdir()) == sorted(["policy", alive.name])
@@ -137,18 +144,18 @@ def test_a_failed_build_stops_the_waiting_ranks_of_this_launch_only(tmp_path, mo
         raise ValueError("no space left for the tokenizer")
 
     with pytest.raises(ValueError, match="no space left"):
-        dist.build_once_per_node(str(target), broken, "a test recipe")
+        parallel.build_once_per_node(str(target), broken, "a test recipe")
     assert not target.exists() and sorted(p.name for p in tmp_path.iterdir()) == [marker.name]  # no half build
     monkeypatch.setenv("PADDLE_LOCAL_RANK", "1")  # a rank of the same launch (same launcher pid) waits
     with pytest.raises(RuntimeError, match=r"local rank 0 failed to build .*policy with a test recipe: "
                                            r"ValueError: no space left for the tokenizer"):
-        dist.build_once_per_node(str(target), broken, "a test recipe", poll_seconds=0.01)
+        parallel.build_once_per_node(str(target), broken, "a test recipe", poll_seconds=0.01)
 
     # A marker left by an earlier launch is not this launch's failure: the rank waits until the directory appears.
     marker.write_text(json.dumps({"launch": "another host 1 127.0.0.1:1", "error": "ValueError: old"}))
     timer = threading.Timer(0.3, target.mkdir)
     timer.start()
-    dist.build_once_per_node(str(target), broken, "a test recipe", poll_seconds=0.01)
+    parallel.build_once_per_node(str(target), broken, "a test recipe", poll_seconds=0.01)
     timer.join()
     assert target.is_dir()
 
@@ -157,8 +164,8 @@ def test_a_failed_build_stops_the_waiting_ranks_of_this_launch_only(tmp_path, mo
 def test_two_ranks_build_a_missing_policy_longer_than_the_collective_timeout(tmp_path, tiny_policy_dir, repo_root):
     """build_actor_if_missing under 2 ranks, with a build (35 s) longer than gloo's fixed 30 s collective timeout:
     local rank 0 builds before the process group forms while rank 1 waits on the file system, then both train and
-    the run equals one process on the same policy. (When the build ran after dist.init, rank 1 waited in a barrier
-    and gloo timed out: `unbound_buffer.cc:80 TIMEOUT`, exit 241.)"""
+    the run equals one process on the same policy. (When the build ran after the process groups formed, rank 1
+    waited in a barrier and gloo timed out: `unbound_buffer.cc:80 TIMEOUT`, exit 241.)"""
     policy = tmp_path / "build" / "policy"
     cfg = write_config(tmp_path, str(policy), "grpo")
     run_rl = str(repo_root / "run_rl.py")
@@ -185,7 +192,7 @@ def test_two_ranks_build_a_missing_policy_longer_than_the_collective_timeout(tmp
 @pytest.mark.parametrize("algorithm", ["grpo", "reinforce_plus_plus"])
 def test_two_ranks_match_one_rank(tmp_path, tiny_policy_dir, repo_root, algorithm):
     """GRPO with two mini-batches (optimizer steps) per rollout: each rank's k-th mini-batch must be its share of
-    the single process's k-th mini-batch (distributed.prompt_positions)."""
+    the single process's k-th mini-batch (parallel.prompt_positions)."""
     cfg = write_config(tmp_path, tiny_policy_dir, algorithm)
     run_rl = str(repo_root / "run_rl.py")
     minis = ["--global_mini_batch_size", "2"] if algorithm == "grpo" else []
@@ -338,10 +345,10 @@ def _first_error(log_dir):
 @SLOW
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_twenty_launches_in_a_row_all_start(tmp_path, tiny_policy_dir, repo_root, layout):
-    """distributed.init with 3-4 gloo processes, LAUNCHES times in a row, none retried: every launch creates all its
-    groups, and an all-reduce of rank + 1 over each group this rank belongs to gives the sum over that group's
-    ranks. Before each gloo group got its own TCP store (distributed._isolate_gloo_groups) fleet.init failed in
-    most of these launches (docs/distributed.md)."""
+    """ParallelContext.from_config with 3-4 gloo processes, LAUNCHES times in a row, none retried: every launch
+    creates all its groups, and an all-reduce of rank + 1 over each group this rank belongs to gives the sum over
+    that group's ranks. Before each gloo group got its own TCP store (parallel.cpu_shims.isolate_gloo_groups)
+    fleet.init failed in most of these launches (docs/distributed.md)."""
     nproc, overrides, sizes = LAYOUTS[layout]
     cfg = write_config(tmp_path, tiny_policy_dir, "grpo")
     worker = repo_root / "tests" / "workers" / "startup_worker.py"

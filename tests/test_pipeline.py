@@ -14,46 +14,47 @@ import paddle
 import pytest
 from launch_helpers import SLOW, assert_resume_exact, launch, read_metrics, run, write_config
 
-from paddle_grpo import distributed as dist
+from paddle_grpo import parallel
+from paddle_grpo.parallel import ParallelContext
 from paddle_grpo.config import ConfigError, parse_args
 
 # ------------------------------------------------------------------------------------------- one process
 
 def test_stage_chunks_two_stages():
     # items: 0 embedding, 1..4 decoder layers, 5 final norm, 6 LM head
-    assert dist.stage_chunks(4, 2) == {0: [[0, 1, 2]], 1: [[3, 4, 5, 6]]}
+    assert parallel.stage_chunks(4, 2) == {0: [[0, 1, 2]], 1: [[3, 4, 5, 6]]}
 
 
 def test_stage_chunks_three_stages_and_uneven_split():
-    assert dist.stage_chunks(6, 3) == {0: [[0, 1, 2]], 1: [[3, 4]], 2: [[5, 6, 7, 8]]}
+    assert parallel.stage_chunks(6, 3) == {0: [[0, 1, 2]], 1: [[3, 4]], 2: [[5, 6, 7, 8]]}
     # 4 layers over 3 stages: PaddleNLP falls back to equal numbers of items (7 items -> 2, 2, 3)
-    assert dist.stage_chunks(4, 3) == {0: [[0, 1]], 1: [[2, 3]], 2: [[4, 5, 6]]}
+    assert parallel.stage_chunks(4, 3) == {0: [[0, 1]], 1: [[2, 3]], 2: [[4, 5, 6]]}
 
 
 def test_stage_chunks_virtual_pipeline_interleaves_chunks():
     # 6 layers, 3 stages x 2 chunks of one layer each; chunk c runs on stage c % 3
-    assert dist.stage_chunks(6, 3, vpp=2) == {0: [[0, 1], [4]], 1: [[2], [5]], 2: [[3], [6, 7, 8]]}
+    assert parallel.stage_chunks(6, 3, vpp=2) == {0: [[0, 1], [4]], 1: [[2], [5]], 2: [[3], [6, 7, 8]]}
 
 
 def test_expected_owner_follows_the_split():
     names = ["qwen2.embed_tokens.weight", "qwen2.layers.0.mlp.up_proj.weight", "qwen2.layers.3.self_attn.q_proj.bias",
              "qwen2.layers.4.input_layernorm.weight", "qwen2.norm.weight", "lm_head.weight"]
-    assert [dist.expected_owner(n, 6, 2) for n in names] == [0, 0, 1, 1, 1, 1]
-    assert [dist.expected_owner(n, 6, 3) for n in names] == [0, 0, 1, 2, 2, 2]
-    assert [dist.expected_owner(n, 6, 3, vpp=2) for n in names] == [0, 0, 0, 1, 2, 2]  # layer 3: chunk 3, stage 0
+    assert [parallel.expected_owner(n, 6, 2) for n in names] == [0, 0, 1, 1, 1, 1]
+    assert [parallel.expected_owner(n, 6, 3) for n in names] == [0, 0, 1, 2, 2, 2]
+    assert [parallel.expected_owner(n, 6, 3, vpp=2) for n in names] == [0, 0, 0, 1, 2, 2]  # layer 3: chunk 3, stage 0
 
 
 def test_merge_owners_gives_a_tied_embedding_to_the_first_stage():
     per_stage = [["qwen2.embed_tokens.weight", "qwen2.layers.0.w"], ["qwen2.layers.1.w"],
                  ["qwen2.norm.weight", "qwen2.embed_tokens.weight"]]
-    assert dist.merge_owners(per_stage) == {"qwen2.embed_tokens.weight": 0, "qwen2.layers.0.w": 0,
+    assert parallel.merge_owners(per_stage) == {"qwen2.embed_tokens.weight": 0, "qwen2.layers.0.w": 0,
                                             "qwen2.layers.1.w": 1, "qwen2.norm.weight": 2}
 
 
 def test_pipeline_pairs():
-    assert dist.pipeline_pairs([0, 1]) == []  # the pipeline group itself is the pair
-    assert dist.pipeline_pairs([0, 1, 2]) == [(0, 1), (0, 2), (1, 2)]
-    assert dist.pipeline_pairs([1, 3, 5, 7]) == [(1, 3), (1, 7), (3, 5), (5, 7)]  # ring: last -> first too
+    assert parallel.pipeline_pairs([0, 1]) == []  # the pipeline group itself is the pair
+    assert parallel.pipeline_pairs([0, 1, 2]) == [(0, 1), (0, 2), (1, 2)]
+    assert parallel.pipeline_pairs([1, 3, 5, 7]) == [(1, 3), (1, 7), (3, 5), (5, 7)]  # ring: last -> first too
 
 
 def _cfg(tmp_path, tiny_policy_dir, *extra):
@@ -63,7 +64,7 @@ def _cfg(tmp_path, tiny_policy_dir, *extra):
 def test_virtual_pipeline_needs_three_stages(tmp_path, tiny_policy_dir):
     cfg = _cfg(tmp_path, tiny_policy_dir, "--pipeline_parallel_degree", 2, "--virtual_pp_degree", 2)
     with pytest.raises(ConfigError, match="virtual_pp_degree.*pipeline_parallel_degree"):
-        dist.check_pipeline_config(cfg)
+        parallel.check_pipeline_config(cfg)
 
 
 def test_virtual_pipeline_needs_enough_micro_batches(tmp_path, tiny_policy_dir):
@@ -71,24 +72,24 @@ def test_virtual_pipeline_needs_enough_micro_batches(tmp_path, tiny_policy_dir):
     cfg = _cfg(tmp_path, tiny_policy_dir, "--pipeline_parallel_degree", 3, "--virtual_pp_degree", 2,
                "--per_device_train_batch_size", 8)
     with pytest.raises(ConfigError, match="per_device_train_batch_size"):
-        dist.check_pipeline_config(cfg)
-    dist.check_pipeline_config(_cfg(tmp_path, tiny_policy_dir, "--pipeline_parallel_degree", 3,
-                                    "--virtual_pp_degree", 2, "--per_device_train_batch_size", 4))
+        parallel.check_pipeline_config(cfg)
+    parallel.check_pipeline_config(_cfg(tmp_path, tiny_policy_dir, "--pipeline_parallel_degree", 3,
+                                        "--virtual_pp_degree", 2, "--per_device_train_batch_size", 4))
 
 
 def test_pipeline_with_tensor_parallel_or_lora_is_refused(tmp_path, tiny_policy_dir):
     cfg = _cfg(tmp_path, tiny_policy_dir, "--pipeline_parallel_degree", 2, "--tensor_parallel_degree", 2)
     with pytest.raises(NotImplementedError, match="tensor_parallel_degree.*pipeline_parallel_degree"):
-        dist.check_pipeline_config(cfg)
+        parallel.check_pipeline_config(cfg)
     cfg = _cfg(tmp_path, tiny_policy_dir, "--pipeline_parallel_degree", 2, "--lora", "true")
     with pytest.raises(NotImplementedError, match="lora.*pipeline_parallel_degree"):
-        dist.check_pipeline_config(cfg)
+        parallel.check_pipeline_config(cfg)
 
 
 def test_one_process_refuses_two_stages(tmp_path, tiny_policy_dir):
     cfg = _cfg(tmp_path, tiny_policy_dir, "--pipeline_parallel_degree", 2)
     with pytest.raises(ConfigError, match="pipeline_parallel_degree"):
-        dist.init(cfg)
+        ParallelContext.from_config(cfg)
 
 
 # ------------------------------------------------------------------------------------- 2 processes (gloo)

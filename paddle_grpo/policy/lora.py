@@ -58,10 +58,11 @@ class LoRAError(ValueError):
 
 def _linear_types():
     """Layer types paddlenlp.peft can put an adapter on (dense and tensor/sequence-parallel linear layers)."""
-    from paddle.distributed.fleet.meta_parallel import ColumnParallelLinear, RowParallelLinear
     from paddlenlp.transformers import linear_utils
 
-    return (paddle.nn.Linear, ColumnParallelLinear, RowParallelLinear, linear_utils.ColumnSequenceParallelLinear,
+    from ..parallel import tensor_parallel_linear_types
+
+    return (paddle.nn.Linear, *tensor_parallel_linear_types(), linear_utils.ColumnSequenceParallelLinear,
             linear_utils.RowSequenceParallelLinear)
 
 

@@ -1,0 +1,103 @@
+"""Start-up before any process group exists: this process's rank on its node, and building a missing directory
+(the quickstart policy) once per node without a collective waiting for it."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable
+
+logger = logging.getLogger("paddle_grpo.parallel")
+
+
+def local_rank() -> int:
+    """This process's rank on its node, from the launcher's environment (`paddle.distributed.launch` sets
+    PADDLE_LOCAL_RANK; 0 in a single process). Readable before `ParallelContext.from_config`."""
+    return int(os.environ.get("PADDLE_LOCAL_RANK", os.environ.get("PADDLE_RANK_IN_NODE", "0")))
+
+
+def _launch_id() -> str:
+    """Names this launch on this node: the workers of one `paddle.distributed.launch` share its pid (their parent)
+    and endpoint list; a marker left by an earlier launch carries another."""
+    return f"{socket.gethostname()} {os.getppid()} {os.environ.get('PADDLE_TRAINER_ENDPOINTS', '')}"
+
+
+def build_once_per_node(path: str, build: Callable[[str], object], what: str, *, poll_seconds: float = 1.0,
+                        log_seconds: float = 30.0) -> None:
+    """Make the missing directory `path` with `build(directory)` once per node, before any process group exists.
+
+    A build can take longer than a collective's timeout (gloo's is a fixed 30 s), so no rank waits for it in a
+    collective: local rank 0 builds into a temporary directory beside `path` (named by host and pid) and renames it
+    into place, so `path` is either absent or complete; the other local ranks poll the file system for it and log
+    every `log_seconds`. If the build fails, the builder writes `<path>.failed-<host>` with the error and this
+    launch's id before re-raising, and the waiting ranks stop with that error instead of waiting for a directory
+    that will not come. Temporary directories of builders that are no longer running (a killed run) are removed.
+    Several nodes on a shared file system each build; the first rename wins and the others keep its copy."""
+    path = os.path.normpath(path)
+    host = socket.gethostname()
+    failed = f"{path}.failed-{host}"
+    if local_rank() != 0:
+        start = last_log = time.monotonic()
+        logger.info("waiting for local rank 0 to build %s with %s", path, what)
+        while not os.path.isdir(path):
+            error = _failure_of_this_launch(failed)
+            if error is not None:
+                raise RuntimeError(f"local rank 0 failed to build {path} with {what}: {error}")
+            if time.monotonic() - last_log >= log_seconds:
+                last_log = time.monotonic()
+                logger.info("still waiting for local rank 0 to build %s (%.0f s)", path, last_log - start)
+            time.sleep(poll_seconds)
+        return
+    parent, base = os.path.split(os.path.abspath(path))
+    prefix = f"{base}.tmp-{host}-"
+    os.makedirs(parent, exist_ok=True)
+    for name in os.listdir(parent):
+        pid = name[len(prefix):].split(".")[0] if name.startswith(prefix) else ""  # "<pid>" or "<pid>.<suffix>"
+        if pid.isdigit() and not _running(int(pid)):
+            logger.info("removing %s, left by a build that is no longer running", os.path.join(parent, name))
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    if os.path.exists(failed):
+        os.remove(failed)
+    tmp = os.path.join(parent, f"{prefix}{os.getpid()}")
+    logger.info("%s does not exist: building it with %s", path, what)
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, path)  # atomic: other ranks see no directory or a complete one
+            logger.info("%s is ready", path)
+        except OSError:
+            if not os.path.isdir(path):
+                raise
+            logger.info("%s was built meanwhile by another node; using that copy", path)
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            with open(failed, "w", encoding="utf-8") as f:
+                json.dump({"launch": _launch_id(), "error": f"{type(e).__name__}: {e}"}, f)
+        except OSError:
+            logger.warning("could not write %s; the other local ranks wait until the launcher stops them", failed)
+        raise
+
+
+def _failure_of_this_launch(marker: str) -> str | None:
+    """The error recorded in a builder's failure marker when this launch wrote it (None otherwise)."""
+    try:
+        with open(marker, encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):  # absent, or being written
+        return None
+    return record.get("error", "unknown error") if record.get("launch") == _launch_id() else None
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
