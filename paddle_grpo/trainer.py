@@ -146,6 +146,7 @@ class Trainer:
 
         t0 = time.perf_counter()
         ref_lp = step.reference_logprobs(self.policy, self.reference, batch, cfg, par.vocab_parallel)
+        reference_s = time.perf_counter() - t0
         on_policy = geo.optimizer_steps_per_step == 1
         old_lp = None if on_policy else step.logprobs(self.policy, batch, cfg, par.vocab_parallel)[0]
         # The reward's KL uses the sampling policy's log-probs: recomputed when off-policy, else the rollout's own
@@ -163,6 +164,7 @@ class Trainer:
         inputs = step.UpdateInputs(batch, paddle.to_tensor(step.local_rows(rows, advantages, batch)),
                                    batch.completion_mask * valid[:, None], old_lp, ref_lp)
         metrics = {**collected.as_dict(), **reward_metrics.as_dict(), "perf/logprob_s": logprob_s,
+                   "perf/reference_s": reference_s,
                    **advantage_metrics.as_dict()}
         if ref_lp is not None:
             metrics["train/kl"] = step.reference_kl(par, batch, ref_lp)

@@ -51,8 +51,8 @@ def test_grpo_trains_a_t5_summarizer_and_resumes(repo_root, policy_dir, tmp_path
     from paddlenlp.transformers import AutoModelForConditionalGeneration
 
     trainer = Trainer(make_cfg(repo_root, policy_dir, tmp_path / "full"))
-    assert type(trainer.model).__name__ == "T5ForConditionalGeneration" and trainer.reference is not None
-    before, ref_before = params(trainer.model), params(trainer.reference.model)
+    assert type(trainer.policy.model).__name__ == "T5ForConditionalGeneration" and trainer.reference is not None
+    before, ref_before = params(trainer.policy.model), params(trainer.reference.model)
     trainer.train()
     metrics = read_metrics(tmp_path / "full")
     assert sorted(metrics) == [0, 1, 2, 3]  # step 0: evaluation before training
@@ -66,7 +66,7 @@ def test_grpo_trains_a_t5_summarizer_and_resumes(repo_root, policy_dir, tmp_path
     assert metrics[1]["train/kl"] == pytest.approx(0.0, abs=1e-5)  # policy == reference before the first update
     assert metrics[3]["train/kl"] > 0
     assert 0.0 <= metrics[3]["eval/reward"] <= 1.0 and metrics[3]["eval/samples"] == 40
-    after = params(trainer.model)
+    after = params(trainer.policy.model)
     assert any(not np.array_equal(before[k], after[k]) for k in before)
     assert all(np.array_equal(ref_before[k], v) for k, v in params(trainer.reference.model).items())
 
@@ -83,4 +83,4 @@ def test_grpo_trains_a_t5_summarizer_and_resumes(repo_root, policy_dir, tmp_path
     for key, value in metrics[3].items():
         if not key.startswith("perf/"):
             assert again[key] == value, key
-    assert all(np.array_equal(after[k], v) for k, v in params(resumed.model).items())
+    assert all(np.array_equal(after[k], v) for k, v in params(resumed.policy.model).items())

@@ -15,6 +15,7 @@ import numpy as np
 import paddle
 import pytest
 
+from paddle_grpo import step
 from paddle_grpo.config import config_from_dict
 from paddle_grpo.rewards.client import RewardServerError
 from paddle_grpo.trainer import Trainer, TrainingError
@@ -90,9 +91,9 @@ EXPECTED_TRAIN_METRICS = {
 def test_each_estimator_trains_with_finite_metrics(workdir, tiny_policy_dir, tmp_path, algorithm, extra):
     cfg = make_cfg(workdir, tiny_policy_dir, tmp_path / "out", rl_algorithm=algorithm, **extra)
     trainer = Trainer(cfg)
-    before = params(trainer.model)
+    before = params(trainer.policy.model)
     trainer.train()
-    after = params(trainer.model)
+    after = params(trainer.policy.model)
     assert any(not np.array_equal(before[k], after[k]) for k in before)
     rows = read_metrics(cfg.output_dir)
     assert [r["step"] for r in rows] == [1, 2]
@@ -126,7 +127,7 @@ def test_update_iters_and_mini_batches_multiply_optimizer_steps(workdir, tiny_po
     trainer = Trainer(cfg)
     trainer.train()
     per_step = (4 // (4 if mini == -1 else mini)) * update_iters
-    assert trainer.optimizer_steps == 2 * per_step
+    assert trainer.learner.state.optimizer_steps == 2 * per_step
     assert [r["train/optimizer_steps"] for r in read_metrics(cfg.output_dir)] == [per_step, 2 * per_step]
     # Off-policy passes recompute the old log-probs; the second pass sees a ratio away from 1.
     if per_step > 1:
@@ -140,7 +141,7 @@ def test_micro_batch_size_does_not_change_the_update(workdir, tiny_policy_dir, t
         trainer = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / f"mb{mb}", per_device_train_batch_size=mb,
                                    max_steps=1, max_grad_norm=0.0))
         trainer.train()
-        results.append(params(trainer.model))
+        results.append(params(trainer.policy.model))
     # Adam's first step is lr * g / (|g| + eps): for elements whose gradient is near zero it amplifies the float
     # rounding of summing 4 shares instead of 1; 2e-5 is 1% of the step size (lr = 2e-3).
     moved = 0
@@ -152,9 +153,9 @@ def test_micro_batch_size_does_not_change_the_update(workdir, tiny_policy_dir, t
 
 def test_learning_rate_zero_leaves_parameters_unchanged(workdir, tiny_policy_dir, tmp_path):
     trainer = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "out", learning_rate=0.0, weight_decay=0.0))
-    before = params(trainer.model)
+    before = params(trainer.policy.model)
     trainer.train()
-    after = params(trainer.model)
+    after = params(trainer.policy.model)
     assert all(np.array_equal(before[k], after[k]) for k in before)
 
 
@@ -172,17 +173,18 @@ def test_dynamic_sampling_drops_zero_variance_groups(workdir, tiny_policy_dir, t
 
 def test_non_finite_updates_are_skipped_then_stop_the_run(workdir, tiny_policy_dir, tmp_path):
     trainer = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "out", max_consecutive_nonfinite=2))
-    metrics = {}
-    b = trainer._collect(metrics)
-    before = params(trainer.model)
-    n, T = b["completion_ids"].shape
-    b["completion_mask_loss"] = b["completion_mask"]
-    poisoned = paddle.full([n, T], float("nan"))
-    trainer._update(b, poisoned, None, None, True, metrics)
-    assert metrics["train/nonfinite_updates"] == 1 and trainer.nonfinite_in_a_row == 1
-    assert all(np.array_equal(before[k], v) for k, v in params(trainer.model).items())
+    cfg = trainer.cfg
+    batch, _ = step.collect(trainer.par, trainer.policy, trainer.encode, trainer.rewarder, trainer.sampler,
+                            trainer.train_records, cfg, trainer.geometry.prompts_per_rank, 0)
+    before = params(trainer.policy.model)
+    poisoned = paddle.full(batch.completion_ids.shape, float("nan"))
+    inputs = step.UpdateInputs(batch, poisoned, batch.completion_mask, None, None)
+    metrics = step.update(trainer.par, trainer.learner, inputs, cfg, trainer.geometry, 0).as_dict()
+    assert metrics["train/nonfinite_updates"] == 1 and trainer.learner.state.nonfinite_in_a_row == 1
+    assert math.isnan(metrics["train/grad_norm"]) and math.isnan(metrics["train/policy_loss"])
+    assert all(np.array_equal(before[k], v) for k, v in params(trainer.policy.model).items())
     with pytest.raises(TrainingError, match="2 consecutive updates had a non-finite loss or gradient"):
-        trainer._update(b, poisoned, None, None, True, metrics)
+        step.update(trainer.par, trainer.learner, inputs, cfg, trainer.geometry, 1)
 
 
 def test_resume_reproduces_the_uninterrupted_run(workdir, tiny_policy_dir, tmp_path):
@@ -194,7 +196,7 @@ def test_resume_reproduces_the_uninterrupted_run(workdir, tiny_policy_dir, tmp_p
     # The "interrupted" run: two steps and a checkpoint, as a run that was stopped after step 2 leaves behind.
     first = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "split", **common))
     for _ in range(2):
-        metrics, _, _ = first.train_step()
+        metrics = first.train_step()
         first.log.log(first.step, metrics)
     first.save()
     resumed = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "split", resume_from_checkpoint=True,
@@ -207,7 +209,7 @@ def test_resume_reproduces_the_uninterrupted_run(workdir, tiny_policy_dir, tmp_p
         for key in a[step]:
             if not key.startswith("perf/"):
                 assert a[step][key] == b[step][key], (step, key)
-    pa, pb = params(full.model), params(resumed.model)
+    pa, pb = params(full.policy.model), params(resumed.policy.model)
     assert all(np.array_equal(pa[k], pb[k]) for k in pa)
     assert os.path.isdir(tmp_path / "split" / "checkpoint-4") and os.path.isdir(tmp_path / "full" / "checkpoint-2")
 
@@ -226,7 +228,7 @@ def test_checkpoint_loads_with_automodel_and_partial_saves_are_ignored(workdir, 
     assert path.endswith("checkpoint-2") and sorted(os.listdir(cfg.output_dir)).count("checkpoint-1") == 0
     model = AutoModelForCausalLM.from_pretrained(path)
     AutoTokenizer.from_pretrained(path)
-    trained = params(trainer.model)
+    trained = params(trainer.policy.model)
     for n, p in model.named_parameters():
         np.testing.assert_array_equal(p.numpy(), trained[n])
 
@@ -264,7 +266,7 @@ def test_training_against_a_real_reward_server_and_failing_loudly(workdir, tiny_
         cfg = make_cfg(workdir, tiny_policy_dir, tmp_path / "out", use_rm_server=True, reward_funcs="",
                        reward_server=server.url, reward_server_max_retries=1, max_steps=3)
         trainer = Trainer(cfg)
-        metrics, _, _ = trainer.train_step()
+        metrics = trainer.train_step()
         assert math.isfinite(metrics["train/reward"]) and metrics["train/reward_std"] > 0
     finally:
         server.stop()
@@ -303,7 +305,7 @@ def test_sync_ref_model_mixes_the_policy_into_the_reference(workdir, tiny_policy
     trainer.train_step()
     assert all(np.array_equal(initial[k], v) for k, v in params(trainer.reference.model).items())  # not yet (step 1)
     trainer.train_step()
-    policy, ref = params(trainer.model), params(trainer.reference.model)
+    policy, ref = params(trainer.policy.model), params(trainer.reference.model)
     for k in ref:
         np.testing.assert_allclose(ref[k], 0.25 * policy[k] + 0.75 * initial[k], rtol=1e-6, atol=1e-7)
 
@@ -311,7 +313,7 @@ def test_sync_ref_model_mixes_the_policy_into_the_reference(workdir, tiny_policy
 def test_gradient_clipping_matches_paddles_global_norm_clip(workdir, tiny_policy_dir, tmp_path):
     trainer = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "out", max_grad_norm=0.5))
     rng = np.random.default_rng(0)
-    params_ = [p for p in trainer.model.parameters() if not p.stop_gradient]
+    params_ = [p for p in trainer.policy.model.parameters() if not p.stop_gradient]
     grads = [paddle.to_tensor(rng.normal(size=p.shape).astype("float32") * 0.01) for p in params_]
     expected = paddle.nn.ClipGradByGlobalNorm(0.5)(list(zip(params_, grads)))
     for p, g in zip(params_, grads):
@@ -319,7 +321,7 @@ def test_gradient_clipping_matches_paddles_global_norm_clip(workdir, tiny_policy
     norm = trainer.par.global_grad_norm(params_)
     np.testing.assert_allclose(norm, np.sqrt(sum(float((g * g).sum()) for g in grads)), rtol=1e-5)
     assert norm > 0.5
-    trainer._clip_gradients(norm)
+    step.clip_gradients(params_, norm, trainer.cfg.max_grad_norm)
     for p, (_, g) in zip(params_, expected):
         np.testing.assert_allclose(p.grad.numpy(), g.numpy(), rtol=1e-5, atol=1e-9)
 

@@ -18,18 +18,16 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from types import SimpleNamespace
 
 import numpy as np
 import paddle
 import pytest
 
-from paddle_grpo.experience import merge_groups, sample_rows, split_groups
+from paddle_grpo.step import Batch, completion_texts
 from paddle_grpo.logging import MetricsLogger, format_sample, visualdl_command
 from paddle_grpo.rewards.combine import RewardSet
 from paddle_grpo.rollout import Rollout
 from paddle_grpo.recipes.tiny import IM_END, build_tokenizer
-from paddle_grpo.trainer import Trainer
 
 # Exact in float32 (VisualDL stores scalars as float32), so the server must give back these very numbers.
 SCALARS = {1: {"train/reward": 0.25, "train/kl": 0.125}, 2: {"train/reward": 0.5, "train/kl": 0.0625},
@@ -74,11 +72,9 @@ def rollout_samples(tokenizer, reward_fns):
     """The rows the trainer logs for one step of RECORDS x 2 samples, through the trainer's own functions."""
     G = 2
     rollout = rollout_of(tokenizer, COMPLETIONS, G)
-    # The trainer's decoding (Trainer._responses needs only the tokenizer).
-    texts = Trainer._responses(SimpleNamespace(tokenizer=tokenizer), rollout)
+    texts = completion_texts(tokenizer, rollout)  # the trainer's decoding
     result = RewardSet(reward_fns)([r["src"] for r in RECORDS for _ in range(G)], texts)
-    batch = merge_groups(split_groups([0, 1], rollout, texts, result, G), tokenizer.pad_token_id)
-    return sample_rows(batch, RECORDS, k=4)
+    return Batch.from_rollout(rollout, texts, result, [0, 1], G).sample_rows(RECORDS, k=4)
 
 
 def test_byte_level_bpe_splits_the_characters_of_these_completions(tokenizer):

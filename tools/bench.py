@@ -18,9 +18,8 @@ medians, each run's step median and the overall min/max step.
 Switches for before/after measurements: `--fast off` (PaddleNLP's forward everywhere, PADDLE_GRPO_FAST=0) and
 `--cpu-tuning off` (no paddle_grpo/cpu_tuning.py settings, PADDLE_GRPO_CPU_TUNING=0).
 
-Phases: `rollout`, `reward`, `update` are the trainer's perf/* timings; the trainer's perf/logprob_s contains the
-reference pass and (off-policy only) the old-policy pass, so the bench times `Trainer._logprobs` per model to split
-`reference` out of `logprob`. `other` = step - the phases (advantages, metrics, bookkeeping).
+Phases: `rollout`, `reward`, `update` and `reference` are the trainer's perf/* timings; `logprob` is perf/logprob_s
+(the reference pass and, off-policy only, the old-policy pass) without perf/reference_s. `other` = step - the phases (advantages, metrics, bookkeeping).
 Left out: evaluation, checkpoints, logging to disk and the reward server (see tools/bench_reward_server.py).
 """
 import argparse
@@ -159,17 +158,6 @@ def run(shape, threads, workdir, profile_dir=None):
 
     model_dir, data = build(shape, workdir)
     trainer = Trainer(make_config(shape, model_dir, data, workdir))
-    ref_time = []
-    logprobs = trainer._logprobs
-
-    def timed_logprobs(model, b, **kw):  # splits the reference pass out of perf/logprob_s
-        t0 = time.perf_counter()
-        out = logprobs(model, b, **kw)
-        if model is trainer.reference:
-            ref_time.append(time.perf_counter() - t0)
-        return out
-
-    trainer._logprobs = timed_logprobs
     per_step = {k: [] for k in ("step", "cpu") + PHASES}
     tokens = []
     profiler = None
@@ -179,15 +167,14 @@ def run(shape, threads, workdir, profile_dir=None):
             profiler = paddle.profiler.Profiler(targets=[paddle.profiler.ProfilerTarget.CPU],
                                                 on_trace_ready=paddle.profiler.export_chrome_tracing(profile_dir))
             profiler.start()
-        n_ref = len(ref_time)
         cpu0 = time.process_time()
-        metrics, b, _ = trainer.train_step()
+        metrics = trainer.train_step()
         cpu = time.process_time() - cpu0
         if profiler is not None:
             profiler.step()
         if not timed:
             continue
-        ref = sum(ref_time[n_ref:])
+        ref = metrics["perf/reference_s"]
         step = metrics["perf/step_s"]
         phases = {"rollout": metrics["perf/rollout_s"], "reward": metrics["perf/reward_s"],
                   "logprob": metrics["perf/logprob_s"] - ref, "reference": ref, "update": metrics["perf/update_s"]}
@@ -196,7 +183,7 @@ def run(shape, threads, workdir, profile_dir=None):
         per_step["cpu"].append(cpu)
         for k, v in phases.items():
             per_step[k].append(v)
-        tokens.append(int(b["completion_mask"].numpy().sum()))
+        tokens.append(int(trainer.batch.completion_mask.numpy().sum()))
     if profiler is not None:
         profiler.stop()
         profiler.summary(sorted_by=paddle.profiler.SortedKeys.CPUTotal, op_detail=True, thread_sep=False,
@@ -204,7 +191,7 @@ def run(shape, threads, workdir, profile_dir=None):
     step_median = statistics.median(per_step["step"])
     from paddle_grpo.policy import fast_qwen2
 
-    fast = fast_qwen2.enabled_for(trainer.model)
+    fast = fast_qwen2.enabled_for(trainer.policy.model)
     gflop = flops(shape, fast)
     return {
         "step_s_median": step_median,

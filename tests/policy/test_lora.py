@@ -305,16 +305,16 @@ def test_trainer_trains_adapters_only_with_the_base_as_reference(tiny_policy_dir
     from paddle_grpo.trainer import Trainer
 
     trainer = Trainer(lora_cfg(tmp_path, tiny_policy_dir, tmp_path / "out"))
-    assert trainer.reference is None and L.is_lora_model(trainer.model)
-    assert {id(p) for p in trainer.optimizer._parameter_list} == \
-        {id(p) for p in L.trainable_parameters(trainer.model)}
-    base, adapters = base_snapshot(trainer.model), {n: p.numpy().copy() for n, p in trainer.model.named_parameters()
+    assert trainer.reference is None and L.is_lora_model(trainer.policy.model)
+    assert {id(p) for p in trainer.learner.optimizer._parameter_list} == \
+        {id(p) for p in L.trainable_parameters(trainer.policy.model)}
+    base, adapters = base_snapshot(trainer.policy.model), {n: p.numpy().copy() for n, p in trainer.policy.model.named_parameters()
                                                     if "lora_" in n}
     metrics = trainer.train()
     assert math.isfinite(metrics["train/kl"]) and math.isfinite(metrics["train/kl_loss"])
-    after = base_snapshot(trainer.model)
+    after = base_snapshot(trainer.policy.model)
     assert all(np.array_equal(after[n], base[n]) for n in base)
-    assert all(not np.array_equal(trainer.model.state_dict()[n].numpy(), v) for n, v in adapters.items()
+    assert all(not np.array_equal(trainer.policy.model.state_dict()[n].numpy(), v) for n, v in adapters.items()
                if n.endswith("lora_B"))
     with open(tmp_path / "out" / "metrics.jsonl") as f:
         first, second = (json.loads(line) for line in f)
@@ -328,11 +328,11 @@ def test_trainer_trains_adapters_only_with_the_base_as_reference(tiny_policy_dir
     assert load_merge_tool.main(["--adapters", str(ckpt), "--out", str(merged_dir)]) == 0
     merged = AutoModelForCausalLM.from_pretrained(str(merged_dir))
     merged.eval()
-    trainer.model.eval()
+    trainer.policy.model.eval()
     ids = paddle.to_tensor([[5, 9, 17, 33, 65, 7]], dtype="int64")
     with paddle.no_grad():
         np.testing.assert_allclose(merged(input_ids=ids, return_dict=True).logits.numpy(),
-                                   trainer.model(input_ids=ids, return_dict=True).logits.numpy(), atol=1e-5)
+                                   trainer.policy.model(input_ids=ids, return_dict=True).logits.numpy(), atol=1e-5)
 
 
 @needs_wiring
@@ -343,14 +343,14 @@ def test_trainer_resumes_lora_runs_exactly(tiny_policy_dir, tmp_path):
     full = Trainer(lora_cfg(tmp_path, tiny_policy_dir, tmp_path / "full", **common))
     full.train()
     first = Trainer(lora_cfg(tmp_path, tiny_policy_dir, tmp_path / "split", **common))
-    metrics, _, _ = first.train_step()
+    metrics = first.train_step()
     first.log.log(first.step, metrics)
     first.save()
     resumed = Trainer(lora_cfg(tmp_path, tiny_policy_dir, tmp_path / "split", resume_from_checkpoint=True,
                                **common))
     assert resumed.step == 1
     resumed.train()
-    a, b = ({n: p.numpy() for n, p in t.model.named_parameters()} for t in (full, resumed))
+    a, b = ({n: p.numpy() for n, p in t.policy.model.named_parameters()} for t in (full, resumed))
     assert a.keys() == b.keys() and all(np.array_equal(a[n], b[n]) for n in a)
 
 

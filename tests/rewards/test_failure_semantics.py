@@ -124,18 +124,19 @@ def write_prompts(path):
 
 
 def check_step(trainer):
-    metrics, b, _ = trainer.train_step()
-    prompt_ids, prompt_mask = b["prompt_ids"].numpy(), b["prompt_mask"].numpy()
+    metrics = trainer.train_step()
+    b = trainer.batch
+    prompt_ids, prompt_mask = b.prompt_ids.numpy(), b.prompt_mask.numpy()
     prompts = [trainer.tokenizer.decode(ids[mask == 1].tolist()) for ids, mask in zip(prompt_ids, prompt_mask)]
     boom = np.array(["BOOM" in p for p in prompts])
     skip = np.array(["SKIP" in p for p in prompts])
     assert len(prompts) == 16 and boom.sum() == 4 and skip.sum() == 4
     # 4 of 16 samples raised: left out, and counted.
     assert metrics["train/reward_none_frac"] == 0.25
-    assert b["valid"].tolist() == (~boom).tolist()
+    assert b.valid.tolist() == (~boom).tolist()
     # The others: judge's len % 3, plus 0.5 * abstain's 1.0 except on SKIP prompts, where abstain returned None.
-    expected = np.array([len(t) % 3 for t in b["texts"]], dtype=np.float64) + np.where(skip, 0.0, 0.5)
-    np.testing.assert_allclose(b["rewards"][~boom], expected[~boom])
+    expected = np.array([len(t) % 3 for t in b.texts], dtype=np.float64) + np.where(skip, 0.0, 0.5)
+    np.testing.assert_allclose(b.rewards[~boom], expected[~boom])
     assert metrics["train/reward"] == pytest.approx(float(expected[~boom].mean()))
     assert np.isfinite(metrics["train/policy_loss"])
 
