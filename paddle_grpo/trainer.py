@@ -7,7 +7,6 @@ reward *models* (rewards come from functions or a reward server) and a critic.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import time
@@ -18,7 +17,7 @@ import paddle
 
 from . import checkpoint as ckpt
 from . import run_dir, step, summary
-from .algorithms import RunningRewardNormalizer
+from .algorithms import RunningRewardNormalizer, lr_lambda
 from .config import Config, write_config
 from .data import PromptSampler, read_json_rows, read_jsonl
 from .logging import MetricsLogger
@@ -31,20 +30,6 @@ from .step import TrainingError  # noqa: F401  (re-exported: run_rl.py and users
 logger = logging.getLogger("paddle_grpo.trainer")
 
 PolicyBuilder = Callable[[str], None]
-
-
-def lr_lambda(kind: str, warmup: int, total: int) -> Callable[[int], float]:
-    """Multiplier of the peak learning rate at optimizer step s: linear warm-up, then constant/linear/cosine."""
-    def f(s):
-        if warmup > 0 and s < warmup:
-            return (s + 1) / warmup
-        if kind in ("constant", "constant_with_warmup"):
-            return 1.0
-        progress = min(1.0, (s - warmup) / max(1, total - warmup))
-        if kind == "linear":
-            return 1.0 - progress
-        return 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
-    return f
 
 
 class Trainer:
@@ -146,7 +131,7 @@ class Trainer:
 
         t0 = time.perf_counter()
         ref_lp = step.reference_logprobs(self.policy, self.reference, batch, cfg, par.vocab_parallel)
-        reference_s = time.perf_counter() - t0
+        reference_s = time.perf_counter() - t0 if ref_lp is not None else 0.0
         on_policy = geo.optimizer_steps_per_step == 1
         old_lp = None if on_policy else step.logprobs(self.policy, batch, cfg, par.vocab_parallel)[0]
         # The reward's KL uses the sampling policy's log-probs: recomputed when off-policy, else the rollout's own

@@ -6,6 +6,7 @@
                     log-probs and entropy from logits
   normalization.py  running reward normalisation (Chan), advantage whitening
   shaping.py        reward clipping, DAPO overlong penalty (combining reward functions: rewards.RewardSet)
+  schedule.py       the learning-rate schedule (warm-up, constant / linear / cosine)
   registry.py       the name -> spec registries: what each estimator / loss needs and where its KL goes
   _common.py        dtype / mask helpers
 The config reads its choices from this package (rl_algorithm, importance_sampling_level from the registries;
@@ -37,6 +38,7 @@ from .losses import (
     register_policy_loss,
     unregister_policy_loss,
 )
+from .schedule import lr_lambda
 from .normalization import RunningRewardNormalizer, normalize_advantage
 from .registry import EstimatorSpec, PolicyLossSpec, UnknownNameError
 from .shaping import clip_reward, overlong_penalty
@@ -46,7 +48,7 @@ __all__ = [
     "UnknownNameError",
     "advantage_estimator_spec", "aggregate_loss", "available_advantage_estimators", "available_policy_losses",
     "clip_reward", "compute_policy_loss", "entropy_from_logits", "get_advantage_estimator", "get_policy_loss",
-    "global_denominators", "importance_sampling_levels", "kl_penalty", "logprobs_from_logits", "masked_mean",
-    "normalize_advantage", "overlong_penalty", "policy_loss_spec", "register_advantage_estimator",
+    "global_denominators", "importance_sampling_levels", "kl_penalty", "logprobs_from_logits", "lr_lambda",
+    "masked_mean", "normalize_advantage", "overlong_penalty", "policy_loss_spec", "register_advantage_estimator",
     "register_policy_loss", "scalar_to_token_level", "unregister_advantage_estimator", "unregister_policy_loss",
 ]

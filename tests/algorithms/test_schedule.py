@@ -1,10 +1,10 @@
-"""The trainer's learning-rate schedule (lr_lambda), against hand-computed values."""
+"""The learning-rate schedule (algorithms.schedule.lr_lambda), against hand-computed values."""
 import math
 
 import numpy as np
 import pytest
 
-from paddle_grpo.trainer import lr_lambda
+from paddle_grpo.algorithms import lr_lambda
 
 
 @pytest.mark.parametrize("kind", ["constant", "linear", "cosine"])
