@@ -1,4 +1,4 @@
-"""Benchmark of full RL steps with a tiny random Qwen2 (the interface of DESIGN.md).
+"""Benchmark of full RL steps with a tiny random Qwen2 (its interface and results: docs/PERFORMANCE.md).
 
     python tools/bench.py --shape tools/shapes/default.json [--threads 2] [--repeat 3] [--set completion_len=128]
     python tools/bench.py --gemm --threads 2          # paddle's peak fp32 GEMM rate on this machine
