@@ -16,9 +16,13 @@ import pickle
 import random
 import re
 import shutil
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Union
 
 import numpy as np
 import paddle
+
+if TYPE_CHECKING:
+    from paddlenlp.transformers import PretrainedTokenizer
 
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pdopt"
@@ -27,19 +31,22 @@ REFERENCE_DIR = "reference"
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 
 
-def rng_state():
+def rng_state() -> Dict[str, Any]:
     return {"paddle": paddle.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
 
 
-def set_rng_state(state):
+def set_rng_state(state: Dict[str, Any]) -> None:
     paddle.set_rng_state(state["paddle"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
 
 
-def save_checkpoint(output_dir, step, model, tokenizer, *, trainer_state, optimizer=None, reference=None,
-                    full=True, total_limit=-1, writer=True, participant=True, tp_world=1, pp_world=1,
-                    optimizer_shard=None, saves_optimizer=True, optimizer_model=None, sync=lambda: None):
+def save_checkpoint(output_dir: str, step: int, model: paddle.nn.Layer, tokenizer: PretrainedTokenizer, *,
+                    trainer_state: Dict[str, Any], optimizer: Any = None, reference: Optional[paddle.nn.Layer] = None,
+                    full: bool = True, total_limit: Optional[int] = -1, writer: bool = True, participant: bool = True,
+                    tp_world: int = 1, pp_world: int = 1, optimizer_shard: Optional[Dict[str, int]] = None,
+                    saves_optimizer: bool = True, optimizer_model: Optional[paddle.nn.Layer] = None,
+                    sync: Callable[[], None] = lambda: None) -> str:
     """Write checkpoint-<step> atomically; returns its path. `full=False` saves only model and tokenizer.
 
     Called by every rank: `writer` (global rank 0) writes the files; `participant`s (the tensor-parallel ranks of
@@ -82,7 +89,7 @@ def save_checkpoint(output_dir, step, model, tokenizer, *, trainer_state, optimi
     return final
 
 
-def optimizer_file(shard=None):
+def optimizer_file(shard: Optional[Dict[str, int]] = None) -> str:
     """The file of one part of the optimizer state: `optimizer.pdopt` for the whole state, else named by the
     axes that split it, e.g. {"tp": 1} -> optimizer.tp1.pdopt, {"pp": 1} -> optimizer.pp1.pdopt,
     {"tp": 0, "sharding": 1} -> optimizer.tp0.sharding1.pdopt."""
@@ -91,7 +98,7 @@ def optimizer_file(shard=None):
     return "optimizer." + ".".join(f"{axis}{r}" for axis, r in shard.items()) + ".pdopt"
 
 
-def list_checkpoints(output_dir):
+def list_checkpoints(output_dir: str) -> List[str]:
     """Complete checkpoints in `output_dir`, oldest first."""
     if not os.path.isdir(output_dir):
         return []
@@ -104,12 +111,13 @@ def list_checkpoints(output_dir):
     return [p for _, p in sorted(found)]
 
 
-def latest_checkpoint(output_dir):
+def latest_checkpoint(output_dir: str) -> Optional[str]:
     found = list_checkpoints(output_dir)
     return found[-1] if found else None
 
 
-def resolve_resume_path(resume_from_checkpoint, output_dir):
+def resolve_resume_path(resume_from_checkpoint: Union[bool, str, os.PathLike, None],
+                        output_dir: str) -> Optional[str]:
     """`true` -> the latest checkpoint in output_dir; a path -> that path; None/false -> None."""
     if resume_from_checkpoint in (None, False, ""):
         return None
@@ -124,7 +132,7 @@ def resolve_resume_path(resume_from_checkpoint, output_dir):
     return path
 
 
-def load_trainer_state(path):
+def load_trainer_state(path: str) -> Dict[str, Any]:
     with open(os.path.join(path, STATE_FILE), encoding="utf-8") as f:
         state = json.load(f)
     if not state.get("full"):
@@ -134,7 +142,8 @@ def load_trainer_state(path):
     return state
 
 
-def load_optimizer_and_rng(path, optimizer, model, shard=None):
+def load_optimizer_and_rng(path: str, optimizer: Any, model: paddle.nn.Layer, shard: Optional[Dict[str, int]] = None
+                           ) -> None:
     """Restore this rank's part of the optimizer state (`shard`, as saved; keyed by `model`'s parameter names) and
     the random generators."""
     file = os.path.join(path, optimizer_file(shard))
@@ -148,7 +157,7 @@ def load_optimizer_and_rng(path, optimizer, model, shard=None):
         set_rng_state(pickle.load(f))
 
 
-def load_weights(model, path, **shard):
+def load_weights(model: paddle.nn.Layer, path: str, **shard: int) -> None:
     """Load the weights of a save_pretrained directory into an existing model (same architecture; `shard`: the
     tensor-parallel degree/rank to split the full checkpoint for). A LoRA model gets the saved adapters."""
     from paddlenlp.transformers import AutoModelForCausalLM, AutoModelForConditionalGeneration

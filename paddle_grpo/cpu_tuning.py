@@ -30,6 +30,7 @@ import ctypes
 import logging
 import os
 import platform
+from typing import Any, Dict
 
 logger = logging.getLogger("paddle_grpo.cpu_tuning")
 
@@ -48,7 +49,7 @@ def _is_amd():
         return False
 
 
-def apply():
+def apply() -> Dict[str, Any]:
     """Apply the settings once per process; returns a dict of what was set (empty when disabled)."""
     global _applied
     if _applied is not None:

@@ -134,7 +134,7 @@ def _make_record(obj: Any, where: str, prompt_key: str, response_key: str, requi
     return record
 
 
-def iter_json_lines(path: str, expected: str):
+def iter_json_lines(path: str, expected: str) -> Iterator[Tuple[str, Any]]:
     """Yield (`path:line`, parsed value) for each non-blank line of a JSONL file; a UTF-8 BOM on the first line is
     accepted. Raises DataError naming the file and line for bytes that are not UTF-8 or text that is not JSON;
     `expected` ends that message (what a line should hold)."""
@@ -408,7 +408,8 @@ def tokenize_prompts(tokenizer: Any, prompts: Sequence[str], exact_special_token
 
 
 def collate_prompts(token_id_lists: Sequence[Sequence[int]], pad_token_id: int, max_prompt_len: Optional[int],
-                    return_num_truncated: bool = False):
+                    return_num_truncated: bool = False
+                    ) -> Union[Tuple[np.ndarray, np.ndarray], Tuple[np.ndarray, np.ndarray, int]]:
     """Left-pad a batch of prompts; left-truncate the ones longer than `max_prompt_len`.
 
     Generation appends to the right, so every prompt must end at the last column: padding goes on the left, and a
@@ -472,7 +473,7 @@ def pad_columns(x: Any, width: int, value: Any, side: str = "right") -> Any:
 
 
 def encode_prompts(prompts: Sequence[str], tokenizer: Any, max_prompt_len: Optional[int], chat_template: str = "auto",
-                   system: Optional[str] = None):
+                   system: Optional[str] = None) -> Tuple[np.ndarray, np.ndarray, int]:
     """Template, tokenize and collate a batch of `src` strings in one call.
 
     Returns `(input_ids, attention_mask, num_truncated)` as in `collate_prompts`. The pad id is the tokenizer's

@@ -11,13 +11,15 @@ import logging as _pylogging
 import math
 import os
 import shlex
+from typing import Any, Mapping, Optional
 
 logger = _pylogging.getLogger("paddle_grpo")
 
 
 class MetricsLogger:
-    def __init__(self, output_dir, logging_dir=None, report_to="visualdl", run_name="", disable_tqdm=False,
-                 total_steps=None, initial_step=0, enabled=True):
+    def __init__(self, output_dir: str, logging_dir: Optional[str] = None, report_to: str = "visualdl",
+                 run_name: str = "", disable_tqdm: bool = False, total_steps: Optional[int] = None,
+                 initial_step: int = 0, enabled: bool = True):
         self.enabled = enabled
         self.writer = None
         self.bar = None
@@ -43,7 +45,7 @@ class MetricsLogger:
 
             self.bar = tqdm(total=total_steps, initial=initial_step, desc="train", unit="step", dynamic_ncols=True)
 
-    def log(self, step, metrics):
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Append one line to metrics.jsonl and send every scalar to VisualDL under its slash name."""
         if not self.enabled:
             return
@@ -54,7 +56,7 @@ class MetricsLogger:
         if self.writer is not None:
             self._send_scalars(step, record)
 
-    def advance(self, step, metrics):
+    def advance(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Move the progress bar to `step`, showing reward and step time."""
         if self.bar is None:
             return
@@ -95,7 +97,7 @@ class MetricsLogger:
             if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
                 self.writer.add_scalar(tag=key, value=value, step=int(step))
 
-    def close(self):
+    def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
         if self.writer is not None:

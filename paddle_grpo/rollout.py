@@ -18,6 +18,7 @@ penalty/top-p/min-length processing, i.e. exactly what `completion_logprobs` rec
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, List, Optional, Protocol, Sequence, Tuple, Union
 
 import numpy as np
 import paddle
@@ -27,6 +28,17 @@ from .data import pad_columns
 from .policy import fast_qwen2
 from .policy.causal import position_ids_from_mask
 from .sampling import sample_with_uniforms, uniforms
+
+
+class Stepper(Protocol):
+    """What `decode` runs the model through: a prefill, then one token per step (module docstring)."""
+
+    def start(self, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, G: int,
+              max_new_tokens: int) -> paddle.Tensor:
+        """Prefill prompts [P, L]; the next-token logits [P * G, V], each prompt's G rows consecutive."""
+
+    def step(self, token: paddle.Tensor) -> paddle.Tensor:
+        """token [N] -> next-token logits [N, V]."""
 
 
 @dataclass
@@ -41,9 +53,13 @@ class Rollout:
 
 
 @paddle.no_grad()
-def generate(model, prompt_ids, prompt_mask, *, num_samples=1, max_new_tokens=64, min_new_tokens=0,
-             eos_token_ids=(), pad_token_id=0, temperature=1.0, top_p=1.0, repetition_penalty=1.0,
-             do_sample=True, max_num_seqs=None, row_keys=None, stepper=None, penalize_prompt=True):
+def generate(model: paddle.nn.Layer, prompt_ids: Union[paddle.Tensor, np.ndarray],
+             prompt_mask: Union[paddle.Tensor, np.ndarray], *, num_samples: int = 1, max_new_tokens: int = 64,
+             min_new_tokens: int = 0, eos_token_ids: Union[int, Sequence[int]] = (), pad_token_id: int = 0,
+             temperature: float = 1.0, top_p: float = 1.0, repetition_penalty: float = 1.0, do_sample: bool = True,
+             max_num_seqs: Optional[int] = None, row_keys: Optional[np.ndarray] = None,
+             stepper: Optional[Callable[[paddle.nn.Layer], Stepper]] = None, penalize_prompt: bool = True
+             ) -> Rollout:
     """Sample `num_samples` completions for each of the `B` prompts; returns a `Rollout` with `N = B * num_samples`.
 
     prompt_ids/prompt_mask: [B, L] (paddle or numpy), left-padded. `max_num_seqs` bounds the sequences decoded at
@@ -92,8 +108,10 @@ def _generate_chunk(model, prompt_ids, prompt_mask, G, max_new_tokens, min_new_t
                   temperature, top_p, repetition_penalty, do_sample, keys, penalize_prompt)
 
 
-def decode(stepper, prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id, temperature, top_p,
-           repetition_penalty, do_sample, keys=None, penalize_prompt=True):
+def decode(stepper: Stepper, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, G: int, max_new_tokens: int,
+           min_new_tokens: int, eos: List[int], pad_id: int, temperature: float, top_p: float,
+           repetition_penalty: float, do_sample: bool, keys: Optional[np.ndarray] = None, penalize_prompt: bool = True
+           ) -> Tuple[paddle.Tensor, paddle.Tensor, np.ndarray, np.ndarray]:
     """The sampling loop shared by decoder-only and encoder-decoder policies.
 
     `stepper.start(prompt_ids, prompt_mask, G, max_new_tokens)` returns the first logits [N, V] (N = B * G rows,

@@ -16,7 +16,7 @@ import logging
 import os
 import shutil
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Union
 
 from . import checkpoint as ckpt
 from .config import ConfigError
@@ -45,7 +45,8 @@ def previous_run(output_dir: str) -> List[str]:
     return found
 
 
-def plan(output_dir: str, resume_from_checkpoint, overwrite_output_dir: bool) -> RunDirPlan:
+def plan(output_dir: str, resume_from_checkpoint: Optional[Union[bool, str]], overwrite_output_dir: bool
+         ) -> RunDirPlan:
     """Decide from the file system alone (every rank decides the same). Raises ConfigError when `output_dir`
     holds a run that can neither be resumed nor, without `overwrite_output_dir`, replaced."""
     explicit = resume_from_checkpoint not in (None, False, "")

@@ -12,6 +12,7 @@ the first token whose cumulative probability exceeds u (distributionally the sam
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 import paddle
 
 _MASK = (1 << 64) - 1
@@ -27,19 +28,19 @@ def _splitmix64(x):
     return x ^ (x >> np.uint64(31))
 
 
-def row_keys(seed, step, rows):
+def row_keys(seed: int, step: int, rows: npt.ArrayLike) -> np.ndarray:
     """One 64-bit key per row: rows are global row indices (data-parallel rank offsets included). [n] uint64."""
     base = _splitmix64(np.uint64((int(seed) * 1_000_003 + int(step)) & _MASK))
     return _splitmix64(base ^ _splitmix64(np.asarray(rows, dtype=np.uint64)))
 
 
-def uniforms(keys, position):
+def uniforms(keys: npt.ArrayLike, position: int) -> np.ndarray:
     """The uniform in [0, 1) for each row key at decode position `position`. [n] float64."""
     bits = _splitmix64(np.asarray(keys, dtype=np.uint64) ^ _splitmix64(np.uint64(position)))
     return (bits >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
-def sample_with_uniforms(probs, u):
+def sample_with_uniforms(probs: paddle.Tensor, u: npt.ArrayLike) -> paddle.Tensor:
     """Inverse-CDF sampling: for each row the first token whose cumulative probability exceeds u.
 
     probs: [n, V] float (rows sum to 1, up to rounding); u: [n] in [0, 1). Returns [n] int64. A u at or above a

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Sequence
 
+import numpy as np
 import paddle
 
 from . import lora
 
 if TYPE_CHECKING:
+    from paddlenlp.transformers import PretrainedConfig, PretrainedTokenizer
+
+    from ..parallel import VocabParallel
     from ..rollout import Rollout
 
 
@@ -43,25 +47,27 @@ class Policy:
 
     # ------------------------------------------------------------------------------------- what subclasses do
 
-    def prompt_token_ids(self, tokenizer, ids: list[int]) -> list[int]:
+    def prompt_token_ids(self, tokenizer: PretrainedTokenizer, ids: list[int]) -> list[int]:
         """A tokenised prompt as the model takes it (an encoder-decoder wraps it in its special tokens)."""
         raise NotImplementedError
 
-    def generate(self, prompt_ids, prompt_mask, **kwargs) -> "Rollout":
+    def generate(self, prompt_ids: paddle.Tensor | np.ndarray, prompt_mask: paddle.Tensor | np.ndarray,
+                 **kwargs: Any) -> Rollout:
         """G completions per prompt: prompt_ids/prompt_mask [P, L]; keyword arguments exactly those of
         `rollout.generate` (num_samples, max_new_tokens, temperature, row_keys, ...)."""
         raise NotImplementedError
 
     def logprobs(self, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, completion_ids: paddle.Tensor,
-                 completion_mask: paddle.Tensor, *, temperature: float = 1.0, with_entropy=False,
-                 vocab_parallel=None) -> tuple[paddle.Tensor, paddle.Tensor | None]:
+                 completion_mask: paddle.Tensor, *, temperature: float = 1.0, with_entropy: bool | str = False,
+                 vocab_parallel: VocabParallel | None = None) -> tuple[paddle.Tensor, paddle.Tensor | None]:
         """Per-token `(logprobs [n, T], entropy [n, T] or None)` of the completions [n, T] after prompts [n, L],
         float32, of logits / temperature; `with_entropy` False, True or "detached"."""
         raise NotImplementedError
 
     # -------------------------------------------------------------------------------------------------- LoRA
 
-    def apply_lora(self, rank: int = 8, alpha: float = 16, dropout: float = 0.0, target_modules=None, *,
+    def apply_lora(self, rank: int = 8, alpha: float = 16, dropout: float = 0.0,
+                   target_modules: str | Sequence[str] | None = None, *,
                    base_model_name_or_path: str | None = None) -> None:
         """Wrap `.model` in fresh LoRA adapters (lora.apply_lora); afterwards only the adapters train."""
         self.model = lora.apply_lora(self.model, rank, alpha, dropout, target_modules,
@@ -81,7 +87,7 @@ class Policy:
             return lora.trainable_parameters(self.model)
         return self.model.parameters()
 
-    def save(self, out_dir: str, **save_pretrained_kwargs) -> str:
+    def save(self, out_dir: str, **save_pretrained_kwargs: Any) -> str:
         """`model.save_pretrained(out_dir, ...)` (under LoRA: the adapters, lora.save_adapters); returns out_dir."""
         self.model.save_pretrained(out_dir, **save_pretrained_kwargs)
         return out_dir
@@ -96,7 +102,7 @@ def quiet_paddlenlp() -> None:
     paddlenlp_logger.set_level("WARNING")
 
 
-def load_tokenizer(path: str):
+def load_tokenizer(path: str) -> PretrainedTokenizer:
     """PaddleNLP tokenizer from a local directory; the pad token falls back to EOS; padding side left."""
     from paddlenlp.transformers import AutoTokenizer
 
@@ -108,7 +114,7 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
-def is_encoder_decoder(model_or_path) -> bool:
+def is_encoder_decoder(model_or_path: str | os.PathLike | paddle.nn.Layer | PretrainedConfig) -> bool:
     """True for an encoder-decoder model, config, or local model directory (its config.json says so)."""
     if isinstance(model_or_path, (str, os.PathLike)):
         from paddlenlp.transformers import AutoConfig

@@ -9,8 +9,9 @@ PaddleNLP's forward everywhere. Sampling is rollout.py's decode loop (the causal
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import paddle
 
 from .. import cpu_tuning
@@ -19,6 +20,9 @@ from . import fast_qwen2
 from .base import Policy, _require_local_dir, freeze, position_ids_from_mask
 
 if TYPE_CHECKING:
+    from paddlenlp.transformers import PretrainedTokenizer
+
+    from ..parallel import VocabParallel
     from ..rollout import Rollout
 
 
@@ -49,7 +53,8 @@ def load_causal_lm(path: str, *, trainable: bool = True, recompute: bool = False
 
 def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor,
                         completion_ids: paddle.Tensor, completion_mask: paddle.Tensor, *, temperature: float = 1.0,
-                        with_entropy=False, vocab_parallel=None) -> tuple[paddle.Tensor, paddle.Tensor | None]:
+                        with_entropy: bool | str = False, vocab_parallel: VocabParallel | None = None
+                        ) -> tuple[paddle.Tensor, paddle.Tensor | None]:
     """Log-probs (and optionally entropies) of the completion tokens under `model`.
 
     prompt_ids/prompt_mask: [bs, L] left-padded; completion_ids/completion_mask: [bs, T].
@@ -108,19 +113,20 @@ class CausalPolicy(Policy):
     is_encoder_decoder = False
     load_model = staticmethod(load_causal_lm)
 
-    def prompt_token_ids(self, tokenizer, ids: list[int]) -> list[int]:
+    def prompt_token_ids(self, tokenizer: PretrainedTokenizer, ids: list[int]) -> list[int]:
         """The prompt's own tokens, unchanged (the chat template already framed them)."""
         return ids
 
-    def generate(self, prompt_ids, prompt_mask, **kwargs) -> Rollout:
+    def generate(self, prompt_ids: paddle.Tensor | np.ndarray, prompt_mask: paddle.Tensor | np.ndarray,
+                 **kwargs: Any) -> Rollout:
         """`rollout.generate(self.model, prompt_ids, prompt_mask, **kwargs)`."""
         from .. import rollout  # at call time: rollout.py imports this module (position_ids_from_mask)
 
         return rollout.generate(self.model, prompt_ids, prompt_mask, **kwargs)
 
     def logprobs(self, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, completion_ids: paddle.Tensor,
-                 completion_mask: paddle.Tensor, *, temperature: float = 1.0, with_entropy=False,
-                 vocab_parallel=None) -> tuple[paddle.Tensor, paddle.Tensor | None]:
+                 completion_mask: paddle.Tensor, *, temperature: float = 1.0, with_entropy: bool | str = False,
+                 vocab_parallel: VocabParallel | None = None) -> tuple[paddle.Tensor, paddle.Tensor | None]:
         """`completion_logprobs(self.model, ...)`: prompts [n, L] left-padded, completions [n, T]."""
         return completion_logprobs(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                    temperature=temperature, with_entropy=with_entropy, vocab_parallel=vocab_parallel)

@@ -27,15 +27,19 @@ from __future__ import annotations
 
 import math
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+if TYPE_CHECKING:
+    from paddlenlp.transformers import Qwen2ForCausalLM
+
 ENV_SWITCH = "PADDLE_GRPO_FAST"
 
 
-def enabled_for(model):
+def enabled_for(model: paddle.nn.Layer) -> bool:
     """Whether the lean path computes exactly what `model`'s own forward would (see the module docstring)."""
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return False
@@ -64,7 +68,7 @@ class Qwen2Fast:
     """The lean forward bound to one PaddleNLP Qwen2ForCausalLM. Holds no parameters; build one per call (the fused
     weights are concatenations of the current parameters, inside autograd when gradients are on)."""
 
-    def __init__(self, model):
+    def __init__(self, model: Qwen2ForCausalLM):
         self.model = model
         c = model.config
         self.H, self.KV = c.num_attention_heads, c.num_key_value_heads
@@ -93,14 +97,14 @@ class Qwen2Fast:
 
     # ------------------------------------------------------------------------------------------ pieces
 
-    def rms(self, x, w):
+    def rms(self, x: paddle.Tensor, w: paddle.Tensor) -> paddle.Tensor:
         """RMSNorm of x [n, D] (PaddleNLP: rsqrt(mean(x^2) + eps) * x * w). The mean is a GEMV and the [n, 1]
         factor is the right operand: paddle's CPU broadcast is ~10x slower with it on the left, and its `mean`
         reduction slower than a matrix-vector product."""
         mean_sq = paddle.matmul(x * x, self.inv_d)
         return x * paddle.rsqrt(mean_sq + self.eps) * w
 
-    def rope_tables(self, positions):
+    def rope_tables(self, positions: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
         """positions: int64 [n] -> (cos, signed sin) [n, H + KV, d] from PaddleNLP's own cached tables, expanded
         over the q and k heads once per forward (a broadcast multiply over the middle axis is ~15x slower on CPU)."""
         need = int(positions.max()) + 1
@@ -111,7 +115,8 @@ class Qwen2Fast:
         sin = paddle.index_select(self.rotary.sin_cached[0, :, 0, :], positions) * self.sign
         return cos.unsqueeze(1).expand(shape), sin.unsqueeze(1).expand(shape)
 
-    def qkv(self, x, lw, cos, sin):
+    def qkv(self, x: paddle.Tensor, lw: dict[str, paddle.Tensor], cos: paddle.Tensor, sin: paddle.Tensor
+            ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
         """x [n, D] -> q [n, H, d], k [n, KV, d], v [n, KV, d] with RoPE applied to q and k."""
         n = x.shape[0]
         mixed = F.linear(x, lw["wqkv"], lw["bqkv"]).reshape([n, self.H + 2 * self.KV, self.d])
@@ -121,11 +126,11 @@ class Qwen2Fast:
         q, k = paddle.split(qk, [self.H, self.KV], axis=1)
         return q, k, v
 
-    def heads(self, t, B, S):
+    def heads(self, t: paddle.Tensor, B: int, S: int) -> paddle.Tensor:
         """[B*S, KV, d] -> [B, KV, S, d]"""
         return t.reshape([B, S, self.KV, self.d]).transpose([0, 2, 1, 3])
 
-    def attend(self, q, k, v, bias):
+    def attend(self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, bias: paddle.Tensor) -> paddle.Tensor:
         """Grouped-query attention without repeating k/v.
 
         q [B, Sq, H, d]; k, v [B, KV, Sk, d]; bias [B, KV, g, Sq, Sk] (0 or finfo.min) -> [B * Sq, H * d]."""
@@ -138,16 +143,16 @@ class Qwen2Fast:
         out = paddle.matmul(probs, v).reshape([B, self.KV, self.g, Sq, self.d])
         return out.transpose([0, 3, 1, 2, 4]).reshape([B * Sq, self.H * self.d])
 
-    def mlp_block(self, x, lw):
+    def mlp_block(self, x: paddle.Tensor, lw: dict[str, paddle.Tensor]) -> paddle.Tensor:
         """Residual MLP sub-block on flat tokens [n, D]."""
         h = self.rms(x, lw["ln2"])
         return x + paddle.matmul(F.swiglu(paddle.matmul(h, lw["wgu"])), lw["wd"])
 
-    def logits(self, h):
+    def logits(self, h: paddle.Tensor) -> paddle.Tensor:
         """Final norm + LM head: [..., D] -> [..., V]."""
         return paddle.matmul(self.rms(h, self.final_norm), self.head, transpose_y=self.head_t)
 
-    def bias(self, keep, B, Sq, Sk):
+    def bias(self, keep: paddle.Tensor, B: int, Sq: int, Sk: int) -> paddle.Tensor:
         """keep bool [B, Sq, Sk] -> additive float32 bias [B, KV, g, Sq, Sk] (0 where kept, finfo.min elsewhere),
         materialised at the full scores shape once per forward: a broadcast add is ~20x slower on CPU. Memory: one
         scores-sized tensor per forward, shared by all layers (autograd keeps one probs tensor per layer anyway)."""
@@ -156,7 +161,8 @@ class Qwen2Fast:
 
     # ---------------------------------------------------------------------------------- shared-prompt pass
 
-    def prompt_completion_hidden(self, prompt_ids, prompt_mask, completion_ids, completion_mask):
+    def prompt_completion_hidden(self, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor,
+                                 completion_ids: paddle.Tensor, completion_mask: paddle.Tensor) -> paddle.Tensor:
         """Hidden states (before the final norm) that predict each completion token.
 
         prompt_ids/mask [N, L] left-padded; completion_ids/mask [N, T]. Identical prompt rows are computed once.
@@ -208,7 +214,8 @@ class Qwen2Fast:
 
     # ------------------------------------------------------------------------------------------- decoding
 
-    def start_decoding(self, prompt_ids, prompt_mask, num_samples, max_new_tokens):
+    def start_decoding(self, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, num_samples: int,
+                       max_new_tokens: int) -> paddle.Tensor:
         """Prefill each prompt once, allocate the KV cache for its `num_samples` rows.
 
         prompt_ids/mask [P, L]. Returns the next-token logits [P * num_samples, V] (float32); rows of one prompt are
@@ -239,7 +246,7 @@ class Qwen2Fast:
         last = x.reshape([P, L, self.D])[:, L - 1]
         return paddle.repeat_interleave(self.logits(last).astype("float32"), G, axis=0)
 
-    def decode(self, token):
+    def decode(self, token: paddle.Tensor) -> paddle.Tensor:
         """token int64 [N] (the previous step's choice) -> next-token logits [N, V] float32."""
         N = token.shape[0]
         s = self.slot

@@ -28,9 +28,13 @@ import json
 import logging
 import os
 import re
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import paddle
+
+if TYPE_CHECKING:
+    from paddlenlp.peft import LoRAConfig, LoRAModel
 
 logger = logging.getLogger("paddle_grpo.policy.lora")
 
@@ -72,13 +76,14 @@ def _lora_types():
     return tuple(AVAILABLE_LAYERS)
 
 
-def is_lora_model(model):
+def is_lora_model(model: paddle.nn.Layer) -> bool:
     from paddlenlp.peft import LoRAModel
 
     return isinstance(model, LoRAModel)
 
 
-def resolve_target_modules(model, target_modules=None):
+def resolve_target_modules(model: paddle.nn.Layer, target_modules: str | Sequence[str] | None = None
+                           ) -> tuple[list[str], dict[str, str]]:
     """The regexes to adapt and the layers they select: `(patterns, {layer name: pattern})`.
 
     `target_modules` None/empty: DEFAULT_TARGET_MODULES, keeping those that match this model (at least one must).
@@ -123,7 +128,9 @@ def resolve_target_modules(model, target_modules=None):
     return kept, selected
 
 
-def apply_lora(model, rank=8, alpha=16, dropout=0.0, target_modules=None, *, base_model_name_or_path=None):
+def apply_lora(model: paddle.nn.Layer, rank: int = 8, alpha: float = 16, dropout: float = 0.0,
+               target_modules: str | Sequence[str] | None = None, *, base_model_name_or_path: str | None = None
+               ) -> LoRAModel:
     """Wrap `model` (a PaddleNLP causal LM, float32 or not) in a paddlenlp.peft `LoRAModel`; returns the wrapper.
 
     rank: adapter rank r (>= 1); alpha: scaling numerator, the update is (alpha / r) * B A; dropout: dropout on the
@@ -184,12 +191,12 @@ def _make_embedding_output_require_grad(model):
     embeddings.register_forward_post_hook(hook)
 
 
-def trainable_parameters(model):
+def trainable_parameters(model: paddle.nn.Layer) -> list[paddle.Tensor]:
     """The parameters an optimizer should update (under LoRA: the adapters only)."""
     return [p for p in model.parameters() if not p.stop_gradient]
 
 
-def parameter_counts(model):
+def parameter_counts(model: paddle.nn.Layer) -> tuple[int, int]:
     """(trainable, total) numbers of parameter elements."""
     trainable = total = 0
     for p in model.parameters():
@@ -199,7 +206,7 @@ def parameter_counts(model):
     return trainable, total
 
 
-def lora_layers(model):
+def lora_layers(model: paddle.nn.Layer) -> dict[str, paddle.nn.Layer]:
     """{dotted name: layer} of the adapted layers."""
     inner = model.model if is_lora_model(model) else model
     return {name: layer for name, layer in inner.named_sublayers() if isinstance(layer, _lora_types())}
@@ -208,7 +215,7 @@ def lora_layers(model):
 # -------------------------------------------------------------------------------------------------- reference
 
 @contextlib.contextmanager
-def adapters_disabled(model):
+def adapters_disabled(model: LoRAModel) -> Iterator[LoRAModel]:
     """Inside the context `model` computes the base model: every adapter is bypassed and every layer is in eval
     mode (as the frozen reference model is; matters when lora_dropout or a base dropout is non-zero). The previous
     adapter switches and train/eval flags are restored on exit, also after an exception.
@@ -239,7 +246,8 @@ def adapters_disabled(model):
 
 # ------------------------------------------------------------------------------------------------ save / load
 
-def save_adapters(model, out_dir, *, is_main_process=True, merge_tensor_parallel=False):
+def save_adapters(model: LoRAModel, out_dir: str, *, is_main_process: bool = True,
+                  merge_tensor_parallel: bool = False) -> str:
     """Write the adapters of `model` (a LoRAModel) to `out_dir` in paddlenlp.peft's format; returns `out_dir`.
 
     Files: lora_model_state.pdparams (trainable = adapter weights only), lora_config.json (incl.
@@ -250,11 +258,11 @@ def save_adapters(model, out_dir, *, is_main_process=True, merge_tensor_parallel
     return out_dir
 
 
-def is_adapter_dir(path):
+def is_adapter_dir(path: str | None) -> bool:
     return bool(path) and os.path.isfile(os.path.join(path, ADAPTER_CONFIG))
 
 
-def read_adapter_config(adapter_dir):
+def read_adapter_config(adapter_dir: str) -> LoRAConfig:
     """The saved LoRAConfig of `adapter_dir`; LoRAError when it is not an adapter directory or uses a variant."""
     from paddlenlp.peft import LoRAConfig
 
@@ -283,7 +291,7 @@ def _read_adapter_weights(adapter_dir):
     return paddle.load(path, return_numpy=True)
 
 
-def load_adapters(model, adapter_dir):
+def load_adapters(model: paddle.nn.Layer, adapter_dir: str) -> LoRAModel:
     """Load adapters saved in `adapter_dir` into `model`; returns the LoRAModel.
 
     `model` a plain causal LM: the adapters are created with the saved settings (rank, alpha, dropout, target
@@ -327,7 +335,7 @@ def load_adapters(model, adapter_dir):
 
 # ------------------------------------------------------------------------------------------------------ merge
 
-def merge_adapters(model):
+def merge_adapters(model: LoRAModel) -> paddle.nn.Layer:
     """Fold the adapters of a LoRAModel into its base weights (W <- W + scaling * A @ B, paddlenlp.peft's
     `merge`) and return the plain base model with its original linear layers back in place (the LoRAModel is
     unusable afterwards)."""
@@ -354,7 +362,8 @@ def merge_adapters(model):
     return base
 
 
-def merge_into_base(base_dir, adapter_dir, out_dir, *, dtype=None, tokenizer_dir=None, check=True):
+def merge_into_base(base_dir: str | None, adapter_dir: str, out_dir: str, *, dtype: str | None = None,
+                    tokenizer_dir: str | None = None, check: bool = True) -> float | None:
     """Write base + adapters as one full model to `out_dir` (`save_pretrained`; loads with AutoModelForCausalLM).
 
     base_dir: the base model (None: the base_model_name_or_path recorded with the adapters). The merge is done in

@@ -22,6 +22,7 @@ Not supported: tensor parallelism (`vocab_parallel`), PaddleNLP's fused/fast gen
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import paddle
@@ -29,6 +30,11 @@ import paddle
 from ..algorithms import entropy_from_logits, logprobs_from_logits
 from .. import rollout
 from .base import Policy, _require_local_dir, freeze, is_encoder_decoder  # noqa: F401 (is_encoder_decoder: API)
+
+if TYPE_CHECKING:
+    from paddlenlp.transformers import PretrainedTokenizer
+
+    from ..parallel import VocabParallel
 
 logger = logging.getLogger("paddle_grpo.seq2seq")
 
@@ -65,7 +71,7 @@ def load_seq2seq_lm(path: str, *, trainable: bool = True, recompute: bool = Fals
     return model
 
 
-def decoder_start_id(model):
+def decoder_start_id(model: paddle.nn.Layer) -> int:
     """The token the decoder starts from: config.decoder_start_token_id, else pad (T5's convention)."""
     config = model.config
     start = getattr(config, "decoder_start_token_id", None)
@@ -75,26 +81,29 @@ def decoder_start_id(model):
     return int(start)
 
 
-def encoder_input_ids(tokenizer, ids: list[int]) -> list[int]:
+def encoder_input_ids(tokenizer: PretrainedTokenizer, ids: list[int]) -> list[int]:
     """A prompt's token ids as the encoder input: wrapped in the tokenizer's own special tokens, as in pre-training
     (T5: `ids </s>`, BART: `<s> ids </s>`); tokenizers that add none (Qwen2's) leave them unchanged."""
     return [int(i) for i in tokenizer.build_inputs_with_special_tokens(list(ids), None)]
 
 
-def pack_left(ids, mask):
+def pack_left(ids: paddle.Tensor, mask: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
     """Move each row's real tokens (mask 1) to the front, keeping their order. [bs, L] -> [bs, L] each."""
     order = paddle.argsort(1 - mask.astype("int64"), axis=-1, stable=True)
     return paddle.take_along_axis(ids, order, axis=-1), paddle.take_along_axis(mask, order, axis=-1)
 
 
-def encode(model, prompt_ids, prompt_mask):
+def encode(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor
+           ) -> tuple[paddle.Tensor, paddle.Tensor]:
     """Encoder output for prompts padded on either side: (hidden [bs, L, D], packed mask [bs, L] int64)."""
     ids, mask = pack_left(prompt_ids.astype("int64"), prompt_mask.astype("int64"))
     out = model.get_encoder()(input_ids=ids, attention_mask=mask, return_dict=True)
     return out.last_hidden_state, mask
 
 
-def decoder_logits(model, encoder_hidden, encoder_mask, decoder_input_ids, cache=None, use_cache=False):
+def decoder_logits(model: paddle.nn.Layer, encoder_hidden: paddle.Tensor, encoder_mask: paddle.Tensor,
+                   decoder_input_ids: paddle.Tensor, cache: Any = None, use_cache: bool = False
+                   ) -> tuple[paddle.Tensor, Any]:
     """One decoder pass: (logits [bs, t, V] float32, cache or None). With a cache, decoder_input_ids is only the
     new token; `use_cache` with no cache starts one (PaddleNLP's BART builds it from the encoder output)."""
     out = model(input_ids=None, attention_mask=encoder_mask, decoder_input_ids=decoder_input_ids,
@@ -104,7 +113,8 @@ def decoder_logits(model, encoder_hidden, encoder_mask, decoder_input_ids, cache
 
 def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor,
                         completion_ids: paddle.Tensor, completion_mask: paddle.Tensor, *, temperature: float = 1.0,
-                        with_entropy=False, vocab_parallel=None) -> tuple[paddle.Tensor, paddle.Tensor | None]:
+                        with_entropy: bool | str = False, vocab_parallel: VocabParallel | None = None
+                        ) -> tuple[paddle.Tensor, paddle.Tensor | None]:
     """Log-probs (and optionally entropies) of the completion tokens under an encoder-decoder `model`.
 
     prompt_ids/prompt_mask: [bs, L] encoder inputs (either padding side); completion_ids/completion_mask: [bs, T],
@@ -135,7 +145,8 @@ def _runs_of_equal_rows(ids, mask):
     return paddle.to_tensor(first, dtype="int64"), paddle.to_tensor(np.cumsum(new_run) - 1, dtype="int64")
 
 
-def generate(model: paddle.nn.Layer, prompt_ids, prompt_mask, **kwargs) -> rollout.Rollout:
+def generate(model: paddle.nn.Layer, prompt_ids: paddle.Tensor | np.ndarray, prompt_mask: paddle.Tensor | np.ndarray,
+             **kwargs: Any) -> rollout.Rollout:
     """Sample decoder outputs for encoder inputs: `rollout.generate` (same arguments, same `Rollout`) with the
     encoder-decoder stepper; prompts may be padded on either side, and the source document does not count for the
     repetition penalty (a summary should copy from it)."""
@@ -148,18 +159,19 @@ class Seq2SeqPolicy(Policy):
     is_encoder_decoder = True
     load_model = staticmethod(load_seq2seq_lm)
 
-    def prompt_token_ids(self, tokenizer, ids: list[int]) -> list[int]:
+    def prompt_token_ids(self, tokenizer: PretrainedTokenizer, ids: list[int]) -> list[int]:
         """`encoder_input_ids`: the prompt wrapped in the tokenizer's special tokens, as in pre-training."""
         return encoder_input_ids(tokenizer, ids)
 
-    def generate(self, prompt_ids, prompt_mask, **kwargs) -> rollout.Rollout:
+    def generate(self, prompt_ids: paddle.Tensor | np.ndarray, prompt_mask: paddle.Tensor | np.ndarray,
+                 **kwargs: Any) -> rollout.Rollout:
         """`generate(self.model, prompt_ids, prompt_mask, **kwargs)` (this module's, keyword arguments of
         rollout.generate)."""
         return generate(self.model, prompt_ids, prompt_mask, **kwargs)
 
     def logprobs(self, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, completion_ids: paddle.Tensor,
-                 completion_mask: paddle.Tensor, *, temperature: float = 1.0, with_entropy=False,
-                 vocab_parallel=None) -> tuple[paddle.Tensor, paddle.Tensor | None]:
+                 completion_mask: paddle.Tensor, *, temperature: float = 1.0, with_entropy: bool | str = False,
+                 vocab_parallel: VocabParallel | None = None) -> tuple[paddle.Tensor, paddle.Tensor | None]:
         """`completion_logprobs(self.model, ...)` of this module: encoder inputs [n, L], completions [n, T]."""
         return completion_logprobs(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                    temperature=temperature, with_entropy=with_entropy, vocab_parallel=vocab_parallel)
@@ -168,10 +180,11 @@ class Seq2SeqPolicy(Policy):
 class Seq2SeqStepper:
     """Incremental decoding with a KV cache; the interface of rollout.py's steppers (start, step)."""
 
-    def __init__(self, model):
+    def __init__(self, model: paddle.nn.Layer):
         self.model = model
 
-    def start(self, prompt_ids, prompt_mask, G, max_new_tokens=None):
+    def start(self, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, G: int,
+              max_new_tokens: int | None = None) -> paddle.Tensor:
         """Encode [P, L] once and run the first decoder step on P rows; returns logits [P * G, V] float32."""
         hidden, mask = encode(self.model, prompt_ids, prompt_mask)
         start = paddle.full([hidden.shape[0], 1], decoder_start_id(self.model), dtype="int64")
@@ -180,7 +193,7 @@ class Seq2SeqStepper:
         self.cache = _repeat(cache, G)
         return _repeat(logits[:, -1], G)
 
-    def step(self, token):
+    def step(self, token: paddle.Tensor) -> paddle.Tensor:
         """token [N] -> next-token logits [N, V] float32."""
         logits, self.cache = decoder_logits(self.model, self.hidden, self.mask, token.unsqueeze(-1), self.cache,
                                            use_cache=True)

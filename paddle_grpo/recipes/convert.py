@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence
 
 from ..data import shuffle_split, split_paths, write_jsonl
 
 
-def conversion_main(argv, description, load_file, noun):
+def conversion_main(argv: Optional[Sequence[str]], description: str,
+                    load_file: Callable[[str], Iterable[Dict[str, Any]]], noun: str) -> int:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--input", required=True, help="input file, or several separated by commas")
     parser.add_argument("--output", required=True, help="output JSONL (training part)")

@@ -23,10 +23,18 @@ import os
 import random
 import shutil
 import time
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..data import format_qwen_chat, tokenize_prompts
-from ..rewards.base import completion_text, references
+from ..rewards.base import Completion, completion_text, references
 from ..rewards.registry import register_reward
+
+if TYPE_CHECKING:  # numpy and paddle are imported where used: this module's import stays light
+    import numpy as np
+    import paddle
+    from paddlenlp.transformers import PretrainedTokenizer
+
+Problem = Tuple[int, int]  # (a, b) of `What is a+b?`
 
 logger = logging.getLogger("paddle_grpo.recipes.quickstart")
 
@@ -42,11 +50,11 @@ SFT = dict(max_steps=1000, target_loss=0.3, batch_size=64, learning_rate=1e-3, w
 BUILD_INFO = "build_info.json"      # written into the policy directory: seed, SFT steps, validation losses, time
 
 
-def question(a, b):
+def question(a: int, b: int) -> str:
     return f"What is {a}+{b}?"
 
 
-def prompt(a, b):
+def prompt(a: int, b: int) -> str:
     """The templated prompt (`src`) the trainer feeds verbatim: user turn, then the assistant turn opened."""
     return format_qwen_chat(question(a, b), system=None)
 
@@ -65,17 +73,17 @@ def _distinct(rng, n, exclude=()):
     return out
 
 
-def eval_problems(n=EVAL_SIZE):
+def eval_problems(n: int = EVAL_SIZE) -> List[Problem]:
     """The fixed held-out problems: `n` distinct (a, b) pairs, the same for every run."""
     return _distinct(random.Random(EVAL_SEED), n)
 
 
-def validation_problems():
+def validation_problems() -> List[Problem]:
     """SFT's own held-out problems (it stops on their loss): fixed, distinct, disjoint from `eval_problems()`."""
     return _distinct(random.Random(VALIDATION_SEED), SFT["val_size"], exclude=eval_problems())
 
 
-def train_problems(n, seed):
+def train_problems(n: int, seed: int) -> List[Problem]:
     """`n` problems drawn with `seed` (repeats allowed), never one of the eval or validation problems."""
     exclude = set(eval_problems()) | set(validation_problems())
     rng, out = random.Random(seed), []
@@ -86,13 +94,14 @@ def train_problems(n, seed):
     return out
 
 
-def record(a, b):
+def record(a: int, b: int) -> Dict[str, str]:
     """A src/tgt dataset row for the trainer."""
     return {"src": prompt(a, b), "tgt": str(a + b)}
 
 
 @register_reward("quickstart_addition", max_score=1.0)
-def addition_reward(prompts, completions, tgt=None, **kwargs):
+def addition_reward(prompts: Sequence[Any], completions: Sequence[Completion], tgt: Optional[Sequence[Any]] = None,
+                    **kwargs: Any) -> List[float]:
     """1.0 when the completion (surrounding whitespace ignored) is exactly the reference sum, else 0.0."""
     refs = references(tgt, completions, "quickstart_addition")
     return [1.0 if completion_text(c).strip() == str(r).strip() else 0.0 for c, r in zip(completions, refs)]
@@ -100,7 +109,8 @@ def addition_reward(prompts, completions, tgt=None, **kwargs):
 
 # ------------------------------------------------------------------------------------------------------ building
 
-def encode(tokenizer, problems):
+def encode(tokenizer: PretrainedTokenizer, problems: Sequence[Problem]
+           ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Left-padded prompt ids/mask [n, L] and right-padded answer ids/mask [n, T] (answer + EOS), numpy int64.
 
     Prompts are tokenized exactly as the trainer does (`tokenize_prompts`); each distinct problem once."""
@@ -123,7 +133,7 @@ def encode(tokenizer, problems):
     return pid, pm, cid, cm
 
 
-def sft_loss(model, batch):
+def sft_loss(model: paddle.nn.Layer, batch: Sequence[np.ndarray]) -> paddle.Tensor:
     """Mean negative log-likelihood per answer token (prompt tokens masked) of an `encode` batch, through the
     same `completion_logprobs` the RL loss uses. A scalar paddle tensor."""
     import paddle
@@ -136,8 +146,11 @@ def sft_loss(model, batch):
     return -(lp * mask).sum() / mask.sum()
 
 
-def build_quickstart_policy(out_dir, seed=0, *, max_steps=None, target_loss=None, batch_size=None,
-                            learning_rate=None, model_kwargs=None, callback=None, progress=True):
+def build_quickstart_policy(out_dir: str, seed: int = 0, *, max_steps: Optional[int] = None,
+                            target_loss: Optional[float] = None, batch_size: Optional[int] = None,
+                            learning_rate: Optional[float] = None, model_kwargs: Optional[Dict[str, Any]] = None,
+                            callback: Optional[Callable[[int, paddle.nn.Layer, float], Any]] = None,
+                            progress: bool = True) -> Dict[str, Any]:
     """Build the quickstart policy (tokenizer + briefly SFT'd tiny Qwen2) in `out_dir`; returns SFT statistics.
 
     SFT runs until the answer-token loss on `validation_problems()` (never trained on, disjoint from the eval

@@ -2,6 +2,8 @@
 (optionally fine-tuned on reference summaries) that configs/summarization*.yaml train. Nothing is downloaded."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Iterable, Sequence, Tuple, Union
+
 import numpy as np
 import paddle
 
@@ -9,9 +11,13 @@ from ..data import collate_prompts, read_jsonl
 from ..policy.seq2seq import completion_logprobs, encoder_input_ids
 from .tiny import build_tokenizer
 
+if TYPE_CHECKING:
+    from paddlenlp.transformers import Qwen2Tokenizer
 
-def build_tiny_seq2seq(out_dir, corpus, *, arch="t5", vocab_size=512, d_model=64, ffn_dim=128, num_layers=2,
-                       num_heads=4, max_position_embeddings=512, seed=0):
+
+def build_tiny_seq2seq(out_dir: str, corpus: Iterable[str], *, arch: str = "t5", vocab_size: int = 512,
+                       d_model: int = 64, ffn_dim: int = 128, num_layers: int = 2, num_heads: int = 4,
+                       max_position_embeddings: int = 512, seed: int = 0) -> Tuple[Qwen2Tokenizer, paddle.nn.Layer]:
     """Save a randomly initialised tiny T5 or BART (`arch`) and a byte-level BPE tokenizer trained on `corpus` in
     `out_dir`; returns (tokenizer, model). Loads with AutoTokenizer / AutoModelForConditionalGeneration.
 
@@ -47,8 +53,10 @@ def build_tiny_seq2seq(out_dir, corpus, *, arch="t5", vocab_size=512, d_model=64
     return tokenizer, model
 
 
-def build_summarization_policy(out_dir, train_datasets, *, arch="t5", seed=0, sft_steps=0, sft_batch_size=16,
-                               sft_learning_rate=3e-3, **model_kwargs):
+def build_summarization_policy(out_dir: str, train_datasets: Union[str, Sequence[str]], *, arch: str = "t5",
+                               seed: int = 0, sft_steps: int = 0, sft_batch_size: int = 16,
+                               sft_learning_rate: float = 3e-3,
+                               **model_kwargs: Any) -> Tuple[Qwen2Tokenizer, paddle.nn.Layer]:
     """A tiny random encoder-decoder whose tokenizer is trained on the src and tgt texts of `train_datasets`
     (src/tgt JSONL, comma-separated for several); see build_tiny_seq2seq. Returns (tokenizer, model).
 

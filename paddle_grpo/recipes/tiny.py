@@ -1,20 +1,24 @@
 """Tiny Qwen2-architecture models and tokenizers made locally (tests, benchmark, quickstart; never downloaded).
 
-`build_tokenizer(corpus, vocab_size, out_dir)` trains a byte-level BPE (the `tokenizers` library) on the given texts
-and saves it as a PaddleNLP `Qwen2Tokenizer` with Qwen's special tokens; `build_model(config_kwargs, out_dir)` saves
-a randomly initialised `Qwen2ForCausalLM`. The directory then loads with `AutoTokenizer` / `AutoModelForCausalLM`
+`build_tokenizer(corpus, out_dir, vocab_size)` trains a byte-level BPE (the `tokenizers` library) on the given texts
+and saves it as a PaddleNLP `Qwen2Tokenizer` with Qwen's special tokens; `build_model(out_dir, tokenizer, **sizes)`
+saves a randomly initialised `Qwen2ForCausalLM`. The directory then loads with `AutoTokenizer` / `AutoModelForCausalLM`
 like any PaddleNLP checkpoint.
 """
 from __future__ import annotations
 
 import os
 import tempfile
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:
+    from paddlenlp.transformers import PretrainedTokenizer, Qwen2ForCausalLM, Qwen2Tokenizer
 
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [PAD, IM_START, IM_END]
 
 
-def build_tokenizer(corpus, out_dir, vocab_size=512):
+def build_tokenizer(corpus: Iterable[str], out_dir: str, vocab_size: int = 512) -> Qwen2Tokenizer:
     """Train a byte-level BPE on `corpus` (iterable of str) and save a Qwen2Tokenizer in `out_dir`.
 
     EOS is `<|im_end|>` (Qwen's chat turn end), padding `<|endoftext|>`. Returns the paddlenlp tokenizer.
@@ -38,8 +42,9 @@ def build_tokenizer(corpus, out_dir, vocab_size=512):
     return tokenizer
 
 
-def build_model(out_dir, tokenizer, *, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                num_kv_heads=2, max_position_embeddings=1024, seed=0, tie_word_embeddings=False):
+def build_model(out_dir: str, tokenizer: PretrainedTokenizer, *, hidden_size: int = 64, intermediate_size: int = 128,
+                num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2, max_position_embeddings: int = 1024,
+                seed: int = 0, tie_word_embeddings: bool = False) -> Qwen2ForCausalLM:
     """Save a randomly initialised Qwen2ForCausalLM whose vocabulary matches `tokenizer`; returns the model."""
     import paddle
     from paddlenlp.transformers import Qwen2Config, Qwen2ForCausalLM
@@ -56,7 +61,8 @@ def build_model(out_dir, tokenizer, *, hidden_size=64, intermediate_size=128, nu
     return model
 
 
-def build_tiny_policy(out_dir, corpus, *, vocab_size=512, seed=0, **model_kwargs):
+def build_tiny_policy(out_dir: str, corpus: Iterable[str], *, vocab_size: int = 512, seed: int = 0,
+                      **model_kwargs: Any) -> tuple[Qwen2Tokenizer, Qwen2ForCausalLM]:
     """Tokenizer + random model in one directory (what `actor_model_name_or_path` points at)."""
     tokenizer = build_tokenizer(corpus, out_dir, vocab_size=vocab_size)
     model = build_model(out_dir, tokenizer, seed=seed, **model_kwargs)
@@ -80,7 +86,7 @@ def _byte_to_unicode():
 CHAR_ALPHABET = "".join(map(chr, [*range(32, 127), 10, 9, *range(0, 9), *range(11, 32), 127]))
 
 
-def build_char_tokenizer(out_dir, vocab_size=128):
+def build_char_tokenizer(out_dir: str, vocab_size: int = 128) -> Qwen2Tokenizer:
     """A character-level Qwen2Tokenizer with exactly `vocab_size` tokens (Qwen's 3 special tokens + the first
     `vocab_size - 3` characters of CHAR_ALPHABET), no merges: each of those characters is one token.
 
