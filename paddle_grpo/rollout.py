@@ -144,7 +144,7 @@ def decode(stepper: Stepper, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tens
         if do_sample:
             probs = F.softmax(processed, axis=-1)
             if top_p < 1.0:
-                probs = _top_p_filter(probs, top_p)
+                probs = top_p_filter(probs, top_p)
             if keys is None:
                 token = paddle.multinomial(probs, num_samples=1).squeeze(-1)
             else:
@@ -223,8 +223,8 @@ def _mark(seen, ids):
     return seen | (hits > 0)
 
 
-def _top_p_filter(probs, top_p):
-    """Keep the smallest set of most likely tokens whose probability reaches top_p; renormalise."""
+def top_p_filter(probs: paddle.Tensor, top_p: float) -> paddle.Tensor:
+    """Keep the smallest set of most likely tokens whose probability reaches top_p; renormalise. [n, V] -> [n, V]."""
     sorted_probs = paddle.sort(probs, axis=-1, descending=True)
     cumulative = paddle.cumsum(sorted_probs, axis=-1)
     # The probability of the last token kept: tokens less likely than it are dropped (ties kept).

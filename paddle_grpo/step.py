@@ -581,8 +581,9 @@ def _pipeline_mini_batch(learner: Learner, inputs: UpdateInputs, sl: slice, agg:
     ids = paddle.concat([b.prompt_ids[sl], b.completion_ids[sl]], axis=1)
     attention_mask = paddle.concat([b.prompt_mask[sl], b.completion_mask[sl]], axis=1).astype("int64")
     T = b.completion_ids.shape[1]
-    labels = (b.completion_ids[sl], inputs.loss_mask[sl], inputs.advantages[sl],
-              None if inputs.old_lp is None else inputs.old_lp[sl], None if inputs.ref_lp is None else inputs.ref_lp[sl])
+    rows = lambda t: None if t is None else t[sl]  # noqa: E731
+    labels = (b.completion_ids[sl], inputs.loss_mask[sl], inputs.advantages[sl], rows(inputs.old_lp),
+              rows(inputs.ref_lp))
     micro = []
 
     def loss_fn(logits, labels):

@@ -1,4 +1,4 @@
-"""Shared by the multi-process tests (test_distributed.py, test_pipeline.py): a tiny training config, the
+"""Shared by the multi-process tests (tests/parallel/test_distributed.py, test_pipeline.py): a tiny training config, the
 `paddle.distributed.launch` command for CPU ranks, running it, and the exact-resume check."""
 import json
 import os

@@ -7,7 +7,7 @@ import pytest
 
 from paddle_grpo.policy import load_tokenizer
 from paddle_grpo.policy.causal import completion_logprobs, load_causal_lm
-from paddle_grpo.rollout import _top_p_filter, generate
+from paddle_grpo.rollout import top_p_filter, generate
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +153,7 @@ def numpy_top_p(p, top_p):
 def test_top_p_filter_against_numpy(top_p):
     rng = np.random.default_rng(0)
     p = rng.dirichlet(np.ones(40), size=6).astype(np.float32)
-    got = _top_p_filter(paddle.to_tensor(p), top_p).numpy()
+    got = top_p_filter(paddle.to_tensor(p), top_p).numpy()
     np.testing.assert_allclose(got, numpy_top_p(p, top_p), atol=1e-6)
 
 

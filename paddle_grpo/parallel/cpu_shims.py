@@ -1,6 +1,6 @@
 """CPU stand-ins for paddle internals that fleet needs and gloo lacks. Each replaces a module attribute of paddle at
 start-up (CPU builds only) and was written against paddle `PADDLE_VERSION`; `PINS` records the signature and a hash
-of the source of every paddle function it replaces or relies on, and tests/test_parallel_shims.py fails, naming the
+of the source of every paddle function it replaces or relies on, and tests/parallel/test_shims.py fails, naming the
 shim to re-check, when the installed paddle differs (docs/distributed.md, "Start-up"; docs/platform.md).
 
 What each patch needs at run time (stores, pair groups) lives in its closure: the patched paddle attribute keeps it

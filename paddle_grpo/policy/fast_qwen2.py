@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Tuple
 
 import numpy as np
 import paddle
@@ -170,7 +170,7 @@ class Qwen2Fast:
         """
         N, L = prompt_ids.shape
         T = completion_ids.shape[1]
-        rows_np, first = _unique_rows(prompt_ids.numpy(), prompt_mask.numpy())
+        rows_np, first = unique_rows(prompt_ids.numpy(), prompt_mask.numpy())
         P, Tc = len(first), T - 1  # the last completion token is never an input
         first_t = paddle.to_tensor(first, dtype="int64")
         rows = paddle.to_tensor(rows_np, dtype="int64")
@@ -264,7 +264,7 @@ class Qwen2Fast:
         return self.logits(x).astype("float32")
 
 
-def _unique_rows(ids, mask):
+def unique_rows(ids: np.ndarray, mask: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """Map each row of (ids, mask) [N, L] to the first row with the same prompt.
 
     Returns (rows [N] index into the unique prompts, first [P] the row index of each unique prompt)."""

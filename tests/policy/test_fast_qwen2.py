@@ -83,10 +83,10 @@ def test_switch(monkeypatch):
 def test_unique_rows_finds_groups():
     ids = np.array([[0, 5, 6], [0, 5, 6], [7, 8, 9], [0, 5, 6], [1, 5, 6]])
     mask = np.array([[0, 1, 1], [0, 1, 1], [1, 1, 1], [0, 1, 1], [0, 1, 1]])
-    rows, first = fast_qwen2._unique_rows(ids, mask)
+    rows, first = fast_qwen2.unique_rows(ids, mask)
     assert rows.tolist() == [0, 0, 1, 0, 2] and first.tolist() == [0, 2, 4]
     mask[1, 0] = 1  # same ids, different mask: a different prompt
-    rows, _ = fast_qwen2._unique_rows(ids, mask)
+    rows, _ = fast_qwen2.unique_rows(ids, mask)
     assert rows.tolist() == [0, 1, 2, 0, 3]
 
 

@@ -1,4 +1,4 @@
-"""run_rl.py with a slow stand-in for the quickstart build, for tests/test_distributed.py:
+"""run_rl.py with a slow stand-in for the quickstart build, for tests/parallel/test_distributed.py:
 
     slow_build_run_rl.py SOURCE_POLICY SECONDS CONFIG [--key value ...]
 

@@ -1,7 +1,7 @@
 """Run under `paddle.distributed.launch`: the trainer's start-up alone (`ParallelContext.from_config`: fleet's
 groups, the data-parallel groups, the CPU stand-ins, a 3+ stage pipeline's pair groups), then one all-reduce of
 `rank + 1` over every group this rank belongs to; writes OUT_DIR/rank<r>.json ({group: [sum, ranks]}) for the
-repeated-launch test in tests/test_distributed.py.
+repeated-launch test in tests/parallel/test_distributed.py.
 
     startup_worker.py OUT_DIR CONFIG [--key value ...]
 """

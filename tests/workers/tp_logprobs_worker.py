@@ -1,5 +1,5 @@
 """Run under `paddle.distributed.launch --nproc_per_node 2`: TP=2 log-probs, entropy and their gradient w.r.t. the
-hidden states' source (the embedding), written by rank 0 to OUT.npz for tests/test_distributed.py to compare with a
+hidden states' source (the embedding), written by rank 0 to OUT.npz for tests/parallel/test_distributed.py to compare with a
 single-process computation on the same weights."""
 import sys
 

@@ -98,7 +98,8 @@ def _tiny_policy(tmp_path, **model_kwargs):
     """The tests' tiny policy (conftest.tiny_policy_dir) with other model options."""
     from paddle_grpo.recipes.tiny import build_tiny_policy
 
-    spec = importlib.util.spec_from_file_location("_conftest_corpus", pathlib.Path(__file__).with_name("conftest.py"))
+    conftest_path = pathlib.Path(__file__).parent.parent / "conftest.py"
+    spec = importlib.util.spec_from_file_location("_conftest_corpus", conftest_path)
     conftest = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(conftest)
     path = tmp_path / "policy"
