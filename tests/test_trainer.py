@@ -19,6 +19,7 @@ from paddle_grpo import step
 from paddle_grpo.config import config_from_dict
 from paddle_grpo.rewards.client import RewardServerError
 from paddle_grpo.trainer import Trainer, TrainingError
+from resume_helpers import full_and_resumed
 
 NAMES = ["Ann", "Bob", "Cid", "Dan", "Eve", "Fay", "Gus", "Hal", "Ivy", "Jon", "Kim", "Lea"]
 
@@ -191,18 +192,8 @@ def test_resume_reproduces_the_uninterrupted_run(workdir, tiny_policy_dir, tmp_p
     common = dict(max_steps=4, lr_scheduler_type="cosine", warmup_steps=1, normalize_reward=True,
                   kl_coeff=0.01, rl_algorithm="reinforce_plus_plus", dataloader_shuffle=True, save_strategy="steps",
                   save_steps=2)
-    full = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "full", **common))
-    full.train()
-    # The "interrupted" run: two steps and a checkpoint, as a run that was stopped after step 2 leaves behind.
-    first = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "split", **common))
-    for _ in range(2):
-        metrics = first.train_step()
-        first.log.log(first.step, metrics)
-    first.save()
-    resumed = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "split", resume_from_checkpoint=True,
-                               **common))
-    assert resumed.step == 2
-    resumed.train()
+    full, resumed = full_and_resumed(lambda out, **kw: make_cfg(workdir, tiny_policy_dir, out, **kw), tmp_path, 2,
+                                     **common)
     a = {r["step"]: r for r in read_metrics(tmp_path / "full")}
     b = {r["step"]: r for r in read_metrics(tmp_path / "split")}
     for step in (3, 4):

@@ -337,19 +337,10 @@ def test_trainer_trains_adapters_only_with_the_base_as_reference(tiny_policy_dir
 
 @needs_wiring
 def test_trainer_resumes_lora_runs_exactly(tiny_policy_dir, tmp_path):
-    from paddle_grpo.trainer import Trainer
+    from resume_helpers import full_and_resumed
 
-    common = dict(max_steps=3, save_steps=1, ignore_save_lr_and_optim=False)
-    full = Trainer(lora_cfg(tmp_path, tiny_policy_dir, tmp_path / "full", **common))
-    full.train()
-    first = Trainer(lora_cfg(tmp_path, tiny_policy_dir, tmp_path / "split", **common))
-    metrics = first.train_step()
-    first.log.log(first.step, metrics)
-    first.save()
-    resumed = Trainer(lora_cfg(tmp_path, tiny_policy_dir, tmp_path / "split", resume_from_checkpoint=True,
-                               **common))
-    assert resumed.step == 1
-    resumed.train()
+    full, resumed = full_and_resumed(lambda out, **kw: lora_cfg(tmp_path, tiny_policy_dir, out, **kw), tmp_path, 1,
+                                     max_steps=3, save_steps=1, ignore_save_lr_and_optim=False)
     a, b = ({n: p.numpy() for n, p in t.policy.model.named_parameters()} for t in (full, resumed))
     assert a.keys() == b.keys() and all(np.array_equal(a[n], b[n]) for n in a)
 
