@@ -25,7 +25,9 @@ from .parallel import ParallelContext, build_once_per_node
 from .policy import freeze, load_policy, load_tokenizer, mix_into, parameters_by_decay, quiet_paddlenlp
 from .rewards.client import make_rewarder
 from .sampling import row_keys
-from .step import TrainingError  # noqa: F401  (re-exported: run_rl.py and users catch it here)
+from .step import TrainingError
+
+__all__ = ["PolicyBuilder", "Trainer", "TrainingError", "train"]  # TrainingError: step.py's, caught by callers
 
 logger = logging.getLogger("paddle_grpo.trainer")
 

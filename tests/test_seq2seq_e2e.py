@@ -1,9 +1,9 @@
 """End-to-end: GRPO on the project's synthetic summarization data with a tiny random T5 and the rouge_l reward,
 through configs/summarization_grpo.yaml and the real Trainer.
 
-Needs the trainer's encoder-decoder wiring (Trainer picks seq2seq.load_seq2seq_lm / generate / completion_logprobs
-when the model config says is_encoder_decoder, and checkpoint.load_weights resumes encoder-decoders); without it
-the Trainer fails to load the T5 policy with AutoModelForCausalLM.
+Needs the encoder-decoder wiring: `policy.load_policy` picks `Seq2SeqPolicy` when the model config says
+is_encoder_decoder, and checkpoint.load_weights resumes encoder-decoders; without it the Trainer would load the T5
+policy with AutoModelForCausalLM and fail.
 """
 import json
 import math
@@ -11,9 +11,8 @@ import math
 import numpy as np
 import pytest
 
-from paddle_grpo.policy import seq2seq
-from paddle_grpo.recipes.seq2seq import build_summarization_policy, build_tiny_seq2seq
 from paddle_grpo.config import load_config
+from paddle_grpo.recipes.seq2seq import build_summarization_policy
 from paddle_grpo.trainer import Trainer
 
 

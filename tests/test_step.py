@@ -9,8 +9,8 @@ import paddle
 import pytest
 
 from paddle_grpo import step
-from paddle_grpo.algorithms import (RunningRewardNormalizer, get_advantage_estimator, kl_penalty,
-                                    register_advantage_estimator, unregister_advantage_estimator)
+from paddle_grpo.algorithms import (RunningRewardNormalizer, get_advantage_estimator, register_advantage_estimator,
+                                    unregister_advantage_estimator)
 from paddle_grpo.config import config_from_dict
 from paddle_grpo.parallel import ParallelContext
 from paddle_grpo.rewards import RewardResult

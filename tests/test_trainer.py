@@ -196,10 +196,10 @@ def test_resume_reproduces_the_uninterrupted_run(workdir, tiny_policy_dir, tmp_p
                                      **common)
     a = {r["step"]: r for r in read_metrics(tmp_path / "full")}
     b = {r["step"]: r for r in read_metrics(tmp_path / "split")}
-    for step in (3, 4):
-        for key in a[step]:
+    for n in (3, 4):
+        for key in a[n]:
             if not key.startswith("perf/"):
-                assert a[step][key] == b[step][key], (step, key)
+                assert a[n][key] == b[n][key], (n, key)
     pa, pb = params(full.policy.model), params(resumed.policy.model)
     assert all(np.array_equal(pa[k], pb[k]) for k in pa)
     assert os.path.isdir(tmp_path / "split" / "checkpoint-4") and os.path.isdir(tmp_path / "full" / "checkpoint-2")

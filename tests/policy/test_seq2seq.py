@@ -11,9 +11,9 @@ import paddle
 import pytest
 
 from paddle_grpo.policy import seq2seq
-from paddle_grpo.recipes.seq2seq import build_summarization_policy, build_tiny_seq2seq
-from paddle_grpo.sampling import row_keys
+from paddle_grpo.recipes.seq2seq import build_tiny_seq2seq
 from paddle_grpo.recipes.tiny import build_tokenizer
+from paddle_grpo.sampling import row_keys
 
 CORPUS = [
     "summarize: Researchers at the Ostley Guild have discovered a new species of snail near Morholm. The team was "

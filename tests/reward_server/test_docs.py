@@ -12,7 +12,6 @@ import shlex
 import shutil
 import subprocess
 
-import pytest
 import requests
 
 from paddle_grpo.rewards import available_rewards, get_reward_fn

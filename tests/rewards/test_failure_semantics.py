@@ -6,7 +6,6 @@ Failing (raise, timeout) -> the sample's combined reward is None, with the reaso
 Returning None            -> the term is skipped: the combined reward is the weighted sum of the other terms.
 """
 import json
-import threading
 
 import numpy as np
 import pytest
