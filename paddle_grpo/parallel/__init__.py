@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-
 from .context import ParallelContext
 from .layout import (check_pipeline_config, data_parallel_groups, fleet_strategy, hybrid_degrees, prompt_positions,
                      unsupported_layout)
