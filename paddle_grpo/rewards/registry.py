@@ -40,6 +40,13 @@ def register_reward(name: str, max_score: Optional[float] = None) -> Callable[[R
     return decorator
 
 
+def unregister_reward(name: str) -> None:
+    """Remove a registered reward (a test's or a notebook's own); an unknown name raises KeyError naming it."""
+    if name not in _REGISTRY:
+        raise KeyError(f"no reward named {name!r} is registered")
+    del _REGISTRY[name]
+
+
 def available_rewards() -> List[str]:
     """Sorted names of the registered reward functions."""
     return sorted(_REGISTRY)

@@ -67,4 +67,7 @@ def test_register_reward():
         register_reward("test_registry_constant")(lambda p, c, **k: [])
     with pytest.raises(ValueError, match="without ':'"):
         register_reward("a:b")
-    rewards.registry._REGISTRY.pop("test_registry_constant")
+    rewards.unregister_reward("test_registry_constant")
+    assert "test_registry_constant" not in available_rewards()
+    with pytest.raises(KeyError, match="test_registry_constant"):
+        rewards.unregister_reward("test_registry_constant")
