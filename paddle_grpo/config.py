@@ -215,6 +215,7 @@ class AlgorithmArguments:
     kl_coeff: float = arg(0.001, "KL penalty coefficient inside the reward (REINFORCE++ style).")
     kl_estimator: str = arg("k1", "(new) KL estimator for the KL in the reward.",
                             choices=_from_algorithms("KL_ESTIMATORS"))
+    use_kl_in_reward: bool = arg(False, "(new) Group estimators (grpo, rloo): also subtract kl_coeff * KL from each sequence reward (verl's use_kl_in_reward); PaddleNLP's GRPO ignores kl_coeff.")
     kl_loss_coeff: float = arg(0.0, "KL loss coefficient (GRPO style); works for every estimator.")
     kl_loss_estimator: str = arg("k3", "(new) KL estimator for the KL loss.",
                                  choices=_from_algorithms("KL_ESTIMATORS"))
@@ -354,9 +355,19 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
     def lora_alpha_value(self) -> float:
         return 2.0 * self.lora_rank if self.lora_alpha == -1 else self.lora_alpha
 
+    # ---- i14-math: where the reward's KL goes (one decision, used by the trainer, step and config notes) ----
+    @property
+    def reward_kl_coeff(self) -> float:
+        """The coefficient of the KL term in the reward: `kl_coeff` for estimators that take it per token
+        (REINFORCE++), for the group estimators only with `use_kl_in_reward` (PaddleNLP's GRPO ignores kl_coeff),
+        else 0 (docs/algorithms.md section 3)."""
+        from .algorithms import reward_kl_coeff  # paddle: see _from_algorithms
+        return reward_kl_coeff(self.rl_algorithm, self.kl_coeff, self.use_kl_in_reward)
+
     @property
     def needs_reference_model(self) -> bool:
-        return self.kl_coeff != 0 or self.kl_loss_coeff != 0
+        return self.reward_kl_coeff != 0 or self.kl_loss_coeff != 0
+    # ---- end i14-math ----
 
     def batch_geometry(self, world_size: int = 1) -> BatchGeometry:
         """Per-rank batch sizes for `world_size` processes; raises ConfigError naming the keys when they don't fit."""
@@ -632,7 +643,28 @@ def inert_key_messages(cfg: Config, given: Dict[str, str], device: str) -> List[
             if SHARDING_OPTIONS.get(option):
                 out.append(f"{given['sharding_parallel_config']}: key 'sharding_parallel_config': option "
                            f"'{option}' has no effect here: {SHARDING_OPTIONS[option]}")
+    out.extend(reward_kl_notes(cfg, given))  # i14-math
     return out
+
+
+# ---- i14-math: notes on the reward's KL keys (the decision itself is Config.reward_kl_coeff) ----
+def reward_kl_notes(cfg: Config, given: Dict[str, str]) -> List[str]:
+    """One line for each of `kl_coeff` / `use_kl_in_reward` set (file or command line) where it has no effect on
+    the reward: `kl_coeff` with a group estimator (grpo, rloo) without `use_kl_in_reward`, as in PaddleNLP's GRPO;
+    `use_kl_in_reward` with an estimator that always takes the KL per token, or with `kl_coeff` 0."""
+    from .algorithms import advantage_estimator_spec  # paddle: see _from_algorithms
+    out = []
+    per_token = advantage_estimator_spec(cfg.rl_algorithm).kl_in_reward == "token"
+    if "kl_coeff" in given and cfg.kl_coeff != 0 and cfg.reward_kl_coeff == 0:
+        out.append(f"{given['kl_coeff']}: key 'kl_coeff' has no effect here: rl_algorithm {cfg.rl_algorithm!r} "
+                   "keeps the reference KL out of the reward, as PaddleNLP's GRPO does (its KL is kl_loss_coeff); "
+                   "set use_kl_in_reward: true to subtract kl_coeff * KL from each sequence reward")
+    if "use_kl_in_reward" in given and cfg.use_kl_in_reward and (per_token or cfg.kl_coeff == 0):
+        why = (f"rl_algorithm {cfg.rl_algorithm!r} always puts kl_coeff * KL in the reward, per token" if per_token
+               else "kl_coeff is 0")
+        out.append(f"{given['use_kl_in_reward']}: key 'use_kl_in_reward' has no effect here: {why}")
+    return out
+# ---- end i14-math ----
 
 
 # ------------------------------------------------------------------------------------------------- validation

@@ -464,21 +464,23 @@ def shape_rewards(rows: GlobalRows, cfg: Any, normalizer: Optional[RunningReward
 
 def compute_advantages(rows: GlobalRows, rewards: np.ndarray, cfg: Any) -> Tuple[np.ndarray, AdvantageMetrics]:
     """Advantages [N, T_max] of the global batch from the shaped rewards [N] (docs/algorithms.md sections 2-3).
-    The reward's KL term, when `rows` carries log-probs, goes where the estimator's spec says: per token inside
-    the estimator, or per sequence (`R - kl_coeff * sum_t KL_t`) before it."""
+    The reward's KL term (coefficient `cfg.reward_kl_coeff`: `kl_coeff` for the REINFORCE++ family, for the group
+    estimators only with `use_kl_in_reward`), when `rows` carries log-probs, goes where the estimator's spec says:
+    per token inside the estimator, or per sequence (`R - kl_coeff * sum_t KL_t`) before it."""
     G = cfg.rollout_n
     spec = advantage_estimator_spec(cfg.rl_algorithm)
     mask = rows.mask * rows.valid[:, None]   # rows no function could judge take no part in any statistic
     index = np.repeat(np.arange(len(rewards) // G), G)
     options = {key: getattr(cfg, key) for key in spec.config_options}
     seq_rewards = rewards.copy()
-    if rows.old is not None:
+    kl_coeff = cfg.reward_kl_coeff
+    if rows.old is not None and kl_coeff != 0:
         if spec.kl_in_reward == "token":
-            options.update(kl_coeff=cfg.kl_coeff, old_log_probs=paddle.to_tensor(rows.old),
+            options.update(kl_coeff=kl_coeff, old_log_probs=paddle.to_tensor(rows.old),
                            ref_log_probs=paddle.to_tensor(rows.ref), kl_estimator=cfg.kl_estimator)
         else:
             kl = kl_penalty(paddle.to_tensor(rows.old), paddle.to_tensor(rows.ref), cfg.kl_estimator).numpy()
-            seq_rewards = rewards - cfg.kl_coeff * (kl * mask).sum(-1)
+            seq_rewards = rewards - kl_coeff * (kl * mask).sum(-1)
     mask_t = paddle.to_tensor(mask.astype(np.float32))
     token_rewards = scalar_to_token_level(paddle.to_tensor(seq_rewards.astype(np.float32)), mask_t)
     adv, _ = spec.fn(token_rewards, mask_t, index, **options)

@@ -139,7 +139,7 @@ class Trainer:
         # The reward's KL uses the sampling policy's log-probs: recomputed when off-policy, else the rollout's own
         # (equal to a recomputation up to float rounding, and free).
         old_for_reward = None
-        if cfg.kl_coeff > 0 and ref_lp is not None:
+        if cfg.reward_kl_coeff > 0 and ref_lp is not None:
             old_for_reward = old_lp if old_lp is not None else batch.sample_logprobs
         logprob_s = time.perf_counter() - t0
 

@@ -129,7 +129,8 @@ def test_shape_rewards_clips_then_adds_the_overlong_penalty_then_normalises():
     # by hand: clip to [-10, 10]; lengths 4, 1, 2, 3 past max_dec_len - buffer = 2 cost (L - 2) / 2
     expected = np.array([10.0, -3.0, 1.0, 4.0]) + np.array([-1.0, 0.0, 0.0, -0.5])
     judged = expected[valid]
-    expected = np.where(valid, (expected - judged.mean()) / (np.sqrt(judged.var()) + 1e-8), 0.0)
+    # PaddleNLP's normaliser: the first batch's mean and UNBIASED variance
+    expected = np.where(valid, (expected - judged.mean()) / (judged.std(ddof=1) + 1e-8), 0.0)
     np.testing.assert_allclose(shaped, expected, rtol=1e-5, atol=1e-6)
     assert metrics.reward == pytest.approx(np.mean([12.0, -3.0, 4.0]))
     assert metrics.reward_std == pytest.approx(np.std([12.0, -3.0, 4.0], ddof=1))
@@ -151,12 +152,13 @@ def kl_inputs(rng, n, T):
     return mask, old, ref
 
 
-def test_group_estimators_take_the_reward_kl_per_sequence():
+def test_group_estimators_take_the_reward_kl_per_sequence_with_use_kl_in_reward():
     rng = np.random.default_rng(5)
     mask, old, ref = kl_inputs(rng, 4, 5)
     rewards = np.array([1.0, 0.0, 0.5, 0.5], dtype=np.float32)
     valid = np.array([True, True, True, False])
-    cfg = cfg_of(rl_algorithm="grpo", kl_coeff=0.1, kl_estimator="k1")
+    cfg = cfg_of(rl_algorithm="grpo", kl_coeff=0.1, kl_estimator="k1", use_kl_in_reward=True)
+    assert cfg.reward_kl_coeff == 0.1 and cfg.needs_reference_model
     adv, metrics = step.compute_advantages(global_rows(rewards, valid, mask, old, ref), rewards, cfg)
     # reference: R - 0.1 * sum_t (old - ref) over valid tokens, then GRPO's group z-score (unbiased std)
     m = mask * valid[:, None]
@@ -170,6 +172,43 @@ def test_group_estimators_take_the_reward_kl_per_sequence():
             expected[r] = v * m[r]
     np.testing.assert_allclose(adv, expected, rtol=1e-4, atol=1e-5)
     assert metrics.frac_reward_zero_std == 0.5  # the second group's shaped rewards agree
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "rloo"])
+def test_group_estimators_ignore_kl_coeff_without_use_kl_in_reward(algorithm):
+    # PaddleNLP's GRPO keeps the reference KL out of the reward (kl_coeff has no effect): the advantages are those
+    # of the plain rewards even when the rows carry log-probs, and no reference model is needed for kl_coeff alone
+    rng = np.random.default_rng(8)
+    mask, old, ref = kl_inputs(rng, 4, 5)
+    rewards = np.array([1.0, 0.0, 0.25, 0.5], dtype=np.float32)
+    cfg = cfg_of(rl_algorithm=algorithm, kl_coeff=0.5)
+    assert cfg.reward_kl_coeff == 0.0 and not cfg.needs_reference_model
+    assert cfg_of(rl_algorithm=algorithm, kl_coeff=0.5, kl_loss_coeff=0.01).needs_reference_model
+    with_lp, _ = step.compute_advantages(global_rows(rewards, [True] * 4, mask, old, ref), rewards, cfg)
+    plain, _ = step.compute_advantages(global_rows(rewards, [True] * 4, mask), rewards, cfg)
+    np.testing.assert_array_equal(with_lp, plain)
+    # reference: the estimator on the rewards alone
+    token_rewards = np.zeros(mask.shape, dtype=np.float32)
+    token_rewards[np.arange(4), mask.sum(1) - 1] = rewards
+    expected, _ = get_advantage_estimator(algorithm)(paddle.to_tensor(token_rewards),
+                                                     paddle.to_tensor(mask.astype("float32")), [0, 0, 1, 1])
+    np.testing.assert_allclose(with_lp, expected.numpy(), rtol=1e-6)
+    # with use_kl_in_reward the same rows give different advantages
+    on, _ = step.compute_advantages(global_rows(rewards, [True] * 4, mask, old, ref), rewards,
+                                    cfg_of(rl_algorithm=algorithm, kl_coeff=0.5, use_kl_in_reward=True))
+    assert not np.allclose(on, plain)
+
+
+def test_reinforce_plus_plus_keeps_kl_coeff_in_the_reward_whatever_use_kl_in_reward_says():
+    rng = np.random.default_rng(9)
+    mask, old, ref = kl_inputs(rng, 4, 5)
+    rewards = rng.random(4).astype(np.float32)
+    rows = global_rows(rewards, [True] * 4, mask, old, ref)
+    off = cfg_of(rl_algorithm="reinforce_plus_plus", kl_coeff=0.05)
+    on = cfg_of(rl_algorithm="reinforce_plus_plus", kl_coeff=0.05, use_kl_in_reward=True)
+    assert off.reward_kl_coeff == on.reward_kl_coeff == 0.05 and off.needs_reference_model
+    np.testing.assert_array_equal(step.compute_advantages(rows, rewards, off)[0],
+                                  step.compute_advantages(rows, rewards, on)[0])
 
 
 def test_token_level_estimators_receive_the_log_probs_and_kl_options():

@@ -19,6 +19,7 @@ from .advantages import (
     available_advantage_estimators,
     get_advantage_estimator,
     register_advantage_estimator,
+    reward_kl_coeff,
     scalar_to_token_level,
     unregister_advantage_estimator,
 )
@@ -50,5 +51,6 @@ __all__ = [
     "clip_reward", "compute_policy_loss", "entropy_from_logits", "get_advantage_estimator", "get_policy_loss",
     "global_denominators", "importance_sampling_levels", "kl_penalty", "logprobs_from_logits", "lr_lambda",
     "masked_mean", "normalize_advantage", "overlong_penalty", "policy_loss_spec", "register_advantage_estimator",
-    "register_policy_loss", "scalar_to_token_level", "unregister_advantage_estimator", "unregister_policy_loss",
+    "register_policy_loss", "reward_kl_coeff", "scalar_to_token_level", "unregister_advantage_estimator",
+    "unregister_policy_loss",
 ]

@@ -56,6 +56,19 @@ def available_advantage_estimators() -> Tuple[str, ...]:
     return _ESTIMATORS.names()
 
 
+def reward_kl_coeff(rl_algorithm: str, kl_coeff: float, use_kl_in_reward: bool) -> float:
+    """The coefficient of the reference KL inside the reward for `rl_algorithm` (0.0: no KL in the reward).
+
+    Estimators whose spec takes the KL per token (`kl_in_reward == "token"`, the REINFORCE++ family) use
+    `kl_coeff`, as PaddleNLP's REINFORCE++ does. The group estimators (`"sequence"`: grpo, rloo) ignore it, as
+    PaddleNLP's GRPO does (its reference KL is only in the loss, `kl_loss_coeff`), unless `use_kl_in_reward`
+    (verl's name) asks for `R_i - kl_coeff * sum_t KL_t`. The one place this is decided: the trainer, the step and
+    the config's notes all call it (docs/algorithms.md section 3).
+    """
+    spec = advantage_estimator_spec(rl_algorithm)
+    return float(kl_coeff) if spec.kl_in_reward == "token" or use_kl_in_reward else 0.0
+
+
 # ---- helpers --------------------------------------------------------------------------------------------------------
 
 def scalar_to_token_level(rewards: TensorLike, response_mask: TensorLike) -> paddle.Tensor:

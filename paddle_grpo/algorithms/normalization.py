@@ -9,18 +9,23 @@ from ._common import TensorLike, as_float, as_mask, compute_dtype, masked_center
 
 
 class RunningRewardNormalizer:
-    """Running mean / variance of scalar rewards, updated with Chan et al.'s parallel algorithm.
+    """Running mean / variance of scalar rewards, updated as PaddleNLP's GRPO / REINFORCE++ trainer does
+    (`paddlenlp/rl/trainer/ppo_trainer.py: PPOTrainer.compute_reward_normalization`).
 
-    For a batch with `n_b` rewards, mean `mean_b` and POPULATION variance `var_b` (divided by `n_b`):
+    For a batch with `n_b` rewards, mean `mean_b` and UNBIASED variance `var_b` (divided by `n_b - 1`, as
+    `paddle.Tensor.var()`; taken as 0 for a batch of one reward, where PaddleNLP's would be NaN):
         delta = mean_b - mu;  mu' = mu + delta n_b / (N + n_b)
         var'  = (var N + var_b n_b + delta^2 N n_b / (N + n_b)) / (N + n_b);  N' = N + n_b
-    With population variances this merge is exact: after any sequence of updates `mu`, `var` are the mean and
-    population variance (`np.var`) of every reward seen (an unbiased `var_b` would not compose). Initial state
-    mean 0, var 1, count 0, so before the first update `normalize` is the identity.
+    (Chan et al.'s merge, fed with the unbiased batch variance: after the first batch `var` is that batch's
+    unbiased variance, not the population variance of everything seen.) Initial state mean 0, var 1, count 0, as
+    PaddleNLP's, so before the first update `normalize` is the identity. `normalize`: `(R - mu) / (sqrt(var) + eps)`,
+    eps 1e-8, as PaddleNLP's.
 
-    The update is done in float64 and the mean and variance are stored rounded to float32 (PaddleNLP keeps them in
-    bf16, which loses them). The count is kept as an exact integer-valued float: a float32 count stops growing
-    at 2^24 rewards. Pass the global batch (all ranks) so every rank keeps the same statistics.
+    The update is done in float64 and the mean and variance are stored rounded to float32 (PaddleNLP keeps float32
+    too, but rounds mean and std to bfloat16 when it normalises; here they are used in float32). The count is kept
+    as an exact integer-valued float: a float32 count stops growing at 2^24 rewards. Pass the global batch (all
+    ranks) so every rank keeps the same statistics. The checkpoint state is `{"mean", "var", "count"}`, unchanged
+    from the earlier population-variance version, so its checkpoints load (and continue with this update).
     """
 
     def __init__(self, epsilon: float = 1e-8) -> None:
@@ -42,7 +47,7 @@ class RunningRewardNormalizer:
         if n_b == 0:
             return
         mean_b = batch.mean()
-        var_b = np.mean((batch - mean_b) ** 2)
+        var_b = batch.var(ddof=1) if n_b > 1 else 0.0  # unbiased, as PaddleNLP's paddle.Tensor.var()
         n, mu, var = self.count, float(self.mean), float(self.var)
         total = n + n_b
         delta = mean_b - mu
