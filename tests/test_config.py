@@ -3,6 +3,7 @@
 PaddleNLP's own grpo_argument.yaml and reinforce_plus_plus_argument.yaml are rebuilt here from the key table in
 PADDLENLP_KEYS.md (values as PaddleNLP ships them) and must load unchanged.
 """
+import ast
 import json
 import logging
 import re
@@ -119,10 +120,11 @@ skip_profile_timer: false
 EXPECTED_INERT_ON_CPU = {
     "balance_batch", "use_remove_padding", "sequence_parallel", "use_flash_attention", "use_fused_head_and_loss_fn",
     "use_fused_linear", "bf16", "fp16_opt_level", "amp_custom_black_list", "amp_custom_white_list", "offload_level",
-    "release_grads",
+    "release_grads", "kl_coeff",
 }
 # skip_profile_timer: false (keep timers) is what happens here anyway, so it is not reported.
-EXPECTED_INERT_ON_GPU = {"balance_batch", "use_remove_padding"}
+# kl_coeff: PaddleNLP's GRPO ignores it (its KL is kl_loss_coeff), and so does grpo here without use_kl_in_reward.
+EXPECTED_INERT_ON_GPU = {"balance_batch", "use_remove_padding", "kl_coeff"}
 
 
 def write(tmp_path, text, name="cfg.yaml"):
@@ -175,6 +177,33 @@ def test_paddlenlp_reinforce_plus_plus_yaml_loads(tmp_path):
     text = PADDLENLP_GRPO_YAML.replace("rl_algorithm: grpo", "rl_algorithm: reinforce_plus_plus")
     cfg = load_config(write(tmp_path, text), device="cpu", warn=False)
     assert cfg.rl_algorithm == "reinforce_plus_plus" and cfg.kl_coeff == 0.001
+
+
+# ---- i14-math: the reward's KL keys ----
+@pytest.mark.parametrize("lines, noted", [
+    ("rl_algorithm: grpo\nkl_coeff: 0.001", ["kl_coeff"]),
+    ("rl_algorithm: rloo\nkl_coeff: 0.01", ["kl_coeff"]),
+    ("rl_algorithm: grpo\nkl_coeff: 0.0", []),
+    ("rl_algorithm: grpo", []),  # the default kl_coeff is not "set": no note
+    ("rl_algorithm: grpo\nkl_coeff: 0.001\nuse_kl_in_reward: true", []),
+    ("rl_algorithm: grpo\nkl_coeff: 0.0\nuse_kl_in_reward: true", ["use_kl_in_reward"]),
+    ("rl_algorithm: reinforce_plus_plus\nkl_coeff: 0.001", []),
+    ("rl_algorithm: reinforce_plus_plus\nkl_coeff: 0.001\nuse_kl_in_reward: true", ["use_kl_in_reward"]),
+])
+def test_a_reward_kl_key_without_effect_gets_a_one_line_note(tmp_path, caplog, lines, noted):
+    text = "actor_model_name_or_path: m\ntrain_datasets: d\nuse_rm_server: false\nreward_funcs: kk\n" + lines
+    with caplog.at_level(logging.WARNING, logger="paddle_grpo.config"):
+        cfg = load_config(write(tmp_path, text), device="gpu")
+    assert sorted(warned_keys(caplog)) == noted
+    for message in (r.getMessage() for r in caplog.records):
+        assert "\n" not in message and message.startswith(f"{tmp_path / 'cfg.yaml'}:")
+        assert "has no effect here" in message
+    if noted == ["kl_coeff"]:
+        assert cfg.reward_kl_coeff == 0.0 and not cfg.needs_reference_model
+        assert "use_kl_in_reward: true" in caplog.records[0].getMessage()
+        line = text.splitlines().index(next(x for x in text.splitlines() if x.startswith("kl_coeff"))) + 1
+        assert caplog.records[0].getMessage().startswith(f"{tmp_path / 'cfg.yaml'}:{line}: key 'kl_coeff'")
+# ---- end i14-math ----
 
 
 def test_every_key_of_paddlenlp_keys_md_is_accepted(repo_root):
@@ -387,10 +416,15 @@ def test_algorithm_choices_are_the_registries(repo_root):
     assert field_choices(FIELDS["importance_sampling_level"]) == ("token", "sequence")
     assert field_choices(FIELDS["kl_estimator"]) == field_choices(FIELDS["kl_loss_estimator"]) == ("k1", "k2", "k3")
     assert field_choices(FIELDS["loss_agg_mode"]) == algorithms.LOSS_AGG_MODES
-    # No list of names is kept in config.py itself.
-    source = (repo_root / "paddle_grpo" / "config.py").read_text(encoding="utf-8")
-    for name in ("reinforce_plus_plus", "rloo", '"k2"', "seq-mean-token-mean", '"gspo"'):
-        assert name not in source, name
+    # No list of names is kept in config.py itself (help texts may name an estimator, as use_kl_in_reward's does).
+    tree = ast.parse((repo_root / "paddle_grpo" / "config.py").read_text(encoding="utf-8"))
+    prose = {id(c.args[1]) for c in ast.walk(tree) if isinstance(c, ast.Call) and getattr(c.func, "id", "") == "arg"
+             and len(c.args) > 1} | {id(e.value) for e in ast.walk(tree) if isinstance(e, ast.Expr)}  # docstrings
+    strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+               and id(n) not in prose]
+    for name in ("reinforce_plus_plus", "rloo", "seq-mean-token-mean", "gspo"):
+        assert not any(name in x for x in strings), name
+    assert "k2" not in strings
 
 
 def test_a_registered_estimator_is_a_valid_rl_algorithm_with_its_min_group_size():

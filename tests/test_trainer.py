@@ -84,7 +84,7 @@ EXPECTED_TRAIN_METRICS = {
 
 @pytest.mark.parametrize("algorithm, extra", [
     ("grpo", {}),
-    ("grpo", {"kl_loss_coeff": 0.05, "kl_coeff": 0.01, "norm_adv_by_std": False}),
+    ("grpo", {"kl_loss_coeff": 0.05, "kl_coeff": 0.01, "use_kl_in_reward": True, "norm_adv_by_std": False}),
     ("reinforce_plus_plus", {"kl_coeff": 0.01}),
     ("reinforce_plus_plus_baseline", {"kl_coeff": 0.01, "kl_loss_coeff": 0.01}),
     ("rloo", {"importance_sampling_level": "sequence", "loss_agg_mode": "seq-mean-token-mean"}),
