@@ -32,7 +32,8 @@ class EstimatorSpec:
     fn: `fn(token_level_rewards [bs, T], response_mask [bs, T], index [bs], **options) -> (advantages, returns)`.
     kl_in_reward: where the KL penalty of the reward (`kl_coeff`) goes. "token": the estimator takes it per token
         and needs `kl_coeff=`, `old_log_probs=`, `ref_log_probs=` `[bs, T]` and `kl_estimator=` (REINFORCE++).
-        "sequence": the caller subtracts `kl_coeff * sum_t m_t KL_t` from each sequence's scalar reward first.
+        "sequence": the caller subtracts `kl_coeff * sum_t m_t KL_t` from each sequence's scalar reward first,
+        and only when `use_kl_in_reward` asks for it (`reward_kl_coeff`: PaddleNLP's GRPO ignores kl_coeff).
     config_options: config keys passed to `fn` as keyword options of the same name (grpo: `norm_adv_by_std`).
     min_group_size: samples per prompt (`rollout_n`) the estimator needs (rloo: 2, its baseline is the others).
     uses_groups: whether `index` (which prompt each sample answers) changes the result.
