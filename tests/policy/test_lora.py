@@ -350,5 +350,7 @@ def test_grpo_lora_config_loads(repo_root):
     from paddle_grpo.config import load_config
 
     cfg = load_config(str(repo_root / "configs" / "grpo_lora.yaml"), warn=False)
-    assert cfg.lora and cfg.lora_rank == 8 and cfg.lora_alpha_value == 16 and cfg.needs_reference_model
+    assert cfg.lora and cfg.lora_rank == 8 and cfg.lora_alpha_value == 16
+    # PaddleNLP's GRPO values: kl_coeff 0.001 has no effect on grpo and kl_loss_coeff is 0, so no reference is needed
+    assert cfg.kl_coeff == 0.001 and cfg.kl_loss_coeff == 0 and not cfg.needs_reference_model
     assert cfg.target_modules == list(L.DEFAULT_TARGET_MODULES[:4]) + list(L.DEFAULT_TARGET_MODULES[5:8])
