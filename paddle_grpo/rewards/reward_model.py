@@ -60,6 +60,8 @@ class RewardModel:
 
         where = f"reward model {self.name_or_path!r}"
         local = os.path.isdir(self.name_or_path)
+        if not local and self.name_or_path.startswith(("/", "./", "../", "~")):  # a path, never a hub ID
+            raise FileNotFoundError(f"{where}: directory {os.path.abspath(self.name_or_path)} does not exist")
         try:
             model = AutoModelForSequenceClassification.from_pretrained(self.name_or_path, dtype=self.dtype)
             tokenizer = AutoTokenizer.from_pretrained(self.name_or_path)
