@@ -126,3 +126,41 @@ def test_importing_the_rewards_and_the_server_does_not_import_paddle():
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('paddle', 'paddlenlp'))))")
     done = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True)
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_trainer_step_scores_with_the_reward_model(tmp_path, tiny_policy_dir, tiny_reward_model_dir):
+    import math
+
+    from paddle_grpo.config import config_from_dict
+    from paddle_grpo.trainer import Trainer
+
+    rows = [{"src": f"<|im_start|>user\nWho is {n}?<|im_end|>\n<|im_start|>assistant\n", "tgt": n}
+            for n in ["Ann", "Bob", "Cid", "Dan"]]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    cfg = config_from_dict(dict(
+        actor_model_name_or_path=tiny_policy_dir, use_rm_server=False, reward_funcs="",
+        reward_model_name_or_path=tiny_reward_model_dir, per_device_reward_batch_size=3,
+        train_datasets=str(tmp_path / "train.jsonl"), output_dir=str(out), logging_dir=str(out / "vdl"),
+        max_prompt_len=32, max_dec_len=8, min_dec_len=1, max_length=40, global_batch_size=4, rollout_n=4,
+        per_device_train_batch_size=8, per_device_logprob_batch_size=16, learning_rate=2e-3, max_steps=1,
+        kl_coeff=0.0, save_strategy="no", disable_tqdm=True, seed=7))
+    trainer = Trainer(cfg)
+    reward_set = trainer.rewarder.reward_set
+    model = reward_set.fns[0]
+    assert reward_set.names == ["reward_model"] and model.batch_size == 3
+    seen = []
+
+    def recording(prompts, completions, **kwargs):  # what the trainer asked the model to score
+        seen.append((list(prompts), list(completions)))
+        return model(prompts, completions, **kwargs)
+
+    reward_set.fns[0] = recording
+    trainer.train()
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 1 and all(math.isfinite(v) for v in metrics[0].values())
+    (prompts, completions), = seen
+    assert len(completions) == 16 and set(prompts) == {r["src"] for r in rows}
+    expected = reference_scores(tiny_reward_model_dir, prompts, completions)
+    assert metrics[0]["train/reward"] == pytest.approx(float(np.mean(expected)), rel=1e-5, abs=1e-6)
+    assert metrics[0]["train/reward_none_frac"] == 0.0
