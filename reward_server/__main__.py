@@ -9,6 +9,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import List, Union
 
 from paddle_grpo.rewards import RewardModel
 
@@ -51,7 +52,7 @@ def parse_args(argv=None):
     return args
 
 
-def build_rewards(args):
+def build_rewards(args: argparse.Namespace) -> List[Union[str, RewardModel]]:
     """The reward functions the server runs: --reward's, then the --reward-model (loaded now, so a bad model stops
     the start with its reason rather than failing every request)."""
     items = [name.strip() for name in args.reward.split(",") if name.strip()]
