@@ -2,7 +2,8 @@
 (add `--token TOKEN` to require `Authorization: Bearer TOKEN`, `--reward-model DIR` to serve a reward model too;
 example requests in docs/rewards.md)
 
-Serves the reward functions over HTTP with waitress (multi-threaded; no lock around scoring). Binds to 127.0.0.1
+Serves the reward functions over HTTP with waitress (multi-threaded; no lock around scoring but a reward model's
+forward passes, which run one at a time). Binds to 127.0.0.1
 unless --host says otherwise. The token may also come from $REWARD_SERVER_TOKEN, which keeps it out of `ps`.
 """
 import argparse
