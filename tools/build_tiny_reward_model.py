@@ -9,7 +9,6 @@ Everything is in `paddle_grpo.recipes.tiny.build_reward_model`.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
@@ -32,7 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir")
     parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed (default 0)")
     args = parser.parse_args(argv)
-    logging.getLogger("paddlenlp").setLevel(logging.WARNING)
+    from paddlenlp.utils.log import logger as paddlenlp_logger
+
+    paddlenlp_logger.set_level("WARNING")  # not one INFO line per file written
     build_reward_model(args.out_dir, CORPUS, seed=args.seed)
     print(f"tiny reward model written to {args.out_dir}")
     return 0
