@@ -142,3 +142,22 @@ def test_a_trainer_step_scores_with_the_reward_model(tmp_path, tiny_policy_dir, 
     expected = reference_scores(tiny_reward_model_dir, prompts, completions)
     assert metrics[0]["train/reward"] == pytest.approx(float(np.mean(expected)), rel=1e-5, abs=1e-6)
     assert metrics[0]["train/reward_none_frac"] == 0.0
+
+
+@pytest.mark.e2e
+def test_two_data_parallel_ranks_each_score_their_rows_like_one_process(tmp_path, tiny_policy_dir,
+                                                                       tiny_reward_model_dir, repo_root):
+    """Every rank loads the reward model and scores its own rows; the step's rewards equal a single process's."""
+    from launch_helpers import launch, run, write_config
+
+    cfg = write_config(tmp_path, tiny_policy_dir, "grpo")
+    overrides = ["--reward_funcs", "length_similarity", "--reward_model_name_or_path", tiny_reward_model_dir,
+                 "--reward_weights", "1,2", "--per_device_reward_batch_size", "3", "--max_steps", "1"]
+    run_rl = str(repo_root / "run_rl.py")
+    run([sys.executable, run_rl, str(cfg), "--output_dir", str(tmp_path / "one"), *overrides], tmp_path)
+    run(launch(run_rl, cfg, "--output_dir", tmp_path / "two", *overrides, log_dir=tmp_path / "log"), tmp_path)
+    one, two = ([json.loads(line) for line in open(tmp_path / d / "metrics.jsonl")] for d in ("one", "two"))
+    for key in ("train/reward", "train/reward_std", "train/reward/reward_model", "train/reward/length_similarity"):
+        assert two[0][key] == pytest.approx(one[0][key], rel=1e-5, abs=1e-6), key
+    assert one[0]["train/reward_std"] > 0 and one[0]["train/reward_none_frac"] == 0.0
+    assert "Traceback" not in (tmp_path / "log" / "workerlog.1").read_text()
