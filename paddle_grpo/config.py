@@ -85,8 +85,11 @@ class ModelArguments:
                                           "recipe first (quickstart: the embedded default's tiny policy, made "
                                           "locally in a few minutes). Empty: the directory must exist.",
                                       choices=("", "quickstart"))
-    reward_model_name_or_path: str = arg("", "A reward *model* (not supported: use reward functions in-process or a "
-                                             "reward server). Must be empty.")
+    reward_model_name_or_path: str = arg("", "Directory (or hub ID) of a sequence-scoring reward model (one label, e.g. "
+                                             "Qwen2ForSequenceClassification) scoring prompt + completion in-process "
+                                             "(use_rm_server: false), after reward_funcs; its weight is the last "
+                                             "of reward_weights. A reward server hosts one with "
+                                             "`python -m reward_server --reward-model DIR`.")
     use_rm_server: bool = arg(True, "Score completions through the reward server at `reward_server`; false scores "
                                     "them in-process with `reward_funcs`.")
     reward_server: str = arg("http://127.0.0.1:8731", "Reward server URL; several comma-separated URLs spread the "
@@ -179,8 +182,8 @@ class TrainingArguments:
     rollout_n: int = arg(8, "Completions sampled per prompt (the group size G).")
     update_iters: int = arg(1, "Passes of mini-batch updates over each rollout.")
     per_device_logprob_batch_size: int = arg(8, "Sequences per forward pass when computing log-probs.")
-    per_device_reward_batch_size: int = arg(8, "Sequences per reward-model forward pass.",
-                                            inert="no reward model; reward functions score whole batches")
+    per_device_reward_batch_size: int = arg(8, "Sequences per reward-model forward pass (reward_model_name_or_path "
+                                               "in-process; reward functions score whole batches).")
     per_device_value_batch_size: int = arg(8, "Sequences per critic forward pass.",
                                            inert="GRPO and REINFORCE++ have no critic")
     per_device_train_batch_size: int = arg(8, "Sequences per micro-batch of the policy update.")
@@ -756,19 +759,24 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
     unknown_options = [k for k in estimator.config_options if k not in FIELDS]
     if unknown_options:
         fail("rl_algorithm", f"the estimator takes config option {unknown_options[0]!r}, which is not a config key")
-    if cfg.reward_model_name_or_path:
-        fail("reward_model_name_or_path", "reward models are not supported; score with reward functions "
-                                          "in-process (use_rm_server: false, reward_funcs: ...) or a reward server")
+    has_rm = bool(cfg.reward_model_name_or_path.strip())
+    if has_rm and cfg.use_rm_server:
+        fail("reward_model_name_or_path", "is set while use_rm_server is true: the reward server hosts the reward "
+                                          "model (python -m reward_server --reward-model DIR); set use_rm_server: "
+                                          "false to score with it in-process")
+    if cfg.per_device_reward_batch_size < 1:
+        fail("per_device_reward_batch_size", "must be at least 1")
     if cfg.use_rm_server and not cfg.reward_server.strip():
         fail("reward_server", "is empty while use_rm_server is true")
-    if not cfg.use_rm_server and not cfg.reward_funcs.strip():
+    if not cfg.use_rm_server and not cfg.reward_funcs.strip() and not has_rm:
         fail("reward_funcs", "is empty while use_rm_server is false: name the reward functions to run in-process "
-                             "(for example reward_funcs: kk)")
+                             "(for example reward_funcs: kk), or set reward_model_name_or_path")
     if cfg.reward_weights is not None:
-        n_funcs = len([r for r in cfg.reward_funcs.split(",") if r.strip()])
+        n_funcs = len([r for r in cfg.reward_funcs.split(",") if r.strip()]) + has_rm
+        listed = f"{cfg.reward_funcs}, then the reward model, whose weight comes last" if has_rm else cfg.reward_funcs
         if not cfg.use_rm_server and len(cfg.reward_weights) != n_funcs:
             fail("reward_weights", f"has {len(cfg.reward_weights)} weights for {n_funcs} reward functions "
-                                   f"({cfg.reward_funcs})")
+                                   f"({listed.lstrip(', ')})")
         if cfg.use_rm_server:
             fail("reward_weights", "applies to in-process reward functions; with use_rm_server the server "
                                    "weighs its functions (python -m reward_server --weights ...)")

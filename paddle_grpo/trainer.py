@@ -90,7 +90,9 @@ class Trainer:
         server = dict(reward_server=cfg.reward_server, token=cfg.reward_server_token or None,
                       read_timeout=cfg.reward_server_timeout, max_retries=cfg.reward_server_max_retries)
         self.rewarder = make_rewarder(cfg.use_rm_server, reward_funcs=cfg.reward_funcs,
-                                      reward_weights=cfg.reward_weights, **(server if cfg.use_rm_server else {}))
+                                      reward_weights=cfg.reward_weights, **(server if cfg.use_rm_server else {}),
+                                      reward_model_name_or_path=cfg.reward_model_name_or_path,
+                                      reward_batch_size=cfg.per_device_reward_batch_size)
         self.normalizer = RunningRewardNormalizer() if cfg.normalize_reward else None
 
         total_opt_steps = self.max_steps * self.geometry.optimizer_steps_per_step

@@ -4,6 +4,7 @@
                -> {"error_code": 0, "error_msg": "Success", "score": [float | null],
                    "scores_by_function": {name: [...]}, "errors": [reason | null], "request_id": "..."}
     GET /health -> {"status": "ok", "rewards": [...], "weights": [...], "max_score": float or null}
+                   (+ "reward_model": its directory or hub ID, when one is served)
 
 Rejected requests get a 4xx status and `{"error_code": <the status>, "error_msg": "<what was wrong>"}`. A sample
 on which a reward function failed (raised, timed out) gets `score` null with the reason in `errors`; the batch
@@ -20,7 +21,7 @@ import uuid
 from flask import Flask, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from paddle_grpo.rewards import RewardSet
+from paddle_grpo.rewards import RewardModel, RewardSet
 
 from .validation import RequestError, parse_batch
 
@@ -88,7 +89,9 @@ def create_app(reward_names_or_fns, weights=None, token=None, max_content_length
 
     @app.get("/health")
     def health():
-        return jsonify(status="ok", rewards=rewards.names, weights=rewards.weights, max_score=rewards.max_score)
+        models = [fn.name_or_path for fn in rewards.fns if isinstance(fn, RewardModel)]
+        return jsonify(status="ok", rewards=rewards.names, weights=rewards.weights, max_score=rewards.max_score,
+                       **({"reward_model": models[0] if len(models) == 1 else models} if models else {}))
 
     @app.post("/")
     def score():

@@ -1,13 +1,18 @@
 """`python -m reward_server --host 127.0.0.1 --port 8731 --reward kk,tag_format --weights 1,0.5`
-(add `--token TOKEN` to require `Authorization: Bearer TOKEN`; example requests in docs/rewards.md)
+(add `--token TOKEN` to require `Authorization: Bearer TOKEN`, `--reward-model DIR` to serve a reward model too;
+example requests in docs/rewards.md)
 
-Serves the reward functions over HTTP with waitress (multi-threaded; no lock around scoring). Binds to 127.0.0.1
+Serves the reward functions over HTTP with waitress (multi-threaded; no lock around scoring but a reward model's
+forward passes, which run one at a time). Binds to 127.0.0.1
 unless --host says otherwise. The token may also come from $REWARD_SERVER_TOKEN, which keeps it out of `ps`.
 """
 import argparse
 import logging
 import os
 import sys
+from typing import List, Union
+
+from paddle_grpo.rewards import RewardModel
 
 from . import DEFAULT_TIMEOUT_S, create_app
 from .serving import make_server
@@ -19,9 +24,16 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m reward_server", description=__doc__.split("\n\n")[1])
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this host only)")
     parser.add_argument("--port", type=int, default=8731, help="port (default 8731; 0 picks a free one)")
-    parser.add_argument("--reward", default="kk",
-                        help="comma-separated reward names or module:function / file.py:function specs")
-    parser.add_argument("--weights", default=None, help="comma-separated weights, one per reward (default all 1)")
+    parser.add_argument("--reward", default=None,
+                        help="comma-separated reward names or module:function / file.py:function specs "
+                             "(default kk, or none when --reward-model is given)")
+    parser.add_argument("--reward-model", default=None, metavar="DIR",
+                        help="a sequence-scoring reward model (directory or hub ID) scoring src + response, after "
+                             "the --reward functions; loaded at start-up")
+    parser.add_argument("--reward-batch-size", type=int, default=8,
+                        help="sequences per reward-model forward pass (default 8)")
+    parser.add_argument("--weights", default=None,
+                        help="comma-separated weights, one per reward, the reward model's last (default all 1)")
     parser.add_argument("--token", default=os.environ.get("REWARD_SERVER_TOKEN"),
                         help="require 'Authorization: Bearer TOKEN' on POST / (default $REWARD_SERVER_TOKEN)")
     parser.add_argument("--threads", type=int, default=8, help="waitress worker threads (default 8)")
@@ -34,7 +46,20 @@ def parse_args(argv=None):
         parser.error("--threads must be >= 1")
     if args.max_body_mb <= 0:
         parser.error("--max-body-mb must be positive")
+    if args.reward_batch_size < 1:
+        parser.error("--reward-batch-size must be >= 1")
+    if args.reward is None:
+        args.reward = "" if args.reward_model else "kk"
     return args
+
+
+def build_rewards(args: argparse.Namespace) -> List[Union[str, RewardModel]]:
+    """The reward functions the server runs: --reward's, then the --reward-model (loaded now, so a bad model stops
+    the start with its reason rather than failing every request)."""
+    items = [name.strip() for name in args.reward.split(",") if name.strip()]
+    if args.reward_model:
+        items.append(RewardModel(args.reward_model, batch_size=args.reward_batch_size).load())
+    return items
 
 
 def main(argv=None):
@@ -43,8 +68,8 @@ def main(argv=None):
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     max_bytes = int(args.max_body_mb * 1024 * 1024)
     try:
-        app = create_app(args.reward, weights=args.weights, token=args.token or None, max_content_length=max_bytes,
-                         timeout_s=args.timeout_s or None)
+        app = create_app(build_rewards(args), weights=args.weights, token=args.token or None,
+                         max_content_length=max_bytes, timeout_s=args.timeout_s or None)
     except (KeyError, ValueError, ImportError, AttributeError, TypeError, OSError) as exc:
         print(f"reward_server: cannot load rewards: {exc}", file=sys.stderr)
         return 2

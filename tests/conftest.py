@@ -45,6 +45,16 @@ def tiny_policy_dir(tmp_path_factory):
     return str(path)
 
 
+@pytest.fixture(scope="session")
+def tiny_reward_model_dir(tmp_path_factory):
+    """A tiny random reward model (one-label Qwen2ForSequenceClassification + tokenizer), seeded, built once."""
+    from paddle_grpo.recipes.tiny import build_reward_model
+
+    path = tmp_path_factory.mktemp("tiny_reward_model")
+    build_reward_model(str(path), TINY_CORPUS, vocab_size=320, seed=0)
+    return str(path)
+
+
 @pytest.fixture
 def serve():
     """serve(app, **kw) -> a started BackgroundServer (real waitress on a free loopback port; has .url); all are

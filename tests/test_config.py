@@ -335,8 +335,11 @@ def test_out_of_range_values(tmp_path, text, expected):
      "key 'reward_weights' = [1.0]: has 1 weights for 2 reward functions (kk,gsm8k)"),
     ("reward_weights: [1.0]", "key 'reward_weights' = [1.0]: applies to in-process reward functions"),
     ("rl_algorithm: rloo\nrollout_n: 1", "key 'rollout_n' = 1: rloo needs at least 2 samples per prompt"),
-    ("reward_model_name_or_path: my/rm", "key 'reward_model_name_or_path' = 'my/rm': reward models are not "
-                                         "supported"),
+    ("reward_model_name_or_path: my/rm", "key 'reward_model_name_or_path' = 'my/rm': is set while use_rm_server is "
+                                         "true: the reward server hosts the reward model"),
+    ("use_rm_server: false\nreward_model_name_or_path: my/rm\nreward_funcs: kk\nreward_weights: [1.0]",
+     "key 'reward_weights' = [1.0]: has 1 weights for 2 reward functions (kk, then the reward model, whose weight "
+     "comes last)"),
     ("do_eval: true", "key 'eval_datasets' = '': is empty while do_eval is true"),
     ("use_rm_server: true\nreward_server: ''", "key 'reward_server' = '': is empty while use_rm_server is true"),
     ("global_gen_batch_size: 4", "key 'global_gen_batch_size' = 4: is smaller than global_batch_size (8)"),

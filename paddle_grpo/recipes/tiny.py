@@ -2,7 +2,8 @@
 
 `build_tokenizer(corpus, out_dir, vocab_size)` trains a byte-level BPE (the `tokenizers` library) on the given texts
 and saves it as a PaddleNLP `Qwen2Tokenizer` with Qwen's special tokens; `build_model(out_dir, tokenizer, **sizes)`
-saves a randomly initialised `Qwen2ForCausalLM`. The directory then loads with `AutoTokenizer` / `AutoModelForCausalLM`
+saves a randomly initialised `Qwen2ForCausalLM`; `build_reward_model(out_dir, corpus)` both, with a one-label
+`Qwen2ForSequenceClassification` (a reward model). The directory then loads with `AutoTokenizer` / `AutoModelForCausalLM`
 like any PaddleNLP checkpoint.
 """
 from __future__ import annotations
@@ -12,7 +13,8 @@ import tempfile
 from typing import TYPE_CHECKING, Any, Iterable
 
 if TYPE_CHECKING:
-    from paddlenlp.transformers import PretrainedTokenizer, Qwen2ForCausalLM, Qwen2Tokenizer
+    from paddlenlp.transformers import (PretrainedTokenizer, Qwen2ForCausalLM, Qwen2ForSequenceClassification,
+                                        Qwen2Tokenizer)
 
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [PAD, IM_START, IM_END]
@@ -42,21 +44,48 @@ def build_tokenizer(corpus: Iterable[str], out_dir: str, vocab_size: int = 512) 
     return tokenizer
 
 
+def _config(tokenizer, *, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads,
+            max_position_embeddings, **extra):
+    from paddlenlp.transformers import Qwen2Config
+
+    return Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
+                       num_hidden_layers=num_layers, num_attention_heads=num_heads,
+                       num_key_value_heads=num_kv_heads, max_position_embeddings=max_position_embeddings,
+                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                       bos_token_id=tokenizer.pad_token_id, rms_norm_eps=1e-6, dtype="float32", **extra)
+
+
 def build_model(out_dir: str, tokenizer: PretrainedTokenizer, *, hidden_size: int = 64, intermediate_size: int = 128,
                 num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2, max_position_embeddings: int = 1024,
                 seed: int = 0, tie_word_embeddings: bool = False) -> Qwen2ForCausalLM:
     """Save a randomly initialised Qwen2ForCausalLM whose vocabulary matches `tokenizer`; returns the model."""
     import paddle
-    from paddlenlp.transformers import Qwen2Config, Qwen2ForCausalLM
+    from paddlenlp.transformers import Qwen2ForCausalLM
 
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
-                         num_hidden_layers=num_layers, num_attention_heads=num_heads,
-                         num_key_value_heads=num_kv_heads, max_position_embeddings=max_position_embeddings,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=tokenizer.pad_token_id, tie_word_embeddings=tie_word_embeddings,
-                         rms_norm_eps=1e-6, dtype="float32")
+    config = _config(tokenizer, hidden_size=hidden_size, intermediate_size=intermediate_size, num_layers=num_layers,
+                     num_heads=num_heads, num_kv_heads=num_kv_heads, max_position_embeddings=max_position_embeddings,
+                     tie_word_embeddings=tie_word_embeddings)
     paddle.seed(seed)
     model = Qwen2ForCausalLM(config)
+    model.save_pretrained(out_dir)
+    return model
+
+
+def build_reward_model(out_dir: str, corpus: Iterable[str], *, vocab_size: int = 320, seed: int = 0,
+                       hidden_size: int = 32, intermediate_size: int = 64, num_layers: int = 2, num_heads: int = 4,
+                       num_kv_heads: int = 2, max_position_embeddings: int = 1024) -> Qwen2ForSequenceClassification:
+    """Tokenizer + randomly initialised Qwen2ForSequenceClassification with one label (a reward model's shape:
+    `reward_model_name_or_path`, `python -m reward_server --reward-model`) in `out_dir`; returns the model.
+    Seeded: the same arguments give the same weights, so the same scores."""
+    import paddle
+    from paddlenlp.transformers import Qwen2ForSequenceClassification
+
+    tokenizer = build_tokenizer(corpus, out_dir, vocab_size=vocab_size)
+    config = _config(tokenizer, hidden_size=hidden_size, intermediate_size=intermediate_size, num_layers=num_layers,
+                     num_heads=num_heads, num_kv_heads=num_kv_heads, max_position_embeddings=max_position_embeddings,
+                     num_labels=1)
+    paddle.seed(seed)
+    model = Qwen2ForSequenceClassification(config)
     model.save_pretrained(out_dir)
     return model
 

@@ -19,6 +19,7 @@ import requests
 
 from .base import RewardFn
 from .combine import RewardResult, RewardSet
+from .reward_model import RewardModel
 
 logger = logging.getLogger(__name__)
 
@@ -209,13 +210,27 @@ class InProcessRewarder:
 def make_rewarder(use_rm_server: bool, reward_server: Optional[str] = None,
                   reward_funcs: Union[str, Sequence[Union[str, RewardFn]], None] = None,
                   reward_weights: Union[str, Sequence[float], None] = None, token: Optional[str] = None,
-                  timeout_s: Optional[float] = None,
-                  **client_kwargs: Any) -> Union[RewardClient, InProcessRewarder]:
-    """RewardClient(reward_server) when use_rm_server, else InProcessRewarder(reward_funcs, reward_weights)."""
+                  timeout_s: Optional[float] = None, reward_model_name_or_path: str = "",
+                  reward_batch_size: int = 8, **client_kwargs: Any) -> Union[RewardClient, InProcessRewarder]:
+    """RewardClient(reward_server) when use_rm_server, else InProcessRewarder(reward_funcs, reward_weights).
+
+    reward_model_name_or_path (in-process only): a RewardModel, loaded here and scoring after the reward_funcs
+    (which may then be empty), `reward_batch_size` sequences per forward pass; its weight is the last of
+    reward_weights. Under data parallelism every rank builds its own and scores its own rows."""
+    model = (reward_model_name_or_path or "").strip()
     if use_rm_server:
+        if model:
+            raise ValueError(f"reward_model_name_or_path ({model}) is set while use_rm_server is true: the reward "
+                             "server hosts the model (python -m reward_server --reward-model DIR); set "
+                             "use_rm_server: false to score with it in this process")
         if not reward_server:
             raise ValueError("use_rm_server is true but reward_server is empty; give e.g. http://127.0.0.1:8731")
         return RewardClient(reward_server, token=token, **client_kwargs)
-    if not reward_funcs:
-        raise ValueError("use_rm_server is false: set reward_funcs (e.g. 'kk' or 'gsm8k,tag_format')")
-    return InProcessRewarder(reward_funcs, weights=reward_weights, timeout_s=timeout_s)
+    funcs = [f.strip() for f in reward_funcs.split(",") if f.strip()] if isinstance(reward_funcs, str) \
+        else list(reward_funcs or [])
+    if model:
+        funcs.append(RewardModel(model, batch_size=reward_batch_size).load())
+    if not funcs:
+        raise ValueError("use_rm_server is false: set reward_funcs (e.g. 'kk' or 'gsm8k,tag_format') or "
+                         "reward_model_name_or_path")
+    return InProcessRewarder(funcs, weights=reward_weights, timeout_s=timeout_s)

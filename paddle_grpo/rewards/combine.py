@@ -109,7 +109,9 @@ class RewardSet:
         self.fns, self.names = [], []
         for item in items:
             self.fns.append(get_reward_fn(item))
-            name = item.strip() if isinstance(item, str) else getattr(item, "__name__", "reward")
+            # A reward model names itself ("reward_model"), not by its spec's path.
+            name = getattr(self.fns[-1], "reward_name", None) or \
+                (item.strip() if isinstance(item, str) else getattr(item, "__name__", "reward"))
             self.names.append(self._unique(name))
         self.weights = self._parse_weights(weights)
         if timeout_s is not None and timeout_s <= 0:

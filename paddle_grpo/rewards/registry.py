@@ -7,6 +7,7 @@
     get_reward_fn("kk")                      # a registered name
     get_reward_fn("my_pkg.rewards:score")    # an importable module
     get_reward_fn("rewards/mine.py:score")   # a file
+    get_reward_fn("reward_model:path/to/rm") # a sequence-scoring model (reward_model.py), loaded here
 """
 import hashlib
 import importlib
@@ -15,6 +16,7 @@ import os
 from typing import Callable, List, Optional, Union
 
 from .base import RewardFn
+from .reward_model import REWARD_MODEL_PREFIX, RewardModel
 
 _REGISTRY = {}
 
@@ -53,7 +55,8 @@ def available_rewards() -> List[str]:
 
 
 def get_reward_fn(name_or_spec: Union[str, RewardFn]) -> RewardFn:
-    """Resolve a registered name, `module:function` or `path/to/file.py:function` to the function.
+    """Resolve a registered name, `module:function`, `path/to/file.py:function` or `reward_model:<dir or hub ID>`
+    (a RewardModel, loaded now so a bad model fails at start-up, not as failed samples) to the function.
 
     A callable is returned as it is. Errors say what was asked for and what went wrong (unknown name with the
     valid ones listed; the module or file that failed to import and why; a missing attribute)."""
@@ -62,6 +65,8 @@ def get_reward_fn(name_or_spec: Union[str, RewardFn]) -> RewardFn:
     if not isinstance(name_or_spec, str) or not name_or_spec.strip():
         raise ValueError(f"a reward is given by name or 'module:function', got {name_or_spec!r}")
     spec = name_or_spec.strip()
+    if spec.startswith(REWARD_MODEL_PREFIX):
+        return RewardModel(spec[len(REWARD_MODEL_PREFIX):]).load()
     if ":" not in spec:
         if spec in _REGISTRY:
             return _REGISTRY[spec]

@@ -3,7 +3,8 @@ port instead of 8731), every `curl` block after it is run against that server, a
 that follows it, byte for byte (only `request_id`, random per request, is taken from the docs).
 
 Each curl runs twice: with the real curl through bash, as a user pastes it, and parsed with shlex and sent with
-requests, so the check does not depend on curl being installed.
+requests, so the check does not depend on curl being installed. A `python tools/build_tiny_reward_model.py DIR`
+block builds the reward model the next server serves; it runs as written, with DIR moved into the test's tmp_path.
 """
 import json
 import pathlib
@@ -11,6 +12,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 
 import requests
 
@@ -18,6 +20,8 @@ from paddle_grpo.rewards import available_rewards, get_reward_fn
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DOC_PORT = "http://127.0.0.1:8731"
+DOC_RM_DIR = "/tmp/tiny_reward_model"  # where the page builds its tiny reward model
+BUILD_RM = "python tools/build_tiny_reward_model.py"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 REQUEST_ID = re.compile(r'"request_id":"([^"]*)"')
 
@@ -29,8 +33,9 @@ def doc_text(repo_root):
 def sections(text):
     """[(server argv, [(curl command, expected reply)])] in the order of the page.
 
-    Every bash block must be a one-line server start or one curl command, and every curl block must be followed by
-    a plain block with the reply, so nothing on the page escapes the check."""
+    Every bash block must be a one-line server start, one curl command, or the reward-model build (run by
+    test_documented_example_matches_a_real_server before a server with --reward-model), and every curl block must
+    be followed by a plain block with the reply, so nothing on the page escapes the check."""
     blocks = FENCE.findall(text)
     out, i = [], 0
     while i < len(blocks):
@@ -50,6 +55,8 @@ def sections(text):
                 f"docs/rewards.md: curl without a plain reply block after it: {command[:80]!r}"
             out[-1][1].append((command, blocks[i][1].strip()))
             i += 1
+        elif command.startswith(BUILD_RM):
+            assert command == f"{BUILD_RM} {DOC_RM_DIR}", f"docs/rewards.md: build the model in {DOC_RM_DIR}"
         else:
             raise AssertionError(f"docs/rewards.md: a bash block that is neither a server start nor a curl: "
                                  f"{command[:80]!r}")
@@ -110,8 +117,22 @@ def test_page_has_an_example_for_every_builtin_reward(repo_root):
     assert sum(len(examples) for _, examples in found) >= 12
 
 
-def test_documented_example_matches_a_real_server(section, start_cli, free_port, repo_root):
+def build_documented_reward_model(argv, out_dir, repo_root):
+    """argv with the page's reward-model directory replaced by out_dir, after running the page's build command
+    there (when argv serves a reward model)."""
+    if DOC_RM_DIR not in argv:
+        return argv
+    command = shlex.split(f"{BUILD_RM} {out_dir}")
+    done = subprocess.run([sys.executable, *command[1:]], cwd=str(repo_root), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [str(out_dir) if a == DOC_RM_DIR else a for a in argv]
+
+
+def test_documented_example_matches_a_real_server(section, start_cli, free_port, repo_root, tmp_path):
     argv, examples = section
+    rm_dir = tmp_path / "tiny_reward_model"
+    argv = build_documented_reward_model(argv, rm_dir, repo_root)
     port = free_port()
     proc = start_cli(port, *argv)
     url = f"http://127.0.0.1:{port}"
@@ -121,17 +142,17 @@ def test_documented_example_matches_a_real_server(section, start_cli, free_port,
         if shutil.which("curl") and shutil.which("bash"):
             done = subprocess.run(["bash", "-c", local], capture_output=True, text=True, timeout=120)
             assert done.returncode == 0, done.stderr
-            assert_same_reply(documented, done.stdout, command)
-        assert_same_reply(documented, send_like_curl(local), command)
+            assert_same_reply(documented, done.stdout.replace(str(rm_dir), DOC_RM_DIR), command)
+        assert_same_reply(documented, send_like_curl(local).replace(str(rm_dir), DOC_RM_DIR), command)
     if argv == ["--reward", "kk"]:  # the start-up line the page quotes is the one this server logged
         quoted = re.search(r"`(reward server listening on [^`]*)`", doc_text(repo_root)).group(1)
         assert quoted.replace(DOC_PORT, url) in proc.log_path.read_text()
 
 
-def test_every_server_command_in_readme_and_docs_parses_and_loads(repo_root):
+def test_every_server_command_in_readme_and_docs_parses_and_loads(repo_root, tiny_reward_model_dir):
     # A literal `[--token T]` or a misspelt reward in any page fails here, not in a user's terminal.
     from reward_server import create_app
-    from reward_server.__main__ import parse_args
+    from reward_server.__main__ import build_rewards, parse_args
 
     pages = [repo_root / "README.md", *sorted((repo_root / "docs").glob("*.md"))]
     seen = 0
@@ -140,11 +161,13 @@ def test_every_server_command_in_readme_and_docs_parses_and_loads(repo_root):
             for line in body.splitlines():
                 if lang != "bash" or not line.strip().startswith("python -m reward_server"):
                     continue
-                argv = [a for a in shlex.split(line, comments=True)[3:] if a != "&"]
+                argv = [tiny_reward_model_dir if a == DOC_RM_DIR else a
+                        for a in shlex.split(line, comments=True)[3:] if a != "&"]
                 try:
                     args = parse_args(argv)
                 except SystemExit:
                     raise AssertionError(f"{page.name}: `{line.strip()}` is rejected by the CLI") from None
-                create_app(args.reward, weights=args.weights, token=args.token, timeout_s=args.timeout_s or None)
+                create_app(build_rewards(args), weights=args.weights, token=args.token,
+                           timeout_s=args.timeout_s or None)
                 seen += 1
     assert seen >= 15, seen
