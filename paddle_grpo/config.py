@@ -679,12 +679,13 @@ def load_config(path: Union[str, os.PathLike, None] = None, overrides: Sequence[
     cfg = Config(**values)
     validate(cfg, given)
     if warn:
-        for message in inert_key_messages(cfg, given, device or _default_device()):
+        for message in inert_key_messages(cfg, given, device or default_device()):
             logger.warning(message)
     return cfg
 
 
-def _default_device():
+def default_device() -> str:
+    """"gpu" when paddle is compiled with CUDA and sees a GPU, else "cpu" (also when paddle is absent)."""
     try:
         import paddle
         return "gpu" if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0 else "cpu"
