@@ -226,6 +226,7 @@ def dry_run(cfg: Config, argv: Sequence[str], device: str, script: str = "run_rl
     print(f"\nkeys with no effect on this device ({device}): {len(rows)}")
     width = max(len(k) for k, _, _ in rows)
     for key, value, reason in rows:
+        value = value if len(value) <= 24 else value[:21] + "..."  # the amp lists: one line per key
         print(f"  {key:<{width}}  {value:<12}  {reason}")
     model = cfg.tensor_parallel_degree * cfg.pipeline_parallel_degree
     print(f"\nprocesses: {n} = tensor_parallel_degree {cfg.tensor_parallel_degree} x pipeline_parallel_degree "
