@@ -229,8 +229,10 @@ class RolloutArguments:
 
 @dataclass
 class TrainingArguments:
-    do_train: bool = arg(True, "Run training.", **nowhere("run_rl.py always trains (PaddleNLP's RL script "
-                                                          "does too); do_train: false has no effect"))
+    do_train: bool = arg(True, "Run training.", **nowhere("run_rl.py always trains; PaddleNLP's run_rl.py "
+                                                          "with do_train: false only evaluates, which is not "
+                                                          "implemented here (evaluation runs every eval_steps "
+                                                          "of training)"))
     seed: int = arg(42, "Random seed (data order, sampling, initialisation).")
     global_batch_size: int = arg(8, "Prompts sampled per step (over all data-parallel ranks).")
     global_gen_batch_size: int = arg(-1, "Prompts per generation round with dynamic sampling "

@@ -141,3 +141,33 @@ def test_plain_run_on_the_wrong_number_of_processes_prints_the_launch_command(ba
            "number of processes (1)" in out.stderr
     expected = launch_command(config_from_dict({"tensor_parallel_degree": 2}), argv, "cpu")
     assert out.stderr.rstrip().endswith(f"run_rl.py: start it with: {expected}")
+
+
+def test_a_model_id_that_is_not_a_local_directory(base, capsys, monkeypatch, tmp_path):
+    from paddle_grpo import policy
+
+    monkeypatch.setenv("PPNLP_HOME", str(tmp_path / "empty_cache"))  # never a real cache, never a download
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    status, out, _ = run_rl_main([*base, "--actor_model_name_or_path", "Qwen/No-Such-Model-0B", "--dry_run"],
+                                 capsys)
+    if hasattr(policy, "resolve_model_dir"):  # hub resolution (issue 14): offline and not cached is a problem
+        assert status == 2 and "  - actor_model_name_or_path: " in out and "Qwen/No-Such-Model-0B" in out
+    else:  # the hook: reported, resolved at start-up
+        assert status == 0, out
+        assert ("  note: actor_model_name_or_path: 'Qwen/No-Such-Model-0B' is not a local directory; it will be "
+                "resolved through PaddleNLP's from_pretrained at start-up") in out
+
+
+def test_on_gpu_the_launch_names_the_devices_and_needs_them(base, capsys):
+    from paddle_grpo.config import parse_args
+    from paddle_grpo.dry_run import dry_run, visible_gpus
+
+    argv = [str(a) for a in base] + ["--tensor_parallel_degree", "2", "--bf16", "true"]
+    status = dry_run(parse_args(argv), argv, "gpu")
+    out = capsys.readouterr().out
+    assert '\nlaunch: python -m paddle.distributed.launch --devices "0,1" run_rl.py ' in out
+    assert not any(line.startswith("  bf16 ") for line in out.splitlines())  # bf16 has its effect on a GPU
+    if visible_gpus() < 2:
+        assert status == 2 and f"  - the layout needs 2 GPUs; {visible_gpus()} are visible" in out
+    else:
+        assert status == 0, out
