@@ -171,3 +171,22 @@ def test_on_gpu_the_launch_names_the_devices_and_needs_them(base, capsys):
         assert status == 2 and f"  - the layout needs 2 GPUs; {visible_gpus()} are visible" in out
     else:
         assert status == 0, out
+
+
+def test_the_printed_launch_command_starts_and_trains(base, tmp_path, capsys, monkeypatch):
+    # The dry run's launch line for tensor_parallel_degree 2, run as printed (2 CPU processes, one step).
+    import os
+
+    monkeypatch.chdir(tmp_path)  # paddle.distributed.launch writes log/ here; run_rl.py is then named by full path
+    argv = [*base, "--tensor_parallel_degree", "2", "--max_steps", "1", "--save_strategy", "no", "--report_to",
+            "none", "--disable_tqdm", "true"]
+    status, out, err = run_rl_main([*argv, "--dry_run"], capsys)
+    assert status == 0, out + err
+    launch = next(line for line in out.splitlines() if line.startswith("launch: "))[len("launch: "):]
+    assert launch.startswith(f'python -m paddle.distributed.launch --devices "" --nproc_per_node 2 {REPO}/run_rl.py ')
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run(launch.replace("python", sys.executable, 1), shell=True, cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (row,) = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert row["step"] == 1
