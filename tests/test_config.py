@@ -550,3 +550,14 @@ def test_every_key_states_its_effect_on_every_device():
             assert isinstance(effect[device], Effect), (key, device)
             if not effect[device].active:
                 assert len(effect[device].note) > 15, (key, device)  # a reason, not a placeholder
+
+
+@pytest.mark.parametrize("report_to, writes_visualdl", [("wandb", True), ("tensorboard", True), ("none", False)])
+def test_report_to_wandb_or_tensorboard_logs_to_visualdl(tmp_path, report_to, writes_visualdl):
+    from paddle_grpo.logging import MetricsLogger
+
+    log = MetricsLogger(str(tmp_path / "out"), str(tmp_path / "vdl"), report_to=report_to, disable_tqdm=True)
+    log.log(1, {"train/reward": 1.0})
+    log.close()
+    assert (tmp_path / "vdl").is_dir() == writes_visualdl
+    assert json.loads((tmp_path / "out" / "metrics.jsonl").read_text())["train/reward"] == 1.0
