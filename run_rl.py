@@ -1,30 +1,42 @@
 """Train a PaddleNLP language model with GRPO / REINFORCE++.
 
     python run_rl.py CONFIG.yaml [--key value ...]
+    python run_rl.py CONFIG.yaml [--key value ...] --dry_run    # check everything, print the launch command
     python -m paddle.distributed.launch --devices "0,1,2,3" run_rl.py CONFIG.yaml
 
 CONFIG is a flat YAML/JSON file with PaddleNLP's keys (docs/configuration.md); `--key value` pairs override it.
 The configuration is validated before anything heavy is imported; a problem with the configuration, the data, the
 model directory or the reward server exits with status 2 and a message that names the file, line or key.
+`--dry_run` (paddle_grpo/dry_run.py) checks the data, model, reward and parallel layout without training, prints the
+keys that have no effect on this device and the launch command, and exits 0 when that launch could start.
 """
 import logging
 import os
 import sys
 
+# How the launch command this script prints names it: as it was started, relative when under the working directory.
+SCRIPT = os.path.relpath(__file__) if not os.path.relpath(__file__).startswith("..") else __file__
+
 
 def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from paddle_grpo.config import ConfigError, parse_args
+    from paddle_grpo.config import ConfigError, LayoutError, default_device, parse_args
+    from paddle_grpo.dry_run import launch_command, split_dry_run
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0
     try:
+        dry, argv = split_dry_run(argv)
         cfg = parse_args(argv)
     except ConfigError as e:
         print(f"run_rl.py: configuration error: {e}", file=sys.stderr)
         return 2
+    if dry:
+        from paddle_grpo.dry_run import dry_run
+
+        return dry_run(cfg, argv, default_device(), SCRIPT)
     if os.environ.get("PADDLE_TRAINER_ID", "0") == "0":  # rank 0 under paddle.distributed.launch
         print(f"configuration: the keys that differ from the defaults (all keys: {cfg.output_dir}/config.yaml)")
         print(cfg.format(only_changed=True), end="", flush=True)
@@ -43,6 +55,9 @@ def main(argv=None):
     except (ConfigError, DataError, FileNotFoundError, RewardServerError, TrainingError, NotImplementedError) as e:
         # Problems with the user's setup, data or reward server: say what and where, without a traceback.
         print(f"run_rl.py: error: {e}", file=sys.stderr)
+        if isinstance(e, LayoutError):  # started with the wrong number of processes: say how to start it
+            print(f"run_rl.py: start it with: {launch_command(cfg, argv, default_device(), SCRIPT)}",
+                  file=sys.stderr)
         return 2
 
 

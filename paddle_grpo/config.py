@@ -26,7 +26,9 @@ import yaml
 logger = logging.getLogger("paddle_grpo.config")
 
 LR_SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
-REPORT_TO = ("visualdl", "all", "none")
+REPORT_TO = ("visualdl", "all", "wandb", "tensorboard", "none")
+CRITIC_ALGORITHMS = ("ppo", "vapo")  # PaddleNLP's algorithms with a value model
+VISUALDL_STANDS_IN = ("wandb", "tensorboard")  # PaddleNLP's other loggers: VisualDL records the metrics instead
 
 # Older PaddleNLP configs used these names; they load as the key they became.
 ALIASES = {
@@ -36,14 +38,27 @@ ALIASES = {
     "num_return_sequences": "rollout_n",
     "lora_r": "lora_rank",                      # peft/TRL's name (LoRAConfig.r)
     "lora_target_modules": "target_modules",    # TRL's name
+    "fused_linear": "use_fused_linear",         # PaddleNLP's name until it was renamed
 }
 
 
 SECRET_KEYS = ("reward_server_token",)  # never printed or written out
 
+# Effect statements shared by several keys.
+NO_CRITIC = "needs a critic (value model): rl_algorithm ppo/vapo are not supported"
+CPU_FLOAT32 = ("CPU runs compute in float32 (paddle's CPU kernels have no bfloat16 matmul, docs/platform.md)")
+CPU_KERNELS = "the kernel is GPU-only in paddle; CPU runs use the plain implementation"
+AMP_GPU = "implemented in paddle_grpo/precision.py and the policy loader (verified only on CPU: the decision logic)"
+HOST_MEMORY = "on a CPU run everything is already in host memory"
+
 
 class ConfigError(ValueError):
     """A configuration problem; the message names the source (file:line or command line) and the key."""
+
+
+class LayoutError(ConfigError):
+    """The parallel degrees do not fit the number of processes this run was started with (run_rl.py then prints
+    the launch command the configuration needs)."""
 
 
 Choices = Union[Tuple[str, ...], Callable[[], Tuple[str, ...]]]
@@ -67,14 +82,46 @@ def field_choices(f: dataclasses.Field) -> Optional[Tuple[str, ...]]:
     return choices() if callable(choices) else choices
 
 
-def arg(default: Any, help: str, *, choices: Optional[Choices] = None, inert: Optional[str] = None,
-        gpu_only: Optional[str] = None, default_factory: Optional[Callable[[], Any]] = None) -> Any:
+@dataclass(frozen=True)
+class Effect:
+    """What a key does on one device: `active` False means setting it changes nothing there, and `note` says why;
+    active with a `note`: a caveat (for example which GPU paths are verified only on CPU)."""
+    active: bool
+    note: str = ""
+
+
+ON = Effect(True)
+DEVICES = ("cpu", "gpu")
+
+
+def off(reason: str) -> Effect:
+    """The key has no effect on that device, because `reason`."""
+    return Effect(False, reason)
+
+
+def on(note: str) -> Effect:
+    """The key has its effect on that device, with a caveat `note`."""
+    return Effect(True, note)
+
+
+def nowhere(reason: str) -> Dict[str, Effect]:
+    """`arg(..., **nowhere(reason))`: the key has no effect on any device."""
+    return {"cpu": off(reason), "gpu": off(reason)}
+
+
+def arg(default: Any, help: str, *, choices: Optional[Choices] = None, cpu: Effect = ON, gpu: Effect = ON,
+        default_factory: Optional[Callable[[], Any]] = None) -> Any:
     """A config field. `choices`: the valid values, or a function returning them when they are asked for (read with
-    `field_choices`); `inert`: why the key never has an effect here; `gpu_only`: why it has none on a CPU run."""
-    meta = {"help": help, "choices": choices, "inert": inert, "gpu_only": gpu_only}
+    `field_choices`); `cpu` / `gpu`: the key's effect on that device (`ON`: what `help` says; `off(reason)`: none)."""
+    meta = {"help": help, "choices": choices, "effect": {"cpu": cpu, "gpu": gpu}}
     if default_factory is not None:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def key_effect(key: str, device: str) -> Effect:
+    """The effect of config key `key` on `device` ("cpu" or "gpu")."""
+    return FIELDS[key].metadata["effect"][device]
 
 
 @dataclass
@@ -103,6 +150,9 @@ class ModelArguments:
     reward_server_timeout: float = arg(60.0, "(new) Read timeout in seconds for one reward-server request.")
     reward_server_max_retries: int = arg(3, "(new) Retries (exponential backoff) on connection errors, timeouts and "
                                             "5xx before the step fails loudly.")
+    use_rule_reward: bool = arg(False, "PaddleNLP's switch for its built-in rule reward (GSM8K) in PPO configs.",
+                                **nowhere("in-process rule rewards are chosen with reward_funcs (use_rm_server: "
+                                          "false), e.g. reward_funcs: gsm8k"))
 
 
 @dataclass
@@ -139,23 +189,29 @@ class DataArguments:
     dataloader_drop_last: bool = arg(True, "Drop the last incomplete batch of prompts of an epoch.")
     dataloader_shuffle: bool = arg(False, "Shuffle prompts each epoch (seeded by `seed` and the epoch).")
     balance_batch: bool = arg(False, "Balance token counts across data-parallel ranks.",
-                              inert="ranks receive whole prompt groups in order; no token balancing is done")
+                              **nowhere("ranks receive whole prompt groups in order; no token balancing is done"))
     use_remove_padding: bool = arg(False, "Pack sequences without padding.",
-                                   inert="sequences are left-padded; padding is masked out of every sum")
+                                   **nowhere("sequences are left-padded; padding is masked out of every sum"))
 
 
 @dataclass
 class ParallelArguments:
     tensor_parallel_degree: int = arg(1, "Tensor (model) parallel degree.")
     sequence_parallel: bool = arg(False, "Sequence parallelism inside tensor-parallel groups.",
-                                  gpu_only="needs fleet's tensor-parallel kernels, which have no CPU implementation")
+                                  cpu=off("needs fleet's tensor-parallel kernels, which have no CPU implementation"),
+                                  gpu=on(AMP_GPU))
     sharding_parallel_degree: int = arg(-1, "Sharding degree (-1: all data-parallel ranks).")
-    sharding: str = arg("", "Sharding stage: stage1 or stage2 (empty: none).", choices=("", "stage1", "stage2"))
+    sharding: str = arg("", "Sharding stage: stage1 shards the optimizer states over the sharding ranks; stage2 "
+                            "runs as stage1 here (empty: none).", choices=("", "stage1", "stage2"))
     sharding_parallel_config: str = arg("", "Extra sharding options, space- or comma-separated (PaddleNLP's names; "
                                             "docs/distributed.md says what each does here).")
     pipeline_parallel_degree: int = arg(1, "Pipeline parallel degree.")
     virtual_pp_degree: int = arg(1, "Virtual pipeline stages per pipeline rank.")
-    rollout_tensor_parallel_degree: int = arg(-1, "Tensor-parallel degree used for generation (-1: same as training).")
+    rollout_tensor_parallel_degree: int = arg(-1, "Tensor-parallel degree used for generation (-1: same as "
+                                                  "training).",
+                                              **nowhere("generation runs on the training model with its "
+                                                        "tensor_parallel_degree; there is no separate rollout "
+                                                        "engine to reshard"))
 
 
 @dataclass
@@ -168,12 +224,17 @@ class RolloutArguments:
     repetition_penalty: float = arg(1.0, "Repetition penalty (1.0: none).")
     rollout_max_num_seqs: int = arg(32, "Most sequences one generation call handles; larger rollouts are chunked.")
     rollout_quant_type: str = arg("", "Weight quantisation of the rollout model (e.g. weight_only_int8).",
-                                  gpu_only="quantised inference kernels are GPU-only in PaddleNLP")
+                                  cpu=off("quantised inference kernels are GPU-only in PaddleNLP"),
+                                  gpu=off("not implemented: generation runs on the training model's weights, "
+                                          "there is no separate (quantised) rollout model"))
 
 
 @dataclass
 class TrainingArguments:
-    do_train: bool = arg(True, "Run training.")
+    do_train: bool = arg(True, "Run training.", **nowhere("run_rl.py always trains; PaddleNLP's run_rl.py "
+                                                          "with do_train: false only evaluates, which is not "
+                                                          "implemented here (evaluation runs every eval_steps "
+                                                          "of training)"))
     seed: int = arg(42, "Random seed (data order, sampling, initialisation).")
     global_batch_size: int = arg(8, "Prompts sampled per step (over all data-parallel ranks).")
     global_gen_batch_size: int = arg(-1, "Prompts per generation round with dynamic sampling "
@@ -185,12 +246,17 @@ class TrainingArguments:
     per_device_reward_batch_size: int = arg(8, "Sequences per reward-model forward pass (reward_model_name_or_path "
                                                "in-process; reward functions score whole batches).")
     per_device_value_batch_size: int = arg(8, "Sequences per critic forward pass.",
-                                           inert="GRPO and REINFORCE++ have no critic")
+                                           **nowhere(NO_CRITIC))
     per_device_train_batch_size: int = arg(8, "Sequences per micro-batch of the policy update.")
-    num_train_epochs: float = arg(6.0, "Epochs over the training prompts (max_steps > 0 takes precedence).")
+    num_train_epochs: float = arg(6.0, "Epochs over the training prompts; max_steps > 0 overrides it (as in "
+                                       "PaddleNLP, where -1 with max_steps is common).")
     max_steps: int = arg(-1, "Total training steps (-1: from num_train_epochs).")
-    max_length: int = arg(4608, "Longest prompt + completion; at least max_prompt_len + max_dec_len.")
+    max_length: int = arg(4608, "Longest prompt + completion; at least max_prompt_len + max_dec_len.",
+                          **nowhere("only checked: a sequence is at most max_prompt_len + max_dec_len tokens, "
+                                    "which bound every buffer here"))
     learning_rate: float = arg(5e-7, "Peak learning rate of AdamW.")
+    min_learning_rate: float = arg(0.0, "PaddleNLP's floor of the actor's learning-rate decay (PPO configs).",
+                                   **nowhere("the linear and cosine schedules here decay to 0"))
     lr_scheduler_type: str = arg("constant", "Learning-rate schedule after warm-up.", choices=LR_SCHEDULERS)
     warmup_steps: int = arg(0, "Linear warm-up steps (optimizer steps).")
     warmup_ratio: float = arg(0.0, "Warm-up as a fraction of all optimizer steps (used when warmup_steps is 0).")
@@ -215,10 +281,13 @@ class AlgorithmArguments:
     rl_algorithm: str = arg("grpo", "Advantage estimator.",
                             choices=_from_algorithms("available_advantage_estimators"))
     norm_adv_by_std: bool = arg(True, "(new) GRPO: divide by the group std; false gives Dr.GRPO.")
-    kl_coeff: float = arg(0.001, "KL penalty coefficient inside the reward (REINFORCE++ style).")
+    kl_coeff: float = arg(0.001, "KL penalty coefficient inside the reward (REINFORCE++ style). With "
+                                 "rl_algorithm grpo (and the other GRPO-family estimators) it has no effect unless "
+                                 "use_kl_in_reward, as in PaddleNLP, whose GRPO ignores it.")
+    use_kl_in_reward: bool = arg(False, "(new) GRPO-family estimators only: also put kl_coeff's KL into the reward, "
+                                        "per sequence (verl's use_kl_in_reward). PaddleNLP's GRPO ignores kl_coeff.")
     kl_estimator: str = arg("k1", "(new) KL estimator for the KL in the reward.",
                             choices=_from_algorithms("KL_ESTIMATORS"))
-    use_kl_in_reward: bool = arg(False, "(new) Group estimators (grpo, rloo): also subtract kl_coeff * KL from each sequence reward (verl's use_kl_in_reward); PaddleNLP's GRPO ignores kl_coeff.")
     kl_loss_coeff: float = arg(0.0, "KL loss coefficient (GRPO style); works for every estimator.")
     kl_loss_estimator: str = arg("k3", "(new) KL estimator for the KL loss.",
                                  choices=_from_algorithms("KL_ESTIMATORS"))
@@ -235,7 +304,7 @@ class AlgorithmArguments:
     loss_agg_mode: str = arg("token-mean", "(new) How per-token losses are averaged.",
                              choices=_from_algorithms("LOSS_AGG_MODES"))
     clip_range_score: float = arg(10.0, "Rewards are clipped to [-c, c] (0: no clipping).")
-    clip_range_value: float = arg(5.0, "Value clip range.", inert="GRPO and REINFORCE++ have no critic")
+    clip_range_value: float = arg(5.0, "Value clip range.", **nowhere(NO_CRITIC))
     normalize_reward: bool = arg(False, "Normalise rewards with running statistics.")
     normalize_advantage: bool = arg(False, "Whiten advantages over the global batch.")
     enable_overlong_reward_buffer: bool = arg(False, "DAPO overlong shaping of the reward.")
@@ -244,8 +313,9 @@ class AlgorithmArguments:
     dynamic_sampling: bool = arg(False, "DAPO dynamic sampling: drop groups with zero reward variance and sample "
                                         "more prompts.")
     max_gen_batches: int = arg(2, "Most generation rounds per step with dynamic sampling.")
-    use_fp32_compute: bool = arg(True, "Compute log-probs, rewards, advantages and losses in float32 "
-                                       "(always the case here).")
+    use_fp32_compute: bool = arg(True, "Compute log-probs, rewards, advantages and losses in float32.",
+                                 **nowhere("log-probs, rewards, advantages and losses are always float32, "
+                                           "whatever the model's dtype"))
     sync_ref_model: bool = arg(False, "(new) Periodically mix the policy into the reference model (TR-DPO).")
     ref_model_mixup_alpha: float = arg(0.9, "(new) ref <- alpha * policy + (1 - alpha) * ref.")
     ref_model_sync_steps: int = arg(64, "(new) Steps between reference-model syncs.")
@@ -273,40 +343,66 @@ class LoggingArguments:
                                             "its VisualDL record) and train from scratch instead of resuming it.")
     logging_dir: str = arg("vdl_log", "VisualDL log directory.")
     logging_steps: int = arg(1, "Log sample completions every this many steps.")
-    report_to: str = arg("visualdl", "visualdl, all (= visualdl here) or none.", choices=REPORT_TO)
-    wandb_http_proxy: str = arg("", "HTTP proxy for wandb.", inert="wandb is not used; metrics go to VisualDL and "
-                                                                   "metrics.jsonl")
+    report_to: str = arg("visualdl", "visualdl, all, wandb or tensorboard (all three: VisualDL here, with a "
+                                     "one-line warning for wandb/tensorboard) or none.", choices=REPORT_TO)
+    wandb_http_proxy: str = arg("", "HTTP proxy for wandb.", **nowhere("wandb is not used; metrics go to VisualDL "
+                                                                       "and metrics.jsonl"))
     run_name: str = arg("", "Experiment name, used as the VisualDL run name.")
 
 
 @dataclass
 class KernelArguments:
-    use_flash_attention: bool = arg(False, "FlashAttention-2.", gpu_only="flash attention kernels are GPU-only")
-    use_fused_rms_norm: bool = arg(False, "Fused RMSNorm kernel.", gpu_only="fused kernels are GPU-only")
-    use_fused_rope: bool = arg(False, "Fused rotary embedding kernel.", gpu_only="fused kernels are GPU-only")
-    use_fused_head_and_loss_fn: bool = arg(False, "Fused LM head and loss.", gpu_only="fused kernels are GPU-only")
-    use_fused_linear: bool = arg(False, "Fused linear kernel.", gpu_only="fused kernels are GPU-only")
+    use_flash_attention: bool = arg(False, "FlashAttention-2. Passed to the model config's field of the same name.",
+                           cpu=off(CPU_KERNELS), gpu=on(AMP_GPU))
+    use_fused_rms_norm: bool = arg(False, "Fused RMSNorm kernel. Passed to the model config's field of the same name.",
+                           cpu=off(CPU_KERNELS), gpu=on(AMP_GPU))
+    use_fused_rope: bool = arg(False, "Fused rotary embedding kernel. Passed to the model config's field of the same name.",
+                           cpu=off(CPU_KERNELS), gpu=on(AMP_GPU))
+    use_fused_head_and_loss_fn: bool = arg(False, "Fused LM head and loss. Passed to the model config's field of the same name.",
+                           cpu=off(CPU_KERNELS), gpu=on(AMP_GPU))
+    use_fused_linear: bool = arg(False, "Fused linear kernel. Passed to the model config's field of the same name.",
+                           cpu=off(CPU_KERNELS), gpu=on(AMP_GPU))
     recompute: bool = arg(False, "Recompute activations in the backward pass to save memory.")
-    recompute_use_reentrant: bool = arg(True, "Use the re-entrant recompute implementation.")
-    recompute_granularity: str = arg("full", "Recompute granularity.", choices=("full", "full_attn", "core_attn"))
-    bf16: bool = arg(False, "bfloat16 mixed precision.", gpu_only="CPU runs compute in float32")
-    fp16: bool = arg(False, "float16 mixed precision.", gpu_only="CPU runs compute in float32")
+    recompute_use_reentrant: bool = arg(True, "Use the re-entrant recompute implementation.",
+                                        **nowhere("not implemented yet (issue 15): recompute uses the model's "
+                                                  "default implementation"))
+    recompute_granularity: str = arg("full", "Recompute granularity.", choices=("full", "full_attn", "core_attn"),
+                                     **nowhere("not implemented yet (issue 15): recompute is always full (whole "
+                                               "decoder layers)"))
+    bf16: bool = arg(False, "bfloat16 mixed precision.", cpu=off(CPU_FLOAT32), gpu=on(AMP_GPU))
+    fp16: bool = arg(False, "float16 mixed precision.", cpu=off(CPU_FLOAT32), gpu=on(AMP_GPU))
     fp16_opt_level: str = arg("O1", "AMP level O1 or O2.", choices=("O1", "O2"),
-                              gpu_only="CPU runs compute in float32")
+                              cpu=off(CPU_FLOAT32), gpu=on(AMP_GPU))
     amp_master_grad: bool = arg(False, "Keep float32 master gradients under AMP.",
-                                gpu_only="CPU runs compute in float32")
+                                cpu=off(CPU_FLOAT32), gpu=on(AMP_GPU))
     amp_custom_black_list: List[str] = arg(None, "Ops kept in float32 under AMP.", default_factory=list,
-                                           gpu_only="CPU runs compute in float32")
+                                           cpu=off(CPU_FLOAT32), gpu=on(AMP_GPU))
     amp_custom_white_list: List[str] = arg(None, "Ops run in low precision under AMP.", default_factory=list,
-                                           gpu_only="CPU runs compute in float32")
+                                           cpu=off(CPU_FLOAT32), gpu=on(AMP_GPU))
     offload_level: str = arg("", "Offload frozen models/optimizer states to host memory.",
-                             gpu_only="on a CPU run everything is already in host memory")
+                             cpu=off(HOST_MEMORY), gpu=off("not implemented: models and optimizer states stay on the "
+                                                       "GPU"))
     release_grads: bool = arg(False, "Free gradient memory after each optimizer step.",
-                              gpu_only="a GPU memory-pool optimisation")
+                              **nowhere("gradients are always released (set to None, not zeroed) after "
+                                        "every optimizer step"))
     offload_optim: bool = arg(False, "Offload optimizer states to host memory.",
-                              gpu_only="on a CPU run everything is already in host memory")
+                              cpu=off(HOST_MEMORY), gpu=off("not implemented: models and optimizer states stay on the "
+                                                       "GPU"))
     skip_profile_timer: bool = arg(False, "Skip PaddleNLP's profiling timers.",
-                                   inert="phase timings are always measured and logged as perf/* metrics; they cost microseconds")
+                                   **nowhere("phase timings are always measured and logged as perf/* metrics; "
+                                             "they cost microseconds"))
+
+
+@dataclass
+class CriticArguments:
+    """PaddleNLP's PPO / VAPO keys: they load, so that such a config is refused by its rl_algorithm, not by a key."""
+    critic_model_name_or_path: str = arg("", "The critic (value) model.", **nowhere(NO_CRITIC))
+    critic_learning_rate: float = arg(5e-7, "Critic learning rate.", **nowhere(NO_CRITIC))
+    critic_min_learning_rate: float = arg(0.0, "Floor of the critic's learning-rate decay.", **nowhere(NO_CRITIC))
+    critic_lr_scheduler_type: str = arg("constant", "Critic learning-rate schedule.", **nowhere(NO_CRITIC))
+    critic_weight_decay: float = arg(0.01, "Critic AdamW weight decay.", **nowhere(NO_CRITIC))
+    critic_warmup_ratio: float = arg(0.0, "Critic warm-up as a fraction of its optimizer steps.", **nowhere(NO_CRITIC))
+    pretrain_critic_steps: int = arg(0, "VAPO: steps that train only the critic first.", **nowhere(NO_CRITIC))
 
 
 def yaml_value(value: Any) -> str:
@@ -317,7 +413,7 @@ def yaml_value(value: Any) -> str:
 
 @dataclass
 class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, RolloutArguments, TrainingArguments,
-             AlgorithmArguments, EvalArguments, LoggingArguments, KernelArguments):
+             AlgorithmArguments, EvalArguments, LoggingArguments, KernelArguments, CriticArguments):
     """The whole configuration, flat (one attribute per key) like PaddleNLP's YAML files."""
 
     def to_dict(self) -> Dict[str, Any]:
@@ -358,7 +454,7 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
     def lora_alpha_value(self) -> float:
         return 2.0 * self.lora_rank if self.lora_alpha == -1 else self.lora_alpha
 
-    # ---- i14-math: where the reward's KL goes (one decision, used by the trainer, step and config notes) ----
+    # Where the reward's KL goes: one decision, used by the trainer, the step and the config notes.
     @property
     def reward_kl_coeff(self) -> float:
         """The coefficient of the KL term in the reward: `kl_coeff` for estimators that take it per token
@@ -370,15 +466,14 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
     @property
     def needs_reference_model(self) -> bool:
         return self.reward_kl_coeff != 0 or self.kl_loss_coeff != 0
-    # ---- end i14-math ----
-
+    
     def batch_geometry(self, world_size: int = 1) -> BatchGeometry:
         """Per-rank batch sizes for `world_size` processes; raises ConfigError naming the keys when they don't fit."""
         return BatchGeometry.from_config(self, world_size)
 
 
 GROUPS = (ModelArguments, LoRAArguments, DataArguments, ParallelArguments, RolloutArguments, TrainingArguments,
-          AlgorithmArguments, EvalArguments, LoggingArguments, KernelArguments)
+          AlgorithmArguments, EvalArguments, LoggingArguments, KernelArguments, CriticArguments)
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 
 
@@ -397,12 +492,12 @@ class BatchGeometry:
     def from_config(cls, cfg: Config, world_size: int) -> BatchGeometry:
         model_ranks = cfg.tensor_parallel_degree * cfg.pipeline_parallel_degree
         if world_size % model_ranks:
-            raise ConfigError(f"tensor_parallel_degree ({cfg.tensor_parallel_degree}) x pipeline_parallel_degree "
+            raise LayoutError(f"tensor_parallel_degree ({cfg.tensor_parallel_degree}) x pipeline_parallel_degree "
                               f"({cfg.pipeline_parallel_degree}) = {model_ranks} does not divide the number of "
                               f"processes ({world_size})")
         dp = world_size // model_ranks
         if cfg.sharding_parallel_degree > 0 and dp % cfg.sharding_parallel_degree:
-            raise ConfigError(f"sharding_parallel_degree ({cfg.sharding_parallel_degree}) does not divide the "
+            raise LayoutError(f"sharding_parallel_degree ({cfg.sharding_parallel_degree}) does not divide the "
                               f"data-parallel degree {dp} (= {world_size} processes / {model_ranks} model ranks)")
         mini = cfg.mini_batch_prompts
         _divides(dp, "data-parallel degree", cfg.global_batch_size, "global_batch_size",
@@ -597,12 +692,13 @@ def load_config(path: Union[str, os.PathLike, None] = None, overrides: Sequence[
     cfg = Config(**values)
     validate(cfg, given)
     if warn:
-        for message in inert_key_messages(cfg, given, device or _default_device()):
+        for message in inert_key_messages(cfg, given, device or default_device()):
             logger.warning(message)
     return cfg
 
 
-def _default_device():
+def default_device() -> str:
+    """"gpu" when paddle is compiled with CUDA and sees a GPU, else "cpu" (also when paddle is absent)."""
     try:
         import paddle
         return "gpu" if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0 else "cpu"
@@ -631,26 +727,33 @@ def sharding_options(cfg: Config) -> List[str]:
 
 
 def inert_key_messages(cfg: Config, given: Dict[str, str], device: str) -> List[str]:
-    """One line per key set (file or command line) to a non-default value that has no effect on this run, and why.
+    """One line per key set (file or command line) that does not do here what it says on `device`, and why.
 
-    Inert switches default to off, so setting one on is always reported."""
+    Keys with no effect are reported when set to a non-default value (they default to off, so setting one on is
+    always reported); so are the values that run as something else (report_to wandb, sharding stage2) and kl_coeff
+    under a GRPO-family estimator without use_kl_in_reward."""
     defaults = Config()
     out = []
     for key, where in given.items():
-        meta = FIELDS[key].metadata
-        reason = meta["inert"] or (meta["gpu_only"] if device == "cpu" else None)
-        if reason and getattr(cfg, key) != getattr(defaults, key):
-            out.append(f"{where}: key '{key}' has no effect here: {reason}")
+        effect = key_effect(key, device)
+        if not effect.active and getattr(cfg, key) != getattr(defaults, key):
+            out.append(f"{where}: key '{key}' has no effect here: {effect.note}")
+    if cfg.report_to in VISUALDL_STANDS_IN:
+        out.append(f"{given.get('report_to', 'report_to')}: report_to '{cfg.report_to}' is not available here; "
+                   "metrics go to VisualDL (logging_dir) and metrics.jsonl instead")
+    if cfg.sharding == "stage2":
+        out.append(f"{given.get('sharding', 'sharding')}: sharding 'stage2' runs as stage1 (optimizer states "
+                   "sharded): stage2 would also shard the gradients, saving (n-1)/n of their memory on each of n "
+                   "sharding ranks, and is not implemented here")
     if "sharding_parallel_config" in given:
         for option in sharding_options(cfg):
             if SHARDING_OPTIONS.get(option):
                 out.append(f"{given['sharding_parallel_config']}: key 'sharding_parallel_config': option "
                            f"'{option}' has no effect here: {SHARDING_OPTIONS[option]}")
-    out.extend(reward_kl_notes(cfg, given))  # i14-math
+    out.extend(reward_kl_notes(cfg, given))
     return out
 
 
-# ---- i14-math: notes on the reward's KL keys (the decision itself is Config.reward_kl_coeff) ----
 def reward_kl_notes(cfg: Config, given: Dict[str, str]) -> List[str]:
     """One line for each of `kl_coeff` / `use_kl_in_reward` set (file or command line) where it has no effect on
     the reward: `kl_coeff` with a group estimator (grpo, rloo) without `use_kl_in_reward`, as in PaddleNLP's GRPO;
@@ -667,7 +770,6 @@ def reward_kl_notes(cfg: Config, given: Dict[str, str]) -> List[str]:
                else "kl_coeff is 0")
         out.append(f"{given['use_kl_in_reward']}: key 'use_kl_in_reward' has no effect here: {why}")
     return out
-# ---- end i14-math ----
 
 
 # ------------------------------------------------------------------------------------------------- validation
@@ -680,6 +782,13 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
         where = given.get(key)
         prefix = f"{where}: " if where else ""
         raise ConfigError(f"{prefix}key '{key}' = {getattr(cfg, key)!r}: {msg}")
+
+    # First: a config for an algorithm this trainer does not have (PaddleNLP's ppo/vapo) says so before anything else.
+    algorithms = field_choices(FIELDS["rl_algorithm"])
+    if cfg.rl_algorithm not in algorithms:
+        critic = " needs a critic (value model), which paddle_grpo does not have;" \
+            if cfg.rl_algorithm in CRITIC_ALGORITHMS else ""
+        fail("rl_algorithm", f"is not supported:{critic} the supported algorithms are {', '.join(algorithms)}")
 
     for key, f in FIELDS.items():
         choices = field_choices(f)
@@ -699,7 +808,7 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
             fail(key, "must be at least 1")
     non_negative = ("learning_rate", "weight_decay", "max_grad_norm", "clip_range_ratio", "clip_range_score",
                     "kl_coeff", "kl_loss_coeff", "pg_loss_coeff", "entropy_coeff", "min_dec_len", "warmup_steps",
-                    "overlong_penalty_factor", "adam_epsilon", "num_train_epochs", "reward_server_timeout",
+                    "overlong_penalty_factor", "adam_epsilon", "reward_server_timeout",
                     "reward_server_max_retries", "seed")
     for key in non_negative:
         if getattr(cfg, key) < 0:
@@ -731,6 +840,8 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
             fail(key, "must be -1 (automatic) or at least 1")
     if cfg.max_steps == 0 or cfg.max_steps < -1:
         fail("max_steps", "must be -1 (from num_train_epochs) or at least 1")
+    if cfg.num_train_epochs < 0 and cfg.max_steps < 1:  # PaddleNLP: max_steps > 0 overrides num_train_epochs
+        fail("num_train_epochs", "must not be negative unless max_steps (which then sets the length) is at least 1")
     unknown = [x for x in sharding_options(cfg) if x not in SHARDING_OPTIONS]
     if unknown:
         fail("sharding_parallel_config", f"unknown option {unknown[0]!r}; the options are "

@@ -28,7 +28,7 @@ class MetricsLogger:
         os.makedirs(output_dir, exist_ok=True)
         self.metrics_path = os.path.join(output_dir, "metrics.jsonl")
         self.samples_path = os.path.join(output_dir, "rollouts.jsonl")
-        if report_to in ("visualdl", "all") and logging_dir:
+        if report_to != "none" and logging_dir:  # wandb/tensorboard: VisualDL stands in
             from visualdl import LogWriter
 
             # One record file per output_dir, rewritten at every start from metrics.jsonl and rollouts.jsonl (which

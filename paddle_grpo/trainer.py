@@ -329,7 +329,7 @@ def train(cfg: Config, build_policy: Optional[PolicyBuilder] = None) -> int:
     if main:
         s = summary.run_summary(read_json_rows(os.path.join(cfg.output_dir, "metrics.jsonl")),
                                 output_dir=cfg.output_dir,
-                                logging_dir=cfg.logging_dir if cfg.report_to in ("visualdl", "all") else "",
+                                logging_dir=cfg.logging_dir if cfg.report_to != "none" else "",
                                 checkpoint=trainer.last_checkpoint, wall_s=time.time() - t0,
                                 steps_this_run=trainer.step - trainer.steps_at_start, last_step=trainer.step)
         if s["steps_this_run"] > 0:  # re-running a finished run keeps the summary of the run that trained

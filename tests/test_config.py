@@ -122,9 +122,9 @@ EXPECTED_INERT_ON_CPU = {
     "use_fused_linear", "bf16", "fp16_opt_level", "amp_custom_black_list", "amp_custom_white_list", "offload_level",
     "release_grads", "kl_coeff",
 }
-# skip_profile_timer: false (keep timers) is what happens here anyway, so it is not reported.
-# kl_coeff: PaddleNLP's GRPO ignores it (its KL is kl_loss_coeff), and so does grpo here without use_kl_in_reward.
-EXPECTED_INERT_ON_GPU = {"balance_batch", "use_remove_padding", "kl_coeff"}
+# skip_profile_timer: false (keep timers) is what happens here anyway, so it is not reported. kl_coeff: 0.001 has
+# no effect with rl_algorithm grpo (as in PaddleNLP) on every device.
+EXPECTED_INERT_ON_GPU = {"balance_batch", "use_remove_padding", "offload_level", "release_grads", "kl_coeff"}
 
 
 def write(tmp_path, text, name="cfg.yaml"):
@@ -167,7 +167,7 @@ def test_paddlenlp_grpo_yaml_loads_unchanged_with_its_values(tmp_path, caplog):
     assert "\n" not in first
 
 
-def test_paddlenlp_yaml_on_gpu_warns_only_about_keys_inert_everywhere(tmp_path, caplog):
+def test_paddlenlp_yaml_on_gpu_warns_only_about_keys_without_effect_on_gpu(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="paddle_grpo.config"):
         load_config(write(tmp_path, PADDLENLP_GRPO_YAML), device="gpu")
     assert warned_keys(caplog) == EXPECTED_INERT_ON_GPU
@@ -311,8 +311,11 @@ def test_wrong_type_names_key_and_value(tmp_path, line, expected):
     ("top_p: 0", "key 'top_p' = 0.0: must be in (0, 1]"),
     ("temperature: 0", "key 'temperature' = 0.0: must be greater than 0"),
     ("kl_coeff: -0.1", "key 'kl_coeff' = -0.1: must not be negative"),
-    ("rl_algorithm: ppo", "key 'rl_algorithm' = 'ppo': must be one of 'grpo', 'reinforce_plus_plus', "
-                          "'reinforce_plus_plus_baseline', 'rloo'"),
+    ("rl_algorithm: ppo", "key 'rl_algorithm' = 'ppo': is not supported: needs a critic (value model), which "
+                          "paddle_grpo does not have; the supported algorithms are grpo, reinforce_plus_plus, "
+                          "reinforce_plus_plus_baseline, rloo"),
+    ("rl_algorithm: dpo", "key 'rl_algorithm' = 'dpo': is not supported: the supported algorithms are grpo, "),
+    ("num_train_epochs: -1", "key 'num_train_epochs' = -1.0: must not be negative unless max_steps"),
     ("loss_agg_mode: mean", "key 'loss_agg_mode' = 'mean': must be one of 'token-mean'"),
     ("max_steps: 0", "key 'max_steps' = 0: must be -1 (from num_train_epochs) or at least 1"),
     ("global_mini_batch_size: 0", "key 'global_mini_batch_size' = 0: must be -1 (automatic) or at least 1"),
@@ -444,7 +447,7 @@ def test_a_registered_estimator_is_a_valid_rl_algorithm_with_its_min_group_size(
             config_from_dict({"rl_algorithm": "test_triplets", "rollout_n": 2})
     finally:
         unregister_advantage_estimator("test_triplets")
-    with pytest.raises(ConfigError, match="key 'rl_algorithm' = 'test_triplets': must be one of 'grpo'"):
+    with pytest.raises(ConfigError, match="key 'rl_algorithm' = 'test_triplets': is not supported: the supported algorithms are grpo,"):
         config_from_dict({"rl_algorithm": "test_triplets", "rollout_n": 3})
 
 
@@ -507,3 +510,92 @@ def test_sharding_parallel_config_options_are_checked_and_explained(tmp_path, ca
     # enable_release_grads is what the trainer does anyway: no warning; the overlap option does nothing here.
     assert len(lines) == 1 and lines[0].startswith(f"{tmp_path / 'cfg.yaml'}:2: key 'sharding_parallel_config': "
                                                    "option 'enable_stage1_overlap' has no effect here")
+
+
+# ------------------------------------------------------------------------------- PaddleNLP drop-in (issue 14)
+
+def test_fused_linear_is_the_old_name_of_use_fused_linear():
+    assert config_from_dict({"fused_linear": True}).use_fused_linear is True
+    assert config_from_dict({"fused_linear": "false"}).use_fused_linear is False
+
+
+@pytest.mark.parametrize("logger_name", ["wandb", "tensorboard"])
+def test_report_to_wandb_or_tensorboard_is_one_warning_line(tmp_path, caplog, logger_name):
+    with caplog.at_level(logging.WARNING, logger="paddle_grpo.config"):
+        cfg = load_config(write(tmp_path, f"report_to: {logger_name}\nkl_coeff: 0\n"), device="cpu")
+    assert cfg.report_to == logger_name
+    lines = [r.getMessage() for r in caplog.records if r.name == "paddle_grpo.config"]
+    assert lines == [f"{tmp_path / 'cfg.yaml'}:1: report_to '{logger_name}' is not available here; metrics go to "
+                     "VisualDL (logging_dir) and metrics.jsonl instead"]
+
+
+def test_max_steps_overrides_num_train_epochs_minus_one():
+    cfg = config_from_dict({"num_train_epochs": -1, "max_steps": 3600})
+    assert (cfg.num_train_epochs, cfg.max_steps) == (-1.0, 3600)
+    with pytest.raises(ConfigError, match="key 'num_train_epochs' = -1.0: must not be negative unless max_steps"):
+        config_from_dict({"num_train_epochs": -1})
+
+
+def test_sharding_stage2_runs_as_stage1_with_a_warning_on_every_device(tmp_path, caplog):
+    for device in ("cpu", "gpu"):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="paddle_grpo.config"):
+            load_config(write(tmp_path, "sharding: stage2\nkl_coeff: 0\n"), device=device)
+        (line,) = [r.getMessage() for r in caplog.records if r.name == "paddle_grpo.config"]
+        assert "sharding 'stage2' runs as stage1" in line and "shard the gradients" in line
+        assert "not implemented here" in line
+
+
+def test_critic_configs_stop_on_rl_algorithm_first(tmp_path):
+    # Every critic key loads; the first error is rl_algorithm, even when another key would also be refused.
+    text = ("critic_model_name_or_path: Qwen/Qwen2.5-1.5B-Instruct\ncritic_learning_rate: 1e-5\n"
+            "critic_min_learning_rate: 1e-5\ncritic_lr_scheduler_type: constant\ncritic_weight_decay: 1e-2\n"
+            "critic_warmup_ratio: 0.0\npretrain_critic_steps: 50\nuse_rule_reward: true\nmin_learning_rate: 1e-6\n"
+            "use_rm_server: false\nrl_algorithm: vapo\ntop_p: 7\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, text), device="cpu")
+    assert str(e.value) == (f"{tmp_path / 'cfg.yaml'}:11: key 'rl_algorithm' = 'vapo': is not supported: needs a "
+                            "critic (value model), which paddle_grpo does not have; the supported algorithms are "
+                            "grpo, reinforce_plus_plus, reinforce_plus_plus_baseline, rloo")
+
+
+def test_kl_coeff_with_grpo_gets_a_note_unless_use_kl_in_reward(tmp_path, caplog):
+    def notes(text):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="paddle_grpo.config"):
+            load_config(write(tmp_path, text), device="cpu")
+        return [r.getMessage() for r in caplog.records if "kl_coeff" in r.getMessage()]
+
+    (note,) = notes("rl_algorithm: grpo\nkl_coeff: 0.001\n")
+    assert note.startswith(f"{tmp_path / 'cfg.yaml'}:2: key 'kl_coeff' has no effect with rl_algorithm grpo")
+    assert notes("rl_algorithm: grpo\nkl_coeff: 0.001\nuse_kl_in_reward: true\n") == []
+    assert notes("rl_algorithm: grpo\nkl_coeff: 0\n") == []
+    assert notes("rl_algorithm: reinforce_plus_plus\nkl_coeff: 0.01\n") == []  # REINFORCE++ takes it per token
+
+
+def test_reward_model_is_accepted_as_the_in_process_scorer():
+    cfg = config_from_dict({"use_rm_server": False, "reward_model_name_or_path": "my/rm"})
+    assert cfg.reward_model_name_or_path == "my/rm" and cfg.per_device_reward_batch_size == 8
+
+
+def test_every_key_states_its_effect_on_every_device():
+    from paddle_grpo.config import DEVICES, Effect
+
+    for key, f in FIELDS.items():
+        effect = f.metadata["effect"]
+        assert set(effect) == set(DEVICES), key
+        for device in DEVICES:
+            assert isinstance(effect[device], Effect), (key, device)
+            if not effect[device].active:
+                assert len(effect[device].note) > 15, (key, device)  # a reason, not a placeholder
+
+
+@pytest.mark.parametrize("report_to, writes_visualdl", [("wandb", True), ("tensorboard", True), ("none", False)])
+def test_report_to_wandb_or_tensorboard_logs_to_visualdl(tmp_path, report_to, writes_visualdl):
+    from paddle_grpo.logging import MetricsLogger
+
+    log = MetricsLogger(str(tmp_path / "out"), str(tmp_path / "vdl"), report_to=report_to, disable_tqdm=True)
+    log.log(1, {"train/reward": 1.0})
+    log.close()
+    assert (tmp_path / "vdl").is_dir() == writes_visualdl
+    assert json.loads((tmp_path / "out" / "metrics.jsonl").read_text())["train/reward"] == 1.0

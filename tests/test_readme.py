@@ -30,3 +30,27 @@ def test_readme_python_versions_are_setup_pys(repo_root):
     setup = (repo_root / "setup.py").read_text(encoding="utf-8")
     low, high = re.search(r"Python 3\.(\d+)-3\.(\d+)", readme).groups()
     assert f'python_requires=">=3.{low},<3.{int(high) + 1}"' in setup
+
+
+def test_bring_your_paddlenlp_config_commands_work(repo_root, tiny_policy_dir, serve, capsys, monkeypatch):
+    # The section's dry run, with the tiny test model for build/quickstart_policy and a real kk reward server on a
+    # free port for the one the section starts on 8731; it passes and prints the launch line the section shows.
+    import shlex
+
+    from dry_run_helpers import run_rl_main
+    from reward_server import create_app
+
+    monkeypatch.chdir(repo_root)  # the command's paths are relative to the repository
+    readme = (repo_root / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Bring your PaddleNLP config")[1].split("\n## ")[0]
+    commands = fenced_commands(section)
+    assert commands[0] == "python -m reward_server --port 8731 --reward kk &"
+    dry = shlex.split(commands[1])
+    assert dry[:2] == ["python", "run_rl.py"] and dry[-1] == "--dry_run"
+    args = [tiny_policy_dir if a == "build/quickstart_policy" else a for a in dry[2:]]
+    url = serve(create_app("kk")).url
+    status, out, err = run_rl_main([*args, "--reward_server", url], capsys)
+    assert status == 0, out + err
+    shown = re.search(r"```text\n(launch: .*) \.\.\.\n```", section).group(1)
+    launch = next(line for line in out.splitlines() if line.startswith("launch: "))
+    assert launch.startswith(shown.replace("build/quickstart_policy", tiny_policy_dir))

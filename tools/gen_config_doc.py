@@ -1,4 +1,4 @@
-"""Write docs/configuration.md from the fields of paddle_grpo/config.py (keys, defaults, help, what is inert).
+"""Write docs/configuration.md from the fields of paddle_grpo/config.py (keys, defaults, help, effect per device).
 
 `python tools/gen_config_doc.py` rewrites the file; `--check` exits 1 when the file is out of date (a test runs it).
 Leaves out: prose about batch geometry and examples, which live in the README and in docs/ by hand.
@@ -7,19 +7,19 @@ import argparse
 import dataclasses
 import pathlib
 import sys
-from typing import List, Optional
+from typing import Any, List, Optional
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from paddle_grpo.config import ALIASES, GROUPS, field_choices, yaml_value  # noqa: E402
+from paddle_grpo.config import ALIASES, DEVICES, GROUPS, field_choices, yaml_value  # noqa: E402
 
 TITLES = {
     "ModelArguments": "Models and rewards", "LoRAArguments": "LoRA", "DataArguments": "Data",
     "ParallelArguments": "Parallelism",
     "RolloutArguments": "Rollout (generation)", "TrainingArguments": "Training", "AlgorithmArguments": "RL algorithm",
     "EvalArguments": "Evaluation", "LoggingArguments": "Logging and outputs",
-    "KernelArguments": "Memory, precision and kernels",
+    "KernelArguments": "Memory, precision and kernels", "CriticArguments": "Critic (PPO / VAPO: not supported)",
 }
 
 HEADER = """# Configuration reference
@@ -31,18 +31,27 @@ loads unchanged); keys marked **(new)** are this project's. Values given on the 
 (`python run_rl.py cfg.yaml --learning_rate 1e-6 --do_eval false`) override the file. Every value is checked when the
 run starts: an unknown key names the closest known one, a wrong type or range names the file, line and key.
 
-A key marked *inert* loads but never has an effect here; one marked *GPU only* has none on a CPU run. Setting either
-to a non-default value logs a one-line warning that says why.
+The CPU and GPU columns say what each key does on that device: "yes" (what the meaning says), "yes: ..." (with a
+caveat), or "**no**: why". Setting a key to a non-default value where it has no effect logs a one-line warning that
+says why, on every device. No GPU was available to this project: the GPU paths marked "verified only on CPU" are
+written against Paddle's and PaddleNLP's documented APIs and only their decision logic is tested.
+`python run_rl.py CONFIG --dry_run` prints the table of the keys of CONFIG that have no effect on this device.
 
 Old PaddleNLP names still load as the key they became: {aliases}.
 """
+
+
+def effect_cell(effect: Any) -> str:
+    """A config.Effect as a table cell: yes, yes: caveat, or **no**: reason."""
+    text = ("yes" if effect.active else "**no**") + (f": {effect.note}" if effect.note else "")
+    return text.replace("|", "/")
 
 
 def render() -> str:
     aliases = ", ".join(f"`{old}` -> `{new}`" for old, new in ALIASES.items())
     out = [HEADER.format(aliases=aliases)]
     for group in GROUPS:
-        out.append(f"\n## {TITLES[group.__name__]}\n\n| key | default | meaning |\n|---|---|---|")
+        out.append(f"\n## {TITLES[group.__name__]}\n\n| key | default | meaning | CPU | GPU |\n|---|---|---|---|---|")
         for f in dataclasses.fields(group):
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
             meta = f.metadata
@@ -50,11 +59,8 @@ def render() -> str:
             choices = field_choices(f)
             if choices:
                 text += " One of: " + ", ".join(f"`{c}`" if c else '`""`' for c in choices) + "."
-            if meta["inert"]:
-                text += f" *Inert:* {meta['inert']}."
-            if meta["gpu_only"]:
-                text += f" *GPU only:* {meta['gpu_only']}."
-            out.append(f"| `{f.name}` | `{yaml_value(default)}` | {text.replace('|', '/')} |")
+            effects = " | ".join(effect_cell(meta["effect"][device]) for device in DEVICES)
+            out.append(f"| `{f.name}` | `{yaml_value(default)}` | {text.replace('|', '/')} | {effects} |")
     return "\n".join(out) + "\n"
 
 

@@ -24,14 +24,13 @@ def hybrid_degrees(cfg: Any, world: int) -> dict[str, int]:
 
 
 def unsupported_layout(cfg: Any) -> list[str]:
-    """What of the configured parallel layout this version cannot run, one message per key (empty: all of it)."""
+    """What of the configured parallel layout this version cannot run, one message per key (empty: all of it).
+    sharding: stage2 runs as stage1 (config.inert_key_messages warns): fleet's group_sharded_parallel runs only on
+    GPU/XPU and could not be tested here."""
     checks = (
         ("pipeline_parallel_degree", cfg.pipeline_parallel_degree if cfg.sharding else 1,
          f"together with sharding: {cfg.sharding!r}; set sharding: '' for pipeline parallelism, or "
          "pipeline_parallel_degree: 1 for sharding"),
-        ("sharding", cfg.sharding if cfg.sharding == "stage2" else "",
-         ("stage2 (fleet's group_sharded_parallel) runs only on GPU/XPU and could not be tested here; stage1 "
-          "shards the optimizer states")),
         ("sharding_parallel_config", "split_param" if "split_param" in sharding_options(cfg) else "",
          "sharding V2 keeps gradients in main_grad, which the trainer's gradient path does not read"))
     return [f"{key}: {value!r} is not supported by this version of paddle_grpo ({why})"

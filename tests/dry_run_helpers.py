@@ -1,0 +1,30 @@
+"""Shared by tests/test_dry_run.py and tests/test_paddlenlp_configs.py: run_rl.py's main in this process (paddle is
+imported once, so each dry run costs a fraction of a second) and small local data files."""
+import importlib.util
+import json
+import pathlib
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def run_rl_main(argv, capsys):
+    """(exit status, stdout, stderr) of `python run_rl.py *argv`, run in-process."""
+    spec = importlib.util.spec_from_file_location("run_rl_under_test", REPO / "run_rl.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    capsys.readouterr()
+    status = module.main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def write_kk_data(directory, n=16):
+    """train.jsonl and eval.jsonl with `n` src/tgt records each in `directory`; returns their paths."""
+    paths = []
+    for name in ("train", "eval"):
+        rows = [{"src": f"<|im_start|>user\nWho is person {i}?<|im_end|>\n<|im_start|>assistant\n<think>",
+                 "tgt": f"(1) Person {i} is a knight"} for i in range(n)]
+        path = pathlib.Path(directory) / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        paths.append(path)
+    return paths

@@ -1,0 +1,192 @@
+"""`run_rl.py CONFIG --dry_run` (paddle_grpo/dry_run.py): every check reports its problem by file, line, key or URL,
+the exit status says whether the launch could start, and the launch command fits the layout. Real files, a real
+tiny model directory, a real reward server on 127.0.0.1."""
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from dry_run_helpers import REPO, run_rl_main, write_kk_data
+from paddle_grpo.config import ConfigError, config_from_dict
+from paddle_grpo.dry_run import keys_without_effect, launch_command, required_processes, split_dry_run
+from reward_server import create_app
+
+
+@pytest.fixture
+def base(tmp_path, tiny_policy_dir):
+    """Arguments of a valid in-process-reward run on the tiny model (no config file)."""
+    train, evaluation = write_kk_data(tmp_path)
+    return ["--actor_model_name_or_path", tiny_policy_dir, "--train_datasets", train, "--use_rm_server", "false",
+            "--reward_funcs", "kk", "--global_batch_size", "2", "--rollout_n", "2", "--per_device_train_batch_size",
+            "2", "--max_dec_len", "16", "--min_dec_len", "1", "--max_prompt_len", "64", "--max_length", "80",
+            "--kl_coeff", "0",
+            "--output_dir", tmp_path / "out"]
+
+
+def closed_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["c.yaml", "--dry_run"], (True, ["c.yaml"])),
+    (["--dry_run", "c.yaml"], (True, ["c.yaml"])),  # a bare flag leaves the next argument alone
+    (["c.yaml", "--dry_run", "true", "--seed", "1"], (True, ["c.yaml", "--seed", "1"])),
+    (["c.yaml", "--dry_run", "false"], (False, ["c.yaml"])),
+    (["c.yaml", "--dry_run=1"], (True, ["c.yaml"])),
+    (["c.yaml", "--seed", "1"], (False, ["c.yaml", "--seed", "1"])),
+])
+def test_split_dry_run(argv, expected):
+    assert split_dry_run(argv) == expected
+
+
+def test_dry_run_value_must_be_a_boolean():
+    with pytest.raises(ConfigError, match="command line: --dry_run expects true or false, got 'maybe'"):
+        split_dry_run(["--dry_run=maybe"])
+
+
+def test_launch_command_fits_the_layout():
+    argv = ["cfg.yaml", "--train_datasets", "my data.jsonl"]
+    assert launch_command(config_from_dict({}), argv, "cpu") == "python run_rl.py cfg.yaml --train_datasets " \
+                                                                 "'my data.jsonl'"
+    tp2 = config_from_dict({"tensor_parallel_degree": 2})
+    assert launch_command(tp2, argv, "cpu") == ('python -m paddle.distributed.launch --devices "" --nproc_per_node 2 '
+                                                "run_rl.py cfg.yaml --train_datasets 'my data.jsonl'")
+    assert launch_command(tp2, argv, "gpu").startswith('python -m paddle.distributed.launch --devices "0,1" run_rl.py')
+    sharded = config_from_dict({"tensor_parallel_degree": 2, "sharding": "stage1", "sharding_parallel_degree": 2})
+    assert required_processes(sharded) == 4
+    assert required_processes(config_from_dict({"pipeline_parallel_degree": 2, "tensor_parallel_degree": 1})) == 2
+
+
+def test_a_batch_that_no_process_count_splits_is_an_error():
+    cfg = config_from_dict({"tensor_parallel_degree": 2, "sharding": "stage1", "sharding_parallel_degree": 2,
+                            "global_batch_size": 1, "rollout_n": 8})
+    with pytest.raises(ConfigError, match=r"no number of processes fits this layout: with 4: global_batch_size \(1\) "
+                                          "must be divisible by the data-parallel degree 2"):
+        required_processes(cfg)
+
+
+def test_keys_without_effect_depend_on_the_device():
+    cfg = config_from_dict({"bf16": True})
+    cpu = {key: (value, reason) for key, value, reason in keys_without_effect(cfg, "cpu")}
+    gpu = {key for key, _, _ in keys_without_effect(cfg, "gpu")}
+    assert cpu["bf16"][0] == "true" and cpu["bf16"][1].startswith("CPU runs compute in float32")
+    assert "bf16" not in gpu and "balance_batch" in gpu and "balance_batch" in cpu
+
+
+def test_a_valid_single_process_run_passes(base, tmp_path, capsys):
+    status, out, err = run_rl_main([*base, "--dry_run"], capsys)
+    assert status == 0, out + err
+    assert "resolved configuration:\n# ModelArguments\n" in out
+    assert "  train_datasets: 16 records" in out and "(Qwen2Config, Qwen2Tokenizer, vocabulary 320)" in out
+    assert "\nlaunch: python run_rl.py --actor_model_name_or_path " in out
+    assert out.rstrip().endswith("dry run: ok")
+    assert not (tmp_path / "out").exists()  # nothing was trained or written
+
+
+def test_data_error_names_file_and_line(base, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"src": "q", "tgt": "a"}\n{"src": "q2", "tgt": \n', encoding="utf-8")
+    status, out, _ = run_rl_main([*base, "--train_datasets", bad, "--dry_run"], capsys)
+    assert status == 2
+    assert f"  - train_datasets: {bad}:2: " in out
+
+
+def test_model_directory_without_config_json(base, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    status, out, _ = run_rl_main([*base, "--actor_model_name_or_path", tmp_path / "empty", "--dry_run"], capsys)
+    assert status == 2
+    assert f"  - actor_model_name_or_path: '{tmp_path / 'empty'}' has no config.json" in out
+
+
+def test_unknown_reward_function(base, capsys):
+    status, out, _ = run_rl_main([*base, "--reward_funcs", "kk,no_such_reward", "--dry_run"], capsys)
+    assert status == 2
+    assert "  - reward_funcs: 'no_such_reward': " in out
+
+
+def test_reward_server_health_is_asked(base, serve, capsys):
+    url = serve(create_app("kk")).url
+    status, out, err = run_rl_main([*base, "--use_rm_server", "true", "--reward_server", url, "--dry_run"], capsys)
+    assert status == 0, out + err
+    assert f"  reward_server: {url}/health: ok" in out
+    down = f"http://127.0.0.1:{closed_port()}"
+    status, out, _ = run_rl_main([*base, "--use_rm_server", "true", "--reward_server", f"{url},{down}",
+                                  "--dry_run"], capsys)
+    assert status == 2
+    assert f"  - reward_server: {down}/health cannot be reached: ConnectionError" in out
+
+
+def test_layout_that_cannot_start_exits_2_with_the_reason(base, capsys):
+    status, out, _ = run_rl_main([*base, "--tensor_parallel_degree", "2", "--pipeline_parallel_degree", "2",
+                                  "--dry_run"], capsys)
+    assert status == 2
+    assert "  - tensor_parallel_degree (2) together with pipeline_parallel_degree (2) is not supported" in out
+    status, out, _ = run_rl_main([*base, "--tensor_parallel_degree", "2", "--dry_run"], capsys)
+    assert status == 0, out
+    assert '\nlaunch: python -m paddle.distributed.launch --devices "" --nproc_per_node 2 ' in out
+
+
+def test_plain_run_on_the_wrong_number_of_processes_prints_the_launch_command(base, tmp_path):
+    # A real process, as a user starts it: tensor_parallel_degree 2 on one process.
+    (tmp_path / "c.yaml").write_text(json.dumps({"tensor_parallel_degree": 2}), encoding="utf-8")
+    argv = [str(tmp_path / "c.yaml"), *map(str, base)]
+    out = subprocess.run([sys.executable, "run_rl.py", *argv], cwd=REPO, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "run_rl.py: error: tensor_parallel_degree (2) x pipeline_parallel_degree (1) = 2 does not divide the " \
+           "number of processes (1)" in out.stderr
+    expected = launch_command(config_from_dict({"tensor_parallel_degree": 2}), argv, "cpu")
+    assert out.stderr.rstrip().endswith(f"run_rl.py: start it with: {expected}")
+
+
+def test_a_model_id_that_is_not_a_local_directory(base, capsys, monkeypatch, tmp_path):
+    from paddle_grpo import policy
+
+    monkeypatch.setenv("PPNLP_HOME", str(tmp_path / "empty_cache"))  # never a real cache, never a download
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    status, out, _ = run_rl_main([*base, "--actor_model_name_or_path", "Qwen/No-Such-Model-0B", "--dry_run"],
+                                 capsys)
+    if hasattr(policy, "resolve_model_dir"):  # hub resolution (issue 14): offline and not cached is a problem
+        assert status == 2 and "  - actor_model_name_or_path: " in out and "Qwen/No-Such-Model-0B" in out
+    else:  # the hook: reported, resolved at start-up
+        assert status == 0, out
+        assert ("  note: actor_model_name_or_path: 'Qwen/No-Such-Model-0B' is not a local directory; it will be "
+                "resolved through PaddleNLP's from_pretrained at start-up") in out
+
+
+def test_on_gpu_the_launch_names_the_devices_and_needs_them(base, capsys):
+    from paddle_grpo.config import parse_args
+    from paddle_grpo.dry_run import dry_run, visible_gpus
+
+    argv = [str(a) for a in base] + ["--tensor_parallel_degree", "2", "--bf16", "true"]
+    status = dry_run(parse_args(argv), argv, "gpu")
+    out = capsys.readouterr().out
+    assert '\nlaunch: python -m paddle.distributed.launch --devices "0,1" run_rl.py ' in out
+    assert not any(line.startswith("  bf16 ") for line in out.splitlines())  # bf16 has its effect on a GPU
+    if visible_gpus() < 2:
+        assert status == 2 and f"  - the layout needs 2 GPUs; {visible_gpus()} are visible" in out
+    else:
+        assert status == 0, out
+
+
+def test_the_printed_launch_command_starts_and_trains(base, tmp_path, capsys, monkeypatch):
+    # The dry run's launch line for tensor_parallel_degree 2, run as printed (2 CPU processes, one step).
+    import os
+
+    monkeypatch.chdir(tmp_path)  # paddle.distributed.launch writes log/ here; run_rl.py is then named by full path
+    argv = [*base, "--tensor_parallel_degree", "2", "--max_steps", "1", "--save_strategy", "no", "--report_to",
+            "none", "--disable_tqdm", "true"]
+    status, out, err = run_rl_main([*argv, "--dry_run"], capsys)
+    assert status == 0, out + err
+    launch = next(line for line in out.splitlines() if line.startswith("launch: "))[len("launch: "):]
+    assert launch.startswith(f'python -m paddle.distributed.launch --devices "" --nproc_per_node 2 {REPO}/run_rl.py ')
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run(launch.replace("python", sys.executable, 1), shell=True, cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (row,) = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert row["step"] == 1
