@@ -179,7 +179,7 @@ def test_paddlenlp_reinforce_plus_plus_yaml_loads(tmp_path):
     assert cfg.rl_algorithm == "reinforce_plus_plus" and cfg.kl_coeff == 0.001
 
 
-# ---- i14-math: the reward's KL keys ----
+# The reward's KL keys: kl_coeff has no effect with the group estimators unless use_kl_in_reward.
 @pytest.mark.parametrize("lines, noted", [
     ("rl_algorithm: grpo\nkl_coeff: 0.001", ["kl_coeff"]),
     ("rl_algorithm: rloo\nkl_coeff: 0.01", ["kl_coeff"]),
@@ -203,7 +203,6 @@ def test_a_reward_kl_key_without_effect_gets_a_one_line_note(tmp_path, caplog, l
         assert "use_kl_in_reward: true" in caplog.records[0].getMessage()
         line = text.splitlines().index(next(x for x in text.splitlines() if x.startswith("kl_coeff"))) + 1
         assert caplog.records[0].getMessage().startswith(f"{tmp_path / 'cfg.yaml'}:{line}: key 'kl_coeff'")
-# ---- end i14-math ----
 
 
 def test_every_key_of_paddlenlp_keys_md_is_accepted(repo_root):
@@ -557,20 +556,6 @@ def test_critic_configs_stop_on_rl_algorithm_first(tmp_path):
     assert str(e.value) == (f"{tmp_path / 'cfg.yaml'}:11: key 'rl_algorithm' = 'vapo': is not supported: needs a "
                             "critic (value model), which paddle_grpo does not have; the supported algorithms are "
                             "grpo, reinforce_plus_plus, reinforce_plus_plus_baseline, rloo")
-
-
-def test_kl_coeff_with_grpo_gets_a_note_unless_use_kl_in_reward(tmp_path, caplog):
-    def notes(text):
-        caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="paddle_grpo.config"):
-            load_config(write(tmp_path, text), device="cpu")
-        return [r.getMessage() for r in caplog.records if "kl_coeff" in r.getMessage()]
-
-    (note,) = notes("rl_algorithm: grpo\nkl_coeff: 0.001\n")
-    assert note.startswith(f"{tmp_path / 'cfg.yaml'}:2: key 'kl_coeff' has no effect with rl_algorithm grpo")
-    assert notes("rl_algorithm: grpo\nkl_coeff: 0.001\nuse_kl_in_reward: true\n") == []
-    assert notes("rl_algorithm: grpo\nkl_coeff: 0\n") == []
-    assert notes("rl_algorithm: reinforce_plus_plus\nkl_coeff: 0.01\n") == []  # REINFORCE++ takes it per token
 
 
 def test_reward_model_is_accepted_as_the_in_process_scorer():
