@@ -11,14 +11,14 @@ functions when the download server answers. Everything after it (config decision
 one local directory, exactly as for a model given by path.
 
 Offline, PaddleNLP tries the server file by file (a 10 s timeout each when the network drops packets rather than
-refusing). Here one connection probe, bounded by `timeout`, decides first; a miss is then one FileNotFoundError
-(run_rl.py: exit 2) that names the ID, the directory searched and PPNLP_HOME.
+refusing). Here one HEAD request to the server, bounded by `timeout`, decides first; a miss is then one
+FileNotFoundError (run_rl.py: exit 2) that names the ID, the directory searched and PPNLP_HOME. Only PaddleNLP's
+default source (BOS, `PPNLP_ENDPOINT`) is used: from_hf_hub / from_aistudio / from_modelscope are not config keys.
 """
 from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 from urllib.parse import urlparse
 
@@ -96,7 +96,7 @@ def resolve_model_dir(name_or_path: str, *, key: str = "actor_model_name_or_path
     if reason is None:
         try:
             _download(name)
-        except (OSError, RuntimeError, ValueError) as e:  # PaddleNLP's errors for a missing repo or file
+        except Exception as e:  # noqa: BLE001 PaddleNLP raises OSError, RuntimeError, ValueError, even AttributeError
             reason = f"the download failed ({type(e).__name__}: {' '.join(str(e).split())[:300]})"
         else:
             if is_complete_model_dir(cache):
@@ -107,27 +107,32 @@ def resolve_model_dir(name_or_path: str, *, key: str = "actor_model_name_or_path
 
 def _download_blocker(timeout: float = 10.0) -> str | None:
     """Why PaddleNLP cannot download now (offline switch, server unreachable within `timeout` s), or None."""
-    from paddlenlp.utils.download import bos_download, common
+    # (`paddlenlp.utils.download.bos_download` is also the name of a function: import from the module itself)
+    from paddlenlp.utils.download.bos_download import ENDPOINT
+    from paddlenlp.utils.download.common import OFFLINE
 
-    if common.OFFLINE:
+    if OFFLINE:
         return "AISTUDIO_BOS_OFFLINE is set (PaddleNLP's offline mode)"
-    url = urlparse(bos_download.ENDPOINT)
-    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    host = urlparse(ENDPOINT).hostname
+    if not host:
+        return f"PaddleNLP's download endpoint '{ENDPOINT}' (PPNLP_ENDPOINT) names no host"
     outcome: list[str | None] = []
 
-    def probe() -> None:  # name resolution is not bounded by a socket timeout: the thread's join is the bound
+    def probe() -> None:  # name resolution is not bounded by requests' timeout: the thread's join is the bound
+        import requests
+
         try:
-            socket.create_connection((host, port), timeout=timeout).close()
+            requests.head(ENDPOINT, timeout=timeout, allow_redirects=False)  # any HTTP answer, even 404, will do
             outcome.append(None)
-        except OSError as e:
-            outcome.append(f"{e.__class__.__name__}: {e}")
+        except requests.RequestException as e:
+            outcome.append(f"{e.__class__.__name__}: {' '.join(str(e).split())[:200]}")
 
     worker = threading.Thread(target=probe, daemon=True)
     worker.start()
     worker.join(timeout)
     if not outcome:
-        return f"PaddleNLP's download server {host}:{port} did not answer within {timeout:g} s"
-    return None if outcome[0] is None else f"PaddleNLP's download server {host}:{port} is unreachable ({outcome[0]})"
+        return f"PaddleNLP's download server {ENDPOINT} did not answer within {timeout:g} s"
+    return None if outcome[0] is None else f"PaddleNLP's download server {ENDPOINT} is unreachable ({outcome[0]})"
 
 
 def _download(model_id: str) -> None:
