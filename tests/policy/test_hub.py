@@ -242,3 +242,34 @@ def test_an_offline_miss_is_one_error_naming_the_id_and_the_cache(tmp_path, endp
     why = "did not answer within 10 s" if endpoint_kind == "silent" else "is unreachable (ConnectionError"
     assert why in out.stderr
     assert elapsed < 30, elapsed
+
+
+def test_lora_adapters_record_the_hub_id_and_merge_through_the_cache(tmp_path, tiny_policy_dir, monkeypatch,
+                                                                      refused_endpoint):
+    import numpy as np
+    import paddle
+    import paddlenlp.utils.env as env
+
+    from paddle_grpo.policy import lora as L
+    from paddle_grpo.policy.causal import load_causal_lm
+
+    monkeypatch.setattr(env, "MODEL_HOME", str(tmp_path / "models"))
+    monkeypatch.setattr(sys.modules["paddlenlp.utils.download.bos_download"], "ENDPOINT", refused_endpoint)
+    shutil.copytree(tiny_policy_dir, tmp_path / "models" / MODEL_ID)
+    model = L.apply_lora(load_causal_lm(MODEL_ID), rank=4, alpha=8, base_model_name_or_path=MODEL_ID)
+    rng = np.random.default_rng(0)
+    with paddle.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.set_value(paddle.to_tensor(rng.normal(0, 0.2, size=p.shape).astype("float32")))
+    model.eval()
+    adapters = str(tmp_path / "adapters")
+    L.save_adapters(model, adapters)
+    assert L.read_adapter_config(adapters).base_model_name_or_path == MODEL_ID  # portable: the ID, not a cache path
+    ids = paddle.to_tensor(rng.integers(3, model.config.vocab_size, size=(2, 10)), dtype="int64")
+    with paddle.no_grad():
+        expected = model(input_ids=ids, return_dict=True).logits.numpy()
+    L.merge_into_base(None, adapters, str(tmp_path / "merged"), check=False)
+    merged = load_causal_lm(str(tmp_path / "merged"), trainable=False)
+    with paddle.no_grad():
+        np.testing.assert_allclose(merged(input_ids=ids, return_dict=True).logits.numpy(), expected, atol=1e-5)
