@@ -77,9 +77,11 @@ def is_complete_model_dir(directory: str) -> bool:
     return os.path.isdir(directory) and not missing_files(directory)
 
 
-def resolve_model_dir(name_or_path: str, *, key: str = "actor_model_name_or_path", timeout: float = 10.0) -> str:
+def resolve_model_dir(name_or_path: str, *, key: str = "actor_model_name_or_path", timeout: float = 10.0,
+                      download: bool = True) -> str:
     """A local directory as is; a hub ID -> PaddleNLP's cache directory of it (hub_cache_dir), after downloading
-    what is missing through PaddleNLP when its server answers within `timeout` seconds.
+    what is missing through PaddleNLP when its server answers within `timeout` seconds (`download=False`: the
+    cache only, e.g. for a check that must not fetch gigabytes).
 
     Raises FileNotFoundError naming `key`, the name, the cache directory searched and PPNLP_HOME when the name is
     neither a directory nor an available hub model."""
@@ -92,7 +94,7 @@ def resolve_model_dir(name_or_path: str, *, key: str = "actor_model_name_or_path
     cache = hub_cache_dir(name)
     if is_complete_model_dir(cache):
         return cache
-    reason = _download_blocker(timeout)
+    reason = _download_blocker(timeout) if download else "not attempted (download=False)"
     if reason is None:
         try:
             _download(name)

@@ -273,3 +273,28 @@ def test_lora_adapters_record_the_hub_id_and_merge_through_the_cache(tmp_path, t
     merged = load_causal_lm(str(tmp_path / "merged"), trainable=False)
     with paddle.no_grad():
         np.testing.assert_allclose(merged(input_ids=ids, return_dict=True).logits.numpy(), expected, atol=1e-5)
+
+
+def test_download_false_reads_the_cache_only(tmp_path, tiny_policy_dir, monkeypatch, model_server):
+    import paddlenlp.utils.env as env
+
+    url, root, requests = model_server
+    shutil.copytree(tiny_policy_dir, root / "models" / "community" / MODEL_ID)  # available, but must not be fetched
+    monkeypatch.setattr(env, "MODEL_HOME", str(tmp_path / "models"))
+    monkeypatch.setattr(sys.modules["paddlenlp.utils.download.bos_download"], "ENDPOINT", url)
+    with pytest.raises(FileNotFoundError, match=r"cannot be downloaded: not attempted \(download=False\)"):
+        resolve_model_dir(MODEL_ID, download=False)
+    assert requests == [] and not (tmp_path / "models" / MODEL_ID).exists()
+    shutil.copytree(tiny_policy_dir, tmp_path / "models" / MODEL_ID)
+    assert resolve_model_dir(MODEL_ID, download=False) == str(tmp_path / "models" / MODEL_ID)
+
+
+def test_the_wait_for_a_silent_server_is_bounded_by_the_timeout(tmp_path, monkeypatch, silent_endpoint):
+    import paddlenlp.utils.env as env
+
+    monkeypatch.setattr(env, "MODEL_HOME", str(tmp_path / "models"))
+    monkeypatch.setattr(sys.modules["paddlenlp.utils.download.bos_download"], "ENDPOINT", silent_endpoint)
+    start = time.monotonic()
+    with pytest.raises(FileNotFoundError, match=f"download server {silent_endpoint} did not answer within 2 s"):
+        resolve_model_dir("tiny-org/absent-model", timeout=2)
+    assert 1.9 <= time.monotonic() - start < 5
