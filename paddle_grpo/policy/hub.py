@@ -161,7 +161,7 @@ def _miss_message(key: str, name: str, cache: str, reason: str) -> str:
     state = (f"it holds {sorted(os.listdir(cache)) or 'nothing'} but lacks {', '.join(missing_files(cache))}"
              if os.path.isdir(cache) else "it does not exist")
     return (f"{key}: '{name}' is not a local directory, and hub model '{name}' is not in PaddleNLP's model cache "
-            f"(searched {cache}: {state}; {where}) and cannot be downloaded: {reason}. Download it where there is "
-            f"network (python -c \"from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer; "
-            f"AutoTokenizer.from_pretrained('{name}'); AutoModelForCausalLM.from_pretrained('{name}')\") and copy "
-            f"{cache} here, set PPNLP_HOME to a cache that has it, or point {key} at a local model directory")
+            f"(searched {cache}: {state}; {where}) and cannot be downloaded: {reason}. Fetch it where there is "
+            f"network (python -c \"from paddle_grpo.policy import resolve_model_dir; resolve_model_dir('{name}')\") "
+            f"and copy it to {cache}, set PPNLP_HOME to a cache that has it, or point {key} at a local model "
+            "directory (docs/models.md)")
