@@ -123,16 +123,18 @@ def _download_blocker(timeout: float = 10.0) -> str | None:
     def probe() -> None:  # name resolution is not bounded by requests' timeout: the thread's join is the bound
         import requests
 
-        try:
-            requests.head(ENDPOINT, timeout=timeout, allow_redirects=False)  # any HTTP answer, even 404, will do
+        try:  # any HTTP answer, even 404, will do; requests' own timeout is longer: the join below decides
+            requests.head(ENDPOINT, timeout=timeout + 5, allow_redirects=False)
             outcome.append(None)
+        except requests.Timeout:
+            pass  # reported as "did not answer"
         except requests.RequestException as e:
             outcome.append(f"{e.__class__.__name__}: {' '.join(str(e).split())[:200]}")
 
     worker = threading.Thread(target=probe, daemon=True)
     worker.start()
     worker.join(timeout)
-    if not outcome:
+    if worker.is_alive() or not outcome:
         return f"PaddleNLP's download server {ENDPOINT} did not answer within {timeout:g} s"
     return None if outcome[0] is None else f"PaddleNLP's download server {ENDPOINT} is unreachable ({outcome[0]})"
 

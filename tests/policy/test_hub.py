@@ -164,8 +164,9 @@ file_equal = all(np.array_equal(v.numpy(), state[k].numpy()) for k, v in hub.mod
 t_hub, t_dir = load_tokenizer(model_id), load_tokenizer(local)
 text = "<|im_start|>user\\nWho is Zoey? 12 + 35<|im_end|>"
 print(json.dumps(dict(cache=cache, n=len(hub.model.parameters()), weights_equal=weights_equal, file_equal=file_equal,
-                      ids=[t_hub(text)["input_ids"], t_dir(text)["input_ids"]], vocab=t_hub.get_vocab() == t_dir.get_vocab(),
-                      pad=[t_hub.pad_token_id, t_dir.pad_token_id], seq2seq=is_encoder_decoder(model_id))))
+                      ids=[t_hub(text)["input_ids"], t_dir(text)["input_ids"]],
+                      vocab=t_hub.get_vocab() == t_dir.get_vocab(), pad=[t_hub.pad_token_id, t_dir.pad_token_id],
+                      seq2seq=is_encoder_decoder(model_id))))
 '''
 
 
