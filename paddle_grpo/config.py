@@ -126,7 +126,9 @@ def key_effect(key: str, device: str) -> Effect:
 
 @dataclass
 class ModelArguments:
-    actor_model_name_or_path: str = arg("", "Local directory of the policy (actor) model and tokenizer; the "
+    actor_model_name_or_path: str = arg("", "Policy (actor) model and tokenizer: a local directory, or a hub ID "
+                                            "(Qwen/Qwen2.5-1.5B-Instruct) found in PaddleNLP's cache under "
+                                            "PPNLP_HOME or downloaded when online (docs/models.md); the "
                                             "reference model is a frozen copy of it.")
     build_actor_if_missing: str = arg("", "(new) When actor_model_name_or_path does not exist yet, build it with this "
                                           "recipe first (quickstart: the embedded default's tiny policy, made "

@@ -22,7 +22,8 @@ from .config import Config, write_config
 from .data import PromptSampler, read_json_rows, read_jsonl
 from .logging import MetricsLogger
 from .parallel import ParallelContext, build_once_per_node
-from .policy import freeze, load_policy, load_tokenizer, mix_into, parameters_by_decay, quiet_paddlenlp
+from .policy import (freeze, load_policy, load_tokenizer, mix_into, parameters_by_decay, quiet_paddlenlp,
+                     resolve_model_dir)
 from .rewards.client import make_rewarder
 from .sampling import row_keys
 from .step import TrainingError
@@ -50,6 +51,7 @@ class Trainer:
             # Before the process groups form: a build (a minute) outlasts gloo's 30 s collective timeout.
             build_once_per_node(cfg.actor_model_name_or_path, build_policy,
                                 f"the '{cfg.build_actor_if_missing}' recipe")
+        resolve_model_dir(cfg.actor_model_name_or_path)  # hub ID: cache or download; a miss fails here, early
         self.par = par = ParallelContext.from_config(cfg)
         self.geometry = cfg.batch_geometry(par.world_size)
         if self.run_dir.reason and par.is_main:

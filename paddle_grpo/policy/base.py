@@ -16,6 +16,7 @@ import numpy as np
 import paddle
 
 from . import lora
+from .hub import resolve_model_dir
 
 if TYPE_CHECKING:
     from paddlenlp.transformers import PretrainedConfig, PretrainedTokenizer
@@ -40,7 +41,7 @@ class Policy:
     @classmethod
     def load(cls, path: str, *, trainable: bool = True, recompute: bool = False, tensor_parallel_degree: int = 1,
              tensor_parallel_rank: int = 0) -> "Policy":
-        """This class's model from a local directory (float32; frozen unless `trainable`), wrapped in the class."""
+        """This class's model from a local directory or hub ID (float32; frozen unless `trainable`), wrapped."""
         return cls(cls.load_model(path, trainable=trainable, recompute=recompute,
                                   tensor_parallel_degree=tensor_parallel_degree,
                                   tensor_parallel_rank=tensor_parallel_rank))
@@ -103,11 +104,11 @@ def quiet_paddlenlp() -> None:
 
 
 def load_tokenizer(path: str) -> PretrainedTokenizer:
-    """PaddleNLP tokenizer from a local directory; the pad token falls back to EOS; padding side left."""
+    """PaddleNLP tokenizer of a local directory or hub ID (hub.resolve_model_dir); the pad token falls back to
+    EOS; padding side left."""
     from paddlenlp.transformers import AutoTokenizer
 
-    _require_local_dir(path, "actor_model_name_or_path")
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(path))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
@@ -115,12 +116,11 @@ def load_tokenizer(path: str) -> PretrainedTokenizer:
 
 
 def is_encoder_decoder(model_or_path: str | os.PathLike | paddle.nn.Layer | PretrainedConfig) -> bool:
-    """True for an encoder-decoder model, config, or local model directory (its config.json says so)."""
+    """True for an encoder-decoder model, config, or model directory / hub ID (its config.json says so)."""
     if isinstance(model_or_path, (str, os.PathLike)):
         from paddlenlp.transformers import AutoConfig
 
-        _require_local_dir(os.fspath(model_or_path), "actor_model_name_or_path")
-        config = AutoConfig.from_pretrained(os.fspath(model_or_path))
+        config = AutoConfig.from_pretrained(resolve_model_dir(os.fspath(model_or_path)))
     else:
         config = getattr(model_or_path, "config", model_or_path)
     return bool(getattr(config, "is_encoder_decoder", False))
@@ -132,12 +132,6 @@ def freeze(model: paddle.nn.Layer) -> paddle.nn.Layer:
     for p in model.parameters():
         p.stop_gradient = True
     return model
-
-
-def _require_local_dir(path: str, key: str) -> None:
-    if not path or not os.path.isdir(path):
-        raise FileNotFoundError(f"{key}: '{path}' is not a local model directory (models are never downloaded; "
-                                "point it at a directory written by save_pretrained)")
 
 
 def position_ids_from_mask(attention_mask: paddle.Tensor) -> paddle.Tensor:

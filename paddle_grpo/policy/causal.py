@@ -1,6 +1,6 @@
 """Decoder-only policies: `CausalPolicy`, loading, and per-token log-probs of completions.
 
-Models are PaddleNLP causal LMs loaded from a local directory with `AutoModelForCausalLM`; nothing is downloaded.
+Models are PaddleNLP causal LMs loaded with `AutoModelForCausalLM` from a local directory or a hub ID (hub.py).
 Log-probs are computed from the decoder's hidden states at the completion positions only, so the `[bs, T, V]`
 logits of the prompt positions are never materialised (with a 150k vocabulary they would dominate memory).
 For a plain Qwen2 model (no tensor parallelism) `completion_logprobs` runs the lean forward of fast_qwen2.py, which
@@ -17,7 +17,8 @@ import paddle
 from .. import cpu_tuning
 from ..algorithms import entropy_from_logits, logprobs_from_logits
 from . import fast_qwen2
-from .base import Policy, _require_local_dir, freeze, position_ids_from_mask
+from .base import Policy, freeze, position_ids_from_mask
+from .hub import resolve_model_dir
 
 if TYPE_CHECKING:
     from paddlenlp.transformers import PretrainedTokenizer
@@ -28,14 +29,15 @@ if TYPE_CHECKING:
 
 def load_causal_lm(path: str, *, trainable: bool = True, recompute: bool = False, tensor_parallel_degree: int = 1,
                    tensor_parallel_rank: int = 0) -> paddle.nn.Layer:
-    """`AutoModelForCausalLM` from a local directory, in float32; frozen (eval, no grads) unless `trainable`.
+    """`AutoModelForCausalLM` from a local directory or hub ID (hub.resolve_model_dir), in float32; frozen (eval,
+    no grads) unless `trainable`.
 
     With `tensor_parallel_degree > 1` this rank's shard is loaded (PaddleNLP splits the full checkpoint); its
     forward then returns full-vocabulary logits (gathered), which generation needs, while `completion_logprobs`
     asks the LM head for the vocab-parallel shard and reduces it without gathering (distributed.VocabParallel)."""
     from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
 
-    _require_local_dir(path, "actor_model_name_or_path")
+    path = resolve_model_dir(path)
     cpu_tuning.apply()  # MKL's AVX2 path on AMD and no page fault per tensor (cpu_tuning.py); before any forward
     config = AutoConfig.from_pretrained(path)
     config.recompute = bool(recompute and trainable)

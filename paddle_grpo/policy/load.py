@@ -1,21 +1,25 @@
-"""`load_policy`: the Policy class a model directory needs, chosen from its config (`is_encoder_decoder`)."""
+"""`load_policy`: the Policy class a model (directory or hub ID) needs, chosen from its config (is_encoder_decoder)."""
 from __future__ import annotations
 
 from .base import Policy, is_encoder_decoder
 from .causal import CausalPolicy
+from .hub import resolve_model_dir
 from .seq2seq import Seq2SeqPolicy
 
 
 def policy_class(path: str) -> type[Policy]:
-    """Seq2SeqPolicy when the config.json of the local directory `path` says is_encoder_decoder, else CausalPolicy."""
+    """Seq2SeqPolicy when the config.json of `path` (a local directory or hub ID: hub.resolve_model_dir) says
+    is_encoder_decoder, else CausalPolicy."""
     return Seq2SeqPolicy if is_encoder_decoder(path) else CausalPolicy
 
 
 def load_policy(path: str, *, trainable: bool = True, recompute: bool = False, tensor_parallel_degree: int = 1,
                 tensor_parallel_rank: int = 0) -> Policy:
-    """The model of the local directory `path` in its Policy class, float32; frozen (eval, no gradients) unless
-    `trainable`. `recompute` turns on activation recompute of a trainable causal LM (ignored, with a warning, by
-    encoder-decoders); tensor_parallel_*: this rank's shard (causal LMs only). Nothing is ever downloaded."""
+    """The model of `path` (a local directory, or a hub ID resolved in PaddleNLP's cache: hub.resolve_model_dir)
+    in its Policy class, float32; frozen (eval, no gradients) unless `trainable`. `recompute` turns on activation
+    recompute of a trainable causal LM (ignored, with a warning, by encoder-decoders); tensor_parallel_*: this
+    rank's shard (causal LMs only)."""
+    path = resolve_model_dir(path)
     return policy_class(path).load(path, trainable=trainable, recompute=recompute,
                                    tensor_parallel_degree=tensor_parallel_degree,
                                    tensor_parallel_rank=tensor_parallel_rank)

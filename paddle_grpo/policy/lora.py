@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import numpy as np
 import paddle
 
+from .hub import resolve_model_dir
+
 if TYPE_CHECKING:
     from paddlenlp.peft import LoRAConfig, LoRAModel
 
@@ -376,9 +378,11 @@ def merge_into_base(base_dir: str | None, adapter_dir: str, out_dir: str, *, dty
 
     config = read_adapter_config(adapter_dir)
     base_dir = base_dir or config.base_model_name_or_path
-    if not base_dir or not os.path.isdir(base_dir):
+    try:  # a directory, or the hub ID the adapters were trained on (PaddleNLP's cache)
+        base_dir = resolve_model_dir(base_dir or "", key="base model")
+    except FileNotFoundError as e:
         raise LoRAError(f"base model directory '{base_dir}' not found (pass it explicitly; the adapters record "
-                        f"base_model_name_or_path = {config.base_model_name_or_path!r})")
+                        f"base_model_name_or_path = {config.base_model_name_or_path!r}): {e}") from None
     base_config = AutoConfig.from_pretrained(base_dir)
     dtype = dtype or getattr(base_config, "dtype", None) or "float32"
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype="float32")

@@ -29,7 +29,8 @@ import paddle
 
 from ..algorithms import entropy_from_logits, logprobs_from_logits
 from .. import rollout
-from .base import Policy, _require_local_dir, freeze, is_encoder_decoder  # noqa: F401 (is_encoder_decoder: API)
+from .base import Policy, freeze, is_encoder_decoder  # noqa: F401 (is_encoder_decoder: API)
+from .hub import resolve_model_dir
 
 if TYPE_CHECKING:
     from paddlenlp.transformers import PretrainedTokenizer
@@ -44,7 +45,8 @@ _DROPOUT_KEYS = ("dropout_rate", "dropout", "attention_dropout", "activation_dro
 
 def load_seq2seq_lm(path: str, *, trainable: bool = True, recompute: bool = False, tensor_parallel_degree: int = 1,
                     tensor_parallel_rank: int = 0) -> paddle.nn.Layer:
-    """`AutoModelForConditionalGeneration` from a local directory, float32, dropout off; frozen unless `trainable`.
+    """`AutoModelForConditionalGeneration` from a local directory or hub ID, float32, dropout off; frozen unless
+    `trainable`.
 
     Same keyword arguments as `causal.load_causal_lm`; tensor parallelism is not supported for encoder-decoders.
     """
@@ -52,7 +54,7 @@ def load_seq2seq_lm(path: str, *, trainable: bool = True, recompute: bool = Fals
 
     if tensor_parallel_degree > 1:
         raise NotImplementedError("tensor_parallel_degree > 1 is not supported for encoder-decoder policies")
-    _require_local_dir(path, "actor_model_name_or_path")
+    path = resolve_model_dir(path)
     config = AutoConfig.from_pretrained(path)
     if not getattr(config, "is_encoder_decoder", False):
         raise ValueError(f"{path}: config.is_encoder_decoder is false; load it with causal.load_causal_lm")
