@@ -107,18 +107,21 @@ def check_data(cfg: Config) -> List[str]:
 
 
 def resolve_model(name: str, key: str) -> Tuple[Optional[str], Optional[str]]:
-    """(local directory, note) for model `name`: a local directory as is; otherwise paddle_grpo.policy's
-    resolve_model_dir (PaddleNLP's cache) when it exists."""
-    if os.path.isdir(name):
-        return name, None
-    from . import policy
+    """(local directory, note) for model `name`: a local directory as is; a hub ID from PaddleNLP's cache
+    (policy.resolve_model_dir without downloading: a dry run must not fetch gigabytes). A hub ID that is not cached
+    gives (None, a note that the run will download it) when PaddleNLP's server answers; otherwise, and for a name
+    that is neither, FileNotFoundError names the ID and the cache searched."""
+    from .policy import hub, resolve_model_dir
 
-    # Hub IDs: paddle_grpo.policy.resolve_model_dir resolves them through PaddleNLP's from_pretrained cache.
-    resolve = getattr(policy, "resolve_model_dir", None)
-    if resolve is None:  # HOOK (issue 14): the hub resolution is not in this version of paddle_grpo.policy
-        return None, (f"{key}: '{name}' is not a local directory; it will be resolved through PaddleNLP's "
-                      "from_pretrained at start-up (not checked by the dry run)")
-    return resolve(name), None
+    try:
+        return resolve_model_dir(name, key=key, download=False), None
+    except FileNotFoundError:
+        if not hub.looks_like_hub_id(name) or hub.download_blocker() is not None:
+            raise FileNotFoundError(f"'{name}' is neither a local directory nor in PaddleNLP's cache "
+                                    f"({hub.hub_cache_dir(name)}, under PPNLP_HOME), and PaddleNLP cannot download "
+                                    f"it now: {hub.download_blocker() or 'not an ID'}") from None
+        return None, (f"{key}: '{name}' is not in PaddleNLP's cache ({hub.hub_cache_dir(name)}); the run downloads "
+                      "it through PaddleNLP's from_pretrained at start-up")
 
 
 def check_model(name: str, key: str) -> List[str]:

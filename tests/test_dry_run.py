@@ -144,18 +144,13 @@ def test_plain_run_on_the_wrong_number_of_processes_prints_the_launch_command(ba
 
 
 def test_a_model_id_that_is_not_a_local_directory(base, capsys, monkeypatch, tmp_path):
-    from paddle_grpo import policy
-
     monkeypatch.setenv("PPNLP_HOME", str(tmp_path / "empty_cache"))  # never a real cache, never a download
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     status, out, _ = run_rl_main([*base, "--actor_model_name_or_path", "Qwen/No-Such-Model-0B", "--dry_run"],
                                  capsys)
-    if hasattr(policy, "resolve_model_dir"):  # hub resolution (issue 14): offline and not cached is a problem
-        assert status == 2 and "  - actor_model_name_or_path: " in out and "Qwen/No-Such-Model-0B" in out
-    else:  # the hook: reported, resolved at start-up
-        assert status == 0, out
-        assert ("  note: actor_model_name_or_path: 'Qwen/No-Such-Model-0B' is not a local directory; it will be "
-                "resolved through PaddleNLP's from_pretrained at start-up") in out
+    # offline here (PaddleNLP's server does not answer) and not cached: the launch could not start
+    assert status == 2 and "  - actor_model_name_or_path: " in out and "Qwen/No-Such-Model-0B" in out, out
+    assert "nor in PaddleNLP's cache (" in out and "under PPNLP_HOME" in out  # names the cache searched
 
 
 def test_on_gpu_the_launch_names_the_devices_and_needs_them(base, capsys):

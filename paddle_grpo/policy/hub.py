@@ -94,7 +94,7 @@ def resolve_model_dir(name_or_path: str, *, key: str = "actor_model_name_or_path
     cache = hub_cache_dir(name)
     if is_complete_model_dir(cache):
         return cache
-    reason = _download_blocker(timeout) if download else "not attempted (download=False)"
+    reason = download_blocker(timeout) if download else "not attempted (download=False)"
     if reason is None:
         try:
             _download(name)
@@ -107,7 +107,7 @@ def resolve_model_dir(name_or_path: str, *, key: str = "actor_model_name_or_path
     raise FileNotFoundError(_miss_message(key, name, cache, reason))
 
 
-def _download_blocker(timeout: float = 10.0) -> str | None:
+def download_blocker(timeout: float = 10.0) -> str | None:
     """Why PaddleNLP cannot download now (offline switch, server unreachable within `timeout` s), or None."""
     # (`paddlenlp.utils.download.bos_download` is also the name of a function: import from the module itself)
     from paddlenlp.utils.download.bos_download import ENDPOINT
