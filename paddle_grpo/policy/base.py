@@ -32,18 +32,22 @@ class Policy:
     wrapping the same base weights (lora.py)."""
 
     is_encoder_decoder: bool = False
-    load_model = None  # staticmethod(path, *, trainable, recompute, tensor_parallel_degree, tensor_parallel_rank)
+    load_model = None  # staticmethod(path, *, trainable, recompute, tensor_parallel_degree, tensor_parallel_rank,
+    #                                  dtype, config_overrides)
 
     def __init__(self, model: paddle.nn.Layer):
         self.model = model
 
     @classmethod
     def load(cls, path: str, *, trainable: bool = True, recompute: bool = False, tensor_parallel_degree: int = 1,
-             tensor_parallel_rank: int = 0) -> "Policy":
-        """This class's model from a local directory (float32; frozen unless `trainable`), wrapped in the class."""
+             tensor_parallel_rank: int = 0, dtype: str = "float32",
+             config_overrides: dict[str, Any] | None = None) -> "Policy":
+        """This class's model from a local directory (in `dtype`, float32 by default, with `config_overrides` set
+        on its config; frozen unless `trainable`), wrapped in the class."""
         return cls(cls.load_model(path, trainable=trainable, recompute=recompute,
                                   tensor_parallel_degree=tensor_parallel_degree,
-                                  tensor_parallel_rank=tensor_parallel_rank))
+                                  tensor_parallel_rank=tensor_parallel_rank, dtype=dtype,
+                                  config_overrides=config_overrides))
 
     # ------------------------------------------------------------------------------------- what subclasses do
 

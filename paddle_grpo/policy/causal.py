@@ -27,8 +27,11 @@ if TYPE_CHECKING:
 
 
 def load_causal_lm(path: str, *, trainable: bool = True, recompute: bool = False, tensor_parallel_degree: int = 1,
-                   tensor_parallel_rank: int = 0) -> paddle.nn.Layer:
-    """`AutoModelForCausalLM` from a local directory, in float32; frozen (eval, no grads) unless `trainable`.
+                   tensor_parallel_rank: int = 0, dtype: str = "float32",
+                   config_overrides: dict[str, Any] | None = None) -> paddle.nn.Layer:
+    """`AutoModelForCausalLM` from a local directory, in `dtype` (float32 unless the precision plan says otherwise);
+    frozen (eval, no grads) unless `trainable`. `config_overrides`: model-config fields to set before the model is
+    built (the plan's kernel flags: use_flash_attention, use_fused_rms_norm, ...).
 
     With `tensor_parallel_degree > 1` this rank's shard is loaded (PaddleNLP splits the full checkpoint); its
     forward then returns full-vocabulary logits (gathered), which generation needs, while `completion_logprobs`
@@ -43,7 +46,9 @@ def load_causal_lm(path: str, *, trainable: bool = True, recompute: bool = False
         config.tensor_parallel_degree = tensor_parallel_degree
         config.tensor_parallel_rank = tensor_parallel_rank
         config.tensor_parallel_output = False
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype="float32")
+    for key, value in (config_overrides or {}).items():
+        setattr(config, key, value)
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype)
     if trainable:
         model.train()
     else:

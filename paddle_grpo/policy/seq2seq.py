@@ -43,8 +43,10 @@ _DROPOUT_KEYS = ("dropout_rate", "dropout", "attention_dropout", "activation_dro
 
 
 def load_seq2seq_lm(path: str, *, trainable: bool = True, recompute: bool = False, tensor_parallel_degree: int = 1,
-                    tensor_parallel_rank: int = 0) -> paddle.nn.Layer:
-    """`AutoModelForConditionalGeneration` from a local directory, float32, dropout off; frozen unless `trainable`.
+                    tensor_parallel_rank: int = 0, dtype: str = "float32",
+                    config_overrides: dict[str, Any] | None = None) -> paddle.nn.Layer:
+    """`AutoModelForConditionalGeneration` from a local directory, in `dtype` (float32 by default), dropout off;
+    frozen unless `trainable`. `config_overrides`: model-config fields to set (as `causal.load_causal_lm`).
 
     Same keyword arguments as `causal.load_causal_lm`; tensor parallelism is not supported for encoder-decoders.
     """
@@ -59,7 +61,9 @@ def load_seq2seq_lm(path: str, *, trainable: bool = True, recompute: bool = Fals
     for key in _DROPOUT_KEYS:
         if hasattr(config, key):
             setattr(config, key, 0.0)
-    model = AutoModelForConditionalGeneration.from_pretrained(path, config=config, dtype="float32")
+    for key, value in (config_overrides or {}).items():
+        setattr(config, key, value)
+    model = AutoModelForConditionalGeneration.from_pretrained(path, config=config, dtype=dtype)
     if recompute and trainable:
         # PaddleNLP 3.0.0b4's T5 recompute (model.recompute_enable) changes the encoder's gradients (max abs
         # difference 0.03 on a tiny T5, measured); BART has no recompute at all.
