@@ -126,7 +126,7 @@ class PrecisionPlan:
         what += f", kernels: {', '.join(k for k, _ in self.model_flags) or 'PaddleNLP defaults'}"
         what += f" ({self.device})"
         if self.not_applied:
-            what += "; not applied: " + "; ".join(f"{k} ({reason})" for k, reason in self.not_applied)
+            what += "; not applied: " + " | ".join(f"{k}: {reason}" for k, reason in self.not_applied)
         return f"precision: {what}"
 
     # --------------------------------------------------------------------- runtime: paddle only from here on
