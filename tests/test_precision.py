@@ -182,6 +182,19 @@ def test_loading_takes_the_plans_dtype_and_kernel_flags(tiny_policy_dir):
         np.testing.assert_array_equal(dict(low.model.named_parameters())[name].astype("float32").numpy(), expected)
 
 
+def test_resume_reads_weights_back_into_a_low_precision_model(tiny_policy_dir):
+    from paddle_grpo import checkpoint
+
+    low = load_policy(tiny_policy_dir, dtype="bfloat16")
+    expected = {n: p.astype("float32").numpy() for n, p in low.model.named_parameters()}
+    for p in low.model.parameters():
+        p.set_value(paddle.zeros_like(p))
+    checkpoint.load_weights(low.model, tiny_policy_dir)
+    assert {str(p.dtype) for p in low.model.parameters()} == {"paddle.bfloat16"}
+    for n, p in low.model.named_parameters():
+        np.testing.assert_array_equal(p.astype("float32").numpy(), expected[n])
+
+
 def test_loss_scale_follows_gradscalers_dynamic_rule():
     scale = LossScale(init_loss_scaling=8.0, incr_every_n_steps=3, decr_every_n_nan_or_inf=2)
     seen = []
