@@ -182,6 +182,32 @@ def test_loading_takes_the_plans_dtype_and_kernel_flags(tiny_policy_dir):
         np.testing.assert_array_equal(dict(low.model.named_parameters())[name].astype("float32").numpy(), expected)
 
 
+def test_the_maths_after_the_model_runs_outside_autocast(tiny_policy_dir, monkeypatch):
+    """Under the update's autocast the log-softmax and entropy leave it (O2 would cast their float32 inputs down):
+    each log-prob call opens paddle.amp.auto_cast(enable=False) once, and the numbers are the float32 ones."""
+    from paddle_grpo.policy.base import full_precision
+
+    assert isinstance(full_precision(), contextlib.nullcontext)  # no autocast active: nothing happens
+    policy = load_policy(tiny_policy_dir, trainable=False)
+    rng = np.random.default_rng(1)
+    prompt = paddle.to_tensor(rng.integers(3, 300, size=(2, 5)))
+    completion = paddle.to_tensor(rng.integers(3, 300, size=(2, 4)))
+    ones = lambda t: paddle.ones(t.shape, dtype="int64")  # noqa: E731
+    expected, _ = policy.logprobs(prompt, ones(prompt), completion, ones(completion))
+    calls = []
+    monkeypatch.setattr(paddle.amp, "is_autocast_enabled", lambda *a: True)
+
+    def auto_cast(*args, **kwargs):  # PaddleNLP's RMSNorm calls auto_cast(False) positionally; ours use keywords
+        if kwargs:
+            calls.append(kwargs)
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(paddle.amp, "auto_cast", auto_cast)
+    lp, entropy = policy.logprobs(prompt, ones(prompt), completion, ones(completion), with_entropy=True)
+    assert calls == [{"enable": False}] and lp.dtype == paddle.float32 and entropy.dtype == paddle.float32
+    np.testing.assert_allclose(lp.numpy(), expected.numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_resume_reads_weights_back_into_a_low_precision_model(tiny_policy_dir):
     from paddle_grpo import checkpoint
 

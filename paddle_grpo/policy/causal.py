@@ -17,7 +17,7 @@ import paddle
 from .. import cpu_tuning
 from ..algorithms import entropy_from_logits, logprobs_from_logits
 from . import fast_qwen2
-from .base import Policy, _require_local_dir, freeze, position_ids_from_mask
+from .base import Policy, _require_local_dir, freeze, full_precision, position_ids_from_mask
 
 if TYPE_CHECKING:
     from paddlenlp.transformers import PretrainedTokenizer
@@ -86,11 +86,13 @@ def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, promp
     # The token at position L + t is predicted from the hidden state at L + t - 1.
     if vocab_parallel is not None:
         logits = head(hidden[:, L - 1:-1], tensor_parallel_output=True)
-        logprobs = vocab_parallel.logprobs(logits, completion_ids, temperature)
-        return logprobs, (vocab_parallel.entropy(logits, temperature) if with_entropy else None)
+        with full_precision():
+            logprobs = vocab_parallel.logprobs(logits, completion_ids, temperature)
+            return logprobs, (vocab_parallel.entropy(logits, temperature) if with_entropy else None)
     logits = head(hidden[:, L - 1:-1]).astype("float32")
-    logprobs = logprobs_from_logits(logits, completion_ids, temperature=temperature)
-    return logprobs, _entropy(logits, temperature, with_entropy)
+    with full_precision():
+        logprobs = logprobs_from_logits(logits, completion_ids, temperature=temperature)
+        return logprobs, _entropy(logits, temperature, with_entropy)
 
 
 def logprobs_from_completion_logits(logits: paddle.Tensor, completion_ids: paddle.Tensor,
@@ -98,7 +100,9 @@ def logprobs_from_completion_logits(logits: paddle.Tensor, completion_ids: paddl
     """Log-probs and entropies (both differentiable, [bs, T] float32) from the logits [bs, T, V] that predict
     `completion_ids` [bs, T]: the pipeline model's last stage, whose LM head sees every position."""
     logits = logits.astype("float32")
-    return logprobs_from_logits(logits, completion_ids, temperature=temperature), _entropy(logits, temperature, True)
+    with full_precision():
+        return (logprobs_from_logits(logits, completion_ids, temperature=temperature),
+                _entropy(logits, temperature, True))
 
 
 def _entropy(logits, temperature, with_entropy):

@@ -29,7 +29,7 @@ import paddle
 
 from ..algorithms import entropy_from_logits, logprobs_from_logits
 from .. import rollout
-from .base import Policy, _require_local_dir, freeze, is_encoder_decoder  # noqa: F401 (is_encoder_decoder: API)
+from .base import Policy, _require_local_dir, freeze, full_precision, is_encoder_decoder  # noqa: F401 (is_encoder_decoder: API)
 
 if TYPE_CHECKING:
     from paddlenlp.transformers import PretrainedTokenizer
@@ -136,8 +136,9 @@ def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, promp
     start = paddle.full([completion_ids.shape[0], 1], decoder_start_id(model), dtype="int64")
     decoder_input_ids = paddle.concat([start, completion_ids[:, :-1]], axis=1)
     logits, _ = decoder_logits(model, hidden, mask, decoder_input_ids)
-    logprobs = logprobs_from_logits(logits, completion_ids, temperature=temperature)
-    return logprobs, (entropy_from_logits(logits / temperature) if with_entropy else None)
+    with full_precision():  # float32 log-softmax under the update's AMP
+        logprobs = logprobs_from_logits(logits, completion_ids, temperature=temperature)
+        return logprobs, (entropy_from_logits(logits / temperature) if with_entropy else None)
 
 
 def _runs_of_equal_rows(ids, mask):
