@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 logger = logging.getLogger("paddle_grpo.precision")
@@ -96,7 +96,7 @@ class PrecisionPlan:
     custom_white_list: Tuple[str, ...] = ()
     custom_black_list: Tuple[str, ...] = ()
     model_flags: Tuple[Tuple[str, bool], ...] = ()
-    not_applied: Tuple[Tuple[str, str], ...] = field(default=())
+    not_applied: Tuple[Tuple[str, str], ...] = ()
 
     @property
     def uses_amp(self) -> bool:
