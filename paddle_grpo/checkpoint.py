@@ -170,7 +170,10 @@ def load_weights(model: paddle.nn.Layer, path: str, **shard: int) -> None:
     encoder_decoder = getattr(_unwrap(model).config, "is_encoder_decoder", False)
     auto = AutoModelForConditionalGeneration if encoder_decoder else AutoModelForCausalLM
     loaded = auto.from_pretrained(path, dtype="float32", **shard)
-    _unwrap(model).set_state_dict(loaded.state_dict())
+    # A model loaded in low precision (the precision plan's O2) takes its own dtype: set_value refuses a mismatch.
+    own = {k: v.dtype for k, v in _unwrap(model).state_dict().items()}
+    _unwrap(model).set_state_dict({k: v if own.get(k, v.dtype) == v.dtype else v.astype(own[k])
+                                   for k, v in loaded.state_dict().items()})
 
 
 def _param_names(model):

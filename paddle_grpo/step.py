@@ -10,6 +10,7 @@ statistic is over the global batch (docs/algorithms.md sections 1-5). Each phase
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -513,12 +514,14 @@ class UpdateState:
 @dataclass
 class Learner:
     """What the update phase trains: the policy (its full copy under pipeline parallelism, which then only
-    generates and scores), this rank's pipeline stage if any, the optimizer, its schedule and the counters."""
+    generates and scores), this rank's pipeline stage if any, the optimizer, its schedule and the counters.
+    `amp`: precision.Amp (autocast context, fp16 loss scale) of a run under AMP, None otherwise."""
     policy: Policy
     pipeline: Any
     optimizer: Any
     scheduler: Any
     state: UpdateState = field(default_factory=UpdateState)
+    amp: Any = None
 
     def parameters(self) -> list:
         return (self.pipeline if self.pipeline is not None else self.policy.model).parameters()
@@ -562,15 +565,16 @@ def _micro_batch(learner: Learner, inputs: UpdateInputs, sl: slice, agg: Dict[st
                  vocab_parallel: Any) -> Tuple[np.ndarray, bool]:
     """Forward + backward of one micro-batch (skipped backward when its loss is not finite)."""
     b = inputs.batch
-    lp, entropy = learner.policy.logprobs(b.prompt_ids[sl], b.prompt_mask[sl], b.completion_ids[sl],
-                                          b.completion_mask[sl], temperature=cfg.temperature, with_entropy=True,
-                                          vocab_parallel=vocab_parallel)  # entropy is logged every step
+    with learner.amp.autocast() if learner.amp else contextlib.nullcontext():  # float32 logits out either way
+        lp, entropy = learner.policy.logprobs(b.prompt_ids[sl], b.prompt_mask[sl], b.completion_ids[sl],
+                                              b.completion_mask[sl], temperature=cfg.temperature, with_entropy=True,
+                                              vocab_parallel=vocab_parallel)  # entropy is logged every step
     old = lp.detach() if inputs.old_lp is None else inputs.old_lp[sl]
     loss, sums = rl_loss(cfg, lp, entropy, old, inputs.advantages[sl], inputs.loss_mask[sl],
                          None if inputs.ref_lp is None else inputs.ref_lp[sl], agg)
     finite = bool(paddle.isfinite(loss))
     if finite:
-        loss.backward()
+        (learner.amp.scale(loss) if learner.amp else loss).backward()
     return sums, finite
 
 
@@ -649,7 +653,10 @@ def update(par: ParallelContext, learner: Learner, inputs: UpdateInputs, cfg: An
             finite = par.all_true(finite)
             if finite:
                 par.sum_gradients(params)
+                if learner.amp:  # the true gradients (fp16 loss scale divided out) before their norm and clipping
+                    learner.amp.unscale(params)
             grad_norm = par.global_grad_norm(params) if finite else float("nan")
+            overflow = bool(learner.amp) and learner.amp.overflowed(finite, grad_norm)  # fp16: not a failure
             finite = finite and math.isfinite(grad_norm)
             if finite:
                 clip_gradients(params, grad_norm, cfg.max_grad_norm)
@@ -657,7 +664,7 @@ def update(par: ParallelContext, learner: Learner, inputs: UpdateInputs, cfg: An
             if finite:
                 learner.optimizer.step()
                 state.nonfinite_in_a_row = 0
-            else:
+            elif not overflow:
                 _count_nonfinite(state, step, cfg.max_consecutive_nonfinite)
             learner.optimizer.clear_grad(set_to_zero=False)
             learner.scheduler.step()

@@ -24,6 +24,7 @@ from .logging import MetricsLogger
 from .parallel import ParallelContext, build_once_per_node
 from .policy import (freeze, load_policy, load_tokenizer, mix_into, parameters_by_decay, quiet_paddlenlp,
                      resolve_model_dir)
+from .precision import plan_for_run
 from .rewards.client import make_rewarder
 from .sampling import row_keys
 from .step import TrainingError
@@ -53,6 +54,7 @@ class Trainer:
                                 f"the '{cfg.build_actor_if_missing}' recipe")
         resolve_model_dir(cfg.actor_model_name_or_path)  # hub ID: cache or download; a miss fails here, early
         self.par = par = ParallelContext.from_config(cfg)
+        self.precision = plan_for_run(cfg, announce=par.is_main)  # logs `precision: ...` (docs/precision.md)
         self.geometry = cfg.batch_geometry(par.world_size)
         if self.run_dir.reason and par.is_main:
             logger.info(self.run_dir.reason)
@@ -61,8 +63,8 @@ class Trainer:
 
         quiet_paddlenlp()
         self.tokenizer = load_tokenizer(cfg.actor_model_name_or_path)
-        shard = par.model_load_kwargs()
-        self.policy = load_policy(cfg.actor_model_name_or_path, recompute=cfg.recompute, **shard)
+        load = {**par.model_load_kwargs(), **self.precision.load_kwargs}  # TP shard; dtype and kernels (if not default)
+        self.policy = load_policy(cfg.actor_model_name_or_path, recompute=cfg.recompute, **load)
         if cfg.lora:  # the reference is then the policy with its adapters disabled (step.reference_logprobs)
             if cfg.lora_path:
                 self.policy.load_adapters(cfg.lora_path)
@@ -71,7 +73,7 @@ class Trainer:
                                        cfg.target_modules or None, base_model_name_or_path=cfg.actor_model_name_or_path)
         self.reference = None
         if cfg.needs_reference_model and not cfg.lora:
-            self.reference = load_policy(cfg.actor_model_name_or_path, trainable=False, **shard)
+            self.reference = load_policy(cfg.actor_model_name_or_path, trainable=False, **load)
         # Pipeline parallel: the policy stays whole and frozen (generation, old/reference log-probs, checkpoints);
         # the pipeline trains this rank's stage and copies the weights back after each update.
         pipeline = None
@@ -103,12 +105,12 @@ class Trainer:
                                                     lr_lambda(cfg.lr_scheduler_type, warmup, total_opt_steps))
         trained = pipeline.layers if pipeline is not None else self.policy.model
         decay = parameters_by_decay(trained)
-        optimizer = par.wrap_optimizer(paddle.optimizer.AdamW(
+        optimizer = par.wrap_optimizer(self.precision.decorate(trained, paddle.optimizer.AdamW(
             learning_rate=scheduler,
             parameters=self.policy.trainable_parameters() if cfg.lora else trained.parameters(),
             weight_decay=cfg.weight_decay, beta1=cfg.adam_beta1, beta2=cfg.adam_beta2, epsilon=cfg.adam_epsilon,
-            apply_decay_param_fun=lambda name: name in decay))  # clipping: step.clip_gradients (TP-aware norm)
-        self.learner = step.Learner(self.policy, pipeline, optimizer, scheduler)
+            apply_decay_param_fun=lambda name: name in decay)))  # clipping: step.clip_gradients (TP-aware norm)
+        self.learner = step.Learner(self.policy, pipeline, optimizer, scheduler, amp=self.precision.runtime())
 
         self.step = 0
         if par.is_main:

@@ -102,6 +102,8 @@ RULES = (
          allowed=frozenset({"paddle_grpo.rewards"}), waits_for=("paddle_grpo/rewards",)),
     Rule("config.py imports only algorithms/", "paddle_grpo.config",
          allowed=frozenset({"paddle_grpo.algorithms"})),
+    Rule("precision.py imports nothing of the package", "paddle_grpo.precision",
+         allowed=frozenset({"paddle_grpo.precision"}), waits_for=("paddle_grpo/precision.py",)),
     Rule("parallel/ imports only config.py", "paddle_grpo.parallel",
          allowed=frozenset({"paddle_grpo.config"}), waits_for=("paddle_grpo/parallel",)),
     Rule("policy/ imports only algorithms/, parallel/, rollout, sampling, cpu_tuning", "paddle_grpo.policy",

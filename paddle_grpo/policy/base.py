@@ -33,18 +33,22 @@ class Policy:
     wrapping the same base weights (lora.py)."""
 
     is_encoder_decoder: bool = False
-    load_model = None  # staticmethod(path, *, trainable, recompute, tensor_parallel_degree, tensor_parallel_rank)
+    load_model = None  # staticmethod(path, *, trainable, recompute, tensor_parallel_degree, tensor_parallel_rank,
+    #                                  dtype, config_overrides)
 
     def __init__(self, model: paddle.nn.Layer):
         self.model = model
 
     @classmethod
     def load(cls, path: str, *, trainable: bool = True, recompute: bool = False, tensor_parallel_degree: int = 1,
-             tensor_parallel_rank: int = 0) -> "Policy":
-        """This class's model from a local directory or hub ID (float32; frozen unless `trainable`), wrapped."""
+             tensor_parallel_rank: int = 0, dtype: str = "float32",
+             config_overrides: dict[str, Any] | None = None) -> "Policy":
+        """This class's model from a local directory or hub ID (in `dtype`, float32 by default, with
+        `config_overrides` set on its config; frozen unless `trainable`), wrapped in the class."""
         return cls(cls.load_model(path, trainable=trainable, recompute=recompute,
                                   tensor_parallel_degree=tensor_parallel_degree,
-                                  tensor_parallel_rank=tensor_parallel_rank))
+                                  tensor_parallel_rank=tensor_parallel_rank, dtype=dtype,
+                                  config_overrides=config_overrides))
 
     # ------------------------------------------------------------------------------------- what subclasses do
 
@@ -132,6 +136,12 @@ def freeze(model: paddle.nn.Layer) -> paddle.nn.Layer:
     for p in model.parameters():
         p.stop_gradient = True
     return model
+
+
+def full_precision() -> contextlib.AbstractContextManager:
+    """The context of the float32 maths after the model (log-softmax, entropy): autocast switched off when the
+    update's AMP is active (under O2 it would cast float32 inputs back to bf16/fp16), else a no-op."""
+    return paddle.amp.auto_cast(enable=False) if paddle.amp.is_autocast_enabled() else contextlib.nullcontext()
 
 
 def position_ids_from_mask(attention_mask: paddle.Tensor) -> paddle.Tensor:

@@ -17,7 +17,7 @@ import paddle
 from .. import cpu_tuning
 from ..algorithms import entropy_from_logits, logprobs_from_logits
 from . import fast_qwen2
-from .base import Policy, freeze, position_ids_from_mask
+from .base import Policy, freeze, full_precision, position_ids_from_mask
 from .hub import resolve_model_dir
 
 if TYPE_CHECKING:
@@ -28,9 +28,11 @@ if TYPE_CHECKING:
 
 
 def load_causal_lm(path: str, *, trainable: bool = True, recompute: bool = False, tensor_parallel_degree: int = 1,
-                   tensor_parallel_rank: int = 0) -> paddle.nn.Layer:
-    """`AutoModelForCausalLM` from a local directory or hub ID (hub.resolve_model_dir), in float32; frozen (eval,
-    no grads) unless `trainable`.
+                   tensor_parallel_rank: int = 0, dtype: str = "float32",
+                   config_overrides: dict[str, Any] | None = None) -> paddle.nn.Layer:
+    """`AutoModelForCausalLM` from a local directory or hub ID (hub.resolve_model_dir), in `dtype` (float32 unless
+    the precision plan says otherwise); frozen (eval, no grads) unless `trainable`. `config_overrides`: model-config
+    fields to set before the model is built (the plan's kernel flags: use_flash_attention, use_fused_rms_norm, ...).
 
     With `tensor_parallel_degree > 1` this rank's shard is loaded (PaddleNLP splits the full checkpoint); its
     forward then returns full-vocabulary logits (gathered), which generation needs, while `completion_logprobs`
@@ -45,7 +47,9 @@ def load_causal_lm(path: str, *, trainable: bool = True, recompute: bool = False
         config.tensor_parallel_degree = tensor_parallel_degree
         config.tensor_parallel_rank = tensor_parallel_rank
         config.tensor_parallel_output = False
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype="float32")
+    for key, value in (config_overrides or {}).items():
+        setattr(config, key, value)
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype)
     if trainable:
         model.train()
     else:
@@ -83,11 +87,13 @@ def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, promp
     # The token at position L + t is predicted from the hidden state at L + t - 1.
     if vocab_parallel is not None:
         logits = head(hidden[:, L - 1:-1], tensor_parallel_output=True)
-        logprobs = vocab_parallel.logprobs(logits, completion_ids, temperature)
-        return logprobs, (vocab_parallel.entropy(logits, temperature) if with_entropy else None)
+        with full_precision():
+            logprobs = vocab_parallel.logprobs(logits, completion_ids, temperature)
+            return logprobs, (vocab_parallel.entropy(logits, temperature) if with_entropy else None)
     logits = head(hidden[:, L - 1:-1]).astype("float32")
-    logprobs = logprobs_from_logits(logits, completion_ids, temperature=temperature)
-    return logprobs, _entropy(logits, temperature, with_entropy)
+    with full_precision():
+        logprobs = logprobs_from_logits(logits, completion_ids, temperature=temperature)
+        return logprobs, _entropy(logits, temperature, with_entropy)
 
 
 def logprobs_from_completion_logits(logits: paddle.Tensor, completion_ids: paddle.Tensor,
@@ -95,7 +101,9 @@ def logprobs_from_completion_logits(logits: paddle.Tensor, completion_ids: paddl
     """Log-probs and entropies (both differentiable, [bs, T] float32) from the logits [bs, T, V] that predict
     `completion_ids` [bs, T]: the pipeline model's last stage, whose LM head sees every position."""
     logits = logits.astype("float32")
-    return logprobs_from_logits(logits, completion_ids, temperature=temperature), _entropy(logits, temperature, True)
+    with full_precision():
+        return (logprobs_from_logits(logits, completion_ids, temperature=temperature),
+                _entropy(logits, temperature, True))
 
 
 def _entropy(logits, temperature, with_entropy):

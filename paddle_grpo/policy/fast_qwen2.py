@@ -20,8 +20,8 @@ greedy generations and gradients against `Qwen2ForCausalLM.forward`).
 
 Switch: `enabled_for(model)` is True for a plain float32 `Qwen2ForCausalLM` (exact type: not a `paddle.DataParallel`
 or LoRA wrapper) whose projections are all `nn.Linear` (no LoRA/quantised layers inside), without tensor/sequence
-parallelism, fused-qkv/ffn layouts, recompute or attention dropout, unless the environment sets
-`PADDLE_GRPO_FAST=0`. Everything else uses PaddleNLP's forward (modeling.py / rollout.py).
+parallelism, fused-qkv/ffn layouts, recompute, attention dropout, GPU kernel flags or an active autocast, unless
+the environment sets `PADDLE_GRPO_FAST=0`. Everything else uses PaddleNLP's forward (modeling.py / rollout.py).
 """
 from __future__ import annotations
 
@@ -57,8 +57,11 @@ def enabled_for(model: paddle.nn.Layer) -> bool:
                 for part, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
                                     (layer.mlp, ("gate_proj", "up_proj", "down_proj")))
                 for name in names)
-    # float32 only: PaddleNLP's RMSNorm upcasts bf16/fp16 activations, which this path does not replicate.
-    return (plain and model.qwen2.embed_tokens.weight.dtype == paddle.float32
+    # float32 only, and not under AMP: PaddleNLP's RMSNorm upcasts bf16/fp16 activations, which this path does not
+    # replicate. Kernels the precision plan switched on (flash attention, fused RMSNorm/RoPE) are PaddleNLP's.
+    kernels = any(getattr(c, k, False) for k in ("use_flash_attention", "use_fused_rms_norm", "use_fused_rope"))
+    return (plain and model.qwen2.embed_tokens.weight.dtype == paddle.float32 and not kernels
+            and not paddle.amp.is_autocast_enabled()
             and c.tensor_parallel_degree <= 1 and not c.sequence_parallel and not c.fuse_attention_qkv
             and not c.fuse_attention_ffn and c.hidden_act == "silu" and not c.recompute
             and not model.qwen2.enable_recompute and float(c.attention_dropout or 0.0) == 0.0)

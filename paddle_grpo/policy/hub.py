@@ -22,7 +22,8 @@ import os
 import threading
 from urllib.parse import urlparse
 
-__all__ = ["hub_cache_dir", "is_complete_model_dir", "looks_like_hub_id", "missing_files", "resolve_model_dir"]
+__all__ = ["download_blocker", "hub_cache_dir", "is_complete_model_dir", "looks_like_hub_id", "missing_files",
+           "resolve_model_dir"]
 
 CONFIG_FILE = "config.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"

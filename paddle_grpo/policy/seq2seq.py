@@ -29,7 +29,7 @@ import paddle
 
 from ..algorithms import entropy_from_logits, logprobs_from_logits
 from .. import rollout
-from .base import Policy, freeze, is_encoder_decoder  # noqa: F401 (is_encoder_decoder: API)
+from .base import Policy, freeze, full_precision, is_encoder_decoder  # noqa: F401 (is_encoder_decoder: API)
 from .hub import resolve_model_dir
 
 if TYPE_CHECKING:
@@ -44,9 +44,11 @@ _DROPOUT_KEYS = ("dropout_rate", "dropout", "attention_dropout", "activation_dro
 
 
 def load_seq2seq_lm(path: str, *, trainable: bool = True, recompute: bool = False, tensor_parallel_degree: int = 1,
-                    tensor_parallel_rank: int = 0) -> paddle.nn.Layer:
-    """`AutoModelForConditionalGeneration` from a local directory or hub ID, float32, dropout off; frozen unless
-    `trainable`.
+                    tensor_parallel_rank: int = 0, dtype: str = "float32",
+                    config_overrides: dict[str, Any] | None = None) -> paddle.nn.Layer:
+    """`AutoModelForConditionalGeneration` from a local directory or hub ID, in `dtype` (float32 by default),
+    dropout off; frozen unless `trainable`. `config_overrides`: model-config fields to set (as
+    `causal.load_causal_lm`).
 
     Same keyword arguments as `causal.load_causal_lm`; tensor parallelism is not supported for encoder-decoders.
     """
@@ -61,7 +63,9 @@ def load_seq2seq_lm(path: str, *, trainable: bool = True, recompute: bool = Fals
     for key in _DROPOUT_KEYS:
         if hasattr(config, key):
             setattr(config, key, 0.0)
-    model = AutoModelForConditionalGeneration.from_pretrained(path, config=config, dtype="float32")
+    for key, value in (config_overrides or {}).items():
+        setattr(config, key, value)
+    model = AutoModelForConditionalGeneration.from_pretrained(path, config=config, dtype=dtype)
     if recompute and trainable:
         # PaddleNLP 3.0.0b4's T5 recompute (model.recompute_enable) changes the encoder's gradients (max abs
         # difference 0.03 on a tiny T5, measured); BART has no recompute at all.
@@ -134,8 +138,9 @@ def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, promp
     start = paddle.full([completion_ids.shape[0], 1], decoder_start_id(model), dtype="int64")
     decoder_input_ids = paddle.concat([start, completion_ids[:, :-1]], axis=1)
     logits, _ = decoder_logits(model, hidden, mask, decoder_input_ids)
-    logprobs = logprobs_from_logits(logits, completion_ids, temperature=temperature)
-    return logprobs, (entropy_from_logits(logits / temperature) if with_entropy else None)
+    with full_precision():  # float32 log-softmax under the update's AMP
+        logprobs = logprobs_from_logits(logits, completion_ids, temperature=temperature)
+        return logprobs, (entropy_from_logits(logits / temperature) if with_entropy else None)
 
 
 def _runs_of_equal_rows(ids, mask):
