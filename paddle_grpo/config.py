@@ -23,6 +23,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import yaml
 
+from .precision import CPU_REASONS, GPU_EFFECT, NOT_IMPLEMENTED
+
 logger = logging.getLogger("paddle_grpo.config")
 
 LR_SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
@@ -47,8 +49,6 @@ SECRET_KEYS = ("reward_server_token",)  # never printed or written out
 # Effect statements shared by several keys.
 NO_CRITIC = "needs a critic (value model): rl_algorithm ppo/vapo are not supported"
 CPU_FLOAT32 = ("CPU runs compute in float32 (paddle's CPU kernels have no bfloat16 matmul, docs/platform.md)")
-CPU_KERNELS = "the kernel is GPU-only in paddle; CPU runs use the plain implementation"
-AMP_GPU = "implemented in paddle_grpo/precision.py and the policy loader (verified only on CPU: the decision logic)"
 HOST_MEMORY = "on a CPU run everything is already in host memory"
 
 
@@ -107,6 +107,15 @@ def on(note: str) -> Effect:
 def nowhere(reason: str) -> Dict[str, Effect]:
     """`arg(..., **nowhere(reason))`: the key has no effect on any device."""
     return {"cpu": off(reason), "gpu": off(reason)}
+
+
+def _amp_effect(key: str) -> Dict[str, Effect]:
+    """The precision and kernel keys' statements, from precision.py's tables (one source): implemented on GPU (only
+    the decision logic is verified, on CPU), off on CPU with the reason; or not implemented on any device."""
+    if key in NOT_IMPLEMENTED:
+        return nowhere(NOT_IMPLEMENTED[key])
+    return {"cpu": off(CPU_REASONS.get(key, CPU_FLOAT32)),
+            "gpu": on(f"{GPU_EFFECT[key]} (paddle_grpo/precision.py; verified only on CPU: the decision logic)")}
 
 
 def arg(default: Any, help: str, *, choices: Optional[Choices] = None, cpu: Effect = ON, gpu: Effect = ON,
@@ -200,8 +209,7 @@ class DataArguments:
 class ParallelArguments:
     tensor_parallel_degree: int = arg(1, "Tensor (model) parallel degree.")
     sequence_parallel: bool = arg(False, "Sequence parallelism inside tensor-parallel groups.",
-                                  cpu=off("needs fleet's tensor-parallel kernels, which have no CPU implementation"),
-                                  gpu=on(AMP_GPU))
+                                  **_amp_effect("sequence_parallel"))
     sharding_parallel_degree: int = arg(-1, "Sharding degree (-1: all data-parallel ranks).")
     sharding: str = arg("", "Sharding stage: stage1 shards the optimizer states over the sharding ranks; stage2 "
                             "runs as stage1 here (empty: none).", choices=("", "stage1", "stage2"))
@@ -355,15 +363,15 @@ class LoggingArguments:
 @dataclass
 class KernelArguments:
     use_flash_attention: bool = arg(False, "FlashAttention-2. Passed to the model config's field of the same name.",
-                           cpu=off(CPU_KERNELS), gpu=on(AMP_GPU))
+                           **_amp_effect("use_flash_attention"))
     use_fused_rms_norm: bool = arg(False, "Fused RMSNorm kernel. Passed to the model config's field of the same name.",
-                           cpu=off(CPU_KERNELS), gpu=on(AMP_GPU))
+                           **_amp_effect("use_fused_rms_norm"))
     use_fused_rope: bool = arg(False, "Fused rotary embedding kernel. Passed to the model config's field of the same name.",
-                           cpu=off(CPU_KERNELS), gpu=on(AMP_GPU))
+                           **_amp_effect("use_fused_rope"))
     use_fused_head_and_loss_fn: bool = arg(False, "Fused LM head and loss. Passed to the model config's field of the same name.",
-                           cpu=off(CPU_KERNELS), gpu=on(AMP_GPU))
+                           **_amp_effect("use_fused_head_and_loss_fn"))
     use_fused_linear: bool = arg(False, "Fused linear kernel. Passed to the model config's field of the same name.",
-                           cpu=off(CPU_KERNELS), gpu=on(AMP_GPU))
+                           **_amp_effect("use_fused_linear"))
     recompute: bool = arg(False, "Recompute activations in the backward pass to save memory.")
     recompute_use_reentrant: bool = arg(True, "Use the re-entrant recompute implementation.",
                                         **nowhere("not implemented yet (issue 15): recompute uses the model's "
@@ -371,16 +379,16 @@ class KernelArguments:
     recompute_granularity: str = arg("full", "Recompute granularity.", choices=("full", "full_attn", "core_attn"),
                                      **nowhere("not implemented yet (issue 15): recompute is always full (whole "
                                                "decoder layers)"))
-    bf16: bool = arg(False, "bfloat16 mixed precision.", cpu=off(CPU_FLOAT32), gpu=on(AMP_GPU))
-    fp16: bool = arg(False, "float16 mixed precision.", cpu=off(CPU_FLOAT32), gpu=on(AMP_GPU))
+    bf16: bool = arg(False, "bfloat16 mixed precision.", **_amp_effect("bf16"))
+    fp16: bool = arg(False, "float16 mixed precision.", **_amp_effect("fp16"))
     fp16_opt_level: str = arg("O1", "AMP level O1 or O2.", choices=("O1", "O2"),
-                              cpu=off(CPU_FLOAT32), gpu=on(AMP_GPU))
+                              **_amp_effect("fp16_opt_level"))
     amp_master_grad: bool = arg(False, "Keep float32 master gradients under AMP.",
-                                cpu=off(CPU_FLOAT32), gpu=on(AMP_GPU))
+                                **_amp_effect("amp_master_grad"))
     amp_custom_black_list: List[str] = arg(None, "Ops kept in float32 under AMP.", default_factory=list,
-                                           cpu=off(CPU_FLOAT32), gpu=on(AMP_GPU))
+                                           **_amp_effect("amp_custom_black_list"))
     amp_custom_white_list: List[str] = arg(None, "Ops run in low precision under AMP.", default_factory=list,
-                                           cpu=off(CPU_FLOAT32), gpu=on(AMP_GPU))
+                                           **_amp_effect("amp_custom_white_list"))
     offload_level: str = arg("", "Offload frozen models/optimizer states to host memory.",
                              cpu=off(HOST_MEMORY), gpu=off("not implemented: models and optimizer states stay on the "
                                                        "GPU"))
