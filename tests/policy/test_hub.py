@@ -251,6 +251,7 @@ def test_lora_adapters_record_the_hub_id_and_merge_through_the_cache(tmp_path, t
     import paddle
     import paddlenlp.utils.env as env
 
+    from lora_helpers import randomize_adapters
     from paddle_grpo.policy import lora as L
     from paddle_grpo.policy.causal import load_causal_lm
 
@@ -259,11 +260,7 @@ def test_lora_adapters_record_the_hub_id_and_merge_through_the_cache(tmp_path, t
     shutil.copytree(tiny_policy_dir, tmp_path / "models" / MODEL_ID)
     model = L.apply_lora(load_causal_lm(MODEL_ID), rank=4, alpha=8, base_model_name_or_path=MODEL_ID)
     rng = np.random.default_rng(0)
-    with paddle.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_" in name:
-                p.set_value(paddle.to_tensor(rng.normal(0, 0.2, size=p.shape).astype("float32")))
-    model.eval()
+    randomize_adapters(model, rng)
     adapters = str(tmp_path / "adapters")
     L.save_adapters(model, adapters)
     assert L.read_adapter_config(adapters).base_model_name_or_path == MODEL_ID  # portable: the ID, not a cache path

@@ -6,6 +6,7 @@ import numpy as np
 import paddle
 import pytest
 
+from lora_helpers import randomize_adapters
 from paddle_grpo.policy import lora as L
 from paddle_grpo.policy.causal import load_causal_lm
 
@@ -21,11 +22,7 @@ def trained_adapters(tiny_policy_dir, tmp_path_factory):
     model = L.apply_lora(load_causal_lm(tiny_policy_dir), rank=4, alpha=8, dropout=0.0,
                          base_model_name_or_path=tiny_policy_dir)
     rng = np.random.default_rng(3)
-    with paddle.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_" in name:
-                p.set_value(paddle.to_tensor(rng.normal(0, 0.2, size=p.shape).astype("float32")))
-    model.eval()
+    randomize_adapters(model, rng)
     ids = paddle.to_tensor(rng.integers(3, model.config.vocab_size, size=(3, 12)), dtype="int64")
     with paddle.no_grad():
         logits = model(input_ids=ids, return_dict=True).logits.numpy()
