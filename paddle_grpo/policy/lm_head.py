@@ -116,8 +116,9 @@ class _ChunkedLMHead(PyLayer):
                 dh_chunks.append(paddle.matmul(dz, w, transpose_y=not transpose_y).astype(hidden.dtype))
             if need_w:
                 # logits = h @ W ([H, V]): dW = h^T dz; logits = h @ W^T ([V, H]): dW = dz^T h.
-                dw = dw + (paddle.matmul(dz, h, transpose_x=True) if transpose_y
-                           else paddle.matmul(h, dz, transpose_x=True))
+                # In place: a new [H, V] sum per chunk would be one more weight-sized tensor at the peak.
+                dw.add_(paddle.matmul(dz, h, transpose_x=True) if transpose_y
+                        else paddle.matmul(h, dz, transpose_x=True))
             del dz
         dh = paddle.concat(dh_chunks) if need_h else None
         if dw is not None and dw.dtype != weight.dtype:
