@@ -116,10 +116,13 @@ def resolve_model(name: str, key: str) -> Tuple[Optional[str], Optional[str]]:
     try:
         return resolve_model_dir(name, key=key, download=False), None
     except FileNotFoundError:
-        if not hub.looks_like_hub_id(name) or hub.download_blocker() is not None:
+        if not hub.looks_like_hub_id(name):
+            raise
+        blocker = hub.download_blocker()  # one probe of PaddleNLP's server (up to its timeout)
+        if blocker is not None:
             raise FileNotFoundError(f"'{name}' is neither a local directory nor in PaddleNLP's cache "
                                     f"({hub.hub_cache_dir(name)}, under PPNLP_HOME), and PaddleNLP cannot download "
-                                    f"it now: {hub.download_blocker() or 'not an ID'}") from None
+                                    f"it now: {blocker}") from None
         return None, (f"{key}: '{name}' is not in PaddleNLP's cache ({hub.hub_cache_dir(name)}); the run downloads "
                       "it through PaddleNLP's from_pretrained at start-up")
 
