@@ -50,6 +50,7 @@ SECRET_KEYS = ("reward_server_token",)  # never printed or written out
 NO_CRITIC = "needs a critic (value model): rl_algorithm ppo/vapo are not supported"
 CPU_FLOAT32 = ("CPU runs compute in float32 (paddle's CPU kernels have no bfloat16 matmul, docs/platform.md)")
 HOST_MEMORY = "on a CPU run everything is already in host memory"
+DEFAULT_HEAD_CHUNK_SIZE = 256  # fused_head_chunk_size's default (the lead sets it from tools/bench.py's numbers)
 
 
 class ConfigError(ValueError):
@@ -368,8 +369,20 @@ class KernelArguments:
                            **_amp_effect("use_fused_rms_norm"))
     use_fused_rope: bool = arg(False, "Fused rotary embedding kernel. Passed to the model config's field of the same name.",
                            **_amp_effect("use_fused_rope"))
-    use_fused_head_and_loss_fn: bool = arg(False, "Fused LM head and loss. Passed to the model config's field of the same name.",
-                           **_amp_effect("use_fused_head_and_loss_fn"))
+    use_fused_head_and_loss_fn: bool = arg(
+        False, "Chunked LM head: the log-probs and entropies of the completion tokens are computed "
+               "fused_head_chunk_size positions at a time from the final hidden states (forward and backward, "
+               "policy/lm_head.py), so the [rows, T, vocab] logits are never held: peak extra memory O(chunk x "
+               "vocab) instead of O(rows x T x vocab). Same numbers as the full logits up to float32 rounding. "
+               "Here this is the project's own chunked head, on every device, for the policy and the reference; it "
+               "is not passed to the model config (PaddleNLP's fused head + loss returns a loss, not per-token "
+               "log-probs).", cpu=ON,
+        gpu=on("the same paddle ops as on CPU; verified only on CPU (tests/policy/test_head_wiring.py)"))
+    fused_head_chunk_size: int = arg(DEFAULT_HEAD_CHUNK_SIZE,
+                                     "(new) Positions (rows x completion tokens) per chunk of the chunked LM head "
+                                     "(use_fused_head_and_loss_fn); PaddleNLP's fused head calls it chunk_size "
+                                     "(a model-config field, default 1024). Larger: fewer, bigger matmuls; memory "
+                                     "grows as chunk x vocab.")
     use_fused_linear: bool = arg(False, "Fused linear kernel. Passed to the model config's field of the same name.",
                            **_amp_effect("use_fused_linear"))
     recompute: bool = arg(False, "Recompute activations in the backward pass to save memory.")
@@ -472,6 +485,12 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
         else 0 (docs/algorithms.md section 3)."""
         from .algorithms import reward_kl_coeff  # paddle: see _from_algorithms
         return reward_kl_coeff(self.rl_algorithm, self.kl_coeff, self.use_kl_in_reward)
+
+    @property
+    def lm_head_chunk_size(self) -> Optional[int]:
+        """Positions per chunk of the policy's LM head (Policy.head_chunk_size): fused_head_chunk_size with
+        use_fused_head_and_loss_fn, else None (full logits)."""
+        return self.fused_head_chunk_size if self.use_fused_head_and_loss_fn else None
 
     @property
     def needs_reference_model(self) -> bool:
@@ -812,7 +831,7 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
                 "per_device_train_batch_size", "per_device_eval_batch_size", "max_prompt_len", "max_dec_len",
                 "rollout_max_num_seqs", "logging_steps", "tensor_parallel_degree", "pipeline_parallel_degree",
                 "virtual_pp_degree", "max_gen_batches", "max_consecutive_nonfinite", "ref_model_sync_steps",
-                "overlong_reward_buffer", "max_length", "lora_rank")
+                "overlong_reward_buffer", "max_length", "lora_rank", "fused_head_chunk_size")
     for key in positive:
         if getattr(cfg, key) < 1:
             fail(key, "must be at least 1")

@@ -3,7 +3,7 @@ kernels are switched on, decided from the config and the device by one pure func
 
 `precision_plan(cfg, device)` reads the PaddleNLP keys `bf16`, `fp16`, `fp16_opt_level`, `amp_master_grad`,
 `amp_custom_white_list`, `amp_custom_black_list`, `use_flash_attention`, `use_fused_rms_norm`, `use_fused_rope`,
-`use_fused_linear`, `use_fused_head_and_loss_fn`, `sequence_parallel` (and `pipeline_parallel_degree`), and returns a
+`use_fused_linear`, `sequence_parallel` (and `pipeline_parallel_degree`), and returns a
 frozen `PrecisionPlan`. Every key that asks for something this run will not do is in `plan.not_applied` with the
 reason; the trainer prints `plan.describe()` at start-up and warns each reason, so nothing is ignored silently.
 
@@ -51,15 +51,11 @@ GPU_EFFECT: Dict[str, str] = {
     "use_fused_rope": "set on the model config (PaddleNLP's fused rotary embedding)",
     "use_fused_linear": "set on the model config; in PaddleNLP 3.0.0b4 only GPT models read it (Qwen2 and Llama "
                         "have no fused-linear path)",
-    "use_fused_head_and_loss_fn": "not implemented (see NOT_IMPLEMENTED)",
     "sequence_parallel": "not implemented (see NOT_IMPLEMENTED)",
 }
 
 # Keys that have no effect on any device, and why.
 NOT_IMPLEMENTED: Dict[str, str] = {
-    "use_fused_head_and_loss_fn": "PaddleNLP's fused LM head + loss computes a cross-entropy loss in chunks; the RL "
-                                  "loss here needs each token's float32 log-prob and entropy from the logits, which "
-                                  "the fused kernel does not return (not implemented)",
     "sequence_parallel": "PaddleNLP's sequence-parallel models scatter the sequence over the tensor-parallel ranks "
                          "(length divisible by tensor_parallel_degree); the log-prob path slices the decoder's "
                          "hidden states by position and the decode loop feeds one token at a time, which neither "

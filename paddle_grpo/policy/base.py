@@ -30,9 +30,12 @@ class Policy:
     module function that loads their model family) and implement `prompt_token_ids`, `generate`, `logprobs`.
 
     `.model` is the paddle model; after `apply_lora` / `load_adapters` it is the paddlenlp.peft `LoRAModel`
-    wrapping the same base weights (lora.py)."""
+    wrapping the same base weights (lora.py). `head_chunk_size`: positions per chunk of the LM head in `logprobs`
+    (lm_head.head_logprobs; config use_fused_head_and_loss_fn); None: full logits. It applies to every log-prob
+    pass of this policy, also the LoRA reference (the same model with its adapters disabled)."""
 
     is_encoder_decoder: bool = False
+    head_chunk_size: int | None = None
     load_model = None  # staticmethod(path, *, trainable, recompute, tensor_parallel_degree, tensor_parallel_rank,
     #                                  dtype, config_overrides)
 

@@ -15,10 +15,11 @@ import numpy as np
 import paddle
 
 from .. import cpu_tuning
-from ..algorithms import entropy_from_logits, logprobs_from_logits
+from ..algorithms import logprobs_from_logits
 from . import fast_qwen2
 from .base import Policy, freeze, full_precision, position_ids_from_mask
 from .hub import resolve_model_dir
+from .lm_head import LMHead, entropy, head_logprobs
 
 if TYPE_CHECKING:
     from paddlenlp.transformers import PretrainedTokenizer
@@ -59,8 +60,8 @@ def load_causal_lm(path: str, *, trainable: bool = True, recompute: bool = False
 
 def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor,
                         completion_ids: paddle.Tensor, completion_mask: paddle.Tensor, *, temperature: float = 1.0,
-                        with_entropy: bool | str = False, vocab_parallel: VocabParallel | None = None
-                        ) -> tuple[paddle.Tensor, paddle.Tensor | None]:
+                        with_entropy: bool | str = False, vocab_parallel: VocabParallel | None = None,
+                        chunk_size: int | None = None) -> tuple[paddle.Tensor, paddle.Tensor | None]:
     """Log-probs (and optionally entropies) of the completion tokens under `model`.
 
     prompt_ids/prompt_mask: [bs, L] left-padded; completion_ids/completion_mask: [bs, T].
@@ -68,15 +69,16 @@ def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, promp
     distribution the rollout sampled from). Positions where completion_mask is 0 hold meaningless values.
     `with_entropy`: False, True, or "detached" (the entropy is only logged: no gradient graph is built for it).
     `vocab_parallel` (distributed.VocabParallel) computes both from this rank's vocabulary shard under tensor
-    parallelism.
+    parallelism. `chunk_size` (Policy.head_chunk_size; use_fused_head_and_loss_fn): the LM head runs `chunk_size`
+    positions at a time and never holds the [bs, T, V] logits (lm_head.py); None: full logits.
     """
     if vocab_parallel is None and fast_qwen2.enabled_for(model):
         # Lean Qwen2 forward with each group's shared prompt computed once (fast_qwen2.py); same numbers.
         fast = fast_qwen2.Qwen2Fast(model)
-        hidden = fast.prompt_completion_hidden(prompt_ids, prompt_mask, completion_ids, completion_mask)
-        logits = fast.logits(hidden).astype("float32")
-        logprobs = logprobs_from_logits(logits, completion_ids, temperature=temperature)
-        return logprobs, _entropy(logits, temperature, with_entropy)
+        hidden = fast.final_hidden(fast.prompt_completion_hidden(prompt_ids, prompt_mask, completion_ids,
+                                                                 completion_mask))
+        return head_logprobs(hidden, LMHead(fast.head, fast.head_t), completion_ids, temperature=temperature,
+                             with_entropy=with_entropy, chunk_size=chunk_size)
     input_ids = paddle.concat([prompt_ids, completion_ids], axis=1)
     attention_mask = paddle.concat([prompt_mask, completion_mask], axis=1).astype("int64")
     position_ids = position_ids_from_mask(attention_mask)
@@ -86,14 +88,18 @@ def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, promp
                      use_cache=False, return_dict=True).last_hidden_state
     # The token at position L + t is predicted from the hidden state at L + t - 1.
     if vocab_parallel is not None:
+        if chunk_size is not None:  # this rank's weight shard, chunk by chunk (parallel/vocab.py)
+            with full_precision():
+                logprobs, entropy = vocab_parallel.chunked_logprobs_and_entropy(
+                    hidden[:, L - 1:-1], head.weight, completion_ids, temperature=temperature,
+                    chunk_size=chunk_size, with_entropy=bool(with_entropy), transpose_y=head.transpose_y)
+            return logprobs, (entropy.detach() if with_entropy == "detached" and entropy is not None else entropy)
         logits = head(hidden[:, L - 1:-1], tensor_parallel_output=True)
         with full_precision():
             logprobs = vocab_parallel.logprobs(logits, completion_ids, temperature)
             return logprobs, (vocab_parallel.entropy(logits, temperature) if with_entropy else None)
-    logits = head(hidden[:, L - 1:-1]).astype("float32")
-    with full_precision():
-        logprobs = logprobs_from_logits(logits, completion_ids, temperature=temperature)
-        return logprobs, _entropy(logits, temperature, with_entropy)
+    return head_logprobs(hidden[:, L - 1:-1], head, completion_ids, temperature=temperature,
+                         with_entropy=with_entropy, chunk_size=chunk_size)
 
 
 def logprobs_from_completion_logits(logits: paddle.Tensor, completion_ids: paddle.Tensor,
@@ -103,18 +109,7 @@ def logprobs_from_completion_logits(logits: paddle.Tensor, completion_ids: paddl
     logits = logits.astype("float32")
     with full_precision():
         return (logprobs_from_logits(logits, completion_ids, temperature=temperature),
-                _entropy(logits, temperature, True))
-
-
-def _entropy(logits, temperature, with_entropy):
-    """None, the entropy [bs, T] (differentiable), or with "detached" the entropy without an autograd graph (for
-    logging only: no [bs, T, V] intermediates are kept for a backward pass that will not use them)."""
-    if not with_entropy:
-        return None
-    if with_entropy == "detached":
-        with paddle.no_grad():
-            return entropy_from_logits(logits.detach() / temperature)
-    return entropy_from_logits(logits / temperature)
+                entropy(logits, temperature, True))
 
 
 class CausalPolicy(Policy):
@@ -137,6 +132,8 @@ class CausalPolicy(Policy):
     def logprobs(self, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, completion_ids: paddle.Tensor,
                  completion_mask: paddle.Tensor, *, temperature: float = 1.0, with_entropy: bool | str = False,
                  vocab_parallel: VocabParallel | None = None) -> tuple[paddle.Tensor, paddle.Tensor | None]:
-        """`completion_logprobs(self.model, ...)`: prompts [n, L] left-padded, completions [n, T]."""
+        """`completion_logprobs(self.model, ...)`: prompts [n, L] left-padded, completions [n, T]; the LM head
+        chunked by `self.head_chunk_size`."""
         return completion_logprobs(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                   temperature=temperature, with_entropy=with_entropy, vocab_parallel=vocab_parallel)
+                                   temperature=temperature, with_entropy=with_entropy, vocab_parallel=vocab_parallel,
+                                   chunk_size=self.head_chunk_size)

@@ -151,9 +151,13 @@ class Qwen2Fast:
         h = self.rms(x, lw["ln2"])
         return x + paddle.matmul(F.swiglu(paddle.matmul(h, lw["wgu"])), lw["wd"])
 
+    def final_hidden(self, h: paddle.Tensor) -> paddle.Tensor:
+        """The final RMSNorm: [..., D] -> [..., D], what the LM head reads (lm_head.head_logprobs)."""
+        return self.rms(h, self.final_norm)
+
     def logits(self, h: paddle.Tensor) -> paddle.Tensor:
         """Final norm + LM head: [..., D] -> [..., V]."""
-        return paddle.matmul(self.rms(h, self.final_norm), self.head, transpose_y=self.head_t)
+        return paddle.matmul(self.final_hidden(h), self.head, transpose_y=self.head_t)
 
     def bias(self, keep: paddle.Tensor, B: int, Sq: int, Sk: int) -> paddle.Tensor:
         """keep bool [B, Sq, Sk] -> additive float32 bias [B, KV, g, Sq, Sk] (0 where kept, finfo.min elsewhere),

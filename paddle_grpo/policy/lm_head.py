@@ -7,6 +7,11 @@ hidden -> logits -> log-sum-exp -> the label's log-prob and the entropy, keeping
 backward (`_ChunkedLMHead`, a `paddle.autograd.PyLayer`) recomputes each chunk's logits and accumulates the gradients
 of the hidden states and of the head weight chunk by chunk. Peak extra memory is O(chunk_size x V) in both passes.
 
+`head_logprobs` is the one entry point of every log-prob path (causal.py, seq2seq.py): with `chunk_size` None it
+computes the full logits and `algorithms/losses.py`'s log-softmax exactly as before; with a chunk size it runs the
+chunked head on the LM head's weight (`LMHead`: weight, layout, optional bias; `lm_head_of` reads it from the model's
+head layer: nn.Linear, PaddleNLP's `*LMHead`, a paddlenlp.peft `LoRALinear`).
+
 The formulas are those of `algorithms/losses.py` (`logprobs_from_logits`, `entropy_from_logits`) and
 docs/algorithms.md section 4: `z = logits / temperature`, `log p = z[label] - logsumexp(z)`,
 `H = logsumexp(z) - sum_v softmax(z)_v z_v`. This module does not import `paddle.distributed`: a vocab-parallel head
@@ -14,12 +19,19 @@ docs/algorithms.md section 4: `z = logits / temperature`, `log p = z[label] - lo
 """
 from __future__ import annotations
 
+import logging
 import math
+from dataclasses import dataclass
 
 import paddle
 from paddle.autograd import PyLayer
 
-__all__ = ["chunked_logprobs_and_entropy", "num_chunks"]
+from ..algorithms import entropy_from_logits, logprobs_from_logits
+from .base import full_precision
+
+__all__ = ["LMHead", "chunked_logprobs_and_entropy", "head_logprobs", "lm_head_of", "num_chunks"]
+
+logger = logging.getLogger("paddle_grpo.lm_head")
 
 _F32 = paddle.float32
 
@@ -28,9 +40,13 @@ def _as_f32(x: paddle.Tensor) -> paddle.Tensor:
     return x if x.dtype == _F32 else x.astype(_F32)
 
 
-def _chunk_logits(h: paddle.Tensor, w: paddle.Tensor, transpose_y: bool, temperature: float) -> paddle.Tensor:
-    """`[c, H] x W -> [c, V]` float32 logits of one chunk, divided by the temperature (w is already float32)."""
+def _chunk_logits(h: paddle.Tensor, w: paddle.Tensor, transpose_y: bool, temperature: float,
+                  b: paddle.Tensor | None = None) -> paddle.Tensor:
+    """`[c, H] x W (+ b [V]) -> [c, V]` float32 logits of one chunk, divided by the temperature (w and b are
+    already float32)."""
     z = paddle.matmul(_as_f32(h), w, transpose_y=transpose_y)
+    if b is not None:
+        z = paddle.add(z, b)
     if temperature != 1.0:
         z = paddle.scale(z, scale=1.0 / temperature)
     return z
@@ -48,12 +64,16 @@ class _ChunkedLMHead(PyLayer):
 
     @staticmethod
     def forward(ctx, hidden: paddle.Tensor, weight: paddle.Tensor, labels: paddle.Tensor, temperature: float,
-                chunk_size: int, with_entropy: bool, transpose_y: bool) -> tuple[paddle.Tensor, paddle.Tensor]:
+                chunk_size: int, with_entropy: bool | str, transpose_y: bool, bias: paddle.Tensor | None = None
+                ) -> tuple[paddle.Tensor, paddle.Tensor]:
+        # with_entropy "detached": the entropy is computed in the same pass (its terms are at hand) but takes no
+        # gradient: backward ignores the (zero) gradient paddle passes for it.
         w = _as_f32(weight)
+        b = None if bias is None else _as_f32(bias).reshape([-1])
         total = hidden.shape[0]
         logps, lses, ents = [], [], []
         for start, end in _chunks(total, chunk_size):
-            z = _chunk_logits(hidden[start:end], w, transpose_y, temperature)
+            z = _chunk_logits(hidden[start:end], w, transpose_y, temperature, b)
             # Max-subtracted log-sum-exp: exp never sees a large logit, and `z - m` is reused for p and the entropy.
             # (Not F.log_softmax: superlinear in V on paddle's CPU kernels, docs/platform.md.)
             m = paddle.max(z, axis=-1, keepdim=True)
@@ -73,7 +93,7 @@ class _ChunkedLMHead(PyLayer):
         ent = paddle.concat(ents) if with_entropy else paddle.zeros_like(logp)
         ctx.temperature, ctx.chunk_size, ctx.with_entropy, ctx.transpose_y = (temperature, chunk_size, with_entropy,
                                                                               transpose_y)
-        ctx.save_for_backward(hidden, weight, labels, paddle.concat(lses), ent)
+        ctx.save_for_backward(hidden, weight, labels, paddle.concat(lses), ent, bias)
         return logp, ent
 
     @staticmethod
@@ -86,18 +106,22 @@ class _ChunkedLMHead(PyLayer):
         # not a second pass over V. With upstream gradients a (log-prob) and b (entropy), per position
         #   dL/dz = a * onehot(y) - p * (a + b * (log p + H)),   dL/dlogits = dL/dz / tau,
         # and logits = h W (or h W^T), so dL/dh = dL/dlogits W^T and dL/dW = h^T dL/dlogits, summed over chunks.
-        hidden, weight, labels, lse, ent = ctx.saved_tensor()
+        # A bias b adds to the logits, so dL/db = the column sum of dL/dlogits over the positions.
+        hidden, weight, labels, lse, ent, bias = ctx.saved_tensor()
         temperature, transpose_y = ctx.temperature, ctx.transpose_y
         need_h, need_w = not hidden.stop_gradient, not weight.stop_gradient
+        need_b = bias is not None and not bias.stop_gradient
         w = _as_f32(weight)
+        b32 = None if bias is None else _as_f32(bias).reshape([-1])
         grad_logp = _as_f32(grad_logp)
-        grad_ent = _as_f32(grad_ent) if ctx.with_entropy else None
+        grad_ent = _as_f32(grad_ent) if ctx.with_entropy is True else None
         total = hidden.shape[0]
         dh_chunks = []
         dw = paddle.zeros(w.shape, dtype=_F32) if need_w else None
+        db = paddle.zeros(b32.shape, dtype=_F32) if need_b else None
         for start, end in _chunks(total, ctx.chunk_size):
             h = _as_f32(hidden[start:end])
-            z = _chunk_logits(h, w, transpose_y, temperature)
+            z = _chunk_logits(h, w, transpose_y, temperature, b32)
             logp_all = paddle.subtract(z, lse[start:end].unsqueeze(-1))
             del z
             p = paddle.exp(logp_all)
@@ -119,16 +143,21 @@ class _ChunkedLMHead(PyLayer):
                 # In place: a new [H, V] sum per chunk would be one more weight-sized tensor at the peak.
                 dw.add_(paddle.matmul(dz, h, transpose_x=True) if transpose_y
                         else paddle.matmul(h, dz, transpose_x=True))
+            if need_b:
+                db.add_(paddle.sum(dz, axis=0))
             del dz
         dh = paddle.concat(dh_chunks) if need_h else None
         if dw is not None and dw.dtype != weight.dtype:
             dw = dw.astype(weight.dtype)
-        return dh, dw
+        if bias is None:
+            return dh, dw
+        return dh, dw, (db.reshape(bias.shape).astype(bias.dtype) if need_b else None)
 
 
 def chunked_logprobs_and_entropy(hidden: paddle.Tensor, weight: paddle.Tensor, labels: paddle.Tensor, *,
-                                 temperature: float = 1.0, chunk_size: int = 1024, with_entropy: bool = True,
-                                 transpose_y: bool = False) -> tuple[paddle.Tensor, paddle.Tensor | None]:
+                                 temperature: float = 1.0, chunk_size: int = 1024, with_entropy: bool | str = True,
+                                 transpose_y: bool = False, bias: paddle.Tensor | None = None
+                                 ) -> tuple[paddle.Tensor, paddle.Tensor | None]:
     """Per-token `log softmax(h W / temperature)[label]` and the entropy of that distribution, `chunk_size`
     positions at a time, differentiable w.r.t. `hidden` and `weight`.
 
@@ -140,8 +169,11 @@ def chunked_logprobs_and_entropy(hidden: paddle.Tensor, weight: paddle.Tensor, l
         temperature: the logits are divided by it (> 0).
         chunk_size: positions per chunk, over the flattened `n * T` positions; the peak extra memory of forward
             and backward is O(chunk_size x V).
-        with_entropy: also return the entropy (and take its gradient).
+        with_entropy: also return the entropy (and take its gradient); "detached": return it without a gradient
+            (computed in the same pass; for logging).
         transpose_y: `weight` is `[V, H]` (logits = hidden @ weight^T), as PaddleNLP's `transpose_y`.
+        bias: optional `[V]` (or `[1, V]`) added to the logits before the temperature (BART's final_logits_bias);
+            it gets a gradient unless it is frozen.
     Returns:
         `(logprobs [n, T] float32, entropy [n, T] float32 or None)`.
     """
@@ -157,14 +189,130 @@ def chunked_logprobs_and_entropy(hidden: paddle.Tensor, weight: paddle.Tensor, l
     if len(weight.shape) != 2 or w_hidden != h_size:
         layout = "[V, H] (transpose_y=True)" if transpose_y else "[H, V] (transpose_y=False)"
         raise ValueError(f"weight {list(weight.shape)} is not {layout} for hidden size {h_size}")
+    vocab = weight.shape[0] if transpose_y else weight.shape[1]
+    if bias is not None and int(math.prod(bias.shape)) != vocab:
+        raise ValueError(f"bias {list(bias.shape)} does not have the head's {vocab} outputs")
+    if with_entropy not in (True, False, "detached"):
+        raise ValueError(f"with_entropy must be True, False or 'detached', got {with_entropy!r}")
     flat_h = hidden.reshape([n * t, h_size])
     flat_labels = paddle.clip(labels.astype("int64"), min=0).reshape([n * t])
     logp, ent = _ChunkedLMHead.apply(flat_h, weight, flat_labels, float(temperature), int(chunk_size),
-                                     bool(with_entropy), bool(transpose_y))
+                                     with_entropy, bool(transpose_y), bias)
     logp = logp.reshape([n, t])
-    return logp, (ent.reshape([n, t]) if with_entropy else None)
+    if not with_entropy:
+        return logp, None
+    ent = ent.reshape([n, t])
+    return logp, (ent.detach() if with_entropy == "detached" else ent)
 
 
 def num_chunks(positions: int, chunk_size: int) -> int:
     """How many chunks `chunked_logprobs_and_entropy` walks for `positions` (= n * T) positions."""
     return math.ceil(positions / chunk_size)
+
+
+# ------------------------------------------------------------------------------------ the head of every path
+
+
+@dataclass(frozen=True)
+class LMHead:
+    """An LM head as the chunked path needs it: logits = hidden @ weight (`[H, V]`), or hidden @ weight^T
+    (`[V, H]`, `transpose_y`, tied embeddings), plus an optional `bias` `[V]` / `[1, V]`. Calling it computes the
+    full logits with exactly those ops (the unchunked path of heads that are not a layer: T5's tied embedding,
+    BART's `lm_head_weight` + `final_logits_bias`, the fast Qwen2 path)."""
+    weight: paddle.Tensor
+    transpose_y: bool = False
+    bias: paddle.Tensor | None = None
+
+    def __call__(self, hidden: paddle.Tensor) -> paddle.Tensor:
+        """`[..., H] -> [..., V]` logits in the weight's dtype."""
+        logits = paddle.matmul(hidden, self.weight, transpose_y=self.transpose_y)
+        return logits if self.bias is None else logits + self.bias
+
+
+def lm_head_of(head: paddle.nn.Layer | LMHead) -> tuple[LMHead | None, str]:
+    """`(LMHead, "")` describing `head` for the chunked path, or `(None, why)` when it cannot be chunked exactly.
+
+    Reads: an `LMHead` as is; a plain `nn.Linear` (`[in, out]` = `[H, V]`, with its bias); PaddleNLP's
+    `Qwen2LMHead` / `LlamaLMHead` (a `weight` and a `transpose_y` attribute, no bias); a paddlenlp.peft
+    `LoRALinear` as `W + scaling * A @ B` inside autograd (the adapters get their gradients through the merged
+    weight; W alone when the adapters are disabled or merged). Not chunkable: a vocabulary-sharded weight (the
+    vocab-parallel path handles those), sequence-parallel heads, LoRA with dropout in training or a LoRA variant."""
+    if isinstance(head, LMHead):
+        return head, ""
+    from paddlenlp.peft.lora.lora_layers import LoRALinear
+
+    if getattr(head, "weight", None) is None:
+        return None, f"{type(head).__name__} has no weight"
+    if getattr(head.weight, "is_distributed", False):
+        return None, f"{type(head).__name__}'s weight is a tensor-parallel shard (use the vocab-parallel path)"
+    if isinstance(head, LoRALinear):
+        return _lora_head(head)
+    if type(head) is paddle.nn.Linear:
+        return LMHead(head.weight, False, head.bias), ""
+    if isinstance(getattr(head, "transpose_y", None), bool) and getattr(head, "bias", None) is None:
+        if getattr(getattr(head, "config", None), "sequence_parallel", False):
+            return None, f"{type(head).__name__} gathers sequence-parallel hidden states"
+        return LMHead(head.weight, head.transpose_y), ""
+    return None, f"{type(head).__name__} is not a head this module knows how to read"
+
+
+def _lora_head(head):
+    """LoRALinear -> its effective weight (see lm_head_of)."""
+    if head.disable_lora or head.merged:
+        return LMHead(head.weight, False, head.bias), ""
+    variant = [k for k in ("lora_use_mixer", "use_mora", "pissa") if getattr(head, k, False)]
+    if variant:
+        return None, f"LoRALinear with {variant[0]} is not plain LoRA"
+    if isinstance(head.lora_dropout, paddle.nn.Dropout) and head.training and head.lora_dropout.p > 0:
+        return None, "LoRA dropout on the head's input in training does not fold into one weight"
+    # Same function as LoRALinear.forward: x W + b + (x A B) * s = x (W + s A B) + b (rounding aside).
+    return LMHead(head.weight + paddle.matmul(head.lora_A, head.lora_B) * head.scaling, False, head.bias), ""
+
+
+_warned: set[str] = set()
+
+
+def head_logprobs(hidden: paddle.Tensor, head: paddle.nn.Layer | LMHead, labels: paddle.Tensor, *,
+                  temperature: float = 1.0, with_entropy: bool | str = False, chunk_size: int | None = None
+                  ) -> tuple[paddle.Tensor, paddle.Tensor | None]:
+    """Per-token log-probs (and entropy) of `labels` under `head(hidden) / temperature`: the LM head of every
+    log-prob path (causal.py, seq2seq.py).
+
+    Args:
+        hidden: `[n, T, H]` final hidden states (after the model's last norm and any scaling its forward applies).
+        head: the model's head layer (`get_output_embeddings()`) or an `LMHead`.
+        labels: `[n, T]` token ids.
+        with_entropy: False, True (differentiable) or "detached" (no gradient graph; for logging).
+        chunk_size: None: the full `[n, T, V]` logits, then algorithms' `logprobs_from_logits` /
+            `entropy_from_logits` in float32 (the unchunked path, unchanged). An int: `chunked_logprobs_and_entropy`
+            on the head's weight, `chunk_size` positions at a time (peak extra memory O(chunk_size x V)); a head
+            that cannot be chunked exactly (`lm_head_of`) falls back to the full logits, with one warning.
+    Returns:
+        `(logprobs [n, T] float32, entropy [n, T] float32 or None)`.
+    """
+    if chunk_size is not None:
+        spec, why = lm_head_of(head)
+        if spec is not None:
+            with full_precision():  # under AMP the chunks compute in float32 (they cast per chunk)
+                return chunked_logprobs_and_entropy(hidden, spec.weight, labels, temperature=temperature,
+                                                    chunk_size=chunk_size, with_entropy=with_entropy,
+                                                    transpose_y=spec.transpose_y, bias=spec.bias)
+        if why not in _warned:
+            _warned.add(why)
+            logger.warning("use_fused_head_and_loss_fn: full logits instead of the chunked LM head: %s", why)
+    logits = head(hidden).astype("float32")
+    with full_precision():
+        return logprobs_from_logits(logits, labels, temperature=temperature), entropy(logits, temperature,
+                                                                                      with_entropy)
+
+
+def entropy(logits: paddle.Tensor, temperature: float, with_entropy: bool | str) -> paddle.Tensor | None:
+    """None, the entropy [bs, T] of logits [bs, T, V] / temperature (differentiable), or with "detached" the
+    entropy without an autograd graph (for logging only: no [bs, T, V] intermediates are kept for a backward pass
+    that will not use them)."""
+    if not with_entropy:
+        return None
+    if with_entropy == "detached":
+        with paddle.no_grad():
+            return entropy_from_logits(logits.detach() / temperature)
+    return entropy_from_logits(logits / temperature)

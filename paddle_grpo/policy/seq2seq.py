@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import paddle
 
-from ..algorithms import entropy_from_logits, logprobs_from_logits
+from ..algorithms import logprobs_from_logits
 from .. import rollout
 from .base import Policy, freeze, full_precision, is_encoder_decoder  # noqa: F401 (is_encoder_decoder: API)
 from .hub import resolve_model_dir
+from .lm_head import LMHead, entropy, head_logprobs
 
 if TYPE_CHECKING:
     from paddlenlp.transformers import PretrainedTokenizer
@@ -119,14 +120,15 @@ def decoder_logits(model: paddle.nn.Layer, encoder_hidden: paddle.Tensor, encode
 
 def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor,
                         completion_ids: paddle.Tensor, completion_mask: paddle.Tensor, *, temperature: float = 1.0,
-                        with_entropy: bool | str = False, vocab_parallel: VocabParallel | None = None
-                        ) -> tuple[paddle.Tensor, paddle.Tensor | None]:
+                        with_entropy: bool | str = False, vocab_parallel: VocabParallel | None = None,
+                        chunk_size: int | None = None) -> tuple[paddle.Tensor, paddle.Tensor | None]:
     """Log-probs (and optionally entropies) of the completion tokens under an encoder-decoder `model`.
 
     prompt_ids/prompt_mask: [bs, L] encoder inputs (either padding side); completion_ids/completion_mask: [bs, T],
     right-padded. The decoder is teacher-forced on [start] + completion[:, :-1] (causal, so the padding after EOS
     cannot affect earlier positions). Returns `(logprobs [bs, T], entropy [bs, T] or None)`, float32, of
-    logits / temperature. Positions where completion_mask is 0 hold meaningless values.
+    logits / temperature. Positions where completion_mask is 0 hold meaningless values. `with_entropy` and
+    `chunk_size` (the chunked LM head) as in `causal.completion_logprobs`.
     """
     if vocab_parallel is not None:
         raise NotImplementedError("vocab-parallel log-probs are not supported for encoder-decoder policies")
@@ -137,10 +139,46 @@ def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, promp
         hidden, mask = paddle.gather(hidden, inverse), paddle.gather(mask, inverse)
     start = paddle.full([completion_ids.shape[0], 1], decoder_start_id(model), dtype="int64")
     decoder_input_ids = paddle.concat([start, completion_ids[:, :-1]], axis=1)
-    logits, _ = decoder_logits(model, hidden, mask, decoder_input_ids)
-    with full_precision():  # float32 log-softmax under the update's AMP
-        logprobs = logprobs_from_logits(logits, completion_ids, temperature=temperature)
-        return logprobs, (entropy_from_logits(logits / temperature) if with_entropy else None)
+    parts = decoder_hidden(model, hidden, mask, decoder_input_ids)
+    if parts is None:  # a family decoder_hidden does not know: the model's own forward, full logits
+        if chunk_size is not None:
+            logger.warning("use_fused_head_and_loss_fn: full logits for %s (its LM head is not known here)",
+                           type(model).__name__)
+        logits, _ = decoder_logits(model, hidden, mask, decoder_input_ids)
+        with full_precision():  # float32 log-softmax under the update's AMP
+            return (logprobs_from_logits(logits, completion_ids, temperature=temperature),
+                    entropy(logits, temperature, with_entropy))
+    sequence_output, head = parts
+    return head_logprobs(sequence_output, head, completion_ids, temperature=temperature, with_entropy=with_entropy,
+                         chunk_size=chunk_size)
+
+
+def decoder_hidden(model: paddle.nn.Layer, encoder_hidden: paddle.Tensor, encoder_mask: paddle.Tensor,
+                   decoder_input_ids: paddle.Tensor) -> tuple[paddle.Tensor, paddle.nn.Layer | LMHead] | None:
+    """A teacher-forced decoder pass without the LM head: `(hidden [bs, t, D], head)` such that `head(hidden)` is
+    exactly the logits of the model's forward (`decoder_logits`), so lm_head.head_logprobs can chunk the head.
+    T5 and BART, as PaddleNLP 3.0.0b4's forward computes them; None for other families.
+
+    T5: the decoder's output; with tied embeddings scaled by d_model ** -0.5 (as T5's forward does) and the head is
+    the shared embedding `[V, D]` transposed, else `lm_head` (nn.Linear). BART: the decoder's output, head
+    `lm_head_weight` `[V, D]` transposed plus the `final_logits_bias` buffer."""
+    from paddlenlp.transformers import BartForConditionalGeneration, T5ForConditionalGeneration
+
+    if type(model) is T5ForConditionalGeneration:
+        # T5's forward with encoder_output given: a 2-D encoder mask becomes [bs, 1, 1, L].
+        out = model.t5.decoder(input_ids=decoder_input_ids, encoder_hidden_states=encoder_hidden,
+                               encoder_attention_mask=encoder_mask.unsqueeze([1, 2]), use_cache=False,
+                               return_dict=True)
+        sequence_output = out[0]
+        if model.t5.config["tie_word_embeddings"]:
+            sequence_output = sequence_output * (model.t5.config["d_model"] ** -0.5)
+            return sequence_output, LMHead(model.t5.shared.weight, transpose_y=True)
+        return sequence_output, model.lm_head
+    if type(model) is BartForConditionalGeneration:
+        out = model.bart(None, encoder_mask, decoder_input_ids, None, (encoder_hidden,), use_cache=False,
+                         return_dict=True)
+        return out[0], LMHead(model.lm_head_weight, transpose_y=True, bias=model.final_logits_bias)
+    return None
 
 
 def _runs_of_equal_rows(ids, mask):
@@ -179,9 +217,11 @@ class Seq2SeqPolicy(Policy):
     def logprobs(self, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, completion_ids: paddle.Tensor,
                  completion_mask: paddle.Tensor, *, temperature: float = 1.0, with_entropy: bool | str = False,
                  vocab_parallel: VocabParallel | None = None) -> tuple[paddle.Tensor, paddle.Tensor | None]:
-        """`completion_logprobs(self.model, ...)` of this module: encoder inputs [n, L], completions [n, T]."""
+        """`completion_logprobs(self.model, ...)` of this module: encoder inputs [n, L], completions [n, T]; the LM
+        head chunked by `self.head_chunk_size`."""
         return completion_logprobs(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                   temperature=temperature, with_entropy=with_entropy, vocab_parallel=vocab_parallel)
+                                   temperature=temperature, with_entropy=with_entropy, vocab_parallel=vocab_parallel,
+                                   chunk_size=self.head_chunk_size)
 
 
 class Seq2SeqStepper:
