@@ -16,7 +16,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "paddle_grpo"
 # the branch that reads it is merged (the test then requires the consumer).
 PENDING_CONSUMERS = {
     "bf16", "fp16", "fp16_opt_level", "amp_master_grad", "amp_custom_black_list", "amp_custom_white_list",
-    "use_flash_attention", "use_fused_rms_norm", "use_fused_rope", "use_fused_head_and_loss_fn", "use_fused_linear",
+    "use_flash_attention", "use_fused_rms_norm", "use_fused_rope", "use_fused_linear",
     "sequence_parallel",
 }
 

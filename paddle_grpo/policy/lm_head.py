@@ -151,7 +151,7 @@ class _ChunkedLMHead(PyLayer):
             dw = dw.astype(weight.dtype)
         if bias is None:
             return dh, dw
-        return dh, dw, (db.reshape(bias.shape).astype(bias.dtype) if need_b else None)
+        return dh, dw, None, (db.reshape(bias.shape).astype(bias.dtype) if need_b else None)  # None: the labels
 
 
 def chunked_logprobs_and_entropy(hidden: paddle.Tensor, weight: paddle.Tensor, labels: paddle.Tensor, *,
