@@ -90,10 +90,10 @@ def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, promp
     if vocab_parallel is not None:
         if chunk_size is not None:  # this rank's weight shard, chunk by chunk (parallel/vocab.py)
             with full_precision():
-                logprobs, entropy = vocab_parallel.chunked_logprobs_and_entropy(
+                logprobs, ent = vocab_parallel.chunked_logprobs_and_entropy(
                     hidden[:, L - 1:-1], head.weight, completion_ids, temperature=temperature,
                     chunk_size=chunk_size, with_entropy=bool(with_entropy), transpose_y=head.transpose_y)
-            return logprobs, (entropy.detach() if with_entropy == "detached" and entropy is not None else entropy)
+            return logprobs, (ent.detach() if with_entropy == "detached" and ent is not None else ent)
         logits = head(hidden[:, L - 1:-1], tensor_parallel_output=True)
         with full_precision():
             logprobs = vocab_parallel.logprobs(logits, completion_ids, temperature)

@@ -291,9 +291,9 @@ def head_logprobs(hidden: paddle.Tensor, head: paddle.nn.Layer | LMHead, labels:
         `(logprobs [n, T] float32, entropy [n, T] float32 or None)`.
     """
     if chunk_size is not None:
-        spec, why = lm_head_of(head)
-        if spec is not None:
-            with full_precision():  # under AMP the chunks compute in float32 (they cast per chunk)
+        with full_precision():  # under AMP: a LoRA head's merged weight and every chunk in float32
+            spec, why = lm_head_of(head)
+            if spec is not None:
                 return chunked_logprobs_and_entropy(hidden, spec.weight, labels, temperature=temperature,
                                                     chunk_size=chunk_size, with_entropy=with_entropy,
                                                     transpose_y=spec.transpose_y, bias=spec.bias)

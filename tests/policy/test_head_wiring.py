@@ -175,6 +175,38 @@ def test_lora_policy_and_its_reference():
     assert np.abs(base.numpy() - ref[0]).max() > 1e-3  # the adapters do change the policy
 
 
+class _RecordingVocabParallel:
+    """Stands in for parallel.VocabParallel with one rank (the shard is the whole vocabulary): records the call
+    causal.py makes when chunking is on, and answers with lm_head's own chunked head."""
+
+    def __init__(self):
+        self.calls = []
+
+    def chunked_logprobs_and_entropy(self, hidden, weight, labels, *, temperature, chunk_size, with_entropy,
+                                     transpose_y):
+        from paddle_grpo.policy.lm_head import chunked_logprobs_and_entropy
+
+        self.calls.append((list(hidden.shape), weight, chunk_size, with_entropy, transpose_y, temperature))
+        return chunked_logprobs_and_entropy(hidden, weight, labels, temperature=temperature, chunk_size=chunk_size,
+                                            with_entropy=with_entropy, transpose_y=transpose_y)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_vocab_parallel_path_hands_the_shard_weight_to_the_parallel_chunked_head(tie):
+    model = _qwen2(tie)
+    ref = _run(causal.completion_logprobs, model, None)
+    vp = _RecordingVocabParallel()
+    got = _run(lambda *a, **k: causal.completion_logprobs(*a, vocab_parallel=vp, **k), model, 4)
+    _assert_same(got, ref)
+    shape, weight, chunk, with_entropy, transpose_y, temperature = vp.calls[0]
+    assert shape == [N, T, 32] and weight is model.lm_head.weight and chunk == 4 and with_entropy is True
+    assert transpose_y == tie and temperature == TEMPERATURE
+    pid, pm, cid, cm = _batch()
+    _, ent = causal.completion_logprobs(model, pid, pm, cid, cm, with_entropy="detached", vocab_parallel=vp,
+                                        chunk_size=4)
+    assert ent.stop_gradient
+
+
 # ------------------------------------------------------------------------------------------ seq2seq models
 
 
@@ -194,6 +226,17 @@ def test_seq2seq_chunked_equals_full_logits(arch, tie):
     ref = _run(seq2seq.completion_logprobs, model, None)
     for chunk in (1, 3, 7, N * T + 4):
         _assert_same(_run(seq2seq.completion_logprobs, model, chunk), ref)
+
+
+def test_seq2seq_family_without_a_known_head_uses_the_models_forward(monkeypatch, caplog):
+    model = _seq2seq("bart")
+    model.eval()
+    ref = _run(seq2seq.completion_logprobs, model, None)
+    monkeypatch.setattr(seq2seq, "decoder_hidden", lambda *args: None)
+    with caplog.at_level(logging.WARNING, logger="paddle_grpo.seq2seq"):
+        got = _run(seq2seq.completion_logprobs, model, 4)
+    assert any("full logits for BartForConditionalGeneration" in r.message for r in caplog.records)
+    _assert_same(got, ref)
 
 
 # ------------------------------------------------------------------------------------------ head_logprobs
