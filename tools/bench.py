@@ -517,4 +517,4 @@ def _repeat(args, shape):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())  # --ops: bench_ops.main's exit status

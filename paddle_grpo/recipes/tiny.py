@@ -3,8 +3,9 @@
 `build_tokenizer(corpus, out_dir, vocab_size)` trains a byte-level BPE (the `tokenizers` library) on the given texts
 and saves it as a PaddleNLP `Qwen2Tokenizer` with Qwen's special tokens; `build_model(out_dir, tokenizer, **sizes)`
 saves a randomly initialised `Qwen2ForCausalLM`; `build_reward_model(out_dir, corpus)` both, with a one-label
-`Qwen2ForSequenceClassification` (a reward model). The directory then loads with `AutoTokenizer` / `AutoModelForCausalLM`
-like any PaddleNLP checkpoint.
+`Qwen2ForSequenceClassification` (a reward model); `build_char_tokenizer(out_dir, vocab_size)` a character-level
+tokenizer of exactly `vocab_size` tokens, any size up to Qwen's 151,936 (tools/bench.py). The directory then loads
+with `AutoTokenizer` / `AutoModelForCausalLM` like any PaddleNLP checkpoint.
 """
 from __future__ import annotations
 
