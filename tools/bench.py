@@ -343,8 +343,9 @@ def run(shape, threads, workdir, profile_dir=None):
             for s in range(shape["warmup_steps"] + shape["timed_steps"]):
                 timed = s >= shape["warmup_steps"]
                 if timed and profile_dir and profiler is None:
+                    trace = paddle.profiler.export_chrome_tracing(profile_dir)
                     profiler = paddle.profiler.Profiler(targets=[paddle.profiler.ProfilerTarget.CPU],
-                                                        on_trace_ready=paddle.profiler.export_chrome_tracing(profile_dir))
+                                                        on_trace_ready=trace)
                     profiler.start()
                 cpu0 = time.process_time()
                 with monitor.phase("step"):
