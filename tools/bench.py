@@ -1,28 +1,62 @@
-"""Benchmark of full RL steps with a tiny random Qwen2 (its interface and results: docs/PERFORMANCE.md).
+"""Benchmark of full RL steps with a random Qwen2 of any size (its interface and results: docs/PERFORMANCE.md).
 
     python tools/bench.py --shape tools/shapes/default.json [--threads 2] [--repeat 3] [--set completion_len=128]
+    python tools/bench.py --shape tools/shapes/qwen2.5-0.5b-2layers.json --lengths uniform:32   # real size
+    python tools/bench.py --config use_fused_head_and_loss_fn=false      # a trainer config key overridden
     python tools/bench.py --gemm --threads 2          # paddle's peak fp32 GEMM rate on this machine
+    python tools/bench.py --ops [ARGS]                # per-op timings at the real vocabulary (tools/bench_ops.py)
 
 Builds, in a temporary directory and without any download, a character-level tokenizer with exactly `vocab_size`
-tokens and a random `Qwen2ForCausalLM` of the SHAPE.json sizes, writes `prompts_per_step * (warmup + timed)`
-distinct prompts of exactly `prompt_len` tokens, and runs `warmup_steps + timed_steps` steps of the real `Trainer`
-(GRPO, on-policy, one optimizer step per rollout, all sequences of a step in one micro-batch unless SHAPE.json has
-`micro_batch_size`): rollout with completions forced to exactly `completion_len` tokens (min_dec_len =
-max_dec_len), an in-process reward, the reference log-probs when `beta > 0` (as `kl_loss_coeff = beta`),
-advantages and the update. Prints ONE JSON line: medians over the timed steps of the step time (wall and process
-CPU) and of each phase, completion tokens per second (completion tokens of a step / step time), the GFLOP each
-phase's matrix products execute and the rate achieved, peak RSS, the paddle version and the thread count. With
-`--repeat R` the whole benchmark runs R times in fresh processes; the line then carries the median of the runs'
-medians, each run's step median and the overall min/max step.
+tokens (`recipes.tiny.build_char_tokenizer`: characters, then synthetic lowercase words, so that every id decodes to
+text; prompts encode one character per token) and a random `Qwen2ForCausalLM` of the SHAPE.json sizes, writes
+`prompts_per_step * (warmup + timed)` distinct prompts of exactly `prompt_len` tokens, and runs `warmup_steps +
+timed_steps` steps of the real `Trainer` (GRPO, on-policy, one optimizer step per rollout, all sequences of a step in
+one micro-batch unless SHAPE.json has `micro_batch_size`): rollout, an in-process reward, the reference log-probs
+when `beta > 0` (as `kl_loss_coeff = beta`), advantages and the update. SHAPE.json may also hold `config` (a dict of
+trainer config keys overriding the bench's, e.g. {"use_fused_head_and_loss_fn": true}; `--config KEY=VALUE` adds
+to it, VALUE parsed as JSON, else taken as a string) and `lengths` (as `--lengths`).
+
+Completion lengths (`--lengths`):
+- `fixed` (default): every completion has exactly `completion_len` = T tokens (min_dec_len = max_dec_len), no EOS.
+- `uniform:MIN`: row i of a rollout gets length l_i, an integer uniform on [MIN, T] (both included, EOS counted),
+  drawn by `numpy.random.default_rng(key_i)` from the row's sampling key (`sampling.row_keys(seed, step, row)`, so
+  independent per step and row and the same in every run). The policy's `generate` is wrapped: it decodes max_i l_i
+  tokens for every row with EOS suppressed (min_new_tokens = max_new_tokens = max_i l_i), then cuts row i at l_i:
+  EOS at position l_i - 1, pad after, completion_mask = 1 on the first l_i tokens, lengths = l_i, not truncated, the
+  batch max_i l_i wide. The trainer's later phases see exactly what a rollout ending at EOS gives them. The rollout
+  costs what a real one with these lengths costs (rollout.decode keeps finished rows in the batch and stops when the
+  longest row ends, i.e. max_i l_i decode steps for all rows); only the EOS is placed instead of sampled (its
+  sample log-prob is that of the token sampled there; the bench is on-policy with kl_coeff 0, so it is unused).
+  The mean, min and max completion length over the timed steps are reported.
+
+Prints ONE JSON line: medians over the timed steps of the step time (wall and process CPU) and of each phase,
+completion tokens per second (completion tokens of a step / step time), the GFLOP each phase's matrix products
+execute and the rate achieved (for the batch width actually run), the peak RSS of the process and per phase, the
+paddle version and the thread count. With `--repeat R` the whole benchmark runs R times in fresh processes; the line
+then carries the median of the runs' medians, each run's step median, the overall min/max step and, per phase, the
+largest RSS figures of the runs.
+
+Peak RSS per phase (`peak_rss_mb_by_phase`, `rss_increase_mb_by_phase`): a thread samples /proc/self/statm every 2 ms
+(paddle's kernels release the GIL, so it also samples inside long ops; a spike shorter than the period can be
+missed, the value at each phase's end is always taken). Phases are marked by wrapping, for the run, the step.py
+functions the trainer calls: `rollout` = step.rollout (generation only), `logprob` = step.logprobs when the trainer
+calls it itself (the off-policy old log-probs; absent on-policy), `reference` = step.reference_logprobs, `update` =
+step.update, `step` = the whole train_step. For each: the largest RSS seen during the phase, and the largest
+increase over the RSS at the phase's start, both the maximum over all steps, warm-up included (paddle's allocator
+keeps what it got, so later steps mostly reuse memory and the increase shows in the first step).
+`peak_rss_mb` is the process's high-water mark (getrusage), model building included.
 
 Switches for before/after measurements: `--fast off` (PaddleNLP's forward everywhere, PADDLE_GRPO_FAST=0) and
 `--cpu-tuning off` (no paddle_grpo/cpu_tuning.py settings, PADDLE_GRPO_CPU_TUNING=0).
 
-Phases: `rollout`, `reward`, `update` and `reference` are the trainer's perf/* timings; `logprob` is perf/logprob_s
-(the reference pass and, off-policy only, the old-policy pass) without perf/reference_s. `other` = step - the phases (advantages, metrics, bookkeeping).
+Phases (times): `rollout`, `reward`, `update` and `reference` are the trainer's perf/* timings; `logprob` is
+perf/logprob_s (the reference pass and, off-policy only, the old-policy pass) without perf/reference_s. `other` =
+step - the phases (advantages, metrics, bookkeeping).
 Left out: evaluation, checkpoints, logging to disk and the reward server (see tools/bench_reward_server.py).
 """
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import pathlib
@@ -31,12 +65,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+
+import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "prompt_len",
         "completion_len", "prompts_per_step", "group_size", "beta", "warmup_steps", "timed_steps")
 PHASES = ("rollout", "reward", "logprob", "reference", "update", "other")
+RSS_PHASES = ("rollout", "logprob", "reference", "update")  # step.py functions wrapped (module docstring)
 
 
 def char_reward(prompts, completions, **kwargs):
@@ -50,7 +88,141 @@ def load_shape(path):
     missing = [k for k in KEYS if k not in shape]
     if missing:
         raise SystemExit(f"{path}: missing keys {missing} (a SHAPE.json needs {list(KEYS)})")
+    if not isinstance(shape.get("config", {}), dict):
+        raise SystemExit(f"{path}: 'config' must be a dict of trainer config keys, got {shape['config']!r}")
     return shape
+
+
+def parse_lengths(spec, completion_len):
+    """`--lengths` / SHAPE.json `lengths`: "fixed" -> None; "uniform:MIN" -> MIN (1 <= MIN <= completion_len)."""
+    if spec in (None, "fixed"):
+        return None
+    kind, _, low = str(spec).partition(":")
+    if kind != "uniform" or not low.isdigit() or not 1 <= int(low) <= completion_len:
+        raise SystemExit(f"lengths: expected 'fixed' or 'uniform:MIN' with 1 <= MIN <= completion_len "
+                         f"({completion_len}), got {spec!r}")
+    return int(low)
+
+
+def draw_lengths(keys, low, high):
+    """Completion length of each row, uniform on [low, high], from its sampling key (row_keys): [n] int64."""
+    return np.array([np.random.default_rng(int(k)).integers(low, high + 1) for k in keys], dtype=np.int64)
+
+
+def cut_rollout(rollout, lengths, eos_id, pad_id):
+    """The rollout with row i ending at EOS after lengths[i] tokens (module docstring); its width is unchanged."""
+    import paddle
+
+    ids = rollout.completion_ids.numpy()
+    cols = np.arange(ids.shape[1])[None, :]
+    last = lengths[:, None] - 1
+    ids = np.where(cols < last, ids, np.where(cols == last, eos_id, pad_id))
+    mask = (cols <= last).astype("int64")
+    logps = rollout.sample_logprobs * paddle.to_tensor(mask.astype("float32"))
+    return dataclasses.replace(rollout, completion_ids=paddle.to_tensor(ids, dtype="int64"),
+                               completion_mask=paddle.to_tensor(mask), sample_logprobs=logps,
+                               lengths=lengths.copy(), truncated=np.zeros(len(lengths), dtype=bool))
+
+
+def variable_lengths(policy, low):
+    """Wrap `policy.generate` (on this instance) so that completions end at EOS with lengths drawn by draw_lengths;
+    returns the list each call's drawn lengths [n] are appended to."""
+    original, drawn = policy.generate, []
+
+    def generate(prompt_ids, prompt_mask, *, row_keys=None, **kwargs):
+        if row_keys is None:
+            raise ValueError("variable lengths are drawn from the trainer's row_keys; generate got none")
+        lengths = draw_lengths(row_keys, low, kwargs["max_new_tokens"])
+        longest = int(lengths.max())
+        out = original(prompt_ids, prompt_mask, row_keys=row_keys,
+                       **{**kwargs, "max_new_tokens": longest, "min_new_tokens": longest})
+        assert out.completion_ids.shape[1] == longest and (out.lengths == longest).all(), "EOS was not suppressed"
+        drawn.append(lengths)
+        return cut_rollout(out, lengths, kwargs["eos_token_ids"][0], kwargs["pad_token_id"])
+
+    policy.generate = generate
+    return drawn
+
+
+class RssMonitor:
+    """Peak resident set size per phase: a thread reads /proc/self/statm every `period_s` and raises the peak of
+    every open phase; `phase(name)` opens one (nested phases are tracked independently)."""
+
+    def __init__(self, period_s=0.002):
+        self.page = os.sysconf("SC_PAGE_SIZE")
+        self.fd = os.open("/proc/self/statm", os.O_RDONLY)
+        self.open = {}                  # name -> [rss at start, peak so far] in bytes
+        self.records = {}               # name -> [(start, peak)] in MB, one per completed phase
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._sample, args=(period_s,), daemon=True)
+        self.thread.start()
+
+    def rss(self):
+        return int(os.pread(self.fd, 256, 0).split()[1]) * self.page
+
+    def _sample(self, period_s):
+        while not self.stop.wait(period_s):
+            self._raise(self.rss())
+
+    def _raise(self, rss):
+        with self.lock:
+            for entry in self.open.values():
+                entry[1] = max(entry[1], rss)
+
+    @contextlib.contextmanager
+    def phase(self, name):
+        rss = self.rss()
+        with self.lock:
+            self.open[name] = [rss, rss]
+        try:
+            yield
+        finally:
+            self._raise(self.rss())
+            with self.lock:
+                start, peak = self.open.pop(name)
+            self.records.setdefault(name, []).append((start / 2**20, peak / 2**20))
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+        os.close(self.fd)
+
+    def summary(self):
+        """{"peak_rss_mb_by_phase": {phase: max peak}, "rss_increase_mb_by_phase": {phase: max(peak - start)}}."""
+        return {"peak_rss_mb_by_phase": {k: max(p for _, p in v) for k, v in self.records.items()},
+                "rss_increase_mb_by_phase": {k: max(p - s for s, p in v) for k, v in self.records.items()}}
+
+
+@contextlib.contextmanager
+def phase_hooks(monitor):
+    """Wrap the step.py functions of RSS_PHASES in `monitor.phase` for the duration (only the outermost of nested
+    calls counts: step.reference_logprobs calls step.logprobs); restored afterwards."""
+    from paddle_grpo import step
+
+    originals = {name: getattr(step, name) for name in ("rollout", "logprobs", "reference_logprobs", "update")}
+    depth = [0]
+
+    def wrap(label, fn):
+        def wrapped(*args, **kwargs):
+            if depth[0]:
+                return fn(*args, **kwargs)
+            depth[0] += 1
+            try:
+                with monitor.phase(label):
+                    return fn(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+        return wrapped
+
+    labels = {"rollout": "rollout", "logprobs": "logprob", "reference_logprobs": "reference", "update": "update"}
+    try:
+        for name, fn in originals.items():
+            setattr(step, name, wrap(labels[name], fn))
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(step, name, fn)
 
 
 def build(shape, workdir, seed=0):
@@ -83,7 +255,8 @@ def make_config(shape, model_dir, data, workdir, seed=0):
 
     n_seq = shape["prompts_per_step"] * shape["group_size"]
     micro = shape.get("micro_batch_size", n_seq)
-    return config_from_dict(dict(
+    # SHAPE.json's `config` overrides the keys below (a later `**` of the same key would be a TypeError).
+    return config_from_dict({**dict(
         actor_model_name_or_path=model_dir, use_rm_server=False, reward_funcs=f"{os.path.abspath(__file__)}:char_reward",
         train_datasets=data, output_dir=os.path.join(workdir, "out"), logging_dir=os.path.join(workdir, "vdl"),
         report_to="none", save_strategy="no", disable_tqdm=True, chat_template="none", seed=seed,
@@ -92,7 +265,7 @@ def make_config(shape, model_dir, data, workdir, seed=0):
         global_batch_size=shape["prompts_per_step"], rollout_n=shape["group_size"], rollout_max_num_seqs=n_seq,
         per_device_train_batch_size=micro, per_device_logprob_batch_size=micro, learning_rate=1e-5,
         max_steps=shape["warmup_steps"] + shape["timed_steps"], kl_coeff=0.0, kl_loss_coeff=shape["beta"],
-        entropy_coeff=0.0, rl_algorithm="grpo"))
+        entropy_coeff=0.0, rl_algorithm="grpo"), **shape.get("config", {})})
 
 
 def flops(shape, shared):
@@ -156,34 +329,55 @@ def run(shape, threads, workdir, profile_dir=None):
     paddle.base.core.set_num_threads(threads)
     from paddle_grpo.trainer import Trainer
 
+    low = parse_lengths(shape.get("lengths"), shape["completion_len"])
     model_dir, data = build(shape, workdir)
     trainer = Trainer(make_config(shape, model_dir, data, workdir))
+    drawn = variable_lengths(trainer.policy, low) if low is not None else None
     per_step = {k: [] for k in ("step", "cpu") + PHASES}
-    tokens = []
+    tokens, lengths, widths, mask_sums, ends_at_eos = [], [], [], [], []
     profiler = None
-    for s in range(shape["warmup_steps"] + shape["timed_steps"]):
-        timed = s >= shape["warmup_steps"]
-        if timed and profile_dir and profiler is None:
-            profiler = paddle.profiler.Profiler(targets=[paddle.profiler.ProfilerTarget.CPU],
-                                                on_trace_ready=paddle.profiler.export_chrome_tracing(profile_dir))
-            profiler.start()
-        cpu0 = time.process_time()
-        metrics = trainer.train_step()
-        cpu = time.process_time() - cpu0
-        if profiler is not None:
-            profiler.step()
-        if not timed:
-            continue
-        ref = metrics["perf/reference_s"]
-        step = metrics["perf/step_s"]
-        phases = {"rollout": metrics["perf/rollout_s"], "reward": metrics["perf/reward_s"],
-                  "logprob": metrics["perf/logprob_s"] - ref, "reference": ref, "update": metrics["perf/update_s"]}
-        phases["other"] = step - sum(phases.values())
-        per_step["step"].append(step)
-        per_step["cpu"].append(cpu)
-        for k, v in phases.items():
-            per_step[k].append(v)
-        tokens.append(int(trainer.batch.completion_mask.numpy().sum()))
+    monitor = RssMonitor()
+    rss_before = monitor.rss() / 2**20
+    try:
+        with phase_hooks(monitor):
+            for s in range(shape["warmup_steps"] + shape["timed_steps"]):
+                timed = s >= shape["warmup_steps"]
+                if timed and profile_dir and profiler is None:
+                    trace = paddle.profiler.export_chrome_tracing(profile_dir)
+                    profiler = paddle.profiler.Profiler(targets=[paddle.profiler.ProfilerTarget.CPU],
+                                                        on_trace_ready=trace)
+                    profiler.start()
+                cpu0 = time.process_time()
+                with monitor.phase("step"):
+                    metrics = trainer.train_step()
+                cpu = time.process_time() - cpu0
+                if profiler is not None:
+                    profiler.step()
+                if not timed:
+                    continue
+                ref = metrics["perf/reference_s"]
+                step = metrics["perf/step_s"]
+                phases = {"rollout": metrics["perf/rollout_s"], "reward": metrics["perf/reward_s"],
+                          "logprob": metrics["perf/logprob_s"] - ref, "reference": ref,
+                          "update": metrics["perf/update_s"]}
+                phases["other"] = step - sum(phases.values())
+                per_step["step"].append(step)
+                per_step["cpu"].append(cpu)
+                for k, v in phases.items():
+                    per_step[k].append(v)
+                batch = trainer.batch
+                mask = batch.completion_mask.numpy()
+                tokens.append(int(mask.sum()))
+                lengths.extend(int(n) for n in batch.lengths)
+                widths.append(mask.shape[1])
+                mask_sums.append(mask.sum(axis=1).tolist())
+                if drawn is not None:
+                    ids, last = batch.completion_ids.numpy(), batch.lengths - 1
+                    cols = np.arange(ids.shape[1])[None, :]
+                    ends_at_eos.append(bool((ids[np.arange(len(ids)), last] == trainer.tokenizer.eos_token_id).all()
+                                            and (ids[cols > last[:, None]] == trainer.tokenizer.pad_token_id).all()))
+    finally:
+        monitor.close()
     if profiler is not None:
         profiler.stop()
         profiler.summary(sorted_by=paddle.profiler.SortedKeys.CPUTotal, op_detail=True, thread_sep=False,
@@ -192,25 +386,39 @@ def run(shape, threads, workdir, profile_dir=None):
     from paddle_grpo.policy import fast_qwen2
 
     fast = fast_qwen2.enabled_for(trainer.policy.model)
-    gflop = flops(shape, fast)
-    return {
+    # The work actually run: batches max-length wide (padded rows included), the rollout decoding that many tokens.
+    gflop = flops({**shape, "completion_len": int(statistics.median(widths))}, fast)
+    result = {
         "step_s_median": step_median,
         "step_s_min": min(per_step["step"]), "step_s_max": max(per_step["step"]),
         "completion_tokens_per_step": statistics.median(tokens),
         "completion_tokens_per_s": statistics.median(tokens) / step_median,
+        "completion_len_mean": statistics.mean(lengths), "completion_len_min": min(lengths),
+        "completion_len_max": max(lengths), "lengths": shape.get("lengths", "fixed"),
         **{f"{k}_s_median": statistics.median(per_step[k]) for k in PHASES},
         "step_cpu_s_median": statistics.median(per_step["cpu"]),
         "step_s_all": per_step["step"],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        **monitor.summary(), "rss_mb_before_steps": rss_before,
         "paddle_version": paddle.__version__, "threads": threads,
         "gflop_per_step": gflop,
         **{f"{k}_gflop_per_s": gflop[k] / statistics.median(per_step[k]) for k in gflop if gflop[k] > 0},
         "fast_path": fast, "cpu_tuning": cpu_tuning.apply(),
         "load_average": list(os.getloadavg()), "shape": shape,
     }
+    if drawn is not None:  # the timed steps' drawn lengths and what the trainer's batch holds, row by row
+        result.update(drawn_lengths_by_step=[d.tolist() for d in drawn[shape["warmup_steps"]:]],
+                      mask_sums_by_step=mask_sums, completions_end_at_eos=all(ends_at_eos))
+    return result
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--ops" in argv:  # per-op timings: tools/bench_ops.py owns the remaining arguments
+        sys.path.insert(0, str(REPO / "tools"))
+        import bench_ops
+
+        return bench_ops.main([a for a in argv if a != "--ops"])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default=str(REPO / "tools" / "shapes" / "default.json"))
     ap.add_argument("--threads", type=int, default=2, help="CPU threads for paddle's kernels (default 2)")
@@ -222,14 +430,28 @@ def main(argv=None):
                     help="off: skip paddle_grpo/cpu_tuning.py (sets PADDLE_GRPO_CPU_TUNING=0)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a SHAPE.json key (e.g. --set completion_len=128)")
+    ap.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a trainer config key (SHAPE.json `config`), e.g. --config "
+                         "use_fused_head_and_loss_fn=true; VALUE is JSON if it parses, else a string")
+    ap.add_argument("--lengths", metavar="DIST", help="completion lengths: 'fixed' (default: all completion_len) or "
+                                                      "'uniform:MIN' (each row uniform on [MIN, completion_len], "
+                                                      "ending at EOS; module docstring)")
     ap.add_argument("--gemm", action="store_true", help="only measure paddle's peak fp32 GEMM rate (JSON line)")
+    ap.add_argument("--ops", action="store_true", help="per-op timings (tools/bench_ops.py; the other arguments "
+                                                       "go to it)")
     ap.add_argument("--profile", metavar="DIR", help="paddle.profiler over the timed steps; summary to stdout "
                                                      "(before the JSON line), chrome trace to DIR")
     args = ap.parse_args(argv)
     shape = load_shape(args.shape)
     for kv in args.set:
-        k, v = kv.split("=", 1)
+        k, v = _key_value(kv, "--set")
         shape[k] = json.loads(v)
+    for kv in args.config:
+        k, v = _key_value(kv, "--config")
+        shape["config"] = {**shape.get("config", {}), k: _json_or_str(v)}
+    if args.lengths is not None:
+        shape["lengths"] = args.lengths
+    parse_lengths(shape.get("lengths"), shape["completion_len"])  # a bad spec fails before any work
     if args.repeat > 1 and not args.gemm:
         print(json.dumps(_repeat(args, shape)), flush=True)
         return
@@ -253,25 +475,47 @@ def main(argv=None):
     print(json.dumps(result), flush=True)
 
 
+def _key_value(kv, flag):
+    if "=" not in kv:
+        raise SystemExit(f"{flag}: expected KEY=VALUE, got {kv!r}")
+    return kv.split("=", 1)
+
+
+def _json_or_str(value):
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
+
+
 def _repeat(args, shape):
     """Run the benchmark `args.repeat` times in fresh processes; medians of the per-run medians and their spread."""
     runs = []
-    for _ in range(args.repeat):
-        cmd = [sys.executable, os.path.abspath(__file__), "--shape", args.shape, "--threads", str(args.threads),
-               "--fast", args.fast, "--cpu-tuning", args.cpu_tuning] + [x for kv in args.set for x in ("--set", kv)]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-        runs.append(json.loads(out.strip().splitlines()[-1]))
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="bench_shape_") as f:
+        json.dump(shape, f)  # the shape with every --set / --config / --lengths applied
+        f.flush()
+        for _ in range(args.repeat):
+            cmd = [sys.executable, os.path.abspath(__file__), "--shape", f.name, "--threads", str(args.threads),
+                   "--fast", args.fast, "--cpu-tuning", args.cpu_tuning]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            runs.append(json.loads(out.strip().splitlines()[-1]))
     result = dict(runs[0])
     for key in [k for k in runs[0] if k.endswith(("_median", "_per_s")) or k == "peak_rss_mb"]:
         result[key] = statistics.median(r[key] for r in runs)
+    for key in ("peak_rss_mb_by_phase", "rss_increase_mb_by_phase"):
+        result[key] = {p: max(r[key][p] for r in runs) for p in runs[0][key]}
     result["step_s_median_runs"] = [r["step_s_median"] for r in runs]
     result["step_s_min"] = min(r["step_s_min"] for r in runs)
     result["step_s_max"] = max(r["step_s_max"] for r in runs)
+    result["completion_len_min"] = min(r["completion_len_min"] for r in runs)
+    result["completion_len_max"] = max(r["completion_len_max"] for r in runs)
+    result["completion_len_mean"] = statistics.mean(r["completion_len_mean"] for r in runs)
     result["load_average_runs"] = [r["load_average"] for r in runs]
     result["repeat"] = args.repeat
-    result.pop("step_s_all", None)
+    for key in ("step_s_all", "drawn_lengths_by_step", "mask_sums_by_step"):
+        result.pop(key, None)
     return result
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())  # --ops: bench_ops.main's exit status

@@ -3,8 +3,9 @@
 `build_tokenizer(corpus, out_dir, vocab_size)` trains a byte-level BPE (the `tokenizers` library) on the given texts
 and saves it as a PaddleNLP `Qwen2Tokenizer` with Qwen's special tokens; `build_model(out_dir, tokenizer, **sizes)`
 saves a randomly initialised `Qwen2ForCausalLM`; `build_reward_model(out_dir, corpus)` both, with a one-label
-`Qwen2ForSequenceClassification` (a reward model). The directory then loads with `AutoTokenizer` / `AutoModelForCausalLM`
-like any PaddleNLP checkpoint.
+`Qwen2ForSequenceClassification` (a reward model); `build_char_tokenizer(out_dir, vocab_size)` a character-level
+tokenizer of exactly `vocab_size` tokens, any size up to Qwen's 151,936 (tools/bench.py). The directory then loads
+with `AutoTokenizer` / `AutoModelForCausalLM` like any PaddleNLP checkpoint.
 """
 from __future__ import annotations
 
@@ -115,25 +116,42 @@ def _byte_to_unicode():
 CHAR_ALPHABET = "".join(map(chr, [*range(32, 127), 10, 9, *range(0, 9), *range(11, 32), 127]))
 
 
-def build_char_tokenizer(out_dir: str, vocab_size: int = 128) -> Qwen2Tokenizer:
-    """A character-level Qwen2Tokenizer with exactly `vocab_size` tokens (Qwen's 3 special tokens + the first
-    `vocab_size - 3` characters of CHAR_ALPHABET), no merges: each of those characters is one token.
+def synthetic_words(n: int) -> list[str]:
+    """The first `n` lowercase "words" in length-then-alphabetical order: aa, ab, ..., zz, aaa, ... (>= 2 letters,
+    so never a single character of CHAR_ALPHABET)."""
+    import itertools
+    import string
 
-    For benchmarks whose vocabulary is smaller than a byte-level BPE allows (>= 259 tokens). Characters outside
-    the alphabet map to the unknown token (= EOS); use only CHAR_ALPHABET in texts. Returns the tokenizer.
+    words = ("".join(w) for size in itertools.count(2)
+             for w in itertools.product(string.ascii_lowercase, repeat=size))
+    return list(itertools.islice(words, n))
+
+
+def build_char_tokenizer(out_dir: str, vocab_size: int = 128) -> Qwen2Tokenizer:
+    """A character-level Qwen2Tokenizer with exactly `vocab_size` tokens and no merges: Qwen's 3 special tokens, the
+    first `vocab_size - 3` characters of CHAR_ALPHABET (all 128 of them above 131 tokens), then, to fill a
+    real-size vocabulary (e.g. Qwen's 151,936), `synthetic_words` (aa, ab, ...).
+
+    Every id decodes to non-empty text, as with a real tokenizer (a sampled id of a random model must not vanish
+    from the completion text). Encoding never yields a word: without merges each character of CHAR_ALPHABET is one
+    token, so a text of n such characters is n tokens. Up to 131 tokens the files are those of the plain character
+    tokenizer (the quickstart and tests rely on its ids). Characters outside the alphabet map to the unknown token
+    (= EOS); use only CHAR_ALPHABET in texts. Building 151,936 tokens takes about a second. Returns the tokenizer.
     """
     import json
 
     from paddlenlp.transformers import Qwen2Tokenizer
 
-    n_chars = vocab_size - len(SPECIAL_TOKENS)
-    if not 1 <= n_chars <= len(CHAR_ALPHABET):
-        raise ValueError(f"vocab_size must be in [{len(SPECIAL_TOKENS) + 1}, "
-                         f"{len(SPECIAL_TOKENS) + len(CHAR_ALPHABET)}], got {vocab_size}")
+    n_chars = min(vocab_size - len(SPECIAL_TOKENS), len(CHAR_ALPHABET))
+    if n_chars < 1:
+        raise ValueError(f"vocab_size must be at least {len(SPECIAL_TOKENS) + 1}, got {vocab_size}")
     table = _byte_to_unicode()
     vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
     for ch in CHAR_ALPHABET[:n_chars]:
         vocab[table[ord(ch)]] = len(vocab)
+    # Lowercase ASCII letters are their own byte-level spelling, so a word's entry decodes to the word itself.
+    for word in synthetic_words(vocab_size - len(vocab)):
+        vocab[word] = len(vocab)
     os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         vocab_file, merges_file = os.path.join(tmp, "vocab.json"), os.path.join(tmp, "merges.txt")

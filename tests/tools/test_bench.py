@@ -1,0 +1,242 @@
+"""tools/bench.py end to end on a tiny shape: the JSON line, its keys, and that the numbers are consistent; the
+variable-length mode, the per-phase RSS, the config overrides and the --ops delegation."""
+import json
+import math
+import pathlib
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TINY = REPO / "tools" / "shapes" / "tiny.json"
+PHASES = ("rollout", "reward", "logprob", "reference", "update", "other")
+
+
+def run_bench(*args):
+    out = subprocess.run([sys.executable, str(REPO / "tools" / "bench.py"), "--shape", str(TINY), "--threads", "1",
+                          *args], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1, out.stdout  # exactly one JSON line on stdout
+    return json.loads(lines[0])
+
+
+@pytest.fixture(scope="module")
+def result():
+    return run_bench()
+
+
+def test_keys_and_finite_values(result):
+    for key in ["step_s_median", "completion_tokens_per_s", "completion_tokens_per_step", "peak_rss_mb"] + \
+               [f"{p}_s_median" for p in PHASES]:
+        assert isinstance(result[key], (int, float)) and math.isfinite(result[key]), key
+    assert result["threads"] == 1 and result["paddle_version"].count(".") >= 2
+    assert result["peak_rss_mb"] > 50
+    assert result["fast_path"] is True
+    assert len(result["step_s_all"]) == 2  # timed_steps
+
+
+def test_completions_are_forced_to_completion_len(result):
+    shape = json.loads(TINY.read_text())
+    assert result["completion_tokens_per_step"] == \
+        shape["prompts_per_step"] * shape["group_size"] * shape["completion_len"]
+    assert result["completion_tokens_per_s"] == pytest.approx(
+        result["completion_tokens_per_step"] / result["step_s_median"])
+
+
+def test_phases_add_up(result):
+    assert result["reference_s_median"] > 0          # beta > 0: the reference model runs
+    assert result["rollout_s_median"] > 0 and result["update_s_median"] > 0
+    assert result["logprob_s_median"] < result["reference_s_median"]  # on-policy: no old-log-prob pass
+    assert abs(result["other_s_median"]) < 0.5 * result["step_s_median"]
+    assert result["step_s_min"] <= result["step_s_median"] <= result["step_s_max"]
+
+
+def test_no_reference_without_kl_and_repeat_aggregates():
+    r = run_bench("--set", "beta=0", "--set", "timed_steps=1", "--repeat", "2")
+    assert r["reference_s_median"] == 0.0 and r["shape"]["beta"] == 0
+    assert r["repeat"] == 2 and len(r["step_s_median_runs"]) == 2
+    assert min(r["step_s_median_runs"]) <= r["step_s_median"] <= max(r["step_s_median_runs"])
+
+
+def test_peak_rss_by_phase(result):
+    peaks, increases = result["peak_rss_mb_by_phase"], result["rss_increase_mb_by_phase"]
+    # On-policy: no old-log-prob pass of its own (the reference pass calls step.logprobs inside its own phase).
+    assert set(peaks) == set(increases) == {"rollout", "reference", "update", "step"}
+    for phase, peak in peaks.items():
+        assert result["rss_mb_before_steps"] * 0.9 < peak <= peaks["step"], phase  # the step encloses each phase
+        assert 0 <= increases[phase] <= increases["step"] + 1e-9, phase
+        assert peak < result["peak_rss_mb"] + 16, phase  # statm and getrusage agree to a few pages
+    assert increases["step"] > 0
+
+
+def test_variable_lengths_end_at_eos_with_the_drawn_lengths():
+    """uniform:2 on completion_len 8: every row's completion_mask sum is its drawn length, in [2, 8], the rows end
+    at EOS, and --config reaches the trainer (update_iters=2: off-policy, so the old-log-prob phase runs)."""
+    r = run_bench("--lengths", "uniform:2", "--set", "completion_len=8", "--set", "timed_steps=3",
+                  "--config", "update_iters=2")
+    drawn, sums = r["drawn_lengths_by_step"], r["mask_sums_by_step"]
+    shape = json.loads(TINY.read_text())
+    assert len(drawn) == 3 and all(len(d) == shape["prompts_per_step"] * shape["group_size"] for d in drawn)
+    assert sums == drawn
+    flat = [n for d in drawn for n in d]
+    assert min(flat) >= 2 and max(flat) <= 8 and len(set(flat)) >= 3  # not all fixed at one length
+    assert drawn[0] != drawn[1]  # drawn per step
+    assert r["completions_end_at_eos"] is True
+    assert (r["completion_len_min"], r["completion_len_max"]) == (min(flat), max(flat))
+    assert r["completion_len_mean"] == pytest.approx(np.mean(flat))
+    assert r["completion_tokens_per_step"] == np.median([sum(d) for d in drawn])
+    assert r["lengths"] == "uniform:2" and r["shape"]["config"] == {"update_iters": 2}
+    assert r["logprob_s_median"] > 0 and r["peak_rss_mb_by_phase"]["logprob"] > 0
+    assert r["rss_increase_mb_by_phase"]["logprob"] >= 0
+
+
+def test_fixed_lengths_report(result):
+    shape = json.loads(TINY.read_text())
+    assert result["lengths"] == "fixed"
+    assert result["completion_len_min"] == result["completion_len_max"] == shape["completion_len"]
+    assert "drawn_lengths_by_step" not in result
+
+
+# ------------------------------------------------------------------------------------------------ in process
+
+@pytest.fixture(scope="module")
+def bench(load_tool):
+    return load_tool("bench")
+
+
+def test_draw_lengths_uniform_and_keyed(bench):
+    from paddle_grpo.sampling import row_keys
+
+    keys = row_keys(0, 1000, np.arange(4000))
+    a = bench.draw_lengths(keys, 3, 9)
+    assert a.dtype == np.int64 and a.min() == 3 and a.max() == 9
+    counts = np.bincount(a - 3, minlength=7)
+    assert counts.min() > 4000 / 7 * 0.8 and counts.max() < 4000 / 7 * 1.2  # every value, roughly equally often
+    np.testing.assert_array_equal(a, bench.draw_lengths(keys, 3, 9))  # a row's length depends on its key only
+    np.testing.assert_array_equal(a[100:200], bench.draw_lengths(keys[100:200], 3, 9))
+    assert (bench.draw_lengths(row_keys(0, 2000, np.arange(4000)), 3, 9) != a).mean() > 0.5  # another step
+    assert (bench.draw_lengths(keys, 5, 5) == 5).all()
+
+
+def test_parse_lengths(bench):
+    assert bench.parse_lengths(None, 8) is None and bench.parse_lengths("fixed", 8) is None
+    assert bench.parse_lengths("uniform:1", 8) == 1 and bench.parse_lengths("uniform:8", 8) == 8
+    for bad in ("uniform:0", "uniform:9", "uniform", "normal:3", "uniform:x"):
+        with pytest.raises(SystemExit, match="lengths"):
+            bench.parse_lengths(bad, 8)
+
+
+class _FakePolicy:
+    """generate() returns a full-width rollout of random non-EOS tokens, as rollout.generate does with EOS
+    suppressed (min_new_tokens = max_new_tokens); records its keyword arguments."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompt_ids, prompt_mask, **kwargs):
+        import paddle
+
+        from paddle_grpo.rollout import Rollout
+
+        self.calls.append(kwargs)
+        n, T = len(kwargs["row_keys"]), kwargs["max_new_tokens"]
+        ids = np.random.default_rng(0).integers(10, 50, size=(n, T))
+        logps = -np.random.default_rng(1).random((n, T)).astype("float32")
+        return Rollout(prompt_ids=paddle.to_tensor(prompt_ids), prompt_mask=paddle.to_tensor(prompt_mask),
+                       completion_ids=paddle.to_tensor(ids), completion_mask=paddle.ones([n, T], dtype="int64"),
+                       lengths=np.full(n, T), truncated=np.ones(n, dtype=bool),
+                       sample_logprobs=paddle.to_tensor(logps))
+
+
+@pytest.mark.parametrize("low,high", [(1, 6), (4, 4), (3, 12)])
+def test_variable_lengths_cuts_each_row_at_eos(bench, low, high):
+    from paddle_grpo.sampling import row_keys
+
+    policy = _FakePolicy()
+    drawn = bench.variable_lengths(policy, low)
+    keys = row_keys(7, 3000, np.arange(6))
+    prompts = np.ones((6, 2), dtype="int64")
+    out = policy.generate(prompts, prompts, num_samples=1, max_new_tokens=high, min_new_tokens=high,
+                          eos_token_ids=[2], pad_token_id=0, row_keys=keys)
+    want = bench.draw_lengths(keys, low, high)
+    longest = int(want.max())
+    # The rollout decoded only to its longest row, with EOS suppressed up to there.
+    assert policy.calls[0]["max_new_tokens"] == policy.calls[0]["min_new_tokens"] == longest
+    np.testing.assert_array_equal(drawn[0], want)
+    np.testing.assert_array_equal(out.lengths, want)
+    assert not out.truncated.any()
+    ids, mask, logps = out.completion_ids.numpy(), out.completion_mask.numpy(), out.sample_logprobs.numpy()
+    raw = np.random.default_rng(0).integers(10, 50, size=(6, longest))
+    assert ids.shape == mask.shape == logps.shape == (6, longest)
+    for i, n in enumerate(want):
+        np.testing.assert_array_equal(ids[i, :n - 1], raw[i, :n - 1])  # sampled tokens kept
+        assert ids[i, n - 1] == 2 and (ids[i, n:] == 0).all()        # EOS, then pad
+        np.testing.assert_array_equal(mask[i], np.arange(longest) < n)
+        assert (logps[i, n:] == 0).all() and (logps[i, :n] < 0).all()
+    with pytest.raises(ValueError, match="row_keys"):
+        policy.generate(prompts, prompts, max_new_tokens=high, eos_token_ids=[2], pad_token_id=0)
+
+
+def test_rss_monitor_sees_a_short_spike(bench):
+    """A 256 MB block held for 50 ms and freed inside the phase: only the sampling thread can see it."""
+    monitor = bench.RssMonitor()
+    try:
+        with monitor.phase("outer"):
+            with monitor.phase("spike"):
+                block = np.ones(32 * 2**20)  # 256 MB of float64, touched
+                time.sleep(0.05)
+                del block
+            with monitor.phase("idle"):
+                time.sleep(0.02)
+    finally:
+        monitor.close()
+    s = monitor.summary()
+    assert 200 < s["rss_increase_mb_by_phase"]["spike"] < 320
+    assert s["rss_increase_mb_by_phase"]["idle"] < 20
+    assert s["peak_rss_mb_by_phase"]["outer"] >= s["peak_rss_mb_by_phase"]["spike"]
+    assert s["rss_increase_mb_by_phase"]["outer"] >= s["rss_increase_mb_by_phase"]["spike"]
+
+
+def test_phase_hooks_wrap_and_restore(bench):
+    from paddle_grpo import step
+
+    before = {n: getattr(step, n) for n in ("rollout", "logprobs", "reference_logprobs", "update")}
+    monitor = bench.RssMonitor()
+    try:
+        with bench.phase_hooks(monitor):
+            assert all(getattr(step, n) is not f for n, f in before.items())
+    finally:
+        monitor.close()
+    assert all(getattr(step, n) is f for n, f in before.items())
+
+
+def test_shape_config_overrides_trainer_keys(bench, tmp_path):
+    from paddle_grpo.config import ConfigError
+
+    shape = json.loads(TINY.read_text())
+    cfg = bench.make_config({**shape, "config": {"learning_rate": 0.25, "update_iters": 3}}, "m", "d", str(tmp_path))
+    assert cfg.learning_rate == 0.25 and cfg.update_iters == 3
+    assert bench.make_config(shape, "m", "d", str(tmp_path)).learning_rate == 1e-5
+    with pytest.raises((ConfigError, ValueError, TypeError), match="no_such_key"):
+        bench.make_config({**shape, "config": {"no_such_key": 1}}, "m", "d", str(tmp_path))
+
+
+def test_real_size_shape_file():
+    shape = json.loads((REPO / "tools" / "shapes" / "qwen2.5-0.5b-2layers.json").read_text())
+    peer = {"vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864, "num_layers": 2, "num_heads": 14,
+            "num_kv_heads": 2, "prompt_len": 64, "completion_len": 128, "prompts_per_step": 2, "group_size": 4,
+            "beta": 0.04, "warmup_steps": 1, "timed_steps": 2}
+    assert shape == {**peer, "config": {"use_fused_head_and_loss_fn": True}}
+
+
+def test_ops_delegates_to_bench_ops(bench, monkeypatch):
+    seen = []
+    fake = type(sys)("bench_ops")
+    fake.main = lambda argv=None: seen.append(argv) or 0
+    monkeypatch.setitem(sys.modules, "bench_ops", fake)
+    assert bench.main(["--threads", "1", "--ops", "--vocab", "1000"]) == 0
+    assert seen == [["--threads", "1", "--vocab", "1000"]]
