@@ -199,8 +199,13 @@ class DataArguments:
                              choices=("auto", "none", "qwen"))
     dataloader_drop_last: bool = arg(True, "Drop the last incomplete batch of prompts of an epoch.")
     dataloader_shuffle: bool = arg(False, "Shuffle prompts each epoch (seeded by `seed` and the epoch).")
-    balance_batch: bool = arg(False, "Balance token counts across data-parallel ranks.",
-                              **nowhere("ranks receive whole prompt groups in order; no token balancing is done"))
+    balance_batch: bool = arg(False, "Balance token counts across data-parallel ranks: after the rollout, the rows "
+                                     "of every global mini-batch are reassigned to the ranks so that each rank's "
+                                     "share has about the same prompt + completion tokens (equal row counts; "
+                                     "sums within the longest row of each other) for the log-prob passes and the "
+                                     "update. Mini-batches keep their rows and gradients are summed over the ranks, "
+                                     "so the update is unchanged up to float rounding; one more all-gather of the "
+                                     "batch's tokens per step. One data-parallel rank: nothing to balance.")
     use_remove_padding: bool = arg(False, "Compute no padding that a micro-batch does not need: the log-prob "
                                           "passes and the update sort each mini-batch's rows by length into "
                                           "micro-batches of similar lengths (per_device_*_batch_size rows) and "

@@ -552,6 +552,27 @@ def balanced_partition(weights: np.ndarray, parts: int) -> List[np.ndarray]:
     return [np.sort(np.asarray(m, dtype=np.int64)) for m in members]
 
 
+def balance_rows(weights: np.ndarray, ranks: int, rows_per_mini_batch: int) -> List[np.ndarray]:
+    """The rows each data-parallel rank holds after balancing, mini-batch by mini-batch.
+
+    weights: [ranks * n] per row (its tokens), in rank order: rank r holds rows r*n .. r*n + n - 1 and its k-th
+    local mini-batch is its rows k*m .. k*m + m - 1 (m = `rows_per_mini_batch`, per rank). Global mini-batch k (the
+    union of every rank's k-th local mini-batch) is split by `balanced_partition` into `ranks` sets of m rows, and
+    rank r's k-th local mini-batch becomes set r: every optimizer step still sees exactly the same rows.
+    Returns per rank its global row indices [n] int64, mini-batch after mini-batch."""
+    w = np.asarray(weights)
+    if ranks <= 0 or len(w) % ranks:
+        raise ValueError(f"balance_rows: {len(w)} rows are not {ranks} equal shares")
+    n = len(w) // ranks
+    m = rows_per_mini_batch if 0 < rows_per_mini_batch and n % rows_per_mini_batch == 0 else n
+    out: List[List[np.ndarray]] = [[] for _ in range(ranks)]
+    for k in range(0, n, m):
+        members = np.concatenate([np.arange(r * n + k, r * n + k + m) for r in range(ranks)])
+        for r, part in enumerate(balanced_partition(w[members], ranks)):
+            out[r].append(members[part])
+    return [np.concatenate(x).astype(np.int64) for x in out]
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Sampling
 # ----------------------------------------------------------------------------------------------------------------

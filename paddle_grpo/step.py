@@ -33,8 +33,8 @@ from .algorithms import (
     overlong_penalty,
     scalar_to_token_level,
 )
-from .data import (PromptSampler, apply_chat_template, collate_prompts, form_micro_batches, pad_columns, row_extents,
-                   tokenize_prompts)
+from .data import (PromptSampler, apply_chat_template, balance_rows, collate_prompts, form_micro_batches, pad_columns,
+                   row_extents, tokenize_prompts)
 from .parallel import ParallelContext
 from .policy import Policy, position_ids_from_mask
 from .policy.causal import logprobs_from_completion_logits
@@ -60,7 +60,8 @@ class Batch:
     time. Per row: `lengths` [n] generated tokens (EOS included), `truncated` [n] bool (stopped by max_dec_len),
     `texts` the decoded completions the rewards saw, `rewards` [n] float64 combined reward (0 where not `valid`),
     `valid` [n] bool (False: no reward function could judge the row), `scores_by_function` {name: [n] raw scores},
-    `prompt_index` the dataset row each sample answers."""
+    `prompt_index` the dataset row each sample answers. `row_ids` [n]: each row's global row (rank order) after
+    balance_batch moved rows between ranks (`balance`); None while a rank holds its own rows in order."""
     prompt_ids: paddle.Tensor
     prompt_mask: paddle.Tensor
     completion_ids: paddle.Tensor
@@ -73,6 +74,7 @@ class Batch:
     valid: np.ndarray
     scores_by_function: Dict[str, list]
     prompt_index: List[int]
+    row_ids: Optional[np.ndarray] = None
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -101,7 +103,11 @@ class Batch:
 
     def groups(self, group_ids: Sequence[int], G: int) -> "Batch":
         """The rows of the prompt groups `group_ids`, in that order (tensor widths unchanged)."""
-        rows = [g * G + j for g in group_ids for j in range(G)]
+        return self.take([g * G + j for g in group_ids for j in range(G)])
+
+    def take(self, rows: Sequence[int]) -> "Batch":
+        """The rows `rows`, in that order (tensor widths unchanged)."""
+        rows = list(rows)
         index = paddle.to_tensor(np.asarray(rows, dtype=np.int64))
         take = lambda t: paddle.gather(t, index, axis=0)  # noqa: E731
         return Batch(prompt_ids=take(self.prompt_ids), prompt_mask=take(self.prompt_mask),
@@ -110,7 +116,8 @@ class Batch:
                      truncated=self.truncated[rows], texts=[self.texts[r] for r in rows], rewards=self.rewards[rows],
                      valid=self.valid[rows],
                      scores_by_function={k: [v[r] for r in rows] for k, v in self.scores_by_function.items()},
-                     prompt_index=[self.prompt_index[r] for r in rows])
+                     prompt_index=[self.prompt_index[r] for r in rows],
+                     row_ids=None if self.row_ids is None else self.row_ids[rows])
 
     @staticmethod
     def concat(parts: Sequence["Batch"], pad_id: int) -> "Batch":
@@ -147,7 +154,8 @@ class Batch:
 @dataclass
 class GlobalRows:
     """Per-sequence data of the whole step: every data-parallel rank's rows, in rank order ([N] or [N, T_max],
-    completions right-padded to the widest rank's). `offset` is this rank's first row. `old`/`ref` (the sampling
+    completions right-padded to the widest rank's). `offset` is this rank's first row; `rows` [n] this rank's
+    rows when balance_batch moved rows between ranks (None: offset .. offset + n - 1). `old`/`ref` (the sampling
     and reference log-probs) only when the reward carries a KL term."""
     rewards: np.ndarray
     valid: np.ndarray
@@ -158,26 +166,30 @@ class GlobalRows:
     old: Optional[np.ndarray]
     ref: Optional[np.ndarray]
     offset: int
+    rows: Optional[np.ndarray] = None
 
 
 def gather(par: ParallelContext, batch: Batch, old_for_reward: Optional[paddle.Tensor],
            ref_lp: Optional[paddle.Tensor]) -> GlobalRows:
-    """The step's one gather over the data-parallel ranks."""
+    """The step's one gather over the data-parallel ranks. Rows that `balance` moved between ranks are put back in
+    rank order (prompt groups consecutive, as the advantages need)."""
     local = {"rewards": batch.rewards, "valid": batch.valid, "lengths": batch.lengths, "truncated": batch.truncated,
-             "by_function": batch.scores_by_function, "mask": batch.completion_mask.numpy()}
+             "by_function": batch.scores_by_function, "mask": batch.completion_mask.numpy(), "row_ids": batch.row_ids}
     if old_for_reward is not None:
         local["old"], local["ref"] = old_for_reward.numpy(), ref_lp.numpy()
     parts = par.all_gather_object(local)
     T = max(p["mask"].shape[1] for p in parts)
-    stack = lambda key: np.concatenate([pad_columns(p[key], T, 0, "right") for p in parts])  # noqa: E731
-    return GlobalRows(rewards=np.concatenate([p["rewards"] for p in parts]).astype(np.float64),
-                      valid=np.concatenate([p["valid"] for p in parts]),
-                      lengths=np.concatenate([p["lengths"] for p in parts]),
-                      truncated=np.concatenate([p["truncated"] for p in parts]),
-                      scores_by_function=[p["by_function"] for p in parts], mask=stack("mask"),
-                      old=stack("old") if old_for_reward is not None else None,
-                      ref=stack("ref") if old_for_reward is not None else None,
-                      offset=par.dp_rank * len(batch))
+    order = None if batch.row_ids is None else np.argsort(np.concatenate([p["row_ids"] for p in parts]))
+
+    def stack(key: str, width: Optional[int] = None) -> np.ndarray:
+        out = np.concatenate([p[key] if width is None else pad_columns(p[key], width, 0, "right") for p in parts])
+        return out if order is None else out[order]
+
+    return GlobalRows(rewards=stack("rewards").astype(np.float64), valid=stack("valid"), lengths=stack("lengths"),
+                      truncated=stack("truncated"), scores_by_function=[p["by_function"] for p in parts],
+                      mask=stack("mask", T), old=stack("old", T) if old_for_reward is not None else None,
+                      ref=stack("ref", T) if old_for_reward is not None else None,
+                      offset=par.dp_rank * len(batch), rows=batch.row_ids)
 
 
 # ------------------------------------------------------------------------------------------ metrics records
@@ -390,6 +402,39 @@ def collect(par: ParallelContext, policy: Policy, encode: PromptEncoder, rewarde
     return Batch.concat(parts, encode.tokenizer.pad_token_id), metrics
 
 
+# ------------------------------------------------------------------------------------ balancing the ranks
+
+_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "sample_logprobs")
+
+
+def balance(par: ParallelContext, batch: Batch, cfg: Any, sequences_per_mini_batch: int, pad_id: int) -> Batch:
+    """balance_batch: this rank's rows after the data-parallel ranks' rows are reassigned so that each rank's share
+    of every global mini-batch has about the same tokens (prompt + completion; `data.balance_rows`: equal row
+    counts, token sums within the longest row of each other, the same assignment on every rank). The mini-batches
+    keep their rows, gradients are still summed over the ranks, and `gather` puts the rows back in rank order, so
+    the step computes what it computes unbalanced, up to float rounding. The batch is trimmed to its rows' own
+    longest prompt and completion. Costs one all-gather of the batch's tokens. One rank, or balance_batch off:
+    `batch` unchanged."""
+    if not cfg.balance_batch or par.dp_world == 1:
+        return batch
+    mine = {f: (getattr(batch, f).numpy() if f in _TENSORS else getattr(batch, f)) for f in Batch.__dataclass_fields__}
+    parts = par.all_gather_object(mine)
+    if len({len(p["texts"]) for p in parts}) != 1:
+        raise RuntimeError(f"balance_batch: the ranks hold different row counts {[len(p['texts']) for p in parts]}")
+    whole = Batch.concat([Batch(**{f: (paddle.to_tensor(v) if f in _TENSORS else v) for f, v in p.items()})
+                          for p in parts], pad_id)
+    p_len, c_len = row_extents(whole.prompt_mask.numpy(), whole.completion_mask.numpy())
+    rows = balance_rows(p_len + c_len, par.dp_world, sequences_per_mini_batch)[par.dp_rank]
+    out = whole.take(rows)
+    out.row_ids = rows
+    L, T = out.prompt_ids.shape[1], out.completion_ids.shape[1]
+    p_w, c_w = max(int(p_len[rows].max()), 1), max(int(c_len[rows].max()), 1)
+    out.prompt_ids, out.prompt_mask = out.prompt_ids[:, L - p_w:], out.prompt_mask[:, L - p_w:]
+    out.completion_ids, out.completion_mask = out.completion_ids[:, :c_w], out.completion_mask[:, :c_w]
+    out.sample_logprobs = out.sample_logprobs[:, :c_w]
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- log-probs
 
 @dataclass
@@ -569,7 +614,7 @@ def compute_advantages(rows: GlobalRows, rewards: np.ndarray, cfg: Any) -> Tuple
 
 def local_rows(rows: GlobalRows, values: np.ndarray, batch: Batch) -> np.ndarray:
     """This rank's rows of a global [N, ...] array, cut to its own completion width."""
-    out = values[rows.offset:rows.offset + len(batch)]
+    out = values[rows.offset:rows.offset + len(batch)] if rows.rows is None else values[rows.rows]
     return out[:, :batch.completion_ids.shape[1]] if out.ndim == 2 else out
 
 

@@ -118,14 +118,14 @@ skip_profile_timer: false
 
 # Keys PaddleNLP's file sets that have no effect on a CPU run here, each to be named in a warning.
 EXPECTED_INERT_ON_CPU = {
-    "balance_batch", "sequence_parallel", "use_flash_attention", "use_fused_head_and_loss_fn",
+    "sequence_parallel", "use_flash_attention", "use_fused_head_and_loss_fn",
     "use_fused_linear", "bf16", "fp16_opt_level", "amp_custom_black_list", "amp_custom_white_list", "offload_level",
     "release_grads", "kl_coeff",
 }
 # skip_profile_timer: false (keep timers) is what happens here anyway, so it is not reported. kl_coeff: 0.001 has
 # no effect with rl_algorithm grpo (as in PaddleNLP) on every device.
 # sequence_parallel and use_fused_head_and_loss_fn: not implemented on any device (precision.NOT_IMPLEMENTED).
-EXPECTED_INERT_ON_GPU = {"balance_batch", "offload_level", "release_grads", "kl_coeff",
+EXPECTED_INERT_ON_GPU = {"offload_level", "release_grads", "kl_coeff",
                          "sequence_parallel", "use_fused_head_and_loss_fn"}
 
 

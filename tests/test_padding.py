@@ -6,6 +6,8 @@ the same model object, and plain loops for the pure functions. A tiny random Qwe
 parameter is observable) reads a batch whose completions end at EOS at very different lengths (1 .. T tokens) after
 prompts with different left padding.
 """
+import threading
+
 import numpy as np
 import paddle
 import pytest
@@ -14,7 +16,7 @@ from paddlenlp.transformers import Qwen2Config, Qwen2ForCausalLM
 from paddle_grpo import step
 from paddle_grpo.algorithms import LOSS_AGG_MODES
 from paddle_grpo.config import ConfigError, config_from_dict
-from paddle_grpo.data import balanced_partition, form_micro_batches, row_extents
+from paddle_grpo.data import balance_rows, balanced_partition, form_micro_batches, row_extents
 from paddle_grpo.parallel import ParallelContext
 from paddle_grpo.policy import fast_qwen2
 from paddle_grpo.policy.causal import CausalPolicy
@@ -119,6 +121,106 @@ def test_balanced_partition_has_equal_sizes_and_sums_within_the_heaviest_row(n, 
     for bad in ((np.ones(5), 2), (w, 0)):
         with pytest.raises(ValueError):
             balanced_partition(*bad)
+
+
+@pytest.mark.parametrize("ranks, n, m", [(2, 16, 8), (2, 16, 16), (4, 8, 4), (3, 6, 2), (2, 16, 5)])
+def test_balance_rows_keeps_every_mini_batch_and_balances_each_ranks_share(ranks, n, m):
+    rng = np.random.default_rng(ranks * 10 + n)
+    w = rng.integers(1, 300, size=ranks * n)
+    held = balance_rows(w, ranks, m)
+    assert sorted(np.concatenate(held).tolist()) == list(range(ranks * n))
+    m = m if n % m == 0 else n  # a size that does not divide: the whole share is one mini-batch
+    for k in range(0, n, m):
+        original = {r * n + k + i for r in range(ranks) for i in range(m)}
+        shares = [h[k:k + m] for h in held]
+        assert set(np.concatenate(shares).tolist()) == original  # mini-batch k keeps its rows
+        sums = [w[x].sum() for x in shares]
+        assert max(sums) - min(sums) <= w[list(original)].max()
+    assert all(np.array_equal(a, b) for a, b in zip(held, balance_rows(w, ranks, m)))
+
+
+class ThreadRanks:
+    """`ranks` data-parallel ranks as threads of one process: all_gather_object / all_reduce_sum through a shared
+    list and a barrier (what the step's collectives do over gloo)."""
+
+    def __init__(self, ranks):
+        self.barrier, self.slots = threading.Barrier(ranks), [None] * ranks
+
+    def context(self, rank):
+        ranks = self
+
+        class Par:
+            dp_world, dp_rank = len(ranks.slots), rank
+
+            def all_gather_object(self, obj):
+                ranks.slots[rank] = obj
+                ranks.barrier.wait()
+                out = list(ranks.slots)
+                ranks.barrier.wait()
+                return out
+
+        return Par()
+
+
+def test_balance_then_gather_gives_the_unbalanced_global_rows_and_balanced_shares():
+    """Two ranks (threads) with skewed batches: after `balance` each holds the same number of rows per
+    mini-batch with about the same tokens, and `gather` / `local_rows` give exactly the unbalanced global arrays."""
+    batches = [skewed_batch(0), skewed_batch(1)]
+    batches[1].completion_mask[:, 3:] = 0  # rank 1's completions all short: the unbalanced shares are skewed
+    cfg = cfg_of(balance_batch=True)
+    per_mini = cfg.batch_geometry(2).sequences_per_mini_batch
+    ref = step.gather(ThreadRanksSingle(batches), batches[0], None, None)
+    out, errors = [None, None], []
+    ranks = ThreadRanks(2)
+
+    def run(r):
+        try:
+            par = ranks.context(r)
+            mine = step.balance(par, batches[r], cfg, per_mini, pad_id=0)
+            rows = step.gather(par, mine, mine.sample_logprobs, mine.sample_logprobs * 2)
+            out[r] = (mine, rows)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+            ranks.barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert not errors, errors
+    tokens = lambda b: b.prompt_mask.numpy().sum(1) + b.completion_mask.numpy().sum(1)  # noqa: E731
+    for k in range(0, 2 * P * G // 2, per_mini):
+        before = [tokens(b)[k:k + per_mini].sum() for b in batches]
+        after = [tokens(o[0])[k:k + per_mini].sum() for o in out]
+        assert sum(before) == sum(after) and abs(after[0] - after[1]) <= max(abs(before[0] - before[1]), 9 + T)
+    assert abs(tokens(out[0][0]).sum() - tokens(out[1][0]).sum()) < abs(tokens(batches[0]).sum()
+                                                                      - tokens(batches[1]).sum())
+    for mine, rows in out:
+        assert len(mine) == P * G and rows.rows is not None
+        for key in ("rewards", "valid", "lengths", "truncated"):
+            np.testing.assert_array_equal(getattr(rows, key), getattr(ref, key), err_msg=key)
+        np.testing.assert_array_equal(rows.mask[:, :ref.mask.shape[1]], ref.mask)
+        assert not rows.mask[:, ref.mask.shape[1]:].any()
+        # Each rank's rows of a global array are its own rows: the tokens and log-probs it holds.
+        np.testing.assert_array_equal(step.local_rows(rows, rows.mask, mine), mine.completion_mask.numpy())
+        np.testing.assert_allclose(step.local_rows(rows, rows.old, mine), mine.sample_logprobs.numpy())
+        np.testing.assert_allclose(rows.ref, 2 * rows.old)
+        # The rows a rank now holds are exactly some rows of the original batches (ids and masks), trimmed.
+        assert mine.prompt_mask.numpy()[:, 0].any() and mine.completion_mask.numpy()[:, -1].any()
+    held = np.sort(np.concatenate([o[0].row_ids for o in out]))
+    assert held.tolist() == list(range(2 * P * G))
+
+
+def ThreadRanksSingle(batches):
+    """A one-call stand-in for two ranks' unbalanced gather: all_gather_object returns each batch's own dict."""
+    class Par:
+        dp_world, dp_rank = 2, 0
+
+        def all_gather_object(self, obj):
+            return [obj] + [{**obj, **{"rewards": b.rewards, "valid": b.valid, "lengths": b.lengths,
+                                       "truncated": b.truncated, "by_function": b.scores_by_function,
+                                       "mask": b.completion_mask.numpy(), "row_ids": None}} for b in batches[1:]]
+
+    return Par()
 
 
 # ------------------------------------------------------------------------------------- micro-batch plans
