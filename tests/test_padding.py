@@ -169,7 +169,7 @@ def test_balance_then_gather_gives_the_unbalanced_global_rows_and_balanced_share
     batches[1].completion_mask[:, 3:] = 0  # rank 1's completions all short: the unbalanced shares are skewed
     cfg = cfg_of(balance_batch=True)
     per_mini = cfg.batch_geometry(2).sequences_per_mini_batch
-    ref = step.gather(ThreadRanksSingle(batches), batches[0], None, None)
+    ref = step.gather(unbalanced_par(batches), batches[0], None, None)
     out, errors = [None, None], []
     ranks = ThreadRanks(2)
 
@@ -210,7 +210,7 @@ def test_balance_then_gather_gives_the_unbalanced_global_rows_and_balanced_share
     assert held.tolist() == list(range(2 * P * G))
 
 
-def ThreadRanksSingle(batches):
+def unbalanced_par(batches):
     """A one-call stand-in for two ranks' unbalanced gather: all_gather_object returns each batch's own dict."""
     class Par:
         dp_world, dp_rank = 2, 0
