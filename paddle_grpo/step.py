@@ -1,7 +1,8 @@
 """One RL step as phase functions over a typed `Batch` (docs/architecture.md):
 
-    collect (rollout + score, DAPO dynamic sampling) -> log-probs (reference, old) -> gather once over the
-    data-parallel ranks -> shape rewards -> advantages -> update (mini-batches of micro-batches)
+    collect (rollout + score, DAPO dynamic sampling) -> [balance_batch: rows reassigned between ranks] -> log-probs
+    (reference, old) -> gather once over the data-parallel ranks -> shape rewards -> advantages -> update
+    (mini-batches of micro-batches; with use_remove_padding / a token budget sorted by length and trimmed)
 
 Each rank holds its own rows (`Batch`); the per-sequence data that group statistics, reward normalisation,
 REINFORCE++ whitening and the `token-mean` denominators need is gathered once per step (`gather`), so every batch

@@ -342,10 +342,12 @@ def test_update_equals_the_padded_path_for_every_loss_agg_mode(monkeypatch, mode
     assert moved > len(p0) // 2  # the update did change the model
 
 
+@pytest.mark.parametrize("level", ["token", "sequence"])
 @pytest.mark.parametrize("values", [dict(use_remove_padding=True), dict(max_tokens_per_micro_batch=40)])
-def test_update_equals_the_padded_path_on_paddlenlp_forward_on_policy(monkeypatch, values):
-    m0, p0 = run_update(cfg_of(loss_agg_mode="seq-mean-token-mean"), "0", monkeypatch)
-    m1, p1 = run_update(cfg_of(loss_agg_mode="seq-mean-token-mean", **values), "0", monkeypatch)
+def test_update_equals_the_padded_path_on_paddlenlp_forward(monkeypatch, values, level):
+    common = dict(loss_agg_mode="seq-mean-token-mean", importance_sampling_level=level)
+    m0, p0 = run_update(cfg_of(**common), "0", monkeypatch, old_lp=level == "sequence")
+    m1, p1 = run_update(cfg_of(**common, **values), "0", monkeypatch, old_lp=level == "sequence")
     np.testing.assert_allclose(m1["train/grad_norm"], m0["train/grad_norm"], rtol=1e-4)
     np.testing.assert_allclose(m1["train/policy_loss"], m0["train/policy_loss"], rtol=1e-4, atol=1e-6)
     for k in p0:
