@@ -212,13 +212,15 @@ class DataArguments:
                                           "trim each to its own longest prompt and completion; results equal the "
                                           "padded path within float rounding (docs/architecture.md, "
                                           "Micro-batches). Rows are not packed into one sequence: inside a "
-                                          "micro-batch shorter rows are still padded to its longest. Not under "
-                                          "pipeline_parallel_degree > 1, whose micro-batches fleet forms.")
+                                          "micro-batch shorter rows are still padded to its longest. The update "
+                                          "under pipeline_parallel_degree > 1 keeps fleet's micro-batches.")
     max_tokens_per_micro_batch: int = arg(0, "(new) Token budget of one micro-batch of the log-prob passes and "
                                              "the update (verl's ppo_max_token_len_per_gpu): rows x (longest "
                                              "prompt + longest completion of the micro-batch) <= this, rows sorted "
                                              "and trimmed as with use_remove_padding; a longer row forms a "
-                                             "micro-batch alone. 0: micro-batches of per_device_*_batch_size rows.")
+                                             "micro-batch alone. 0: micro-batches of per_device_*_batch_size rows. "
+                                             "The update under pipeline_parallel_degree > 1 keeps fleet's "
+                                             "micro-batches.")
 
 
 @dataclass
