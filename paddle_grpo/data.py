@@ -488,6 +488,92 @@ def encode_prompts(prompts: Sequence[str], tokenizer: Any, max_prompt_len: Optio
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Micro-batches by length, balanced row partitions
+# ----------------------------------------------------------------------------------------------------------------
+
+def row_extents(prompt_mask: np.ndarray, completion_mask: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """The columns each row needs: prompt [n] = L - its first real column (prompts are left-padded; 0 when it has
+    none), completion [n] = its last real column + 1 (completions are right-padded; 0 when it has none). int64."""
+    def last_real(mask):  # index of the last non-zero column + 1, 0 for an all-zero row
+        real = np.asarray(mask) != 0
+        return np.where(real.any(1), real.shape[1] - np.argmax(real[:, ::-1], axis=1), 0)
+
+    return last_real(np.asarray(prompt_mask)[:, ::-1]).astype(np.int64), last_real(completion_mask).astype(np.int64)
+
+
+def form_micro_batches(prompt_len: np.ndarray, completion_len: np.ndarray, max_rows: int, max_tokens: int = 0
+                       ) -> List[np.ndarray]:
+    """Rows grouped into micro-batches of similar length (the idea of verl's dynamic batch size).
+
+    prompt_len, completion_len: [n] the columns each row needs (`row_extents`). Rows are sorted by
+    prompt + completion, longest first (ties: lower index first), and cut greedily into consecutive runs: with
+    `max_tokens` > 0 a run grows while `rows x (longest prompt + longest completion)` of the run stays within it (a
+    row longer than the budget alone forms a micro-batch); otherwise runs of `max_rows` rows. Returns the
+    micro-batches longest first, each an int64 array of row indices in ascending order (so the samples of one
+    prompt stay adjacent, which the policies' prompt sharing uses); every row is in exactly one."""
+    p, c = np.asarray(prompt_len, dtype=np.int64), np.asarray(completion_len, dtype=np.int64)
+    n = len(p)
+    if max_tokens <= 0 and max_rows <= 0:
+        raise ValueError(f"form_micro_batches needs max_rows > 0 or max_tokens > 0, got {max_rows}, {max_tokens}")
+    order = np.argsort(-(p + c), kind="stable")
+    out, start = [], 0
+    while start < n:
+        end, wp, wc = start + 1, p[order[start]], c[order[start]]
+        while end < n:
+            if max_tokens > 0:
+                np_, nc = max(wp, p[order[end]]), max(wc, c[order[end]])
+                if (end - start + 1) * (np_ + nc) > max_tokens:
+                    break
+                wp, wc = np_, nc
+            elif end - start >= max_rows:
+                break
+            end += 1
+        out.append(np.sort(order[start:end]))
+        start = end
+    return out
+
+
+def balanced_partition(weights: np.ndarray, parts: int) -> List[np.ndarray]:
+    """Split rows into `parts` sets of equal size (len(weights) / parts) with near-equal weight sums.
+
+    Rows are taken heaviest first (ties: lower index first) in rounds of `parts`; in each round the heaviest row goes
+    to the set with the smallest sum so far, the next to the next smallest, and so on. By induction over the rounds
+    the sums end within the heaviest row's weight of each other. Deterministic: the same on every rank. Returns
+    `parts` int64 arrays of row indices, each ascending."""
+    w = np.asarray(weights, dtype=np.float64)
+    if parts <= 0 or len(w) % parts:
+        raise ValueError(f"balanced_partition: {len(w)} rows cannot be split into {parts} sets of equal size")
+    order = np.argsort(-w, kind="stable")
+    sums, members = np.zeros(parts), [[] for _ in range(parts)]
+    for r in range(0, len(w), parts):
+        for row, part in zip(order[r:r + parts], np.argsort(sums, kind="stable")):
+            members[part].append(row)
+            sums[part] += w[row]
+    return [np.sort(np.asarray(m, dtype=np.int64)) for m in members]
+
+
+def balance_rows(weights: np.ndarray, ranks: int, rows_per_mini_batch: int) -> List[np.ndarray]:
+    """The rows each data-parallel rank holds after balancing, mini-batch by mini-batch.
+
+    weights: [ranks * n] per row (its tokens), in rank order: rank r holds rows r*n .. r*n + n - 1 and its k-th
+    local mini-batch is its rows k*m .. k*m + m - 1 (m = `rows_per_mini_batch`, per rank). Global mini-batch k (the
+    union of every rank's k-th local mini-batch) is split by `balanced_partition` into `ranks` sets of m rows, and
+    rank r's k-th local mini-batch becomes set r: every optimizer step still sees exactly the same rows.
+    Returns per rank its global row indices [n] int64, mini-batch after mini-batch."""
+    w = np.asarray(weights)
+    if ranks <= 0 or len(w) % ranks:
+        raise ValueError(f"balance_rows: {len(w)} rows are not {ranks} equal shares")
+    n = len(w) // ranks
+    m = rows_per_mini_batch if 0 < rows_per_mini_batch and n % rows_per_mini_batch == 0 else n
+    out: List[List[np.ndarray]] = [[] for _ in range(ranks)]
+    for k in range(0, n, m):
+        members = np.concatenate([np.arange(r * n + k, r * n + k + m) for r in range(ranks)])
+        for r, part in enumerate(balanced_partition(w[members], ranks)):
+            out[r].append(members[part])
+    return [np.concatenate(x).astype(np.int64) for x in out]
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Sampling
 # ----------------------------------------------------------------------------------------------------------------
 

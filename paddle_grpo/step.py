@@ -1,7 +1,8 @@
 """One RL step as phase functions over a typed `Batch` (docs/architecture.md):
 
-    collect (rollout + score, DAPO dynamic sampling) -> log-probs (reference, old) -> gather once over the
-    data-parallel ranks -> shape rewards -> advantages -> update (mini-batches of micro-batches)
+    collect (rollout + score, DAPO dynamic sampling) -> [balance_batch: rows reassigned between ranks] -> log-probs
+    (reference, old) -> gather once over the data-parallel ranks -> shape rewards -> advantages -> update
+    (mini-batches of micro-batches; with use_remove_padding / a token budget sorted by length and trimmed)
 
 Each rank holds its own rows (`Batch`); the per-sequence data that group statistics, reward normalisation,
 REINFORCE++ whitening and the `token-mean` denominators need is gathered once per step (`gather`), so every batch
@@ -33,7 +34,8 @@ from .algorithms import (
     overlong_penalty,
     scalar_to_token_level,
 )
-from .data import PromptSampler, apply_chat_template, collate_prompts, pad_columns, tokenize_prompts
+from .data import (PromptSampler, apply_chat_template, balance_rows, collate_prompts, form_micro_batches, pad_columns,
+                   row_extents, tokenize_prompts)
 from .parallel import ParallelContext
 from .policy import Policy, position_ids_from_mask
 from .policy.causal import logprobs_from_completion_logits
@@ -59,7 +61,8 @@ class Batch:
     time. Per row: `lengths` [n] generated tokens (EOS included), `truncated` [n] bool (stopped by max_dec_len),
     `texts` the decoded completions the rewards saw, `rewards` [n] float64 combined reward (0 where not `valid`),
     `valid` [n] bool (False: no reward function could judge the row), `scores_by_function` {name: [n] raw scores},
-    `prompt_index` the dataset row each sample answers."""
+    `prompt_index` the dataset row each sample answers. `row_ids` [n]: each row's global row (rank order) after
+    balance_batch moved rows between ranks (`balance`); None while a rank holds its own rows in order."""
     prompt_ids: paddle.Tensor
     prompt_mask: paddle.Tensor
     completion_ids: paddle.Tensor
@@ -72,6 +75,7 @@ class Batch:
     valid: np.ndarray
     scores_by_function: Dict[str, list]
     prompt_index: List[int]
+    row_ids: Optional[np.ndarray] = None
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -100,7 +104,11 @@ class Batch:
 
     def groups(self, group_ids: Sequence[int], G: int) -> "Batch":
         """The rows of the prompt groups `group_ids`, in that order (tensor widths unchanged)."""
-        rows = [g * G + j for g in group_ids for j in range(G)]
+        return self.take([g * G + j for g in group_ids for j in range(G)])
+
+    def take(self, rows: Sequence[int]) -> "Batch":
+        """The rows `rows`, in that order (tensor widths unchanged)."""
+        rows = list(rows)
         index = paddle.to_tensor(np.asarray(rows, dtype=np.int64))
         take = lambda t: paddle.gather(t, index, axis=0)  # noqa: E731
         return Batch(prompt_ids=take(self.prompt_ids), prompt_mask=take(self.prompt_mask),
@@ -109,7 +117,8 @@ class Batch:
                      truncated=self.truncated[rows], texts=[self.texts[r] for r in rows], rewards=self.rewards[rows],
                      valid=self.valid[rows],
                      scores_by_function={k: [v[r] for r in rows] for k, v in self.scores_by_function.items()},
-                     prompt_index=[self.prompt_index[r] for r in rows])
+                     prompt_index=[self.prompt_index[r] for r in rows],
+                     row_ids=None if self.row_ids is None else self.row_ids[rows])
 
     @staticmethod
     def concat(parts: Sequence["Batch"], pad_id: int) -> "Batch":
@@ -146,7 +155,8 @@ class Batch:
 @dataclass
 class GlobalRows:
     """Per-sequence data of the whole step: every data-parallel rank's rows, in rank order ([N] or [N, T_max],
-    completions right-padded to the widest rank's). `offset` is this rank's first row. `old`/`ref` (the sampling
+    completions right-padded to the widest rank's). `offset` is this rank's first row; `rows` [n] this rank's
+    rows when balance_batch moved rows between ranks (None: offset .. offset + n - 1). `old`/`ref` (the sampling
     and reference log-probs) only when the reward carries a KL term."""
     rewards: np.ndarray
     valid: np.ndarray
@@ -157,26 +167,30 @@ class GlobalRows:
     old: Optional[np.ndarray]
     ref: Optional[np.ndarray]
     offset: int
+    rows: Optional[np.ndarray] = None
 
 
 def gather(par: ParallelContext, batch: Batch, old_for_reward: Optional[paddle.Tensor],
            ref_lp: Optional[paddle.Tensor]) -> GlobalRows:
-    """The step's one gather over the data-parallel ranks."""
+    """The step's one gather over the data-parallel ranks. Rows that `balance` moved between ranks are put back in
+    rank order (prompt groups consecutive, as the advantages need)."""
     local = {"rewards": batch.rewards, "valid": batch.valid, "lengths": batch.lengths, "truncated": batch.truncated,
-             "by_function": batch.scores_by_function, "mask": batch.completion_mask.numpy()}
+             "by_function": batch.scores_by_function, "mask": batch.completion_mask.numpy(), "row_ids": batch.row_ids}
     if old_for_reward is not None:
         local["old"], local["ref"] = old_for_reward.numpy(), ref_lp.numpy()
     parts = par.all_gather_object(local)
     T = max(p["mask"].shape[1] for p in parts)
-    stack = lambda key: np.concatenate([pad_columns(p[key], T, 0, "right") for p in parts])  # noqa: E731
-    return GlobalRows(rewards=np.concatenate([p["rewards"] for p in parts]).astype(np.float64),
-                      valid=np.concatenate([p["valid"] for p in parts]),
-                      lengths=np.concatenate([p["lengths"] for p in parts]),
-                      truncated=np.concatenate([p["truncated"] for p in parts]),
-                      scores_by_function=[p["by_function"] for p in parts], mask=stack("mask"),
-                      old=stack("old") if old_for_reward is not None else None,
-                      ref=stack("ref") if old_for_reward is not None else None,
-                      offset=par.dp_rank * len(batch))
+    order = None if batch.row_ids is None else np.argsort(np.concatenate([p["row_ids"] for p in parts]))
+
+    def stack(key: str, width: Optional[int] = None) -> np.ndarray:
+        out = np.concatenate([p[key] if width is None else pad_columns(p[key], width, 0, "right") for p in parts])
+        return out if order is None else out[order]
+
+    return GlobalRows(rewards=stack("rewards").astype(np.float64), valid=stack("valid"), lengths=stack("lengths"),
+                      truncated=stack("truncated"), scores_by_function=[p["by_function"] for p in parts],
+                      mask=stack("mask", T), old=stack("old", T) if old_for_reward is not None else None,
+                      ref=stack("ref", T) if old_for_reward is not None else None,
+                      offset=par.dp_rank * len(batch), rows=batch.row_ids)
 
 
 # ------------------------------------------------------------------------------------------ metrics records
@@ -389,30 +403,134 @@ def collect(par: ParallelContext, policy: Policy, encode: PromptEncoder, rewarde
     return Batch.concat(parts, encode.tokenizer.pad_token_id), metrics
 
 
+# ------------------------------------------------------------------------------------ balancing the ranks
+
+_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "sample_logprobs")
+
+
+def balance(par: ParallelContext, batch: Batch, cfg: Any, sequences_per_mini_batch: int, pad_id: int) -> Batch:
+    """balance_batch: this rank's rows after the data-parallel ranks' rows are reassigned so that each rank's share
+    of every global mini-batch has about the same tokens (prompt + completion; `data.balance_rows`: equal row
+    counts, token sums within the longest row of each other, the same assignment on every rank). The mini-batches
+    keep their rows, gradients are still summed over the ranks, and `gather` puts the rows back in rank order, so
+    the step computes what it computes unbalanced, up to float rounding. The batch is trimmed to its rows' own
+    longest prompt and completion. Costs one all-gather of the batch's tokens. One rank, or balance_batch off:
+    `batch` unchanged."""
+    if not cfg.balance_batch or par.dp_world == 1:
+        return batch
+    mine = {f: (getattr(batch, f).numpy() if f in _TENSORS else getattr(batch, f)) for f in Batch.__dataclass_fields__}
+    parts = par.all_gather_object(mine)
+    if len({len(p["texts"]) for p in parts}) != 1:
+        raise RuntimeError(f"balance_batch: the ranks hold different row counts {[len(p['texts']) for p in parts]}")
+    whole = Batch.concat([Batch(**{f: (paddle.to_tensor(v) if f in _TENSORS else v) for f, v in p.items()})
+                          for p in parts], pad_id)
+    p_len, c_len = row_extents(whole.prompt_mask.numpy(), whole.completion_mask.numpy())
+    rows = balance_rows(p_len + c_len, par.dp_world, sequences_per_mini_batch)[par.dp_rank]
+    out = whole.take(rows)
+    out.row_ids = rows
+    L, T = out.prompt_ids.shape[1], out.completion_ids.shape[1]
+    p_w, c_w = max(int(p_len[rows].max()), 1), max(int(c_len[rows].max()), 1)
+    out.prompt_ids, out.prompt_mask = out.prompt_ids[:, L - p_w:], out.prompt_mask[:, L - p_w:]
+    out.completion_ids, out.completion_mask = out.completion_ids[:, :c_w], out.completion_mask[:, :c_w]
+    out.sample_logprobs = out.sample_logprobs[:, :c_w]
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- log-probs
+
+@dataclass
+class MicroBatch:
+    """One micro-batch of a batch: `rows` [k] int64 row indices (ascending) and the columns it runs on, `prompt_cols`
+    (a slice of the [n, L] prompt columns) and completion columns 0 .. `width` - 1."""
+    rows: np.ndarray
+    prompt_cols: slice
+    width: int
+
+    def _rows(self, t: paddle.Tensor) -> paddle.Tensor:
+        r = self.rows
+        if len(r) and r[-1] - r[0] + 1 == len(r):  # a contiguous run: a view, as the padded path always took
+            return t[int(r[0]):int(r[-1]) + 1]
+        return paddle.gather(t, paddle.to_tensor(r), axis=0)
+
+    def prompt(self, t: paddle.Tensor) -> paddle.Tensor:
+        """[n, L] -> [k, its prompt columns]"""
+        t = self._rows(t)
+        return t if self.prompt_cols == slice(0, t.shape[1]) else t[:, self.prompt_cols]
+
+    def completion(self, t: Optional[paddle.Tensor]) -> Optional[paddle.Tensor]:
+        """[n, T] -> [k, width] (None stays None)"""
+        if t is None:
+            return None
+        t = self._rows(t)
+        return t if self.width == t.shape[1] else t[:, :self.width]
+
+    def inputs(self, batch: Batch) -> Tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor, paddle.Tensor]:
+        """(prompt_ids, prompt_mask, completion_ids, completion_mask) of this micro-batch."""
+        return (self.prompt(batch.prompt_ids), self.prompt(batch.prompt_mask), self.completion(batch.completion_ids),
+                self.completion(batch.completion_mask))
+
+
+def removes_padding(cfg: Any) -> bool:
+    """Whether micro-batches are sorted by length and trimmed (use_remove_padding or a token budget)."""
+    return bool(cfg.use_remove_padding) or cfg.max_tokens_per_micro_batch > 0
+
+
+def plan_micro_batches(prompt_mask: np.ndarray, completion_mask: np.ndarray, rows: np.ndarray, max_rows: int,
+                       cfg: Any) -> List[MicroBatch]:
+    """The micro-batches of the batch rows `rows` (masks [n, L] and [n, T], numpy). Padded (use_remove_padding off,
+    no token budget): consecutive runs of `max_rows` rows at full width, as always. Otherwise
+    `data.form_micro_batches` of the rows by length (budget `max_tokens_per_micro_batch`), each cut to the prompt
+    columns some row of it uses and to its longest completion: the padding left is a shorter row's inside its
+    micro-batch."""
+    L, T = prompt_mask.shape[1], completion_mask.shape[1]
+    if not removes_padding(cfg):
+        return [MicroBatch(rows[s:s + max_rows], slice(0, L), T) for s in range(0, len(rows), max_rows)]
+    p, c = row_extents(prompt_mask[rows], completion_mask[rows])
+    out = []
+    for part in form_micro_batches(p, c, max_rows, cfg.max_tokens_per_micro_batch):
+        r = rows[part]
+        used = np.flatnonzero(prompt_mask[r].any(0))
+        # Left-padded: the columns before the first one any row uses go. The last column always stays (the causal
+        # path reads the first completion token's prediction there), so a right-padded prompt loses nothing.
+        first = int(used[0]) if len(used) else L - 1
+        out.append(MicroBatch(r, slice(first, L), max(int(c[part].max()), 1)))
+    return out
+
+
+def _in_row_order(parts: List[paddle.Tensor], plan: List[MicroBatch], width: int) -> paddle.Tensor:
+    """Per-micro-batch results [k, width_k] -> [n, width] in the batch's row order, columns past a micro-batch's
+    width 0."""
+    out = paddle.concat([pad_columns(x, width, 0.0, "right") for x in parts], 0)
+    order = np.concatenate([mb.rows for mb in plan])
+    if np.array_equal(order, np.arange(len(order))):
+        return out
+    return paddle.gather(out, paddle.to_tensor(np.argsort(order, kind="stable")), axis=0)
+
 
 @paddle.no_grad()
 def logprobs(policy: Policy, batch: Batch, cfg: Any, vocab_parallel: Any = None, with_entropy: bool = False
              ) -> Tuple[paddle.Tensor, Optional[paddle.Tensor]]:
-    """Per-token log-probs [n, T] (and entropy) of the batch's completions under `policy`, in chunks of
-    per_device_logprob_batch_size rows, in eval mode (no dropout), as the rollout that sampled them."""
+    """Per-token log-probs [n, T] (and entropy) of the batch's completions under `policy`, in micro-batches of
+    per_device_logprob_batch_size rows (sorted by length and trimmed with use_remove_padding or
+    max_tokens_per_micro_batch: `plan_micro_batches`), in eval mode (no dropout), as the rollout that sampled them.
+    Padding positions hold meaningless values (0 beyond a trimmed micro-batch's width)."""
     out, ent = [], []
-    n, mb = batch.completion_ids.shape[0], cfg.per_device_logprob_batch_size
+    n, T = batch.completion_ids.shape
+    plan = plan_micro_batches(batch.prompt_mask.numpy(), batch.completion_mask.numpy(), np.arange(n),
+                              cfg.per_device_logprob_batch_size, cfg)
     model = policy.model
     was_training = model.training
     model.eval()
     try:
-        for s in range(0, n, mb):
-            lp, e = policy.logprobs(batch.prompt_ids[s:s + mb], batch.prompt_mask[s:s + mb],
-                                    batch.completion_ids[s:s + mb], batch.completion_mask[s:s + mb],
-                                    temperature=cfg.temperature, with_entropy=with_entropy,
+        for mb in plan:
+            lp, e = policy.logprobs(*mb.inputs(batch), temperature=cfg.temperature, with_entropy=with_entropy,
                                     vocab_parallel=vocab_parallel)
             out.append(lp)
             ent.append(e)
     finally:
         if was_training:
             model.train()
-    return paddle.concat(out, 0), (paddle.concat(ent, 0) if with_entropy else None)
+    return _in_row_order(out, plan, T), (_in_row_order(ent, plan, T) if with_entropy else None)
 
 
 def reference_logprobs(policy: Policy, reference: Optional[Policy], batch: Batch, cfg: Any,
@@ -497,7 +615,7 @@ def compute_advantages(rows: GlobalRows, rewards: np.ndarray, cfg: Any) -> Tuple
 
 def local_rows(rows: GlobalRows, values: np.ndarray, batch: Batch) -> np.ndarray:
     """This rank's rows of a global [N, ...] array, cut to its own completion width."""
-    out = values[rows.offset:rows.offset + len(batch)]
+    out = values[rows.offset:rows.offset + len(batch)] if rows.rows is None else values[rows.rows]
     return out[:, :batch.completion_ids.shape[1]] if out.ndim == 2 else out
 
 
@@ -561,17 +679,16 @@ def rl_loss(cfg: Any, lp: paddle.Tensor, entropy: paddle.Tensor, old: paddle.Ten
     return loss, sums
 
 
-def _micro_batch(learner: Learner, inputs: UpdateInputs, sl: slice, agg: Dict[str, Any], cfg: Any,
+def _micro_batch(learner: Learner, inputs: UpdateInputs, mb: MicroBatch, agg: Dict[str, Any], cfg: Any,
                  vocab_parallel: Any) -> Tuple[np.ndarray, bool]:
-    """Forward + backward of one micro-batch (skipped backward when its loss is not finite)."""
-    b = inputs.batch
+    """Forward + backward of one micro-batch (skipped backward when its loss is not finite). A trimmed micro-batch
+    loses only masked columns, which add nothing to the loss (global denominators: `agg`)."""
     with learner.amp.autocast() if learner.amp else contextlib.nullcontext():  # float32 logits out either way
-        lp, entropy = learner.policy.logprobs(b.prompt_ids[sl], b.prompt_mask[sl], b.completion_ids[sl],
-                                              b.completion_mask[sl], temperature=cfg.temperature, with_entropy=True,
-                                              vocab_parallel=vocab_parallel)  # entropy is logged every step
-    old = lp.detach() if inputs.old_lp is None else inputs.old_lp[sl]
-    loss, sums = rl_loss(cfg, lp, entropy, old, inputs.advantages[sl], inputs.loss_mask[sl],
-                         None if inputs.ref_lp is None else inputs.ref_lp[sl], agg)
+        lp, entropy = learner.policy.logprobs(*mb.inputs(inputs.batch), temperature=cfg.temperature,
+                                              with_entropy=True, vocab_parallel=vocab_parallel)  # logged every step
+    old = lp.detach() if inputs.old_lp is None else mb.completion(inputs.old_lp)
+    loss, sums = rl_loss(cfg, lp, entropy, old, mb.completion(inputs.advantages), mb.completion(inputs.loss_mask),
+                         mb.completion(inputs.ref_lp), agg)
     finite = bool(paddle.isfinite(loss))
     if finite:
         (learner.amp.scale(loss) if learner.amp else loss).backward()
@@ -622,12 +739,14 @@ def clip_gradients(parameters: Sequence[Any], grad_norm: float, max_grad_norm: f
 def update(par: ParallelContext, learner: Learner, inputs: UpdateInputs, cfg: Any, geometry: Any, step: int,
            vocab_parallel: Any = None) -> UpdateMetrics:
     """`update_iters` passes over the batch in mini-batches of `geometry.sequences_per_mini_batch` rows, one
-    optimizer step each, gradients accumulated over micro-batches of per_device_train_batch_size rows and summed
-    over the data-parallel ranks. A mini-batch whose loss or gradient is not finite on any rank is skipped on all;
-    `max_consecutive_nonfinite` skipped in a row raise TrainingError."""
+    optimizer step each, gradients accumulated over micro-batches of per_device_train_batch_size rows
+    (`plan_micro_batches`: by length and trimmed with use_remove_padding, by tokens with max_tokens_per_micro_batch)
+    and summed over the data-parallel ranks. A mini-batch whose loss or gradient is not finite on any rank is
+    skipped on all; `max_consecutive_nonfinite` skipped in a row raise TrainingError."""
     n = inputs.batch.completion_ids.shape[0]
     per_mini, mb = geometry.sequences_per_mini_batch, cfg.per_device_train_batch_size
     per_mini_metrics = []
+    masks = (inputs.batch.prompt_mask.numpy(), inputs.batch.completion_mask.numpy())
     state = learner.state
     learner.policy.model.train()
     params = learner.parameters()
@@ -642,9 +761,8 @@ def update(par: ParallelContext, learner: Learner, inputs: UpdateInputs, cfg: An
                 sums, finite = _pipeline_mini_batch(learner, inputs, slice(m0, m0 + per_mini), agg, cfg,
                                                     geometry.grad_accum_steps)
             else:
-                for s in range(m0, m0 + per_mini, mb):
-                    micro_sums, micro_finite = _micro_batch(learner, inputs, slice(s, s + mb), agg, cfg,
-                                                            vocab_parallel)
+                for micro in plan_micro_batches(*masks, np.arange(m0, min(m0 + per_mini, n)), mb, cfg):
+                    micro_sums, micro_finite = _micro_batch(learner, inputs, micro, agg, cfg, vocab_parallel)
                     sums += micro_sums
                     finite = finite and micro_finite
             per_mini_metrics.append(LossSums(par.all_reduce_sum(sums)).means())

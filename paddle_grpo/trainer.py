@@ -137,6 +137,7 @@ class Trainer:
         batch, collected = step.collect(par, self.policy, self.encode, self.rewarder, self.sampler,
                                         self.train_records, cfg, geo.prompts_per_rank, self.step)
         batch = par.from_first_stage(batch)  # pipeline stages train on the first stage's batch
+        batch = step.balance(par, batch, cfg, geo.sequences_per_mini_batch, self.tokenizer.pad_token_id)
 
         t0 = time.perf_counter()
         ref_lp = step.reference_logprobs(self.policy, self.reference, batch, cfg, par.vocab_parallel)

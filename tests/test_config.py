@@ -118,7 +118,7 @@ skip_profile_timer: false
 
 # Keys PaddleNLP's file sets that have no effect on a CPU run here, each to be named in a warning.
 EXPECTED_INERT_ON_CPU = {
-    "balance_batch", "use_remove_padding", "sequence_parallel", "use_flash_attention",
+    "sequence_parallel", "use_flash_attention",
     "use_fused_linear", "bf16", "fp16_opt_level", "amp_custom_black_list", "amp_custom_white_list", "offload_level",
     "release_grads", "kl_coeff",
 }
@@ -126,8 +126,7 @@ EXPECTED_INERT_ON_CPU = {
 # no effect with rl_algorithm grpo (as in PaddleNLP) on every device.
 # sequence_parallel: not implemented on any device (precision.NOT_IMPLEMENTED). use_fused_head_and_loss_fn: the
 # chunked LM head, on every device (policy/lm_head.py).
-EXPECTED_INERT_ON_GPU = {"balance_batch", "use_remove_padding", "offload_level", "release_grads", "kl_coeff",
-                         "sequence_parallel"}
+EXPECTED_INERT_ON_GPU = {"offload_level", "release_grads", "kl_coeff", "sequence_parallel"}
 
 
 def write(tmp_path, text, name="cfg.yaml"):
