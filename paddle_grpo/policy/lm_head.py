@@ -40,6 +40,24 @@ def _chunks(total: int, chunk_size: int) -> list[tuple[int, int]]:
     return [(s, min(s + chunk_size, total)) for s in range(0, total, chunk_size)]
 
 
+def _shifted_statistics(z: paddle.Tensor, labels: paddle.Tensor, with_entropy: bool
+                        ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor, paddle.Tensor | None]:
+    """Per-row statistics of one chunk's logits `z` [c, V] for `labels` [c], each relative to the row maximum m:
+    `(m, z[label] - m, logsumexp(z) - m, sum_v softmax(z)_v z_v - m or None)`, all [c]. Shared with the
+    vocab-parallel head (parallel/vocab.py), which combines the shards' statistics."""
+    # Max-subtracted log-sum-exp: exp never sees a large logit, and `z - m` is reused for p and the entropy.
+    # (Not F.log_softmax: superlinear in V on paddle's CPU kernels, docs/platform.md.)
+    m = paddle.max(z, axis=-1, keepdim=True)
+    zs = paddle.subtract(z, m)
+    del z  # the caller passes the logits without keeping a name for them: this frees them
+    e = paddle.exp(zs)
+    sum_e = paddle.sum(e, axis=-1)
+    lse_s = paddle.log(sum_e)                                           # logsumexp(z) - m
+    picked = paddle.take_along_axis(zs, labels.unsqueeze(-1), axis=-1).squeeze(-1)
+    mean_s = paddle.sum(paddle.multiply(e, zs), axis=-1) / sum_e if with_entropy else None
+    return m.squeeze(-1), picked, lse_s, mean_s
+
+
 class _ChunkedLMHead(PyLayer):
     """Forward: per-token (log-prob, log-sum-exp, entropy) chunk by chunk. Backward: recompute each chunk's logits.
 
@@ -53,22 +71,15 @@ class _ChunkedLMHead(PyLayer):
         total = hidden.shape[0]
         logps, lses, ents = [], [], []
         for start, end in _chunks(total, chunk_size):
-            z = _chunk_logits(hidden[start:end], w, transpose_y, temperature)
-            # Max-subtracted log-sum-exp: exp never sees a large logit, and `z - m` is reused for p and the entropy.
-            # (Not F.log_softmax: superlinear in V on paddle's CPU kernels, docs/platform.md.)
-            m = paddle.max(z, axis=-1, keepdim=True)
-            zs = paddle.subtract(z, m)
-            del z
-            e = paddle.exp(zs)
-            sum_e = paddle.sum(e, axis=-1)
-            lse_s = paddle.log(sum_e)                                   # logsumexp(z) - m
-            lab = labels[start:end].unsqueeze(-1)
-            logps.append(paddle.take_along_axis(zs, lab, axis=-1).squeeze(-1) - lse_s)
-            lses.append(lse_s + m.squeeze(-1))                         # the unshifted logsumexp(z)
+            # The logits go straight into the call (no name holds them here): they are freed inside, after `z - m`.
+            m, picked, lse_s, mean_s = _shifted_statistics(_chunk_logits(hidden[start:end], w, transpose_y,
+                                                                         temperature), labels[start:end],
+                                                           with_entropy)
+            logps.append(picked - lse_s)
+            lses.append(lse_s + m)                                     # the unshifted logsumexp(z)
             if with_entropy:
-                # H = logsumexp(z) - sum p z; both terms shift by m, so the shifted logits give it exactly.
-                ents.append(lse_s - paddle.sum(paddle.multiply(e, zs), axis=-1) / sum_e)
-            del zs, e
+                # H = logsumexp(z) - sum p z; both terms shift by m, so the shifted statistics give it exactly.
+                ents.append(lse_s - mean_s)
         logp = paddle.concat(logps)
         ent = paddle.concat(ents) if with_entropy else paddle.zeros_like(logp)
         ctx.temperature, ctx.chunk_size, ctx.with_entropy, ctx.transpose_y = (temperature, chunk_size, with_entropy,
@@ -88,6 +99,9 @@ class _ChunkedLMHead(PyLayer):
         # and logits = h W (or h W^T), so dL/dh = dL/dlogits W^T and dL/dW = h^T dL/dlogits, summed over chunks.
         hidden, weight, labels, lse, ent = ctx.saved_tensor()
         temperature, transpose_y = ctx.temperature, ctx.transpose_y
+        # [N] float32 or None: scales each position's one-hot term. The vocab-parallel head (parallel/vocab.py, a
+        # subclass with its own forward) sets it to 0 where another shard holds the label.
+        label_weight = getattr(ctx, "label_weight", None)
         need_h, need_w = not hidden.stop_gradient, not weight.stop_gradient
         w = _as_f32(weight)
         grad_logp = _as_f32(grad_logp)
@@ -110,7 +124,8 @@ class _ChunkedLMHead(PyLayer):
             dz = paddle.multiply(p, coeff)                              # p * coeff - a * onehot = -dL/dz
             del p, coeff
             lab = labels[start:end].unsqueeze(-1)
-            dz = paddle.put_along_axis(dz, lab, paddle.take_along_axis(dz, lab, axis=-1) - a, axis=-1)
+            onehot = a if label_weight is None else a * label_weight[start:end].unsqueeze(-1)
+            dz = paddle.put_along_axis(dz, lab, paddle.take_along_axis(dz, lab, axis=-1) - onehot, axis=-1)
             dz = paddle.scale(dz, scale=-1.0 / temperature)             # dL/dlogits
             if need_h:
                 dh_chunks.append(paddle.matmul(dz, w, transpose_y=not transpose_y).astype(hidden.dtype))
@@ -145,6 +160,18 @@ def chunked_logprobs_and_entropy(hidden: paddle.Tensor, weight: paddle.Tensor, l
     Returns:
         `(logprobs [n, T] float32, entropy [n, T] float32 or None)`.
     """
+    flat_h, flat_labels = _flat_inputs(hidden, weight, labels, temperature, chunk_size, transpose_y)
+    logp, ent = _ChunkedLMHead.apply(flat_h, weight, flat_labels, float(temperature), int(chunk_size),
+                                     bool(with_entropy), bool(transpose_y))
+    n, t = labels.shape
+    logp = logp.reshape([n, t])
+    return logp, (ent.reshape([n, t]) if with_entropy else None)
+
+
+def _flat_inputs(hidden: paddle.Tensor, weight: paddle.Tensor, labels: paddle.Tensor, temperature: float,
+                 chunk_size: int, transpose_y: bool) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """The checked arguments of `chunked_logprobs_and_entropy` (also parallel/vocab.py's) flattened over positions:
+    hidden `[n * T, H]` and labels `[n * T]` int64, negative ids read as 0."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_size < 1:
@@ -157,12 +184,7 @@ def chunked_logprobs_and_entropy(hidden: paddle.Tensor, weight: paddle.Tensor, l
     if len(weight.shape) != 2 or w_hidden != h_size:
         layout = "[V, H] (transpose_y=True)" if transpose_y else "[H, V] (transpose_y=False)"
         raise ValueError(f"weight {list(weight.shape)} is not {layout} for hidden size {h_size}")
-    flat_h = hidden.reshape([n * t, h_size])
-    flat_labels = paddle.clip(labels.astype("int64"), min=0).reshape([n * t])
-    logp, ent = _ChunkedLMHead.apply(flat_h, weight, flat_labels, float(temperature), int(chunk_size),
-                                     bool(with_entropy), bool(transpose_y))
-    logp = logp.reshape([n, t])
-    return logp, (ent.reshape([n, t]) if with_entropy else None)
+    return hidden.reshape([n * t, h_size]), paddle.clip(labels.astype("int64"), min=0).reshape([n * t])
 
 
 def num_chunks(positions: int, chunk_size: int) -> int:
