@@ -154,6 +154,42 @@ def test_two_stages_match_one_process(tmp_path, tiny_policy_dir, repo_root, tied
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_two_stages_with_the_chunked_lm_head_match_two_stages_without(tmp_path, tiny_policy_dir, repo_root, tied):
+    """policy.head_chunk_size set: the last stage hands the loss its final hidden states and the loss applies the
+    stage's LM head (weight [H, V], or the shared embedding [V, H] when tied) 7 positions at a time (micro-batches
+    of 4 x 8 completion positions: 7 does not divide them). Two launches, with and without chunking: equal losses,
+    gradient norms (clipping active), every metric and the trained weights."""
+    policy = _tiny_policy(tmp_path, tie_word_embeddings=True) if tied else tiny_policy_dir
+    cfg = write_config(tmp_path, policy, "grpo")
+    worker = repo_root / "tests" / "workers" / "chunked_head_run_rl.py"
+    common = ["--global_mini_batch_size", 2, "--max_grad_norm", 0.5, "--pipeline_parallel_degree", 2]
+    for name, chunk in (("full", 0), ("chunked", 7)):
+        run(launch(worker, chunk, cfg, "--output_dir", tmp_path / name, *common, log_dir=tmp_path / f"log_{name}"),
+            tmp_path)
+    calls = {name: [json.loads((tmp_path / name / f"head_calls.rank{r}.json").read_text()) for r in (0, 1)]
+             for name in ("full", "chunked")}
+    # 2 steps x 2 optimizer steps x 2 micro-batches, on the last stage only; none without chunking
+    assert calls == {"full": [[], []], "chunked": [[], [7] * 8]}
+    full, chunked = _metrics(tmp_path / "full"), _metrics(tmp_path / "chunked")
+    assert [r["step"] for r in full] == [r["step"] for r in chunked] == [1, 2]
+    for a, b in zip(full, chunked):
+        assert set(a) == set(b)
+        for key in a:
+            if not key.startswith("perf/"):
+                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (a["step"], key)
+    assert full[0]["train/grad_norm"] > 0.5 and full[0]["train/optimizer_steps"] == 2  # clipping ran
+    pa = paddle.load(str(tmp_path / "full" / "checkpoint-2" / "model_state.pdparams"))
+    pb = paddle.load(str(tmp_path / "chunked" / "checkpoint-2" / "model_state.pdparams"))
+    assert set(pa) == set(pb)
+    initial = paddle.load(os.path.join(policy, "model_state.pdparams"))
+    moved = max(float((pa[k] - initial[k]).abs().max()) for k in pa)
+    diff = max(float((pa[k] - pb[k]).abs().max()) for k in pa)
+    print(f"moved {moved:.3g}, chunked - full {diff:.3g}")
+    assert moved > 3e-3 and diff < 3e-5, (moved, diff)
+
+
+@pytest.mark.e2e
 def test_two_stages_resume_exactly(tmp_path, tiny_policy_dir, repo_root):
     """Each stage reloads its optimizer file and its part of the saved full model: steps 3-4 after a resume at
     step 2 are those of the uninterrupted run, bit for bit."""
