@@ -293,6 +293,7 @@ def test_tensor_parallel_chunked_head_equals_the_unsharded_unchunked_head(tmp_pa
         repo_root)
     ranks = [np.load(tmp_path / f"rank{r}.npz") for r in (0, 1)]
     assert np.abs(inputs["hidden"] @ inputs["weight"]).max() > 15
+    worst = {}
     for name, case in cases.items():
         lp, ent, dh, dw = _reference_head(inputs["hidden"], inputs["weight"], labels, inputs["a"], inputs["b"],
                                           case["temperature"], case["with_entropy"])
@@ -306,6 +307,11 @@ def test_tensor_parallel_chunked_head_equals_the_unsharded_unchunked_head(tmp_pa
         full = np.concatenate(shards, axis=0).T if case["transpose_y"] else np.concatenate(shards, axis=1)
         np.testing.assert_allclose(full, dw, rtol=1e-4, atol=1e-5, err_msg=name)
         assert np.abs(dw).max() > 0.1 and np.abs(dh).max() > 0.1
+        for key, ref in (("logprobs", lp), ("entropy", ent), ("hidden_grad", dh)):
+            if f"{name}/{key}" in ranks[0]:
+                worst[key] = max(worst.get(key, 0.0), float(np.abs(ranks[0][f"{name}/{key}"] - ref).max()))
+        worst["weight_grad"] = max(worst.get("weight_grad", 0.0), float(np.abs(full - dw).max()))
+    print("largest absolute difference from float64:", {k: f"{v:.2g}" for k, v in worst.items()})
 
 
 @pytest.mark.e2e
