@@ -6,7 +6,9 @@ from typing import Any
 import paddle
 import paddle.distributed as dist
 
-from ..policy.lm_head import _as_f32, _chunk_logits, _ChunkedLMHead, _chunks, _flat_inputs, _shifted_statistics
+# The chunked LM head's maths (a module that imports nothing of the package, docs/architecture.md).
+from ..policy.lm_head import (_as_f32, _chunk_logits, _ChunkedLMHead, _chunks, _flat_inputs,
+                              _shifted_statistics)
 from .differentiable import AllReduce, Identity
 
 
@@ -15,10 +17,10 @@ class VocabParallel:
     (`chunked_logprobs_and_entropy`) from the hidden states and this rank's shard of the LM head, a chunk of
     positions at a time.
 
-    `logprobs` / `entropy`, per position: the maximum logit (all-reduce MAX), the sum of exponentials and, for entropy, the sum of
-    `exp(z - max) * z` (all-reduce SUM), and the label's logit from the rank whose shard holds it (all-reduce SUM
-    of a masked gather). The SUM reductions pass gradients straight through, so each rank backpropagates into its
-    own shard (Megatron's vocab-parallel cross-entropy)."""
+    `logprobs` / `entropy`, per position: the maximum logit (all-reduce MAX), the sum of exponentials and, for
+    entropy, the sum of `exp(z - max) * z` (all-reduce SUM), and the label's logit from the rank whose shard holds
+    it (all-reduce SUM of a masked gather). The SUM reductions pass gradients straight through, so each rank
+    backpropagates into its own shard (Megatron's vocab-parallel cross-entropy)."""
 
     def __init__(self, group: Any, rank: int, world: int) -> None:
         self.group, self.rank, self.world = group, rank, world
