@@ -10,7 +10,8 @@ of the hidden states and of the head weight chunk by chunk. Peak extra memory is
 The formulas are those of `algorithms/losses.py` (`logprobs_from_logits`, `entropy_from_logits`) and
 docs/algorithms.md section 4: `z = logits / temperature`, `log p = z[label] - logsumexp(z)`,
 `H = logsumexp(z) - sum_v softmax(z)_v z_v`. This module does not import `paddle.distributed`: a vocab-parallel head
-(per-shard chunks with the existing all-reduces) is built on top of it in `parallel/`.
+(per-shard chunks, one all-gather of their statistics) is built on top of it in `parallel/vocab.py`, which imports
+`_shifted_statistics`, `_flat_inputs` and subclasses `_ChunkedLMHead` (its backward reads `ctx.label_weight`).
 """
 from __future__ import annotations
 
