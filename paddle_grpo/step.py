@@ -38,7 +38,9 @@ from .data import (PromptSampler, apply_chat_template, balance_rows, collate_pro
                    row_extents, tokenize_prompts)
 from .parallel import ParallelContext
 from .policy import Policy, position_ids_from_mask
+from .policy.base import full_precision
 from .policy.causal import logprobs_from_completion_logits
+from .policy.lm_head import chunked_logprobs_and_entropy
 from .rewards import RewardResult
 from .rollout import Rollout
 from .sampling import row_keys
@@ -699,7 +701,8 @@ def _pipeline_mini_batch(learner: Learner, inputs: UpdateInputs, sl: slice, agg:
                          micro_batches: int) -> Tuple[np.ndarray, bool]:
     """Forward + backward of the mini-batch rows `sl` through the pipeline (fleet splits them into the
     micro-batches), the loss of `rl_loss` on the last stage; the summed LossSums values and whether every
-    micro-batch's loss was finite, on every stage."""
+    micro-batch's loss was finite, on every stage. With the chunked LM head (`policy.head_chunk_size`) the last
+    stage hands the loss its final hidden states and the loss applies the stage's LM head chunk by chunk."""
     b = inputs.batch
     ids = paddle.concat([b.prompt_ids[sl], b.completion_ids[sl]], axis=1)
     attention_mask = paddle.concat([b.prompt_mask[sl], b.completion_mask[sl]], axis=1).astype("int64")
@@ -708,17 +711,27 @@ def _pipeline_mini_batch(learner: Learner, inputs: UpdateInputs, sl: slice, agg:
     labels = (b.completion_ids[sl], inputs.loss_mask[sl], inputs.advantages[sl], rows(inputs.old_lp),
               rows(inputs.ref_lp))
     micro = []
+    chunk_size = getattr(learner.policy, "head_chunk_size", None)
 
-    def loss_fn(logits, labels):
+    def loss_fn(out, labels):
         completion_ids, mask, adv, old, ref = labels
-        # The token at position L + t is predicted from the logits at L + t - 1.
-        lp, entropy = logprobs_from_completion_logits(logits[:, -T - 1:-1], completion_ids, cfg.temperature)
+        # The token at position L + t is predicted from the output (logits, or hidden state) at L + t - 1.
+        if chunk_size is None:
+            lp, entropy = logprobs_from_completion_logits(out[:, -T - 1:-1], completion_ids, cfg.temperature)
+        else:
+            head = learner.pipeline.lm_head  # a layer of this stage: its weight's gradient reaches the optimizer
+            if getattr(head, "bias", None) is not None:
+                raise NotImplementedError(f"the chunked LM head has no bias term; {type(head).__name__} has one")
+            with full_precision():  # float32 per chunk, as logprobs_from_completion_logits
+                lp, entropy = chunked_logprobs_and_entropy(out[:, -T - 1:-1], head.weight, completion_ids,
+                                                           temperature=cfg.temperature, chunk_size=chunk_size,
+                                                           transpose_y=bool(getattr(head, "transpose_y", False)))
         loss, sums = rl_loss(cfg, lp, entropy, lp.detach() if old is None else old, adv, mask, ref, agg)
         micro.append(np.append(sums, float(bool(paddle.isfinite(loss)))))
         return loss
 
     learner.pipeline.forward_backward((ids, attention_mask, None, position_ids_from_mask(attention_mask)), labels,
-                                      loss_fn)
+                                      loss_fn, final_hidden=chunk_size is not None)
     out = learner.pipeline.from_last_stage(np.sum(micro, axis=0) if micro else
                                            np.zeros(len(SHARE_KEYS) + len(TOKEN_MEAN_KEYS) + 2))
     return out[:-1], bool(out[-1] == micro_batches)

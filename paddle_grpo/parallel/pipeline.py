@@ -107,6 +107,7 @@ class Pipeline:
             if par.rank != min(comm["ranks"]):
                 for attr in comm["weight_attr"]:
                     getattr(comm["layer"], attr).pipeline_duplicate = True
+        self._head = _LastHead.install(self.layers) if self.is_last_stage else None
         self.model = fleet.distributed_model(self.layers)
 
     def parameters(self) -> list[Any]:
@@ -116,11 +117,23 @@ class Pipeline:
     def is_last_stage(self) -> bool:
         return self.par.pp_stage == self.par.pp_world - 1
 
-    def forward_backward(self, inputs: tuple, labels: tuple | None, loss_fn: Callable[..., Any]) -> None:
+    @property
+    def lm_head(self) -> Any:
+        """The last stage's LM head layer (PaddleNLP's `Qwen2LMHeadPipe`: `weight` `[H, V]`, or `[V, H]` with
+        `transpose_y` when the embeddings are tied), a layer of this stage: its parameters are trained here."""
+        if self._head is None:
+            raise RuntimeError(f"pipeline stage {self.par.pp_stage} is not the last: it holds no LM head")
+        return self._head.head
+
+    def forward_backward(self, inputs: tuple, labels: tuple | None, loss_fn: Callable[..., Any],
+                         final_hidden: bool = False) -> None:
         """Forward and backward of one mini-batch split into fleet's micro-batches. `inputs`: the first stage's
         tuple (input_ids, attention_mask, None, position_ids), each [n, S]; `labels`: the last stage's tuple of
         [n, ...] tensors (or None) handed, sliced per micro-batch, to `loss_fn(logits [mb, S, V], labels)`, whose
-        loss is backpropagated unscaled."""
+        loss is backpropagated unscaled. With `final_hidden` the last stage skips its LM head: `loss_fn` gets the
+        final hidden states `[mb, S, H]` (after the last norm) and applies `lm_head` itself (the chunked head)."""
+        if self._head is not None:
+            self._head.final_hidden = final_hidden
         self.layers._loss_fn = [loss_fn]
         # What PipelineParallel._prepare_training does besides taking fleet's optimizer, which this trainer does
         # not use (it sums gradients over data ranks and clips by the global norm itself).
@@ -153,3 +166,29 @@ class Pipeline:
         own = self.layers.state_dict()
         full = full_model.state_dict()
         self.layers.set_state_dict({k: full[k] for k in own})
+
+
+class _LastHead:
+    """The last entry of the last stage's run list (fleet's `PipelineLayer.run_function`, or its last model chunk's
+    with `virtual_pp_degree`): PaddleNLP's LM head layer, called as before (the logits), or with `final_hidden` its
+    input returned unchanged, so that the loss can apply the head a chunk of positions at a time (policy/lm_head.py)
+    instead of fleet materialising `[mb, S, V]` logits. Only the call is wrapped: the head stays a registered sublayer
+    of the stage (its parameters, state dict and fleet's shared-weight all-reduce are unchanged)."""
+
+    def __init__(self, head: Any) -> None:
+        self.head, self.final_hidden = head, False
+
+    def __call__(self, hidden: paddle.Tensor) -> paddle.Tensor:
+        return hidden if self.final_hidden else self.head(hidden)
+
+    @classmethod
+    def install(cls, layers: Any) -> _LastHead:
+        """Wrap the LM head of `layers` (this rank's PipelineLayer, the last stage) in place; the wrapper."""
+        chunks = layers.get_model_chunks()  # None without virtual stages
+        run = chunks[-1].get_run_function() if chunks else layers.run_function
+        if not (isinstance(run[-1], paddle.nn.Layer) and type(run[-1]).__name__.endswith("LMHeadPipe")):
+            raise RuntimeError(f"the last stage's last layer is {type(run[-1]).__name__}, not PaddleNLP's LM head "
+                               "pipe layer (stage_chunks puts the LM head last)")
+        run[-1] = cls(run[-1])
+        return run[-1]
+

@@ -15,7 +15,8 @@ head layer: nn.Linear, PaddleNLP's `*LMHead`, a paddlenlp.peft `LoRALinear`).
 The formulas are those of `algorithms/losses.py` (`logprobs_from_logits`, `entropy_from_logits`) and
 docs/algorithms.md section 4: `z = logits / temperature`, `log p = z[label] - logsumexp(z)`,
 `H = logsumexp(z) - sum_v softmax(z)_v z_v`. This module does not import `paddle.distributed`: a vocab-parallel head
-(per-shard chunks with the existing all-reduces) is built on top of it in `parallel/`.
+(per-shard chunks, one all-gather of their statistics) is built on top of it in `parallel/vocab.py`, which imports
+`_shifted_statistics`, `_flat_inputs` and subclasses `_ChunkedLMHead` (its backward reads `ctx.label_weight`).
 """
 from __future__ import annotations
 
@@ -56,6 +57,24 @@ def _chunks(total: int, chunk_size: int) -> list[tuple[int, int]]:
     return [(s, min(s + chunk_size, total)) for s in range(0, total, chunk_size)]
 
 
+def _shifted_statistics(z: paddle.Tensor, labels: paddle.Tensor, with_entropy: bool
+                        ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor, paddle.Tensor | None]:
+    """Per-row statistics of one chunk's logits `z` [c, V] for `labels` [c], each relative to the row maximum m:
+    `(m, z[label] - m, logsumexp(z) - m, sum_v softmax(z)_v z_v - m or None)`, all [c]. Shared with the
+    vocab-parallel head (parallel/vocab.py), which combines the shards' statistics."""
+    # Max-subtracted log-sum-exp: exp never sees a large logit, and `z - m` is reused for p and the entropy.
+    # (Not F.log_softmax: superlinear in V on paddle's CPU kernels, docs/platform.md.)
+    m = paddle.max(z, axis=-1, keepdim=True)
+    zs = paddle.subtract(z, m)
+    del z  # the caller passes the logits without keeping a name for them: this frees them
+    e = paddle.exp(zs)
+    sum_e = paddle.sum(e, axis=-1)
+    lse_s = paddle.log(sum_e)                                           # logsumexp(z) - m
+    picked = paddle.take_along_axis(zs, labels.unsqueeze(-1), axis=-1).squeeze(-1)
+    mean_s = paddle.sum(paddle.multiply(e, zs), axis=-1) / sum_e if with_entropy else None
+    return m.squeeze(-1), picked, lse_s, mean_s
+
+
 class _ChunkedLMHead(PyLayer):
     """Forward: per-token (log-prob, log-sum-exp, entropy) chunk by chunk. Backward: recompute each chunk's logits.
 
@@ -73,22 +92,15 @@ class _ChunkedLMHead(PyLayer):
         total = hidden.shape[0]
         logps, lses, ents = [], [], []
         for start, end in _chunks(total, chunk_size):
-            z = _chunk_logits(hidden[start:end], w, transpose_y, temperature, b)
-            # Max-subtracted log-sum-exp: exp never sees a large logit, and `z - m` is reused for p and the entropy.
-            # (Not F.log_softmax: superlinear in V on paddle's CPU kernels, docs/platform.md.)
-            m = paddle.max(z, axis=-1, keepdim=True)
-            zs = paddle.subtract(z, m)
-            del z
-            e = paddle.exp(zs)
-            sum_e = paddle.sum(e, axis=-1)
-            lse_s = paddle.log(sum_e)                                   # logsumexp(z) - m
-            lab = labels[start:end].unsqueeze(-1)
-            logps.append(paddle.take_along_axis(zs, lab, axis=-1).squeeze(-1) - lse_s)
-            lses.append(lse_s + m.squeeze(-1))                         # the unshifted logsumexp(z)
+            # The logits go straight into the call (no name holds them here): they are freed inside, after `z - m`.
+            m, picked, lse_s, mean_s = _shifted_statistics(_chunk_logits(hidden[start:end], w, transpose_y,
+                                                                         temperature, b), labels[start:end],
+                                                           with_entropy)
+            logps.append(picked - lse_s)
+            lses.append(lse_s + m)                                     # the unshifted logsumexp(z)
             if with_entropy:
-                # H = logsumexp(z) - sum p z; both terms shift by m, so the shifted logits give it exactly.
-                ents.append(lse_s - paddle.sum(paddle.multiply(e, zs), axis=-1) / sum_e)
-            del zs, e
+                # H = logsumexp(z) - sum p z; both terms shift by m, so the shifted statistics give it exactly.
+                ents.append(lse_s - mean_s)
         logp = paddle.concat(logps)
         ent = paddle.concat(ents) if with_entropy else paddle.zeros_like(logp)
         ctx.temperature, ctx.chunk_size, ctx.with_entropy, ctx.transpose_y = (temperature, chunk_size, with_entropy,
@@ -109,6 +121,9 @@ class _ChunkedLMHead(PyLayer):
         # A bias b adds to the logits, so dL/db = the column sum of dL/dlogits over the positions.
         hidden, weight, labels, lse, ent, bias = ctx.saved_tensor()
         temperature, transpose_y = ctx.temperature, ctx.transpose_y
+        # [N] float32 or None: scales each position's one-hot term. The vocab-parallel head (parallel/vocab.py, a
+        # subclass with its own forward) sets it to 0 where another shard holds the label.
+        label_weight = getattr(ctx, "label_weight", None)
         need_h, need_w = not hidden.stop_gradient, not weight.stop_gradient
         need_b = bias is not None and not bias.stop_gradient
         w = _as_f32(weight)
@@ -134,7 +149,8 @@ class _ChunkedLMHead(PyLayer):
             dz = paddle.multiply(p, coeff)                              # p * coeff - a * onehot = -dL/dz
             del p, coeff
             lab = labels[start:end].unsqueeze(-1)
-            dz = paddle.put_along_axis(dz, lab, paddle.take_along_axis(dz, lab, axis=-1) - a, axis=-1)
+            onehot = a if label_weight is None else a * label_weight[start:end].unsqueeze(-1)
+            dz = paddle.put_along_axis(dz, lab, paddle.take_along_axis(dz, lab, axis=-1) - onehot, axis=-1)
             dz = paddle.scale(dz, scale=-1.0 / temperature)             # dL/dlogits
             if need_h:
                 dh_chunks.append(paddle.matmul(dz, w, transpose_y=not transpose_y).astype(hidden.dtype))
@@ -177,6 +193,26 @@ def chunked_logprobs_and_entropy(hidden: paddle.Tensor, weight: paddle.Tensor, l
     Returns:
         `(logprobs [n, T] float32, entropy [n, T] float32 or None)`.
     """
+    flat_h, flat_labels = _flat_inputs(hidden, weight, labels, temperature, chunk_size, transpose_y)
+    vocab = weight.shape[0] if transpose_y else weight.shape[1]
+    if bias is not None and int(math.prod(bias.shape)) != vocab:
+        raise ValueError(f"bias {list(bias.shape)} does not have the head's {vocab} outputs")
+    if with_entropy not in (True, False, "detached"):
+        raise ValueError(f"with_entropy must be True, False or 'detached', got {with_entropy!r}")
+    logp, ent = _ChunkedLMHead.apply(flat_h, weight, flat_labels, float(temperature), int(chunk_size),
+                                     with_entropy, bool(transpose_y), bias)
+    n, t = labels.shape
+    logp = logp.reshape([n, t])
+    if not with_entropy:
+        return logp, None
+    ent = ent.reshape([n, t])
+    return logp, (ent.detach() if with_entropy == "detached" else ent)
+
+
+def _flat_inputs(hidden: paddle.Tensor, weight: paddle.Tensor, labels: paddle.Tensor, temperature: float,
+                 chunk_size: int, transpose_y: bool) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """The checked arguments of `chunked_logprobs_and_entropy` (also parallel/vocab.py's) flattened over positions:
+    hidden `[n * T, H]` and labels `[n * T]` int64, negative ids read as 0."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_size < 1:
@@ -189,20 +225,7 @@ def chunked_logprobs_and_entropy(hidden: paddle.Tensor, weight: paddle.Tensor, l
     if len(weight.shape) != 2 or w_hidden != h_size:
         layout = "[V, H] (transpose_y=True)" if transpose_y else "[H, V] (transpose_y=False)"
         raise ValueError(f"weight {list(weight.shape)} is not {layout} for hidden size {h_size}")
-    vocab = weight.shape[0] if transpose_y else weight.shape[1]
-    if bias is not None and int(math.prod(bias.shape)) != vocab:
-        raise ValueError(f"bias {list(bias.shape)} does not have the head's {vocab} outputs")
-    if with_entropy not in (True, False, "detached"):
-        raise ValueError(f"with_entropy must be True, False or 'detached', got {with_entropy!r}")
-    flat_h = hidden.reshape([n * t, h_size])
-    flat_labels = paddle.clip(labels.astype("int64"), min=0).reshape([n * t])
-    logp, ent = _ChunkedLMHead.apply(flat_h, weight, flat_labels, float(temperature), int(chunk_size),
-                                     with_entropy, bool(transpose_y), bias)
-    logp = logp.reshape([n, t])
-    if not with_entropy:
-        return logp, None
-    ent = ent.reshape([n, t])
-    return logp, (ent.detach() if with_entropy == "detached" else ent)
+    return hidden.reshape([n * t, h_size]), paddle.clip(labels.astype("int64"), min=0).reshape([n * t])
 
 
 def num_chunks(positions: int, chunk_size: int) -> int:

@@ -249,6 +249,71 @@ def test_tensor_parallel_logprobs_entropy_and_gradients_equal_a_single_process(t
     assert np.abs(full_grad).max() > 1e-4
 
 
+# name: (chunk_size, temperature, transpose_y, with_entropy); 3 x 5 = 15 positions, so 4 and 7 leave a short last chunk
+CHUNKED_HEAD_CASES = {"c1": (1, 1.0, False, True), "c4_t07": (4, 0.7, False, True), "c7_tied": (7, 1.0, True, True),
+                      "c15_tied_t13": (15, 1.3, True, True), "c64": (64, 0.7, False, True),
+                      "c4_no_entropy": (4, 1.0, False, False)}
+
+
+def _reference_head(hidden, weight, labels, a, b, temperature, with_entropy):
+    """Unsharded, unchunked float64: log-probs, entropy and the gradients of sum(a lp + b H) w.r.t. hidden, weight."""
+    h = paddle.to_tensor(hidden.astype(np.float64), stop_gradient=False)
+    w = paddle.to_tensor(weight.astype(np.float64), stop_gradient=False)
+    z = paddle.matmul(h, w) / temperature
+    lse = paddle.logsumexp(z, axis=-1)
+    lab = paddle.to_tensor(np.maximum(labels, 0)).unsqueeze(-1)
+    lp = paddle.take_along_axis(z, lab, axis=-1).squeeze(-1) - lse
+    ent = lse - (paddle.nn.functional.softmax(z, axis=-1) * z).sum(axis=-1)
+    loss = (lp * paddle.to_tensor(a.astype(np.float64))).sum()
+    if with_entropy:
+        loss = loss + (ent * paddle.to_tensor(b.astype(np.float64))).sum()
+    loss.backward()
+    return lp.numpy(), ent.numpy(), h.grad.numpy(), w.grad.numpy()
+
+
+@pytest.mark.e2e
+def test_tensor_parallel_chunked_head_equals_the_unsharded_unchunked_head(tmp_path, repo_root):
+    """VocabParallel.chunked_logprobs_and_entropy on 2 ranks (each half of the vocabulary), every case in one launch:
+    log-probs, entropy, the hidden states' gradient (summed over the ranks) and each weight shard's gradient equal
+    a float64 computation on the whole head. Logits of up to ~20 (the shift by the global row max matters), labels
+    in both halves and an ignore index (-100, read as id 0)."""
+    rng = np.random.default_rng(3)
+    n, T, H, V = 3, 5, 8, 40
+    labels = rng.integers(0, V, size=(n, T))
+    labels[0, :2] = [3, V - 1]
+    labels[2, 4] = -100
+    inputs = {"hidden": rng.normal(size=(n, T, H)).astype(np.float32),
+              "weight": (2.5 * rng.normal(size=(H, V))).astype(np.float32), "labels": labels,
+              "a": rng.normal(size=(n, T)).astype(np.float32), "b": rng.normal(size=(n, T)).astype(np.float32)}
+    np.savez(tmp_path / "inputs.npz", **inputs)
+    cases = {k: dict(zip(("chunk_size", "temperature", "transpose_y", "with_entropy"), v))
+             for k, v in CHUNKED_HEAD_CASES.items()}
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    run(launch(repo_root / "tests" / "workers" / "tp_chunked_head_worker.py", tmp_path, log_dir=tmp_path / "log"),
+        repo_root)
+    ranks = [np.load(tmp_path / f"rank{r}.npz") for r in (0, 1)]
+    assert np.abs(inputs["hidden"] @ inputs["weight"]).max() > 15
+    worst = {}
+    for name, case in cases.items():
+        lp, ent, dh, dw = _reference_head(inputs["hidden"], inputs["weight"], labels, inputs["a"], inputs["b"],
+                                          case["temperature"], case["with_entropy"])
+        for got in ranks:  # every rank returns the full distribution's values and the summed hidden gradient
+            np.testing.assert_allclose(got[f"{name}/logprobs"], lp, rtol=1e-5, atol=1e-5, err_msg=name)
+            np.testing.assert_allclose(got[f"{name}/hidden_grad"], dh, rtol=1e-4, atol=1e-5, err_msg=name)
+            assert (f"{name}/entropy" in got) == case["with_entropy"], name
+            if case["with_entropy"]:
+                np.testing.assert_allclose(got[f"{name}/entropy"], ent, rtol=1e-5, atol=1e-5, err_msg=name)
+        shards = [got[f"{name}/weight_grad"] for got in ranks]  # [H, V/2] each, or [V/2, H] tied
+        full = np.concatenate(shards, axis=0).T if case["transpose_y"] else np.concatenate(shards, axis=1)
+        np.testing.assert_allclose(full, dw, rtol=1e-4, atol=1e-5, err_msg=name)
+        assert np.abs(dw).max() > 0.1 and np.abs(dh).max() > 0.1
+        for key, ref in (("logprobs", lp), ("entropy", ent), ("hidden_grad", dh)):
+            if f"{name}/{key}" in ranks[0]:
+                worst[key] = max(worst.get(key, 0.0), float(np.abs(ranks[0][f"{name}/{key}"] - ref).max()))
+        worst["weight_grad"] = max(worst.get("weight_grad", 0.0), float(np.abs(full - dw).max()))
+    print("largest absolute difference from float64:", {k: f"{v:.2g}" for k, v in worst.items()})
+
+
 @pytest.mark.e2e
 def test_tensor_parallel_training_equals_a_single_process(tmp_path, tiny_policy_dir, repo_root):
     cfg = write_config(tmp_path, tiny_policy_dir, "reinforce_plus_plus")

@@ -154,6 +154,38 @@ def test_two_stages_match_one_process(tmp_path, tiny_policy_dir, repo_root, tied
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_two_stages_with_the_chunked_lm_head_match_two_stages_without(tmp_path, tiny_policy_dir, repo_root, tied):
+    """policy.head_chunk_size set: the last stage hands the loss its final hidden states and the loss applies the
+    stage's LM head (weight [H, V], or the shared embedding [V, H] when tied) 7 positions at a time (micro-batches
+    of 4 x 8 completion positions: 7 does not divide them). Two launches, with and without chunking: equal losses,
+    gradient norms (clipping active), every metric and the trained weights. Measured: weights 2.7e-6 / 3.2e-6."""
+    policy = _tiny_policy(tmp_path, tie_word_embeddings=True) if tied else tiny_policy_dir
+    calls = _chunked_and_full(tmp_path, policy, repo_root, ["--global_mini_batch_size", 2, "--max_grad_norm", 0.5,
+                                                            "--pipeline_parallel_degree", 2], nproc=2)
+    # 2 steps x 2 optimizer steps x 2 micro-batches, on the last stage only; none without chunking
+    assert calls == {"full": [[], []], "chunked": [[], [7] * 8]}
+    assert _metrics(tmp_path / "full")[0]["train/grad_norm"] > 0.5  # clipping ran
+    _compare(tmp_path / "full", tmp_path / "chunked", rel=1e-5, param_atol=3e-5)
+
+
+def _chunked_and_full(tmp_path, policy, repo_root, overrides, nproc):
+    """Two launches of tests/workers/chunked_head_run_rl.py (full logits, then chunks of 7) into tmp_path/full and
+    tmp_path/chunked; {run: [chunk sizes the loss used, per rank]}."""
+    cfg = write_config(tmp_path, policy, "grpo")
+    worker = repo_root / "tests" / "workers" / "chunked_head_run_rl.py"
+    for name, chunk in (("full", 0), ("chunked", 7)):
+        run(launch(worker, chunk, cfg, "--output_dir", tmp_path / name, *overrides, log_dir=tmp_path / f"log_{name}",
+                   nproc=nproc), tmp_path)
+    initial = paddle.load(os.path.join(policy, "model_state.pdparams"))
+    trained = paddle.load(str(tmp_path / "full" / "checkpoint-2" / "model_state.pdparams"))
+    moved = max(float((trained[k] - initial[k]).abs().max()) for k in trained)
+    assert moved > 1.5e-3, moved  # two Adam steps of lr 1e-3
+    return {name: [json.loads((tmp_path / name / f"head_calls.rank{r}.json").read_text()) for r in range(nproc)]
+            for name in ("full", "chunked")}
+
+
+@pytest.mark.e2e
 def test_two_stages_resume_exactly(tmp_path, tiny_policy_dir, repo_root):
     """Each stage reloads its optimizer file and its part of the saved full model: steps 3-4 after a resume at
     step 2 are those of the uninterrupted run, bit for bit."""
@@ -168,14 +200,18 @@ def test_two_stages_resume_exactly(tmp_path, tiny_policy_dir, repo_root):
 # Opt-in (launch_helpers.SLOW): 3-4 processes on 2 cores, ~30 s each here.
 
 def _compare(one_dir, other_dir, rel, param_atol):
-    for a, b in zip(_metrics(one_dir), _metrics(other_dir)):
+    one, other = _metrics(one_dir), _metrics(other_dir)
+    assert [r["step"] for r in one] == [r["step"] for r in other] == [1, 2]
+    for a, b in zip(one, other):
         assert set(a) == set(b)
         for key in a:
             if not key.startswith("perf/"):
                 assert b[key] == pytest.approx(a[key], rel=rel, abs=1e-6), (a["step"], key)
     pa = paddle.load(str(one_dir / "checkpoint-2" / "model_state.pdparams"))
     pb = paddle.load(str(other_dir / "checkpoint-2" / "model_state.pdparams"))
+    assert set(pa) == set(pb)
     diff = max(float((pa[k] - pb[k]).abs().max()) for k in pa)
+    print(f"{other_dir.name} - {one_dir.name}: parameters {diff:.2g}")
     assert diff < param_atol, diff
 
 
@@ -209,3 +245,18 @@ def test_two_stages_times_two_data_ranks_match_two_data_ranks(tmp_path, tiny_pol
     run(launch(run_rl, cfg, "--output_dir", tmp_path / "pp", "--pipeline_parallel_degree", 2, *common,
                log_dir=tmp_path / "log", nproc=4), tmp_path)
     _compare(tmp_path / "dp", tmp_path / "pp", rel=2e-5, param_atol=3e-5)
+
+
+@pytest.mark.e2e
+@SLOW
+def test_three_stages_interleaved_with_the_chunked_lm_head_match_without(tmp_path, repo_root):
+    """pp 3 x virtual_pp_degree 2: the LM head is the last layer of the last stage's second model chunk. Measured:
+    parameters 2.6e-5 (as pp 3 x vpp 2 against one process, test_three_stages_match_one_process)."""
+    policy = _tiny_policy(tmp_path, num_layers=6)
+    calls = _chunked_and_full(tmp_path, policy, repo_root, ["--max_grad_norm", 0.5, "--per_device_train_batch_size", 2,
+                                                            "--pipeline_parallel_degree", 3, "--virtual_pp_degree", 2],
+                              nproc=3)
+    assert calls["full"] == [[], [], []] and calls["chunked"][:2] == [[], []] and calls["chunked"][2]
+    assert set(calls["chunked"][2]) == {7}
+    _compare(tmp_path / "full", tmp_path / "chunked", rel=2e-5, param_atol=6e-5)
+
