@@ -87,6 +87,10 @@ def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, promp
     hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                      use_cache=False, return_dict=True).last_hidden_state
     # The token at position L + t is predicted from the hidden state at L + t - 1.
+    if vocab_parallel is not None and not head_is_vocab_sharded(head, model.config.vocab_size):
+        # PaddleNLP splits the LM head only when tensor_parallel_degree divides vocab_size (not Qwen's 151,936 over
+        # 3 ranks): every rank then holds the whole head, and reducing it as a shard would be wrong by log(tp).
+        vocab_parallel = None
     if vocab_parallel is not None:
         if chunk_size is not None:  # this rank's weight shard, chunk by chunk (parallel/vocab.py)
             with full_precision():
@@ -100,6 +104,14 @@ def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, promp
             return logprobs, (vocab_parallel.entropy(logits, temperature) if with_entropy else None)
     return head_logprobs(hidden[:, L - 1:-1], head, completion_ids, temperature=temperature,
                          with_entropy=with_entropy, chunk_size=chunk_size)
+
+
+def head_is_vocab_sharded(head: paddle.nn.Layer, vocab_size: int) -> bool:
+    """Whether the LM head `head` holds a slice of the `vocab_size` outputs (tensor parallelism split it) rather
+    than all of them. Its weight is `[H, V]`, or `[V, H]` with `transpose_y` (tied embeddings)."""
+    weight = head.weight
+    outputs = weight.shape[0] if getattr(head, "transpose_y", False) else weight.shape[1]
+    return outputs < vocab_size
 
 
 def logprobs_from_completion_logits(logits: paddle.Tensor, completion_ids: paddle.Tensor,

@@ -195,6 +195,8 @@ class _RecordingVocabParallel:
 def test_vocab_parallel_path_hands_the_shard_weight_to_the_parallel_chunked_head(tie):
     model = _qwen2(tie)
     ref = _run(causal.completion_logprobs, model, None)
+    # As rank 0 of tp=2 sees it: its head holds half of the vocabulary (the recording stand-in reduces nothing).
+    model.config.vocab_size *= 2
     vp = _RecordingVocabParallel()
     got = _run(lambda *a, **k: causal.completion_logprobs(*a, vocab_parallel=vp, **k), model, 4)
     _assert_same(got, ref)
@@ -205,6 +207,19 @@ def test_vocab_parallel_path_hands_the_shard_weight_to_the_parallel_chunked_head
     _, ent = causal.completion_logprobs(model, pid, pm, cid, cm, with_entropy="detached", vocab_parallel=vp,
                                         chunk_size=4)
     assert ent.stop_gradient
+
+
+def test_an_unsplit_head_is_not_reduced_as_a_vocabulary_shard():
+    # PaddleNLP leaves the head whole when tensor_parallel_degree does not divide vocab_size (151,936 over 3 ranks):
+    # the vocab-parallel reduction would then add log(tp) to every log-prob. The whole head's path is used instead.
+    model = _qwen2(False)
+    ref = _run(causal.completion_logprobs, model, None)
+    vp = _RecordingVocabParallel()
+    got = _run(lambda *a, **k: causal.completion_logprobs(*a, vocab_parallel=vp, **k), model, 4)
+    _assert_same(got, ref)
+    assert vp.calls == []
+    assert not causal.head_is_vocab_sharded(model.lm_head, model.config.vocab_size)
+    assert causal.head_is_vocab_sharded(model.lm_head, 2 * model.config.vocab_size)
 
 
 # ------------------------------------------------------------------------------------------ seq2seq models
