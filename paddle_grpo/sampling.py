@@ -13,7 +13,7 @@ in two levels (blocks, then tokens) so that a decode step at a 152k vocabulary d
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -80,41 +80,45 @@ def _last_positive(x: paddle.Tensor) -> paddle.Tensor:
 
 
 def candidates(probs: paddle.Tensor, top_k: int = 0, top_p: float = 1.0, first: int = 1024,
-               sort_above: float = 0.25) -> Tuple[paddle.Tensor, paddle.Tensor]:
-    """The tokens that top-k and top-p keep, without sorting the vocabulary: (ids [n, c] int64 in increasing
-    vocabulary order, weights [n, c] float32: the kept probabilities, 0 for candidates that are dropped).
+               sort_above: float = 0.25) -> Tuple[Optional[paddle.Tensor], paddle.Tensor]:
+    """The tokens that top-k and top-p keep, without sorting the vocabulary when a few candidates decide it.
 
-    probs: [n, V] float32, normalised (top-p compares cumulative mass with `top_p`). Semantics of PaddleNLP's
-    generation (TopKProcess then TopPProcess on the top-k-filtered, not renormalised, probabilities): a token is
-    kept iff its probability is >= the k-th largest (ties kept) and >= the probability of the last token of the
-    smallest most-likely prefix whose mass reaches top_p (ties kept; `rollout.top_p_filter`). So the kept set is
-    exactly the full-vocabulary filter's.
+    probs: [n, V] float32, normalised (top-p compares cumulative mass with `top_p`). Returns (ids [n, c] int64 in
+    increasing vocabulary order, weights [n, c] float32: the kept probabilities, 0 for dropped candidates), or
+    (None, weights [n, V]) when the whole vocabulary had to be sorted.
+
+    Semantics of PaddleNLP's generation (TopKProcess, then TopPProcess on the top-k-filtered, not renormalised,
+    probabilities): a token is kept iff its probability is >= the k-th largest (ties kept) and >= the probability
+    of the last token of the smallest most-likely prefix whose mass reaches top_p (ties kept, float32 cumulative
+    sums as in `rollout.top_p_filter`). The kept set is exactly the full-vocabulary filter's.
 
     Only `paddle.topk` of c candidates is taken: c = top_k + 1 (one more to see ties at the k-th), or `first`
     for top-p alone, grown while some row's kept set is not decided by its candidates (top-p mass not reached, or
-    the cut-off ties with the smallest candidate). Past `sort_above * V` candidates it takes the whole vocabulary
-    (a full sort). Candidates come back in vocabulary order so that keyed sampling over them picks the token the
-    full-vocabulary inverse CDF would (up to rounding).
+    the cut-off ties with the smallest candidate). Past `sort_above * V` candidates the vocabulary is sorted
+    instead (a flat distribution, e.g. a random model). Candidates come back in vocabulary order so that keyed
+    sampling over them picks the token the full-vocabulary inverse CDF would (up to rounding).
     """
     n, V = probs.shape
     top_k = top_k if 0 < top_k < V else 0
     c = min(V, top_k + 1 if top_k else first)
     while True:
-        vals, ids = paddle.topk(probs, c, axis=-1)                                      # [n, c] descending
+        if c == V:
+            vals, ids = paddle.sort(probs, axis=-1, descending=True), None
+        else:
+            vals, ids = paddle.topk(probs, c, axis=-1)                                  # [n, c] descending
         smallest = vals[:, c - 1:]
-        thr = paddle.zeros([n, 1], dtype=vals.dtype)
+        thr = vals[:, top_k - 1:top_k] if top_k else paddle.zeros([n, 1], dtype=vals.dtype)
         decided = paddle.ones([n, 1], dtype="bool")
-        if top_k:
-            thr = vals[:, top_k - 1:top_k]
         if top_p < 1.0:
             cum = paddle.cumsum(vals, axis=-1)
             keep = paddle.sum((cum - vals < top_p).astype("int64"), axis=-1, keepdim=True)   # >= 1
             thr = paddle.maximum(thr, paddle.take_along_axis(vals, keep - 1, axis=-1))
             if not top_k:  # with top_k, an undecided top-p cut-off lies below the k-th value: top_k decides
                 decided = keep < c
+        if ids is None:
+            return None, paddle.where(probs >= thr, probs, paddle.zeros_like(probs))
         # Tokens outside the candidates are <= smallest: the kept set is complete if the cut-off is above it.
-        done = decided & (thr > smallest)
-        if c == V or bool(done.all()):
+        if bool((decided & (thr > smallest)).all()):
             break
         grow = 2 * c
         if top_p < 1.0 and not top_k:  # each further token adds at most `smallest` mass: a lower bound on c
