@@ -54,10 +54,13 @@ def sample_with_uniforms(probs: paddle.Tensor, u: npt.ArrayLike, block: int = 51
     float64 cumsum over those [n, V / block] sums picks each row's block, then a float64 cumsum inside that one
     block picks the token: O(n * (V / block + block)) float64 work. It picks the token of an exact float64
     inverse CDF of the same probabilities unless `u * total` lies within float32 rounding (~1e-6 relative) of a
-    cumulative-probability boundary (tests/test_sampling_real_vocab.py).
+    cumulative-probability boundary (tests/test_sampling_real_vocab.py). Up to 4 blocks (small vocabularies) the
+    exact float64 inverse CDF is as cheap and is used instead.
     """
     probs = probs.astype("float32")
     n, V = probs.shape
+    if V <= 4 * block:
+        return _exact_inverse_cdf(probs, u)
     nb = -(-V // block)
     if nb * block > V:  # pad with zero-probability tokens so the row splits into whole blocks
         probs = paddle.concat([probs, paddle.zeros([n, nb * block - V], dtype="float32")], axis=-1)
@@ -71,6 +74,14 @@ def sample_with_uniforms(probs: paddle.Tensor, u: npt.ArrayLike, block: int = 51
     inner = start + paddle.cumsum(vals.astype("float64"), axis=-1)
     j = paddle.minimum(paddle.sum((inner <= target).astype("int64"), axis=-1, keepdim=True), _last_positive(vals))
     return (b * block + j).squeeze(-1)
+
+
+def _exact_inverse_cdf(probs: paddle.Tensor, u: npt.ArrayLike) -> paddle.Tensor:
+    """One float64 cumsum over [n, V]: `sample_with_uniforms` for small V. [n] int64."""
+    cdf = paddle.cumsum(probs.astype("float64"), axis=-1)
+    target = paddle.to_tensor(np.asarray(u, dtype=np.float64)).unsqueeze(-1) * cdf[:, -1:]
+    idx = paddle.sum((cdf <= target).astype("int64"), axis=-1, keepdim=True)
+    return paddle.minimum(idx, _last_positive(probs)).squeeze(-1)
 
 
 def _last_positive(x: paddle.Tensor) -> paddle.Tensor:

@@ -45,7 +45,7 @@ def distributions(V, rng):
     return (p / p.sum(-1, keepdims=True)).astype(np.float32)
 
 
-@pytest.mark.parametrize("V,block", [(1000, 512), (4099, 512), (4099, 256), (20000, 1024), (REAL_V, 512),
+@pytest.mark.parametrize("V,block", [(1000, 128), (1000, 512), (4099, 512), (4099, 256), (20000, 1024), (REAL_V, 512),
                                      (40, 512)])
 def test_two_level_inverse_cdf_equals_the_exact_float64_one(V, block):
     rng = np.random.default_rng(V + block)
