@@ -24,7 +24,7 @@ import pathlib
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Iterator, List, Tuple
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -57,8 +57,11 @@ def _old_inverse_cdf(probs, u):
     return paddle.minimum(idx, last)
 
 
-def decode_ops(V: int, rows: int, hidden: int, seed: int = 0) -> Dict[str, tuple]:
-    """op name -> (shape text, thunk) for one decode step at vocabulary V."""
+Op = Tuple[str, str, Callable[[], object]]
+
+
+def decode_ops(V: int, rows: int, hidden: int, seed: int = 0) -> Iterator[Op]:
+    """(op name, shape text, thunk) for each op of one decode step at vocabulary V."""
     import numpy as np
     import paddle
     import paddle.nn.functional as F
@@ -80,7 +83,7 @@ def decode_ops(V: int, rows: int, hidden: int, seed: int = 0) -> Dict[str, tuple
     h = paddle.randn([rows, hidden])
     w = paddle.randn([hidden, V]) * 0.02
     s, sv, sh = f"[{rows}, {V}]", f"[{rows}, 640] of [{rows}, {V}]", f"[{rows}, {hidden}] x [{hidden}, {V}]"
-    return {
+    ops = {
         "lm-head GEMV (one decode step)": (sh, lambda: paddle.matmul(h, w)),
         "old: F.log_softmax": (s, lambda: F.log_softmax(z, axis=-1)),
         "paddle.logsumexp": (s, lambda: paddle.logsumexp(z, axis=-1)),
@@ -113,10 +116,13 @@ def decode_ops(V: int, rows: int, hidden: int, seed: int = 0) -> Dict[str, tuple
             paddle.zeros([rows, V], dtype="float32"), token.unsqueeze(-1), 1.0, axis=1) > 0)),
         "new: repetition penalty (seen columns only)": (sv, lambda: _penalize(z, seen_ids, 1.1)),
     }
+    for name, (shape, fn) in ops.items():
+        yield name, shape, fn
 
 
-def update_ops(V: int, rows: int, hidden: int, tokens: int, chunks: List[int], seed: int = 0) -> Dict[str, tuple]:
-    """op name -> (shape text, thunk) for the update's LM head over rows * tokens positions."""
+def update_ops(V: int, rows: int, hidden: int, tokens: int, chunks: List[int], seed: int = 0) -> Iterator[Op]:
+    """(op name, shape text, thunk) for each op of the update's LM head over rows * tokens positions; the full
+    logits are freed before the chunked head is timed (its point is not to hold them)."""
     import paddle
 
     from paddle_grpo.policy.lm_head import chunked_logprobs_and_entropy
@@ -128,12 +134,11 @@ def update_ops(V: int, rows: int, hidden: int, tokens: int, chunks: List[int], s
     logits = paddle.matmul(h, w)
     labels = paddle.randint(0, V, [n, 1])
     s = f"[{n}, {V}]"
-    ops = {
-        "lm-head matmul": (f"[{n}, {hidden}] x [{hidden}, {V}]", lambda: paddle.matmul(h, w)),
-        "logsumexp (full logits)": (s, lambda: paddle.logsumexp(logits, axis=-1)),
-        "take_along_axis (labels)": (s, lambda: paddle.take_along_axis(logits, labels, axis=-1)),
-        "exp (full logits)": (s, lambda: paddle.exp(logits)),
-    }
+    yield "lm-head matmul", f"[{n}, {hidden}] x [{hidden}, {V}]", lambda: paddle.matmul(h, w)
+    yield "logsumexp (full logits)", s, lambda: paddle.logsumexp(logits, axis=-1)
+    yield "take_along_axis (labels)", s, lambda: paddle.take_along_axis(logits, labels, axis=-1)
+    yield "exp (full logits)", s, lambda: paddle.exp(logits)
+    del logits
     hidden3 = h.reshape([rows, tokens, hidden])
     labels2 = labels.reshape([rows, tokens])
 
@@ -149,9 +154,8 @@ def update_ops(V: int, rows: int, hidden: int, tokens: int, chunks: List[int], s
 
     for c in chunks:
         shape = f"[{rows}, {tokens}, {hidden}], chunk {c}"
-        ops[f"chunked head forward (log-probs + entropy), chunk {c}"] = (shape, lambda c=c: forward(c))
-        ops[f"chunked head forward + backward, chunk {c}"] = (shape, lambda c=c: backward(c))
-    return ops
+        yield f"chunked head forward (log-probs + entropy), chunk {c}", shape, lambda c=c: forward(c)
+        yield f"chunked head forward + backward, chunk {c}", shape, lambda c=c: backward(c)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -186,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 ops = update_ops(args.vocab, args.rows, args.hidden, args.tokens,
                                  [int(c) for c in args.chunks.split(",")])
-            for name, (shape, fn) in ops.items():
+            for name, shape, fn in ops:
                 if "backward" in name:
                     with paddle.enable_grad():
                         times = _runs(fn, args.repeats, args.slow)
@@ -195,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
                 results.append({"phase": phase, "op": name, "shape": shape,
                                 "median_ms": round(statistics.median(times) * 1e3, 3), "runs": len(times)})
                 print(f"{phase}: {name} {shape}: {results[-1]['median_ms']} ms", file=sys.stderr, flush=True)
-            del ops
+                del fn
     print("| phase | op | shape | median ms | runs |")
     print("|---|---|---|---:|---:|")
     for r in results:
