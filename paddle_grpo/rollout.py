@@ -248,7 +248,10 @@ def _penalize(z: paddle.Tensor, seen: paddle.Tensor, penalty: float) -> paddle.T
 
 
 def top_p_filter(probs: paddle.Tensor, top_p: float) -> paddle.Tensor:
-    """Keep the smallest set of most likely tokens whose probability reaches top_p; renormalise. [n, V] -> [n, V]."""
+    """Keep the smallest set of most likely tokens whose probability reaches top_p; renormalise. [n, V] -> [n, V].
+
+    The full-sort form (a sort of the vocabulary per row); decoding uses `sampling.candidates`, which keeps the
+    same tokens from a `paddle.topk` of a few candidates (tests/test_sampling_real_vocab.py)."""
     sorted_probs = paddle.sort(probs, axis=-1, descending=True)
     cumulative = paddle.cumsum(sorted_probs, axis=-1)
     # The probability of the last token kept: tokens less likely than it are dropped (ties kept).
