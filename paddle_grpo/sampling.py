@@ -57,7 +57,8 @@ def sample_with_uniforms(probs: paddle.Tensor, u: npt.ArrayLike, block: int = 51
     cumulative-probability boundary (tests/test_sampling_real_vocab.py). Up to 4 blocks (small vocabularies) the
     exact float64 inverse CDF is as cheap and is used instead.
     """
-    probs = probs.astype("float32")
+    if probs.dtype != paddle.float32:
+        probs = probs.astype("float32")
     n, V = probs.shape
     if V <= 4 * block:
         return _exact_inverse_cdf(probs, u)
