@@ -34,7 +34,7 @@ import paddle
 from .data import pad_columns
 from .policy import fast_qwen2
 from .policy.causal import position_ids_from_mask
-from .sampling import candidates, sample_with_uniforms, uniforms
+from .sampling import candidates, gather_last, sample_with_uniforms, uniforms
 
 
 class Stepper(Protocol):
@@ -150,7 +150,7 @@ def decode(stepper: Stepper, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tens
         else:
             token = paddle.argmax(processed, axis=-1)
         token = paddle.where(finished, paddle.full_like(token, pad_id), token)
-        token_logp = paddle.take_along_axis(z, token.unsqueeze(-1), axis=-1).squeeze(-1) - lse
+        token_logp = gather_last(z, token.unsqueeze(-1)).squeeze(-1) - lse
         tokens.append(token)
         logps.append(paddle.where(finished, paddle.zeros_like(token_logp), token_logp))
         lengths += (~finished).numpy()
@@ -230,7 +230,7 @@ def _sample(weights: paddle.Tensor, top_k: int, top_p: float, u: Optional[np.nda
         pick = paddle.multinomial(weights, num_samples=1).squeeze(-1)
     else:
         pick = sample_with_uniforms(weights, u)
-    return pick if ids is None else paddle.take_along_axis(ids, pick.unsqueeze(-1), axis=-1).squeeze(-1)
+    return pick if ids is None else gather_last(ids, pick.unsqueeze(-1)).squeeze(-1)
 
 
 def _penalize(z: paddle.Tensor, seen: paddle.Tensor, penalty: float) -> paddle.Tensor:
@@ -240,9 +240,9 @@ def _penalize(z: paddle.Tensor, seen: paddle.Tensor, penalty: float) -> paddle.T
     has_any = valid.any(axis=-1, keepdim=True)
     # Point the -1 entries at a seen id of the same row (or 0 when the row has none and nothing changes), so
     # every write to a column writes the same value.
-    first = paddle.take_along_axis(seen, paddle.argmax(valid.astype("int32"), axis=-1, keepdim=True), axis=-1)
+    first = gather_last(seen, paddle.argmax(valid.astype("int32"), axis=-1, keepdim=True))
     ids = paddle.where(valid, seen, paddle.where(has_any, first, paddle.zeros_like(first)))
-    vals = paddle.take_along_axis(z, ids, axis=-1)
+    vals = gather_last(z, ids)
     penalised = paddle.where(vals > 0, vals / penalty, vals * penalty)
     return paddle.put_along_axis(z, ids, paddle.where(has_any, penalised, vals), axis=-1)
 

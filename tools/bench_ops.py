@@ -7,7 +7,8 @@ superlinear in V), so each op of the hot paths is timed alone on its real shape:
 - decode, on `[rows, V]` logits: the ops of the old step (`F.log_softmax`, the float64 inverse CDF, the full-sort
   top-p filter, the `[rows, V]` masks of the repetition penalty and of min-length EOS) beside the ones that replace
   them (`rollout._exp_and_logsumexp`, `sampling.sample_with_uniforms`, `sampling.candidates`, `rollout._penalize`,
-  `put_along_axis` on the EOS columns), plus the LM-head GEMV of one decode step;
+  `put_along_axis` on the EOS columns, `take_along_axis` without its O(rows x V) default broadcast), plus the
+  LM-head GEMV of one decode step;
 - update, on `rows * tokens` positions: the LM-head matmul `[rows*T, H] x [H, V]`, logsumexp, take_along_axis and exp
   of the full logits, and the chunked head (`policy/lm_head.py`) forward and forward + backward per chunk size.
 
@@ -67,12 +68,13 @@ def decode_ops(V: int, rows: int, hidden: int, seed: int = 0) -> Iterator[Op]:
     import paddle.nn.functional as F
 
     from paddle_grpo.rollout import _exp_and_logsumexp, _penalize, top_p_filter
-    from paddle_grpo.sampling import candidates, row_keys, sample_with_uniforms, uniforms
+    from paddle_grpo.sampling import candidates, gather_last, row_keys, sample_with_uniforms, uniforms
 
     paddle.seed(seed)
-    z = 3.0 * paddle.randn([rows, V])                    # LM-like logits: a few hundred tokens hold the mass
+    z = 3.0 * paddle.randn([rows, V])  # ~6,500 tokens hold 90% of the mass (top-p needs a second, larger topk)
     e, _ = _exp_and_logsumexp(z)
     probs = F.softmax(z, axis=-1)
+    peaked = F.softmax(8.0 * paddle.randn([rows, V]), axis=-1)  # a top-p 0.9 set of 1 to ~30 tokens
     u = uniforms(row_keys(seed, 0, np.arange(rows)), 0)
     token = paddle.argmax(z, axis=-1)
     eos_mask = paddle.to_tensor(np.isin(np.arange(V), [V - 1])[None, :])
@@ -93,7 +95,9 @@ def decode_ops(V: int, rows: int, hidden: int, seed: int = 0) -> Iterator[Op]:
         "exp": (s, lambda: paddle.exp(z)),
         "divide by temperature": (s, lambda: z / 0.7),
         "argmax (greedy)": (s, lambda: paddle.argmax(z, axis=-1)),
-        "take_along_axis (token logit)": (s, lambda: paddle.take_along_axis(z, token.unsqueeze(-1), axis=-1)),
+        "take_along_axis, broadcast=True (token logit)": (s, lambda: paddle.take_along_axis(z, token.unsqueeze(-1),
+                                                                                            axis=-1)),
+        "new: gather_last (take_along_axis, broadcast=False)": (s, lambda: gather_last(z, token.unsqueeze(-1))),
         "topk k=50": (s, lambda: paddle.topk(probs, 50, axis=-1)),
         "topk k=1024": (s, lambda: paddle.topk(probs, 1024, axis=-1)),
         "sort (descending)": (s, lambda: paddle.sort(probs, axis=-1, descending=True)),
@@ -105,6 +109,7 @@ def decode_ops(V: int, rows: int, hidden: int, seed: int = 0) -> Iterator[Op]:
         "paddle.multinomial (no row keys)": (s, lambda: paddle.multinomial(probs, 1)),
         "old: top_p_filter 0.9 (full sort)": (s, lambda: top_p_filter(probs, 0.9)),
         "new: candidates top_p 0.9": (s, lambda: candidates(probs, 0, 0.9)),
+        "new: candidates top_p 0.9, peaked logits (8 x randn)": (s, lambda: candidates(peaked, 0, 0.9)),
         "new: candidates top_k 50": (s, lambda: candidates(probs, 50, 1.0)),
         "old: where(eos_cols) (min length)": (s, lambda: paddle.where(eos_mask, paddle.full_like(z, -float("inf")),
                                                                       z)),
@@ -126,6 +131,7 @@ def update_ops(V: int, rows: int, hidden: int, tokens: int, chunks: List[int], s
     import paddle
 
     from paddle_grpo.policy.lm_head import chunked_logprobs_and_entropy
+    from paddle_grpo.sampling import gather_last
 
     paddle.seed(seed)
     n = rows * tokens
@@ -136,7 +142,8 @@ def update_ops(V: int, rows: int, hidden: int, tokens: int, chunks: List[int], s
     s = f"[{n}, {V}]"
     yield "lm-head matmul", f"[{n}, {hidden}] x [{hidden}, {V}]", lambda: paddle.matmul(h, w)
     yield "logsumexp (full logits)", s, lambda: paddle.logsumexp(logits, axis=-1)
-    yield "take_along_axis (labels)", s, lambda: paddle.take_along_axis(logits, labels, axis=-1)
+    yield "take_along_axis, broadcast=True (labels)", s, lambda: paddle.take_along_axis(logits, labels, axis=-1)
+    yield "take_along_axis, broadcast=False (labels)", s, lambda: gather_last(logits, labels)
     yield "exp (full logits)", s, lambda: paddle.exp(logits)
     del logits
     hidden3 = h.reshape([rows, tokens, hidden])
