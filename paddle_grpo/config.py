@@ -249,6 +249,9 @@ class RolloutArguments:
     max_dec_len: int = arg(4096, "Maximum number of generated tokens per completion.")
     min_dec_len: int = arg(32, "Minimum number of generated tokens before EOS is allowed.")
     top_p: float = arg(1.0, "Nucleus sampling threshold, in (0, 1].")
+    top_k: int = arg(0, "(new) Sample only among the top_k most likely tokens (ties at the k-th kept; 0: off), "
+                        "applied before top_p as in PaddleNLP's generation; both restrict to a few candidates "
+                        "instead of sorting the vocabulary.")
     temperature: float = arg(0.7, "Sampling temperature (> 0); log-probs are computed at the same temperature.")
     repetition_penalty: float = arg(1.0, "Repetition penalty (1.0: none).")
     rollout_max_num_seqs: int = arg(32, "Most sequences one generation call handles; larger rollouts are chunked.")
@@ -359,7 +362,7 @@ class EvalArguments:
     eval_max_reward: Optional[float] = arg(None, "(new) The reward that counts as a correct answer in "
                                                 "eval/accuracy; default: the maximum the reward functions "
                                                 "declare (from the server's /health when use_rm_server).")
-    eval_do_sample: bool = arg(False, "(new) Sample at evaluation (with temperature/top_p) instead of greedy.")
+    eval_do_sample: bool = arg(False, "(new) Sample at evaluation (with temperature/top_p/top_k) instead of greedy.")
 
 
 @dataclass
@@ -870,6 +873,8 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
         fail("clip_ratio_c", "the dual-clip constant must be greater than 1 (leave it unset to disable dual-clip)")
     if not 0 < cfg.top_p <= 1:
         fail("top_p", "must be in (0, 1]")
+    if cfg.top_k < 0:
+        fail("top_k", "must not be negative (0 turns top-k sampling off)")
     if cfg.temperature <= 0:
         fail("temperature", "must be greater than 0")
     if cfg.repetition_penalty <= 0:

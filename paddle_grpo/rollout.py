@@ -10,10 +10,18 @@ of fast_qwen2.py with a preallocated KV cache, otherwise the model's own forward
 float32 rounding, so greedy decoding is identical and keyed sampling (`row_keys`) draws the same tokens unless a
 uniform falls within rounding distance (~1e-6) of a cumulative-probability boundary.
 
-Sampling: logits / temperature -> repetition penalty -> EOS masked until `min_new_tokens` -> top-p -> multinomial
+Sampling: logits / temperature -> repetition penalty -> EOS masked until `min_new_tokens` -> top-k / top-p ->
+inverse CDF with the counter-based uniforms of `row_keys` (sampling.py), or without keys a multinomial draw
 (paddle's global generator, so `paddle.seed` and `paddle.get_rng_state` make a rollout reproducible). The returned
 `sample_logprobs` are the log-probs of the sampled tokens under the temperature-scaled distribution before the
-penalty/top-p/min-length processing, i.e. exactly what `completion_logprobs` recomputes with a full forward pass.
+penalty/top-k/top-p/min-length processing, i.e. exactly what `completion_logprobs` recomputes with a full forward
+pass.
+
+Every per-step op on the [N, V] logits is linear in V and cheap at a 152k vocabulary (docs/platform.md: paddle's CPU
+`F.log_softmax` is superlinear in V, so it is never used): the log-prob is `z[token] - logsumexp(z)` from one
+max / exp / sum pass, sampling does no float64 [N, V] pass (`sample_with_uniforms`), top-k / top-p take a
+`paddle.topk` of candidates instead of sorting the vocabulary (`sampling.candidates`), and the repetition penalty
+and the EOS mask touch only the seen / EOS columns. `tools/bench_ops.py` times each op.
 """
 from __future__ import annotations
 
@@ -22,12 +30,11 @@ from typing import Callable, List, Optional, Protocol, Sequence, Tuple, Union
 
 import numpy as np
 import paddle
-import paddle.nn.functional as F
 
 from .data import pad_columns
 from .policy import fast_qwen2
 from .policy.causal import position_ids_from_mask
-from .sampling import sample_with_uniforms, uniforms
+from .sampling import candidates, gather_last, sample_with_uniforms, uniforms
 
 
 class Stepper(Protocol):
@@ -58,8 +65,8 @@ def generate(model: paddle.nn.Layer, prompt_ids: Union[paddle.Tensor, np.ndarray
              min_new_tokens: int = 0, eos_token_ids: Union[int, Sequence[int]] = (), pad_token_id: int = 0,
              temperature: float = 1.0, top_p: float = 1.0, repetition_penalty: float = 1.0, do_sample: bool = True,
              max_num_seqs: Optional[int] = None, row_keys: Optional[np.ndarray] = None,
-             stepper: Optional[Callable[[paddle.nn.Layer], Stepper]] = None, penalize_prompt: bool = True
-             ) -> Rollout:
+             stepper: Optional[Callable[[paddle.nn.Layer], Stepper]] = None, penalize_prompt: bool = True,
+             top_k: int = 0) -> Rollout:
     """Sample `num_samples` completions for each of the `B` prompts; returns a `Rollout` with `N = B * num_samples`.
 
     prompt_ids/prompt_mask: [B, L] (paddle or numpy), left-padded. `max_num_seqs` bounds the sequences decoded at
@@ -68,7 +75,7 @@ def generate(model: paddle.nn.Layer, prompt_ids: Union[paddle.Tensor, np.ndarray
     its key, so the result does not depend on chunking or on which process samples which rows; None: paddle's
     global generator (`paddle.multinomial`). `stepper`: a class `stepper(model)` with `start`/`step` (default: the
     fast Qwen2 path when it applies, else PaddleNLP's forward; seq2seq.py passes its encoder-decoder stepper);
-    `penalize_prompt`: see `decode`.
+    `penalize_prompt`: see `decode`. `top_k` (0: off) and `top_p` (1: off): `sampling.candidates`.
     """
     prompt_ids = paddle.to_tensor(prompt_ids, dtype="int64")
     prompt_mask = paddle.to_tensor(prompt_mask, dtype="int64")
@@ -84,7 +91,7 @@ def generate(model: paddle.nn.Layer, prompt_ids: Union[paddle.Tensor, np.ndarray
                                   max_new_tokens, min_new_tokens, eos, pad_token_id, temperature, top_p,
                                   repetition_penalty, do_sample,
                                   None if row_keys is None else row_keys[s * num_samples:(s + per_chunk) * num_samples],
-                                  stepper, penalize_prompt)
+                                  stepper, penalize_prompt, top_k)
                   for s in range(0, B, per_chunk)]
     finally:
         if was_training:
@@ -102,16 +109,16 @@ def generate(model: paddle.nn.Layer, prompt_ids: Union[paddle.Tensor, np.ndarray
 
 
 def _generate_chunk(model, prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id, temperature,
-                    top_p, repetition_penalty, do_sample, keys=None, stepper=None, penalize_prompt=True):
+                    top_p, repetition_penalty, do_sample, keys=None, stepper=None, penalize_prompt=True, top_k=0):
     stepper = stepper or (_FastStepper if fast_qwen2.enabled_for(model) else _PaddleNLPStepper)
     return decode(stepper(model), prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id,
-                  temperature, top_p, repetition_penalty, do_sample, keys, penalize_prompt)
+                  temperature, top_p, repetition_penalty, do_sample, keys, penalize_prompt, top_k)
 
 
 def decode(stepper: Stepper, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, G: int, max_new_tokens: int,
            min_new_tokens: int, eos: List[int], pad_id: int, temperature: float, top_p: float,
-           repetition_penalty: float, do_sample: bool, keys: Optional[np.ndarray] = None, penalize_prompt: bool = True
-           ) -> Tuple[paddle.Tensor, paddle.Tensor, np.ndarray, np.ndarray]:
+           repetition_penalty: float, do_sample: bool, keys: Optional[np.ndarray] = None, penalize_prompt: bool = True,
+           top_k: int = 0) -> Tuple[paddle.Tensor, paddle.Tensor, np.ndarray, np.ndarray]:
     """The sampling loop shared by decoder-only and encoder-decoder policies.
 
     `stepper.start(prompt_ids, prompt_mask, G, max_new_tokens)` returns the first logits [N, V] (N = B * G rows,
@@ -120,47 +127,38 @@ def decode(stepper: Stepper, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tens
     its source). Returns (ids [N, T], sample log-probs [N, T], lengths [N], truncated [N])."""
     N = prompt_ids.shape[0] * G
     logits = stepper.start(prompt_ids, prompt_mask, G, max_new_tokens)
-    vocab = logits.shape[-1]
     eos_t = paddle.to_tensor(eos, dtype="int64")
-    eos_cols = paddle.to_tensor(np.isin(np.arange(vocab), eos)[None, :])  # [1, V] bool
-    seen = None
-    if repetition_penalty != 1.0:
-        seen = paddle.zeros([N, vocab], dtype="bool")
-        if penalize_prompt:
-            seen = _mark(seen, paddle.repeat_interleave(paddle.where(prompt_mask.astype("bool"), prompt_ids,
-                                                                     paddle.full_like(prompt_ids, -1)), G, axis=0))
+    eos_cols = paddle.tile(eos_t.unsqueeze(0), [N, 1])  # [N, E]
+    seen = None  # [N, S] int64 token ids seen by each row (-1: none), for the repetition penalty
+    if repetition_penalty != 1.0 and penalize_prompt:
+        seen = paddle.repeat_interleave(paddle.where(prompt_mask.astype("bool"), prompt_ids,
+                                                     paddle.full_like(prompt_ids, -1)), G, axis=0)
     finished = paddle.zeros([N], dtype="bool")
     lengths = np.zeros(N, dtype=np.int64)
     tokens, logps = [], []
     for t in range(max_new_tokens):
-        scaled = logits / temperature
-        logp = F.log_softmax(scaled, axis=-1)
-        processed = scaled
+        z = logits / temperature
+        exp_z, lse = _exp_and_logsumexp(z)
+        processed = z
         if seen is not None:
-            processed = paddle.where(seen, paddle.where(processed > 0, processed / repetition_penalty,
-                                                        processed * repetition_penalty), processed)
-        if t < min_new_tokens:
-            processed = paddle.where(eos_cols, paddle.full_like(processed, -float("inf")), processed)
+            processed = _penalize(processed, seen, repetition_penalty)
+        if t < min_new_tokens:  # only the EOS columns change: no [N, V] mask
+            processed = paddle.put_along_axis(processed, eos_cols, -float("inf"), axis=1)
         if do_sample:
-            probs = F.softmax(processed, axis=-1)
-            if top_p < 1.0:
-                probs = top_p_filter(probs, top_p)
-            if keys is None:
-                token = paddle.multinomial(probs, num_samples=1).squeeze(-1)
-            else:
-                token = sample_with_uniforms(probs, uniforms(keys, t))
+            token = _sample(exp_z if processed is z else _exp_and_logsumexp(processed)[0], top_k, top_p,
+                            None if keys is None else uniforms(keys, t))
         else:
             token = paddle.argmax(processed, axis=-1)
         token = paddle.where(finished, paddle.full_like(token, pad_id), token)
-        token_logp = paddle.take_along_axis(logp, token.unsqueeze(-1), axis=-1).squeeze(-1)
+        token_logp = gather_last(z, token.unsqueeze(-1)).squeeze(-1) - lse
         tokens.append(token)
         logps.append(paddle.where(finished, paddle.zeros_like(token_logp), token_logp))
         lengths += (~finished).numpy()
         finished = finished | (token.unsqueeze(-1) == eos_t.unsqueeze(0)).any(axis=-1)
         if bool(finished.all()) or t == max_new_tokens - 1:
             break
-        if seen is not None:
-            seen = _mark(seen, token.unsqueeze(-1))
+        if repetition_penalty != 1.0:
+            seen = token.unsqueeze(-1) if seen is None else paddle.concat([seen, token.unsqueeze(-1)], axis=-1)
         logits = stepper.step(token)
     ids = paddle.stack(tokens, axis=1)
     truncated = ~finished.numpy()
@@ -214,17 +212,46 @@ def _expand_cache(past_key_values, G):
     return tuple(tuple(paddle.repeat_interleave(t, G, axis=0) for t in layer) for layer in past_key_values)
 
 
-def _mark(seen, ids):
-    """seen[i, ids[i, j]] = True for ids >= 0 (negative ids are padding)."""
-    valid = ids >= 0
-    safe = paddle.where(valid, ids, paddle.zeros_like(ids))
-    hits = paddle.zeros(seen.shape, dtype="float32")
-    hits = paddle.put_along_axis(hits, safe, valid.astype("float32"), axis=1, reduce="add")
-    return seen | (hits > 0)
+def _exp_and_logsumexp(z: paddle.Tensor) -> Tuple[paddle.Tensor, paddle.Tensor]:
+    """exp(z - max) [N, V] (unnormalised probabilities) and logsumexp(z) [N], from one max / exp / sum pass
+    (paddle's CPU `logsumexp` costs about as much as this and `softmax` together: tools/bench_ops.py)."""
+    m = z.max(axis=-1, keepdim=True)
+    e = paddle.exp(z - m)
+    return e, (m + paddle.log(e.sum(axis=-1, keepdim=True))).squeeze(-1)
+
+
+def _sample(weights: paddle.Tensor, top_k: int, top_p: float, u: Optional[np.ndarray]) -> paddle.Tensor:
+    """One token per row from unnormalised probabilities [N, V], restricted by top-k / top-p; with uniforms u [N]
+    by inverse CDF (sampling.py), else paddle.multinomial. [N] int64."""
+    ids = None
+    if top_k > 0 or top_p < 1.0:
+        ids, weights = candidates(weights / weights.sum(axis=-1, keepdim=True), top_k, top_p)
+    if u is None:
+        pick = paddle.multinomial(weights, num_samples=1).squeeze(-1)
+    else:
+        pick = sample_with_uniforms(weights, u)
+    return pick if ids is None else gather_last(ids, pick.unsqueeze(-1)).squeeze(-1)
+
+
+def _penalize(z: paddle.Tensor, seen: paddle.Tensor, penalty: float) -> paddle.Tensor:
+    """z [N, V] with the repetition penalty applied to the columns `seen` [N, S] (ids, -1: none): positive logits
+    divided by `penalty`, negative ones multiplied. Touches O(N * S) entries, not [N, V]."""
+    valid = seen >= 0
+    has_any = valid.any(axis=-1, keepdim=True)
+    # Point the -1 entries at a seen id of the same row (or 0 when the row has none and nothing changes), so
+    # every write to a column writes the same value.
+    first = gather_last(seen, paddle.argmax(valid.astype("int32"), axis=-1, keepdim=True))
+    ids = paddle.where(valid, seen, paddle.where(has_any, first, paddle.zeros_like(first)))
+    vals = gather_last(z, ids)
+    penalised = paddle.where(vals > 0, vals / penalty, vals * penalty)
+    return paddle.put_along_axis(z, ids, paddle.where(has_any, penalised, vals), axis=-1)
 
 
 def top_p_filter(probs: paddle.Tensor, top_p: float) -> paddle.Tensor:
-    """Keep the smallest set of most likely tokens whose probability reaches top_p; renormalise. [n, V] -> [n, V]."""
+    """Keep the smallest set of most likely tokens whose probability reaches top_p; renormalise. [n, V] -> [n, V].
+
+    The full-sort form (a sort of the vocabulary per row); decoding uses `sampling.candidates`, which keeps the
+    same tokens from a `paddle.topk` of a few candidates (tests/test_sampling_real_vocab.py)."""
     sorted_probs = paddle.sort(probs, axis=-1, descending=True)
     cumulative = paddle.cumsum(sorted_probs, axis=-1)
     # The probability of the last token kept: tokens less likely than it are dropped (ties kept).

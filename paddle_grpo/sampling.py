@@ -7,9 +7,13 @@ whatever the split, and a resumed run needs no generator state to continue exact
 
 The seed policy: `row_keys(seed, step, global_rows)`; the uniform for position t of a row is
 `splitmix64(key ^ splitmix64(t))` mapped to [0, 1). Sampling from a distribution p with a uniform u is inverse-CDF:
-the first token whose cumulative probability exceeds u (distributionally the same as multinomial sampling).
+the first token whose cumulative probability exceeds u (distributionally the same as multinomial sampling), found
+in two levels (blocks, then tokens) so that a decode step at a 152k vocabulary does no float64 pass over [n, V].
+`candidates` restricts top-k / top-p sampling to a `paddle.topk` of a few candidates instead of sorting the vocabulary.
 """
 from __future__ import annotations
+
+from typing import Optional, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -40,15 +44,107 @@ def uniforms(keys: npt.ArrayLike, position: int) -> np.ndarray:
     return (bits >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
-def sample_with_uniforms(probs: paddle.Tensor, u: npt.ArrayLike) -> paddle.Tensor:
-    """Inverse-CDF sampling: for each row the first token whose cumulative probability exceeds u.
+def gather_last(x: paddle.Tensor, index: paddle.Tensor) -> paddle.Tensor:
+    """`x[i, index[i, j]]`: x [n, m], index [n, k] int64 -> [n, k].
 
-    probs: [n, V] float (rows sum to 1, up to rounding); u: [n] in [0, 1). Returns [n] int64. A u at or above a
-    row's total (rounding) picks the last token with non-zero probability.
+    `paddle.take_along_axis` with `broadcast=False`: its default (broadcast=True) costs O(n * m) whatever k is
+    (280 ms for a [1024, 151,936] x [1024, 1] gather against 0.014 ms; tools/bench_ops.py)."""
+    return paddle.take_along_axis(x, index, axis=-1, broadcast=False)
+
+
+def sample_with_uniforms(probs: paddle.Tensor, u: npt.ArrayLike, block: int = 512) -> paddle.Tensor:
+    """Inverse-CDF sampling: for each row the first token whose cumulative probability exceeds `u * total`.
+
+    probs: [n, V] float32, non-negative (rows need not sum to 1: u is scaled by each row's total); u: [n] in [0, 1).
+    Returns [n] int64; a u at or above a row's total (rounding) picks the last token with non-zero probability.
+
+    Two levels, so no float64 pass over [n, V] (docs/platform.md): float32 sums of blocks of `block` tokens, a
+    float64 cumsum over those [n, V / block] sums picks each row's block, then a float64 cumsum inside that one
+    block picks the token: O(n * (V / block + block)) float64 work. It picks the token of an exact float64
+    inverse CDF of the same probabilities unless `u * total` lies within float32 rounding (~1e-6 relative) of a
+    cumulative-probability boundary (tests/test_sampling_real_vocab.py). Up to 4 blocks (small vocabularies) the
+    exact float64 inverse CDF is as cheap and is used instead.
     """
+    if probs.dtype != paddle.float32:
+        probs = probs.astype("float32")
+    n, V = probs.shape
+    if V <= 4 * block:
+        return _exact_inverse_cdf(probs, u)
+    nb = -(-V // block)
+    if nb * block > V:  # pad with zero-probability tokens so the row splits into whole blocks
+        probs = paddle.concat([probs, paddle.zeros([n, nb * block - V], dtype="float32")], axis=-1)
+    sums = probs.reshape([n, nb, block]).sum(axis=-1).astype("float64")               # [n, nb]
+    csum = paddle.cumsum(sums, axis=-1)
+    target = paddle.to_tensor(np.asarray(u, dtype=np.float64)).unsqueeze(-1) * csum[:, -1:]  # [n, 1]
+    b = paddle.minimum(paddle.sum((csum <= target).astype("int64"), axis=-1, keepdim=True), _last_positive(sums))
+    start = gather_last(csum - sums, b)                                                 # mass before block b
+    cols = b * block + paddle.arange(block, dtype="int64").unsqueeze(0)                 # [n, block]
+    vals = gather_last(probs, cols)
+    inner = start + paddle.cumsum(vals.astype("float64"), axis=-1)
+    j = paddle.minimum(paddle.sum((inner <= target).astype("int64"), axis=-1, keepdim=True), _last_positive(vals))
+    return (b * block + j).squeeze(-1)
+
+
+def _exact_inverse_cdf(probs: paddle.Tensor, u: npt.ArrayLike) -> paddle.Tensor:
+    """One float64 cumsum over [n, V]: `sample_with_uniforms` for small V. [n] int64."""
     cdf = paddle.cumsum(probs.astype("float64"), axis=-1)
-    u = paddle.to_tensor(np.asarray(u, dtype=np.float64)).unsqueeze(-1) * cdf[:, -1:]
-    idx = paddle.sum((cdf <= u).astype("int64"), axis=-1)
-    # Guard against u landing on a trailing run of zero-probability tokens (cdf flat at its maximum).
-    last_nonzero = probs.shape[-1] - 1 - paddle.argmax(paddle.flip((probs > 0).astype("int64"), axis=[-1]), axis=-1)
-    return paddle.minimum(idx, last_nonzero)
+    target = paddle.to_tensor(np.asarray(u, dtype=np.float64)).unsqueeze(-1) * cdf[:, -1:]
+    idx = paddle.sum((cdf <= target).astype("int64"), axis=-1, keepdim=True)
+    return paddle.minimum(idx, _last_positive(probs)).squeeze(-1)
+
+
+def _last_positive(x: paddle.Tensor) -> paddle.Tensor:
+    """Index of the last positive entry of each row of x [n, m] (0 if none). [n, 1] int64."""
+    m = x.shape[-1]
+    return m - 1 - paddle.argmax(paddle.flip((x > 0).astype("int32"), axis=[-1]), axis=-1, keepdim=True)
+
+
+def candidates(probs: paddle.Tensor, top_k: int = 0, top_p: float = 1.0, first: int = 1024,
+               sort_above: float = 0.25) -> Tuple[Optional[paddle.Tensor], paddle.Tensor]:
+    """The tokens that top-k and top-p keep, without sorting the vocabulary when a few candidates decide it.
+
+    probs: [n, V] float32, normalised (top-p compares cumulative mass with `top_p`). Returns (ids [n, c] int64 in
+    increasing vocabulary order, weights [n, c] float32: the kept probabilities, 0 for dropped candidates), or
+    (None, weights [n, V]) when the whole vocabulary had to be sorted.
+
+    Semantics of PaddleNLP's generation (TopKProcess, then TopPProcess on the top-k-filtered, not renormalised,
+    probabilities): a token is kept iff its probability is >= the k-th largest (ties kept) and >= the probability
+    of the last token of the smallest most-likely prefix whose mass reaches top_p (ties kept, float32 cumulative
+    sums as in `rollout.top_p_filter`). The kept set is exactly the full-vocabulary filter's.
+
+    Only `paddle.topk` of c candidates is taken: c = top_k + 1 (one more to see ties at the k-th), or `first`
+    for top-p alone, grown while some row's kept set is not decided by its candidates (top-p mass not reached, or
+    the cut-off ties with the smallest candidate). Past `sort_above * V` candidates the vocabulary is sorted
+    instead (a flat distribution, e.g. a random model). Candidates come back in vocabulary order so that keyed
+    sampling over them picks the token the full-vocabulary inverse CDF would (up to rounding).
+    """
+    n, V = probs.shape
+    top_k = top_k if 0 < top_k < V else 0
+    c = min(V, top_k + 1 if top_k else first)
+    while True:
+        if c == V:
+            vals, ids = paddle.sort(probs, axis=-1, descending=True), None
+        else:
+            vals, ids = paddle.topk(probs, c, axis=-1)                                  # [n, c] descending
+        smallest = vals[:, c - 1:]
+        thr = vals[:, top_k - 1:top_k] if top_k else paddle.zeros([n, 1], dtype=vals.dtype)
+        decided = paddle.ones([n, 1], dtype="bool")
+        if top_p < 1.0:
+            cum = paddle.cumsum(vals, axis=-1)
+            keep = paddle.sum((cum - vals < top_p).astype("int64"), axis=-1, keepdim=True)   # >= 1
+            thr = paddle.maximum(thr, gather_last(vals, keep - 1))
+            if not top_k:  # with top_k, an undecided top-p cut-off lies below the k-th value: top_k decides
+                decided = keep < c
+        if ids is None:
+            return None, paddle.where(probs >= thr, probs, paddle.zeros_like(probs))
+        # Tokens outside the candidates are <= smallest: the kept set is complete if the cut-off is above it.
+        if bool((decided & (thr > smallest)).all()):
+            break
+        grow = 2 * c
+        if top_p < 1.0 and not top_k:  # each further token adds at most `smallest` mass: a lower bound on c
+            short = float(paddle.max((top_p - cum[:, -1:]) / paddle.clip(smallest, min=1e-30)))
+            grow = max(grow, c + int(min(short, V)) + 1)
+        c = V if grow > sort_above * V else grow
+    weights = paddle.where(vals >= thr, vals, paddle.zeros_like(vals))
+    order = paddle.argsort(ids, axis=-1)
+    return gather_last(ids, order), gather_last(weights, order)

@@ -325,7 +325,7 @@ def rollout(policy: Policy, encode: PromptEncoder, cfg: Any, records: Sequence[d
     return policy.generate(prompt_ids, prompt_mask, num_samples=G, max_new_tokens=cfg.max_dec_len,
                            min_new_tokens=cfg.min_dec_len, eos_token_ids=sorted({tokenizer.eos_token_id}),
                            pad_token_id=tokenizer.pad_token_id, temperature=cfg.temperature, top_p=cfg.top_p,
-                           repetition_penalty=cfg.repetition_penalty, do_sample=do_sample,
+                           top_k=cfg.top_k, repetition_penalty=cfg.repetition_penalty, do_sample=do_sample,
                            max_num_seqs=cfg.rollout_max_num_seqs, row_keys=keys)
 
 

@@ -310,6 +310,7 @@ def test_wrong_type_names_key_and_value(tmp_path, line, expected):
     ("clip_range_ratio_low: 1.0", "key 'clip_range_ratio_low' = 1.0: the lower clip range must be below 1"),
     ("clip_ratio_c: 1.0", "key 'clip_ratio_c' = 1.0: the dual-clip constant must be greater than 1"),
     ("top_p: 0", "key 'top_p' = 0.0: must be in (0, 1]"),
+    ("top_k: -1", "key 'top_k' = -1: must not be negative"),
     ("temperature: 0", "key 'temperature' = 0.0: must be greater than 0"),
     ("kl_coeff: -0.1", "key 'kl_coeff' = -0.1: must not be negative"),
     ("rl_algorithm: ppo", "key 'rl_algorithm' = 'ppo': is not supported: needs a critic (value model), which "

@@ -8,6 +8,7 @@ import pytest
 from paddle_grpo.policy import load_tokenizer
 from paddle_grpo.policy.causal import completion_logprobs, load_causal_lm
 from paddle_grpo.rollout import top_p_filter, generate
+from paddle_grpo.sampling import row_keys
 
 
 @pytest.fixture(scope="module")
@@ -168,3 +169,36 @@ def test_sampling_with_top_p_only_emits_nucleus_tokens(policy):
     r = generate(model, pid, mask, num_samples=300, max_new_tokens=1, eos_token_ids=[tok.eos_token_id],
                  pad_token_id=tok.pad_token_id, top_p=0.5)
     assert set(r.completion_ids.numpy()[:, 0].tolist()) <= allowed
+
+
+@pytest.mark.parametrize("top_k,top_p", [(5, 1.0), (20, 0.6)])
+def test_sampling_with_top_k_only_emits_kept_tokens_and_keeps_logprob_contract(policy, top_k, top_p):
+    model, tok = policy
+    _, pid, mask = prompts(tok, ["Zoey is a"])
+    logits = model(paddle.to_tensor(pid), return_dict=True).logits[0, -1].numpy().astype(np.float64)
+    order = np.argsort(-logits, kind="stable")
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    allowed = set(order[:top_k].tolist()) & set(np.nonzero(numpy_top_p(p[None], top_p)[0])[0].tolist())
+    r = generate(model, pid, mask, num_samples=300, max_new_tokens=3, eos_token_ids=[tok.eos_token_id],
+                 pad_token_id=tok.pad_token_id, top_k=top_k, top_p=top_p, row_keys=row_keys(2, 0, np.arange(300)))
+    first = r.completion_ids.numpy()[:, 0]
+    assert set(first.tolist()) <= allowed and len(set(first.tolist())) > 1
+    # the log-probs stay those of the unfiltered temperature-1 distribution
+    np.testing.assert_allclose(r.sample_logprobs.numpy()[:, 0], np.log(p[first]), atol=2e-5)
+    lp, _ = completion_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
+    m = r.completion_mask.numpy().astype(bool)
+    np.testing.assert_allclose(r.sample_logprobs.numpy()[m], lp.numpy()[m], atol=2e-5)
+
+
+def test_top_k_without_keys_uses_the_global_generator(policy):
+    model, tok = policy
+    _, pid, mask = prompts(tok, ["Zoey is a"])
+    kw = dict(num_samples=50, max_new_tokens=2, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
+              top_k=3)
+    paddle.seed(1)
+    a = generate(model, pid, mask, **kw).completion_ids.numpy()
+    paddle.seed(1)
+    b = generate(model, pid, mask, **kw).completion_ids.numpy()
+    logits = model(paddle.to_tensor(pid), return_dict=True).logits[0, -1].numpy()
+    assert (a == b).all() and set(a[:, 0].tolist()) <= set(np.argsort(-logits)[:3].tolist())
