@@ -34,7 +34,8 @@ import paddle
 from .data import pad_columns
 from .policy import fast_qwen2
 from .policy.causal import position_ids_from_mask
-from .sampling import candidates, gather_last, sample_with_uniforms, uniforms
+from .algorithms import gather_last
+from .sampling import candidates, sample_with_uniforms, uniforms
 
 
 class Stepper(Protocol):

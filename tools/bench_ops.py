@@ -68,7 +68,8 @@ def decode_ops(V: int, rows: int, hidden: int, seed: int = 0) -> Iterator[Op]:
     import paddle.nn.functional as F
 
     from paddle_grpo.rollout import _exp_and_logsumexp, _penalize, top_p_filter
-    from paddle_grpo.sampling import candidates, gather_last, row_keys, sample_with_uniforms, uniforms
+    from paddle_grpo.algorithms import gather_last
+    from paddle_grpo.sampling import candidates, row_keys, sample_with_uniforms, uniforms
 
     paddle.seed(seed)
     z = 3.0 * paddle.randn([rows, V])  # ~6,500 tokens hold 90% of the mass (top-p needs a second, larger topk)
@@ -131,7 +132,7 @@ def update_ops(V: int, rows: int, hidden: int, tokens: int, chunks: List[int], s
     import paddle
 
     from paddle_grpo.policy.lm_head import chunked_logprobs_and_entropy
-    from paddle_grpo.sampling import gather_last
+    from paddle_grpo.algorithms import gather_last
 
     paddle.seed(seed)
     n = rows * tokens

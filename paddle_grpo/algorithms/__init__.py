@@ -8,7 +8,7 @@
   shaping.py        reward clipping, DAPO overlong penalty (combining reward functions: rewards.RewardSet)
   schedule.py       the learning-rate schedule (warm-up, constant / linear / cosine)
   registry.py       the name -> spec registries: what each estimator / loss needs and where its KL goes
-  _common.py        dtype / mask helpers
+  _common.py        dtype / mask helpers, last-axis gathers that do not copy the whole tensor
 The config reads its choices from this package (rl_algorithm, importance_sampling_level from the registries;
 kl_estimator, kl_loss_estimator, loss_agg_mode from KL_ESTIMATORS, LOSS_AGG_MODES), so nothing else lists them.
 The formulas are those of docs/algorithms.md, sections 1-5. Every batch statistic is over the batch passed
@@ -39,6 +39,7 @@ from .losses import (
     register_policy_loss,
     unregister_policy_loss,
 )
+from ._common import gather_last, subtract_at
 from .schedule import lr_lambda
 from .normalization import RunningRewardNormalizer, normalize_advantage
 from .registry import EstimatorSpec, PolicyLossSpec, UnknownNameError
@@ -48,9 +49,10 @@ __all__ = [
     "EstimatorSpec", "KL_ESTIMATORS", "LOSS_AGG_MODES", "PolicyLossSpec", "RunningRewardNormalizer",
     "UnknownNameError",
     "advantage_estimator_spec", "aggregate_loss", "available_advantage_estimators", "available_policy_losses",
-    "clip_reward", "compute_policy_loss", "entropy_from_logits", "get_advantage_estimator", "get_policy_loss",
+    "clip_reward", "compute_policy_loss", "entropy_from_logits", "gather_last", "get_advantage_estimator",
+    "get_policy_loss",
     "global_denominators", "importance_sampling_levels", "kl_penalty", "logprobs_from_logits", "lr_lambda",
     "masked_mean", "normalize_advantage", "overlong_penalty", "policy_loss_spec", "register_advantage_estimator",
     "register_policy_loss", "reward_kl_coeff", "scalar_to_token_level", "unregister_advantage_estimator",
-    "unregister_policy_loss",
+    "subtract_at", "unregister_policy_loss",
 ]

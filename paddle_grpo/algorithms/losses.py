@@ -7,7 +7,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import paddle
 
-from ._common import TensorLike, as_float, as_mask, check_same_shape, compute_dtype, masked
+from ._common import TensorLike, as_float, as_mask, check_same_shape, compute_dtype, gather_last, masked
 from .registry import PolicyLossSpec, Registry, unknown_name
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -285,7 +285,7 @@ def logprobs_from_logits(logits: TensorLike, labels: TensorLike, temperature: fl
         z = z / temperature
     labels = labels if isinstance(labels, paddle.Tensor) else paddle.to_tensor(labels)
     labels = paddle.clip(labels.astype("int64"), min=0).unsqueeze(-1)
-    label_logit = paddle.take_along_axis(z, labels, axis=-1).squeeze(-1)
+    label_logit = gather_last(z, labels).squeeze(-1)
     return label_logit - paddle.logsumexp(z, axis=-1)
 
 

@@ -7,6 +7,7 @@ import paddle
 import paddle.distributed as dist
 
 # The chunked LM head's maths (a module that imports nothing of the package, docs/architecture.md).
+from ..algorithms import gather_last
 from ..policy.lm_head import (_as_f32, _chunk_logits, _ChunkedLMHead, _chunks, _flat_inputs,
                               _shifted_statistics)
 from .differentiable import AllReduce, Identity
@@ -41,7 +42,7 @@ class VocabParallel:
         sumexp = self._sum(paddle.exp(z - m).sum(axis=-1))
         local = labels.astype("int64") - self.rank * shard
         inside = ((local >= 0) & (local < shard)).astype("float32")
-        picked = paddle.take_along_axis(z, paddle.clip(local, 0, shard - 1).unsqueeze(-1), axis=-1).squeeze(-1)
+        picked = gather_last(z, paddle.clip(local, 0, shard - 1).unsqueeze(-1)).squeeze(-1)
         target = self._sum(picked * inside)
         return target - m.squeeze(-1) - paddle.log(sumexp)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import paddle
 from paddle.autograd import PyLayer
 
-from ..algorithms import entropy_from_logits, logprobs_from_logits
+from ..algorithms import entropy_from_logits, gather_last, logprobs_from_logits, subtract_at
 from .base import full_precision
 
 __all__ = ["LMHead", "chunked_logprobs_and_entropy", "head_logprobs", "lm_head_of", "num_chunks"]
@@ -70,7 +70,7 @@ def _shifted_statistics(z: paddle.Tensor, labels: paddle.Tensor, with_entropy: b
     e = paddle.exp(zs)
     sum_e = paddle.sum(e, axis=-1)
     lse_s = paddle.log(sum_e)                                           # logsumexp(z) - m
-    picked = paddle.take_along_axis(zs, labels.unsqueeze(-1), axis=-1).squeeze(-1)
+    picked = gather_last(zs, labels.unsqueeze(-1)).squeeze(-1)
     mean_s = paddle.sum(paddle.multiply(e, zs), axis=-1) / sum_e if with_entropy else None
     return m.squeeze(-1), picked, lse_s, mean_s
 
@@ -148,9 +148,8 @@ class _ChunkedLMHead(PyLayer):
             del logp_all
             dz = paddle.multiply(p, coeff)                              # p * coeff - a * onehot = -dL/dz
             del p, coeff
-            lab = labels[start:end].unsqueeze(-1)
             onehot = a if label_weight is None else a * label_weight[start:end].unsqueeze(-1)
-            dz = paddle.put_along_axis(dz, lab, paddle.take_along_axis(dz, lab, axis=-1) - onehot, axis=-1)
+            dz = subtract_at(dz, labels[start:end], onehot.squeeze(-1))
             dz = paddle.scale(dz, scale=-1.0 / temperature)             # dL/dlogits
             if need_h:
                 dh_chunks.append(paddle.matmul(dz, w, transpose_y=not transpose_y).astype(hidden.dtype))
