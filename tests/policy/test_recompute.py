@@ -194,3 +194,15 @@ def test_checkpoint_wrapper_matches_plain_call():
     assert needs_grad(x, 3) and not needs_grad(paddle.to_tensor(x0), None)
     with paddle.no_grad():
         assert not needs_grad(x)
+
+
+def test_load_policy_passes_the_settings_through(tiny_policy_dir):
+    """trainer.py -> load_policy -> Policy.load -> load_causal_lm: the config keys reach the model."""
+    from paddle_grpo.policy.load import load_policy
+
+    policy = load_policy(tiny_policy_dir, recompute=True, recompute_granularity="full_attn",
+                         recompute_use_reentrant=False)
+    c = policy.model.config
+    assert (c.recompute, c.recompute_granularity, c.recompute_use_reentrant) == (True, "full_attn", False)
+    assert all(layer.enable_recompute for layer in policy.model.qwen2.layers)
+    assert fast_qwen2.recompute_granularity(policy.model) == "full_attn"
