@@ -119,6 +119,11 @@ def _amp_effect(key: str) -> Dict[str, Effect]:
             "gpu": on(f"{GPU_EFFECT[key]} (paddle_grpo/precision.py; verified only on CPU: the decision logic)")}
 
 
+# recompute / recompute_granularity / recompute_use_reentrant on GPU: device-independent code (paddle's recompute).
+_RECOMPUTE_GPU = on("the same paddle recompute as on CPU (policy/fast_qwen2.py, PaddleNLP's forward); verified only "
+                    "on CPU")
+
+
 def arg(default: Any, help: str, *, choices: Optional[Choices] = None, cpu: Effect = ON, gpu: Effect = ON,
         default_factory: Optional[Callable[[], Any]] = None) -> Any:
     """A config field. `choices`: the valid values, or a function returning them when they are asked for (read with
@@ -406,13 +411,18 @@ class KernelArguments:
                                      "grows as chunk x vocab.")
     use_fused_linear: bool = arg(False, "Fused linear kernel. Passed to the model config's field of the same name.",
                            **_amp_effect("use_fused_linear"))
-    recompute: bool = arg(False, "Recompute activations in the backward pass to save memory.")
-    recompute_use_reentrant: bool = arg(True, "Use the re-entrant recompute implementation.",
-                                        **nowhere("not implemented yet (issue 15): recompute uses the model's "
-                                                  "default implementation"))
-    recompute_granularity: str = arg("full", "Recompute granularity.", choices=("full", "full_attn", "core_attn"),
-                                     **nowhere("not implemented yet (issue 15): recompute is always full (whole "
-                                               "decoder layers)"))
+    recompute: bool = arg(False, "Recompute the policy's decoder activations in the update's backward pass instead "
+                                 "of keeping them: less memory, about one more forward pass of time. Trainable "
+                                 "policy only (the reference and rollout passes record no gradients); "
+                                 "encoder-decoder policies ignore it with a warning.", gpu=_RECOMPUTE_GPU)
+    recompute_use_reentrant: bool = arg(True, "With recompute: paddle's re-entrant implementation (a PyLayer) if "
+                                              "true, else the saved-tensor-hooks one; same gradients.",
+                                        gpu=_RECOMPUTE_GPU)
+    recompute_granularity: str = arg("full", "With recompute: what is recomputed per decoder layer. full: the whole "
+                                             "layer (least memory, slowest); full_attn: the attention sub-block "
+                                             "with its q/k/v projections; core_attn: only softmax(QK^T) V (fastest, "
+                                             "most memory of the three).",
+                                     choices=("full", "full_attn", "core_attn"), gpu=_RECOMPUTE_GPU)
     bf16: bool = arg(False, "bfloat16 mixed precision.", **_amp_effect("bf16"))
     fp16: bool = arg(False, "float16 mixed precision.", **_amp_effect("fp16"))
     fp16_opt_level: str = arg("O1", "AMP level O1 or O2.", choices=("O1", "O2"),

@@ -65,7 +65,9 @@ class Trainer:
         self.tokenizer = load_tokenizer(cfg.actor_model_name_or_path)
         load = {**par.model_load_kwargs(), **self.precision.load_kwargs,  # TP shard; dtype and kernels (if not default)
                 "head_chunk_size": cfg.lm_head_chunk_size}  # the chunked LM head, policy and reference (lm_head.py)
-        self.policy = load_policy(cfg.actor_model_name_or_path, recompute=cfg.recompute, **load)
+        self.policy = load_policy(cfg.actor_model_name_or_path, recompute=cfg.recompute, **load,
+                                  recompute_granularity=cfg.recompute_granularity,
+                                  recompute_use_reentrant=cfg.recompute_use_reentrant)
         if cfg.lora:  # the reference is then the policy with its adapters disabled (step.reference_logprobs)
             if cfg.lora_path:
                 self.policy.load_adapters(cfg.lora_path)

@@ -37,7 +37,7 @@ class Policy:
     is_encoder_decoder: bool = False
     head_chunk_size: int | None = None
     load_model = None  # staticmethod(path, *, trainable, recompute, tensor_parallel_degree, tensor_parallel_rank,
-    #                                  dtype, config_overrides)
+    #                                  dtype, config_overrides, recompute_granularity, recompute_use_reentrant)
 
     def __init__(self, model: paddle.nn.Layer):
         self.model = model
@@ -45,13 +45,15 @@ class Policy:
     @classmethod
     def load(cls, path: str, *, trainable: bool = True, recompute: bool = False, tensor_parallel_degree: int = 1,
              tensor_parallel_rank: int = 0, dtype: str = "float32",
-             config_overrides: dict[str, Any] | None = None) -> "Policy":
+             config_overrides: dict[str, Any] | None = None, recompute_granularity: str = "full",
+             recompute_use_reentrant: bool = True) -> "Policy":
         """This class's model from a local directory or hub ID (in `dtype`, float32 by default, with
         `config_overrides` set on its config; frozen unless `trainable`), wrapped in the class."""
         return cls(cls.load_model(path, trainable=trainable, recompute=recompute,
                                   tensor_parallel_degree=tensor_parallel_degree,
                                   tensor_parallel_rank=tensor_parallel_rank, dtype=dtype,
-                                  config_overrides=config_overrides))
+                                  config_overrides=config_overrides, recompute_granularity=recompute_granularity,
+                                  recompute_use_reentrant=recompute_use_reentrant))
 
     # ------------------------------------------------------------------------------------- what subclasses do
 

@@ -30,10 +30,15 @@ if TYPE_CHECKING:
 
 def load_causal_lm(path: str, *, trainable: bool = True, recompute: bool = False, tensor_parallel_degree: int = 1,
                    tensor_parallel_rank: int = 0, dtype: str = "float32",
-                   config_overrides: dict[str, Any] | None = None) -> paddle.nn.Layer:
+                   config_overrides: dict[str, Any] | None = None, recompute_granularity: str = "full",
+                   recompute_use_reentrant: bool = True) -> paddle.nn.Layer:
     """`AutoModelForCausalLM` from a local directory or hub ID (hub.resolve_model_dir), in `dtype` (float32 unless
     the precision plan says otherwise); frozen (eval, no grads) unless `trainable`. `config_overrides`: model-config
     fields to set before the model is built (the plan's kernel flags: use_flash_attention, use_fused_rms_norm, ...).
+
+    `recompute` (trainable models only: frozen ones run without gradients) checkpoints the decoder in backward with
+    PaddleNLP's `recompute_granularity` ("full" layers, "full_attn" attention sub-blocks, "core_attn" the core
+    attention) and `recompute_use_reentrant`, in PaddleNLP's forward and in the lean Qwen2 path (fast_qwen2.py).
 
     With `tensor_parallel_degree > 1` this rank's shard is loaded (PaddleNLP splits the full checkpoint); its
     forward then returns full-vocabulary logits (gathered), which generation needs, while `completion_logprobs`
@@ -44,6 +49,12 @@ def load_causal_lm(path: str, *, trainable: bool = True, recompute: bool = False
     cpu_tuning.apply()  # MKL's AVX2 path on AMD and no page fault per tensor (cpu_tuning.py); before any forward
     config = AutoConfig.from_pretrained(path)
     config.recompute = bool(recompute and trainable)
+    if config.recompute:
+        if recompute_granularity not in fast_qwen2.GRANULARITIES:
+            raise ValueError(f"recompute_granularity must be one of {fast_qwen2.GRANULARITIES}, "
+                             f"got {recompute_granularity!r}")
+        config.recompute_granularity = recompute_granularity
+        config.recompute_use_reentrant = bool(recompute_use_reentrant)
     if tensor_parallel_degree > 1:
         config.tensor_parallel_degree = tensor_parallel_degree
         config.tensor_parallel_rank = tensor_parallel_rank
@@ -51,6 +62,10 @@ def load_causal_lm(path: str, *, trainable: bool = True, recompute: bool = False
     for key, value in (config_overrides or {}).items():
         setattr(config, key, value)
     model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype)
+    if config.recompute:
+        # The config field alone is inert: PaddleNLP's layers recompute only once `enable_recompute` is set, which
+        # its Trainer does for `--recompute` (this is the model's own method for it).
+        model.recompute_enable()
     if trainable:
         model.train()
     else:

@@ -20,18 +20,27 @@ greedy generations and gradients against `Qwen2ForCausalLM.forward`).
 
 Switch: `enabled_for(model)` is True for a plain float32 `Qwen2ForCausalLM` (exact type: not a `paddle.DataParallel`
 or LoRA wrapper) whose projections are all `nn.Linear` (no LoRA/quantised layers inside), without tensor/sequence
-parallelism, fused-qkv/ffn layouts, recompute, attention dropout, GPU kernel flags or an active autocast, unless
-the environment sets `PADDLE_GRPO_FAST=0`. Everything else uses PaddleNLP's forward (modeling.py / rollout.py).
+parallelism, fused-qkv/ffn layouts, refined recompute, attention dropout, GPU kernel flags or an active autocast,
+unless the environment sets `PADDLE_GRPO_FAST=0`. Everything else uses PaddleNLP's forward (modeling.py / rollout.py).
+
+Recompute: with the model config's `recompute` (PaddleNLP's key; causal.load_causal_lm sets it on the trainable
+policy only) and gradients being recorded, `prompt_completion_hidden` checkpoints per `recompute_granularity`, as
+PaddleNLP's forward does: "full" each decoder layer, "full_attn" each attention sub-block (q/k/v projections, RoPE,
+attention, output projection), "core_attn" each softmax(QK^T + bias) V; layers in `no_recompute_layers` are not.
+It runs paddle's own recompute (parallel/recompute.py) with `recompute_use_reentrant`. Exact: this path has no
+dropout, so the rerun computes the same values.
 """
 from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
 
 import numpy as np
 import paddle
 import paddle.nn.functional as F
+
+from ..parallel.recompute import checkpoint, needs_grad
 
 if TYPE_CHECKING:
     from paddlenlp.transformers import Qwen2ForCausalLM
@@ -63,8 +72,23 @@ def enabled_for(model: paddle.nn.Layer) -> bool:
     return (plain and model.qwen2.embed_tokens.weight.dtype == paddle.float32 and not kernels
             and not paddle.amp.is_autocast_enabled()
             and c.tensor_parallel_degree <= 1 and not c.sequence_parallel and not c.fuse_attention_qkv
-            and not c.fuse_attention_ffn and c.hidden_act == "silu" and not c.recompute
-            and not model.qwen2.enable_recompute and float(c.attention_dropout or 0.0) == 0.0)
+            and not c.fuse_attention_ffn and c.hidden_act == "silu" and not getattr(c, "refined_recompute", None)
+            and float(c.attention_dropout or 0.0) == 0.0)
+
+
+GRANULARITIES = ("full", "full_attn", "core_attn")
+
+
+def recompute_granularity(model: Qwen2ForCausalLM) -> Optional[str]:
+    """None, or what the lean path recomputes in backward: the config's `recompute_granularity` when its `recompute`
+    is on (or PaddleNLP's Trainer switched the decoder's `enable_recompute` on: the same two ways PaddleNLP's forward
+    is told)."""
+    c = model.config
+    if not (c.recompute or model.qwen2.enable_recompute):
+        return None
+    if c.recompute_granularity not in GRANULARITIES:
+        raise ValueError(f"recompute_granularity must be one of {GRANULARITIES}, got {c.recompute_granularity!r}")
+    return c.recompute_granularity
 
 
 class Qwen2Fast:
@@ -199,21 +223,41 @@ class Qwen2Fast:
             tokens = paddle.concat([tokens, paddle.index_select(self.embed, completion_ids[:, :Tc].reshape([-1]))])
             cos, sin = self.rope_tables(paddle.concat([ppos, cpos]))
         else:
+            bias_c = None
             cos, sin = self.rope_tables(ppos)
-        x = tokens
-        for lw in self.layers:
-            q, k, v = self.qkv(self.rms(x, lw["ln1"]), lw, cos, sin)
+        granularity = recompute_granularity(self.model)
+        skip = set(self.model.config.no_recompute_layers or ())
+        reentrant = bool(self.model.config.recompute_use_reentrant)
+
+        def attention(xn, wqkv, bqkv, wo, core):
+            """Attention sub-block: normed tokens [P*L + N*Tc, D] -> output projection [P*L + N*Tc, D]."""
+            q, k, v = self.qkv(xn, {"wqkv": wqkv, "bqkv": bqkv}, cos, sin)
             if Tc > 0:
                 (qp, qc), (kp, kc), (vp, vc) = (paddle.split(t, [P * L, N * Tc], axis=0) for t in (q, k, v))
             else:
                 qp, kp, vp = q, k, v
             kp, vp = self.heads(kp, P, L), self.heads(vp, P, L)
-            attn = self.attend(qp.reshape([P, L, self.H, self.d]), kp, vp, bias_p)
+            attn = core(self.attend, qp.reshape([P, L, self.H, self.d]), kp, vp, bias_p)
             if Tc > 0:
                 keys = paddle.concat([paddle.index_select(kp, rows), self.heads(kc, N, Tc)], axis=2)
                 values = paddle.concat([paddle.index_select(vp, rows), self.heads(vc, N, Tc)], axis=2)
-                attn = paddle.concat([attn, self.attend(qc.reshape([N, Tc, self.H, self.d]), keys, values, bias_c)])
-            x = self.mlp_block(x + paddle.matmul(attn, lw["wo"]), lw)
+                attn = paddle.concat([attn, core(self.attend, qc.reshape([N, Tc, self.H, self.d]), keys, values,
+                                                 bias_c)])
+            return paddle.matmul(attn, wo)
+
+        def layer(x, ln1, ln2, wqkv, bqkv, wo, wgu, wd, block, core):
+            """One decoder layer on flat tokens [P*L + N*Tc, D]; `block`/`core` run the attention sub-block / the
+            core attention, either directly or checkpointed."""
+            x = x + block(attention, self.rms(x, ln1), wqkv, bqkv, wo, core)
+            return self.mlp_block(x, {"ln2": ln2, "wgu": wgu, "wd": wd})
+
+        x = tokens
+        for i, lw in enumerate(self.layers):
+            # Every tensor a gradient must reach is an argument of the checkpointed function (parallel/recompute.py).
+            weights = [lw[key] for key in ("ln1", "ln2", "wqkv", "bqkv", "wo", "wgu", "wd")]
+            mode = granularity if i not in skip else None
+            full, part = _runner(mode == "full", reentrant), _runner(mode == "full_attn", reentrant)
+            x = full(layer, x, *weights, part, _runner(mode == "core_attn", reentrant))
         last_prompt = paddle.index_select(x[:P * L].reshape([P, L, self.D])[:, L - 1], rows)  # [N, D]
         if Tc == 0:
             return last_prompt.unsqueeze(1)
@@ -269,6 +313,16 @@ class Qwen2Fast:
         self.slot += 1
         self.next_pos = self.next_pos + 1
         return self.logits(x).astype("float32")
+
+
+def _runner(recompute: bool, use_reentrant: bool) -> Callable[..., Any]:
+    """`run(fn, *args)`: `fn(*args)`, checkpointed (parallel/recompute.py) when `recompute` and a tensor argument
+    needs a gradient (as PaddleNLP: with no gradient recorded there is nothing to recompute for)."""
+    def run(fn: Callable[..., Any], *args: Any) -> Any:
+        if recompute and needs_grad(*args):
+            return checkpoint(fn, *args, use_reentrant=use_reentrant)
+        return fn(*args)
+    return run
 
 
 def unique_rows(ids: np.ndarray, mask: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:

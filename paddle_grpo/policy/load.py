@@ -17,10 +17,12 @@ def policy_class(path: str) -> type[Policy]:
 
 def load_policy(path: str, *, trainable: bool = True, recompute: bool = False, tensor_parallel_degree: int = 1,
                 tensor_parallel_rank: int = 0, dtype: str = "float32",
-                config_overrides: dict[str, Any] | None = None, head_chunk_size: int | None = None) -> Policy:
+                config_overrides: dict[str, Any] | None = None, head_chunk_size: int | None = None,
+                recompute_granularity: str = "full", recompute_use_reentrant: bool = True) -> Policy:
     """The model of `path` (a local directory, or a hub ID resolved in PaddleNLP's cache: hub.resolve_model_dir)
     in its Policy class; frozen (eval, no gradients) unless `trainable`. `recompute` turns on activation recompute
-    of a trainable causal LM (ignored, with a warning, by encoder-decoders); tensor_parallel_*: this rank's shard
+    of a trainable causal LM with `recompute_granularity` / `recompute_use_reentrant` (PaddleNLP's keys; ignored, with a
+    warning, by encoder-decoders); tensor_parallel_*: this rank's shard
     (causal LMs only). `dtype` (float32 by default) and `config_overrides` (model-config fields, e.g.
     use_flash_attention) come from the precision plan (precision.py: PrecisionPlan.load_kwargs).
     `head_chunk_size`: the policy's `head_chunk_size` (the chunked LM head; config.lm_head_chunk_size)."""
@@ -28,6 +30,7 @@ def load_policy(path: str, *, trainable: bool = True, recompute: bool = False, t
     policy = policy_class(path).load(path, trainable=trainable, recompute=recompute,
                                      tensor_parallel_degree=tensor_parallel_degree,
                                      tensor_parallel_rank=tensor_parallel_rank, dtype=dtype,
-                                     config_overrides=config_overrides)
+                                     config_overrides=config_overrides, recompute_granularity=recompute_granularity,
+                                     recompute_use_reentrant=recompute_use_reentrant)
     policy.head_chunk_size = head_chunk_size
     return policy

@@ -46,12 +46,13 @@ _DROPOUT_KEYS = ("dropout_rate", "dropout", "attention_dropout", "activation_dro
 
 def load_seq2seq_lm(path: str, *, trainable: bool = True, recompute: bool = False, tensor_parallel_degree: int = 1,
                     tensor_parallel_rank: int = 0, dtype: str = "float32",
-                    config_overrides: dict[str, Any] | None = None) -> paddle.nn.Layer:
+                    config_overrides: dict[str, Any] | None = None, recompute_granularity: str = "full",
+                    recompute_use_reentrant: bool = True) -> paddle.nn.Layer:
     """`AutoModelForConditionalGeneration` from a local directory or hub ID, in `dtype` (float32 by default),
     dropout off; frozen unless `trainable`. `config_overrides`: model-config fields to set (as
     `causal.load_causal_lm`).
 
-    Same keyword arguments as `causal.load_causal_lm`; tensor parallelism is not supported for encoder-decoders.
+    Same keyword arguments as `causal.load_causal_lm` (recompute and its settings are ignored); tensor parallelism is not supported for encoder-decoders.
     """
     from paddlenlp.transformers import AutoConfig, AutoModelForConditionalGeneration
 
