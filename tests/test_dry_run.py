@@ -74,7 +74,7 @@ def test_keys_without_effect_depend_on_the_device():
     cpu = {key: (value, reason) for key, value, reason in keys_without_effect(cfg, "cpu")}
     gpu = {key for key, _, _ in keys_without_effect(cfg, "gpu")}
     assert cpu["bf16"][0] == "true" and cpu["bf16"][1].startswith("paddle has no bfloat16 matmul kernel on CPU")
-    assert "bf16" not in gpu and "balance_batch" in gpu and "balance_batch" in cpu
+    assert "bf16" not in gpu and "offload_level" in gpu and "offload_level" in cpu
 
 
 def test_a_valid_single_process_run_passes(base, tmp_path, capsys):
