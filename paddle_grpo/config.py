@@ -50,7 +50,10 @@ SECRET_KEYS = ("reward_server_token",)  # never printed or written out
 NO_CRITIC = "needs a critic (value model): rl_algorithm ppo/vapo are not supported"
 CPU_FLOAT32 = ("CPU runs compute in float32 (paddle's CPU kernels have no bfloat16 matmul, docs/platform.md)")
 HOST_MEMORY = "on a CPU run everything is already in host memory"
-DEFAULT_HEAD_CHUNK_SIZE = 256  # fused_head_chunk_size's default (the lead sets it from tools/bench.py's numbers)
+# fused_head_chunk_size's default: at V = 151,936 the chunked head's forward + backward over 8 x 128 positions took
+# 10.7 / 9.8 / 9.3 / 9.2 s with chunks of 128 / 256 / 512 / 1024 positions (tools/bench.py --ops, docs/PERFORMANCE.md);
+# 512 is within 2 % of 1024 at half its transient memory (512 x V float32 = 311 MB per buffer).
+DEFAULT_HEAD_CHUNK_SIZE = 512
 
 
 class ConfigError(ValueError):

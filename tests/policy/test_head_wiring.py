@@ -342,7 +342,7 @@ def test_heads_that_cannot_be_chunked_fall_back_to_full_logits_with_one_warning(
 def test_config_keys():
     assert Config().lm_head_chunk_size is None
     cfg = config_from_dict({"use_fused_head_and_loss_fn": True})
-    assert cfg.lm_head_chunk_size == Config().fused_head_chunk_size == 256
+    assert cfg.lm_head_chunk_size == Config().fused_head_chunk_size == 512
     assert config_from_dict({"use_fused_head_and_loss_fn": True, "fused_head_chunk_size": 3}).lm_head_chunk_size == 3
     assert config_from_dict({"fused_head_chunk_size": 3}).lm_head_chunk_size is None
     with pytest.raises(ConfigError, match="key 'fused_head_chunk_size' = 0: must be at least 1"):
