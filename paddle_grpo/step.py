@@ -686,8 +686,11 @@ def _micro_batch(learner: Learner, inputs: UpdateInputs, mb: MicroBatch, agg: Di
     """Forward + backward of one micro-batch (skipped backward when its loss is not finite). A trimmed micro-batch
     loses only masked columns, which add nothing to the loss (global denominators: `agg`)."""
     with learner.amp.autocast() if learner.amp else contextlib.nullcontext():  # float32 logits out either way
+        # The entropy is logged every step; it takes a gradient only when the loss has an entropy bonus ("detached":
+        # no graph for it, and the chunked head's backward skips its term).
         lp, entropy = learner.policy.logprobs(*mb.inputs(inputs.batch), temperature=cfg.temperature,
-                                              with_entropy=True, vocab_parallel=vocab_parallel)  # logged every step
+                                              with_entropy=True if cfg.entropy_coeff > 0 else "detached",
+                                              vocab_parallel=vocab_parallel)
     old = lp.detach() if inputs.old_lp is None else mb.completion(inputs.old_lp)
     loss, sums = rl_loss(cfg, lp, entropy, old, mb.completion(inputs.advantages), mb.completion(inputs.loss_mask),
                          mb.completion(inputs.ref_lp), agg)
