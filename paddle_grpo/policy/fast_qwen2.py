@@ -32,6 +32,7 @@ dropout, so the rerun computes the same values.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
@@ -41,6 +42,7 @@ import paddle
 import paddle.nn.functional as F
 
 from ..parallel.recompute import checkpoint, needs_grad
+from .attention import blockwise_attention, query_block
 
 if TYPE_CHECKING:
     from paddlenlp.transformers import Qwen2ForCausalLM
@@ -170,6 +172,25 @@ class Qwen2Fast:
         out = paddle.matmul(probs, v).reshape([B, self.KV, self.g, Sq, self.d])
         return out.transpose([0, 3, 1, 2, 4]).reshape([B * Sq, self.H * self.d])
 
+    def attend_blocks(self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, bias: paddle.Tensor, block: int
+                      ) -> paddle.Tensor:
+        """`attend` `block` queries at a time (attention.py: the scores never exist for all queries at once).
+
+        q [B, Sq, H, d]; k, v [B, KV, Sk, d]; bias [B, 1, 1, Sq, Sk] (the compact mask) -> [B * Sq, H * d]."""
+        B, Sq = q.shape[0], q.shape[1]
+        qg = q.reshape([B, Sq, self.KV, self.g, self.d]).transpose([0, 2, 3, 1, 4]) / math.sqrt(self.d)
+        out = blockwise_attention(qg, k, v, bias, block)
+        return out.transpose([0, 3, 1, 2, 4]).reshape([B * Sq, self.H * self.d])
+
+    def attention_for(self, B: int, Sq: int, Sk: int, keep: paddle.Tensor) -> tuple[Callable[..., paddle.Tensor],
+                                                                                     paddle.Tensor]:
+        """The core attention for scores [B, H, Sq, Sk] and its mask from keep bool [B, Sq, Sk]: `attend` with the
+        full-shape bias, or above attention.BLOCK_ABOVE elements `attend_blocks` with the compact one."""
+        block = query_block(B, self.H, Sq, Sk)
+        if block is None:
+            return self.attend, self.bias(keep, B, Sq, Sk)
+        return functools.partial(self.attend_blocks, block=block), self.bias(keep, B, Sq, Sk, expand=False)
+
     def mlp_block(self, x: paddle.Tensor, lw: dict[str, paddle.Tensor]) -> paddle.Tensor:
         """Residual MLP sub-block on flat tokens [n, D]."""
         h = self.rms(x, lw["ln2"])
@@ -183,12 +204,14 @@ class Qwen2Fast:
         """Final norm + LM head: [..., D] -> [..., V]."""
         return paddle.matmul(self.final_hidden(h), self.head, transpose_y=self.head_t)
 
-    def bias(self, keep: paddle.Tensor, B: int, Sq: int, Sk: int) -> paddle.Tensor:
+    def bias(self, keep: paddle.Tensor, B: int, Sq: int, Sk: int, expand: bool = True) -> paddle.Tensor:
         """keep bool [B, Sq, Sk] -> additive float32 bias [B, KV, g, Sq, Sk] (0 where kept, finfo.min elsewhere),
         materialised at the full scores shape once per forward: a broadcast add is ~20x slower on CPU. Memory: one
-        scores-sized tensor per forward, shared by all layers (autograd keeps one probs tensor per layer anyway)."""
+        scores-sized tensor per forward, shared by all layers (autograd keeps one probs tensor per layer anyway).
+        `expand=False`: the compact [B, 1, 1, Sq, Sk] (attend_blocks broadcasts it per block)."""
         bias = paddle.where(keep, paddle.zeros([1], "float32"), paddle.full([1], self.neg, "float32"))
-        return bias.reshape([B, 1, 1, Sq, Sk]).expand([B, self.KV, self.g, Sq, Sk])
+        bias = bias.reshape([B, 1, 1, Sq, Sk])
+        return bias.expand([B, self.KV, self.g, Sq, Sk]) if expand else bias
 
     # ---------------------------------------------------------------------------------- shared-prompt pass
 
@@ -211,7 +234,7 @@ class Qwen2Fast:
         ppos = paddle.index_select(positions[:, :L], first_t).reshape([-1])
         pkeep = pmask.astype("bool")
         causal_p = paddle.tril(paddle.ones([L, L], dtype="bool"))
-        bias_p = self.bias(pkeep[:, None, :] & causal_p[None], P, L, L)
+        attend_p, bias_p = self.attention_for(P, L, L, pkeep[:, None, :] & causal_p[None])
         tokens = paddle.index_select(self.embed, pid.reshape([-1]))  # [P*L, D]
         if Tc > 0:
             cpos = positions[:, L:L + Tc].reshape([-1])
@@ -219,11 +242,11 @@ class Qwen2Fast:
             causal_c = paddle.tril(paddle.ones([Tc, Tc], dtype="bool"))
             keep_c = paddle.concat([paddle.index_select(pkeep, rows)[:, None, :].expand([N, Tc, L]),
                                     cmask[:, None, :] & causal_c[None]], axis=2)
-            bias_c = self.bias(keep_c, N, Tc, L + Tc)
+            attend_c, bias_c = self.attention_for(N, Tc, L + Tc, keep_c)
             tokens = paddle.concat([tokens, paddle.index_select(self.embed, completion_ids[:, :Tc].reshape([-1]))])
             cos, sin = self.rope_tables(paddle.concat([ppos, cpos]))
         else:
-            bias_c = None
+            attend_c, bias_c = None, None
             cos, sin = self.rope_tables(ppos)
         granularity = recompute_granularity(self.model)
         skip = set(self.model.config.no_recompute_layers or ())
@@ -237,11 +260,11 @@ class Qwen2Fast:
             else:
                 qp, kp, vp = q, k, v
             kp, vp = self.heads(kp, P, L), self.heads(vp, P, L)
-            attn = core(self.attend, qp.reshape([P, L, self.H, self.d]), kp, vp, bias_p)
+            attn = core(attend_p, qp.reshape([P, L, self.H, self.d]), kp, vp, bias_p)
             if Tc > 0:
                 keys = paddle.concat([paddle.index_select(kp, rows), self.heads(kc, N, Tc)], axis=2)
                 values = paddle.concat([paddle.index_select(vp, rows), self.heads(vc, N, Tc)], axis=2)
-                attn = paddle.concat([attn, core(self.attend, qc.reshape([N, Tc, self.H, self.d]), keys, values,
+                attn = paddle.concat([attn, core(attend_c, qc.reshape([N, Tc, self.H, self.d]), keys, values,
                                                  bias_c)])
             return paddle.matmul(attn, wo)
 

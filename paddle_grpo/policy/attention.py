@@ -1,0 +1,103 @@
+"""Attention over blocks of queries: the `[rows, heads, Sq, Sk]` scores of a long completion never exist at once.
+
+The lean Qwen2 forward (fast_qwen2.py) materialises, per layer, the scores, the softmax probabilities (kept by autograd
+for the backward) and one additive mask of that shape. At 8 completions of 2,048 tokens with 14 heads each is
+8 x 14 x 2,047 x 2,111 float32 = 1.9 GB, so a 2-layer model needs over 8 GB for attention alone.
+`blockwise_attention` computes the same attention `block` queries at a time, forward and backward
+(`_BlockwiseAttention`, a `paddle.autograd.PyLayer` that keeps only q, k, v, the output and two numbers per query,
+the row max and the log of the sum, and recomputes each block's probabilities in backward, as FlashAttention does;
+Dao et al. 2022, arXiv:2205.14135, Algorithm 2). Every query row still sees all its keys in one block, so each
+softmax is computed exactly as unblocked; the mask is kept compact (`[B, 1, 1, Sq, Sk]`) and broadcast per block.
+Extra memory: O(block x Sk) per head instead of O(Sq x Sk).
+"""
+from __future__ import annotations
+
+import paddle
+from paddle.autograd import PyLayer
+
+__all__ = ["blockwise_attention", "query_block"]
+
+# Scores of at most this many float32 elements (64 MB) per block; and the blocked path is taken only when the whole
+# scores tensor would hold more than BLOCK_ABOVE elements (below it one batched product is faster, and the tiny
+# shapes of the quickstart keep their exact numbers).
+BLOCK_ELEMENTS = 1 << 24
+BLOCK_ABOVE = 1 << 25
+
+
+def query_block(rows: int, heads: int, queries: int, keys: int, *, block_elements: int = BLOCK_ELEMENTS,
+                above: int = BLOCK_ABOVE) -> int | None:
+    """Queries per block for attention scores `[rows, heads, queries, keys]`, or None when they are small enough
+    (at most `above` elements) to be computed at once."""
+    if rows * heads * queries * keys <= above:
+        return None
+    return max(1, min(queries, block_elements // max(1, rows * heads * keys)))
+
+
+def _block_scores(q: paddle.Tensor, k: paddle.Tensor, bias: paddle.Tensor) -> paddle.Tensor:
+    """Scores of a block of queries: q [B, KV, g, b, d] (pre-scaled), k [B, KV, Sk, d], bias [B, 1, 1, b, Sk] ->
+    scores + bias [B, KV, g, b, Sk], a fresh tensor the caller changes in place (on CPU a new tensor of this size
+    costs more than the elementwise op itself)."""
+    B, KV, g, b, d = q.shape
+    scores = paddle.matmul(q.reshape([B, KV, g * b, d]), k, transpose_y=True).reshape([B, KV, g, b, k.shape[2]])
+    return scores.add_(bias.expand(scores.shape))
+
+
+class _BlockwiseAttention(PyLayer):
+    """softmax(q k^T + bias) v over blocks of queries; backward recomputes each block's probabilities from the saved
+    row max and log-sum. With P = softmax(S), O = P v and dO the output's gradient:
+        dv = P^T dO,  dP = dO v^T,  dS = P * (dP - D) with D = rowsum(dO * O) (= rowsum(P * dP)),
+        dq = dS k,  dk = dS^T q
+    (q arrives pre-scaled by 1/sqrt(d), so these are the gradients of the scaled q; autograd applies the scale)."""
+
+    @staticmethod
+    def forward(ctx, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, bias: paddle.Tensor, block: int
+                ) -> paddle.Tensor:
+        B, KV, g, Sq, d = q.shape
+        outs, lses = [], []
+        for s in range(0, Sq, block):
+            e = min(s + block, Sq)
+            scores = _block_scores(q[:, :, :, s:e], k, bias[:, :, :, s:e])
+            m = paddle.max(scores, axis=-1, keepdim=True)
+            p = scores.subtract_(m).exp_()
+            total = paddle.sum(p, axis=-1, keepdim=True)
+            p = p.divide_(total)
+            # The row max and the log of the sum apart, not m + log(total): for a query that sees no key, m is
+            # the mask value (-3.4e38) and adding log(total) to it would round it away.
+            lses.append(paddle.concat([m, paddle.log(total)], axis=-1))
+            outs.append(paddle.matmul(p.reshape([B, KV, g * (e - s), -1]), v).reshape([B, KV, g, e - s, d]))
+        out = paddle.concat(outs, axis=3)
+        ctx.block = block
+        ctx.save_for_backward(q, k, v, bias, out, paddle.concat(lses, axis=3))  # [B, KV, g, Sq, 2]
+        return out
+
+    @staticmethod
+    def backward(ctx, dout: paddle.Tensor) -> tuple:
+        q, k, v, bias, out, lse = ctx.saved_tensor()
+        B, KV, g, Sq, d = q.shape
+        Sk = k.shape[2]
+        D = paddle.sum(dout * out, axis=-1)                                     # [B, KV, g, Sq]
+        dq, dk, dv = [], paddle.zeros_like(k), paddle.zeros_like(v)
+        for s in range(0, Sq, ctx.block):
+            e = min(s + ctx.block, Sq)
+            n = g * (e - s)
+            scores = _block_scores(q[:, :, :, s:e], k, bias[:, :, :, s:e])
+            m, log_total = lse[:, :, :, s:e, 0:1], lse[:, :, :, s:e, 1:2]
+            p = scores.subtract_(m).subtract_(log_total).exp_().reshape([B, KV, n, Sk])
+            do = dout[:, :, :, s:e].reshape([B, KV, n, d])
+            dv.add_(paddle.matmul(p, do, transpose_x=True))
+            ds = p.multiply_(paddle.matmul(do, v, transpose_y=True).subtract_(D[:, :, :, s:e].reshape([B, KV, n, 1])))
+            dq.append(paddle.matmul(ds, k).reshape([B, KV, g, e - s, d]))
+            dk.add_(paddle.matmul(ds, q[:, :, :, s:e].reshape([B, KV, n, d]), transpose_x=True))
+        return paddle.concat(dq, axis=3), dk, dv, None
+
+
+def blockwise_attention(q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, bias: paddle.Tensor, block: int
+                        ) -> paddle.Tensor:
+    """Grouped-query attention `softmax(q k^T + bias) v`, `block` queries at a time (forward and backward).
+
+    q: [B, KV, g, Sq, d], already multiplied by 1/sqrt(d); k, v: [B, KV, Sk, d]; bias: [B, 1, 1, Sq, Sk] float32
+    additive mask (0 kept, a large negative value masked; no gradient). Returns [B, KV, g, Sq, d]."""
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    bias = bias.detach()
+    return _BlockwiseAttention.apply(q, k, v, bias, int(block))
