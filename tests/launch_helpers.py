@@ -30,6 +30,18 @@ def write_config(tmp_path, tiny_policy_dir, algorithm):
     return path
 
 
+def checkpoint_drift(one, two, initial_dir):
+    """(how far run `one`'s checkpoint-2 moved from the initial weights, how far run `two`'s differs from it): the
+    largest absolute parameter differences, from the two output directories and the initial model directory."""
+    import paddle
+
+    pa = paddle.load(os.path.join(one, "checkpoint-2", "model_state.pdparams"))
+    pb = paddle.load(os.path.join(two, "checkpoint-2", "model_state.pdparams"))
+    initial = paddle.load(os.path.join(initial_dir, "model_state.pdparams"))
+    moved = max(float((pa[k] - initial[k]).abs().max()) for k in pa)
+    return moved, max(float((pa[k] - pb[k]).abs().max()) for k in pa)
+
+
 def launch(*args, log_dir, nproc=2):
     return [sys.executable, "-m", "paddle.distributed.launch", "--devices", "", "--nproc_per_node", str(nproc),
             "--log_dir", str(log_dir), *map(str, args)]

@@ -7,12 +7,10 @@ denominators, so every metric and the trained parameters must equal the plain si
 rounding.
 """
 import json
-import os
 import sys
 
-import paddle
 import pytest
-from launch_helpers import launch, run, write_config
+from launch_helpers import checkpoint_drift, launch, run, write_config
 
 SUBJECTS = ["Ann", "Bob and the tall knight from the northern hills who never lies", "Cid",
             "Dan, Eve and Fay, three knaves who always lie about each other", "Gus", "Hal the knave", "Ivy",
@@ -42,11 +40,7 @@ def test_two_balanced_ranks_match_one_unbalanced_process(tmp_path, tiny_policy_d
                 assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (a["step"], key)
                 compared += 1
     assert compared > 30 and one[0]["train/reward_std"] > 0
-    pa = paddle.load(str(tmp_path / "one" / "checkpoint-2" / "model_state.pdparams"))
-    pb = paddle.load(str(tmp_path / "two" / "checkpoint-2" / "model_state.pdparams"))
-    initial = paddle.load(os.path.join(tiny_policy_dir, "model_state.pdparams"))
-    moved = max(float((pa[k] - initial[k]).abs().max()) for k in pa)
-    diff = max(float((pa[k] - pb[k]).abs().max()) for k in pa)
+    moved, diff = checkpoint_drift(tmp_path / "one", tmp_path / "two", tiny_policy_dir)
     assert moved > 1e-3 and diff < 2e-6, (moved, diff)
     log = (tmp_path / "log" / "workerlog.0").read_text() + (tmp_path / "log" / "workerlog.1").read_text()
     assert "Traceback" not in log

@@ -8,6 +8,7 @@ each parameter's largest gradient; greedy and key-sampled generations must be id
 import numpy as np
 import paddle
 import pytest
+from batch_helpers import grouped_batch
 from paddlenlp.transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from paddle_grpo.policy import fast_qwen2
@@ -32,19 +33,9 @@ def make_model(seed=0, **overrides):
     return model
 
 
-def grouped_batch(P=3, G=4, L=7, T=6, seed=0):
-    """G rows per prompt (consecutive), prompts with different left padding, completions of random length."""
-    rng = np.random.default_rng(seed)
-    pm = np.ones((P, L), dtype="int64")
-    pm[0, :3] = 0
-    pm[-1, :1] = 0
-    pid = np.where(pm == 1, rng.integers(3, V, size=(P, L)), 0)
-    pid, pm = np.repeat(pid, G, 0), np.repeat(pm, G, 0)
-    lens = rng.integers(1, T + 1, size=P * G)
-    lens[0] = T
-    cm = (np.arange(T)[None] < lens[:, None]).astype("int64")
-    cid = np.where(cm == 1, rng.integers(3, V, size=(P * G, T)), 0)
-    return [paddle.to_tensor(x) for x in (pid, pm, cid, cm)]
+def batch_of(**kwargs):
+    """`grouped_batch` (tests/batch_helpers.py) over this file's vocabulary."""
+    return grouped_batch(V, **kwargs)
 
 
 def both_paths(monkeypatch, fn):
@@ -95,7 +86,7 @@ def test_unique_rows_finds_groups():
 def test_logprobs_and_entropy_match_paddlenlp(monkeypatch, T, tied):
     model = make_model(tie_word_embeddings=tied)
     model.eval()
-    batch = grouped_batch(T=T)
+    batch = batch_of(T=T)
 
     def run():
         with paddle.no_grad():
@@ -111,7 +102,7 @@ def test_logprobs_and_entropy_match_paddlenlp(monkeypatch, T, tied):
 def test_gradients_match_paddlenlp(monkeypatch):
     model = make_model()
     model.train()
-    batch = grouped_batch()
+    batch = batch_of()
     weights = paddle.to_tensor(np.random.default_rng(1).standard_normal(batch[2].shape).astype("float32"))
 
     def run():
@@ -134,7 +125,7 @@ def test_positions_beyond_the_rope_cache(monkeypatch):
     """Sequences longer than max_position_embeddings: both paths extend the RoPE table the same way."""
     model = make_model(max_position_embeddings=8)
     model.eval()
-    batch = grouped_batch(L=7, T=6)
+    batch = batch_of(L=7, T=6)
 
     def run():
         with paddle.no_grad():
@@ -149,7 +140,7 @@ def test_decode_logits_match_full_forward():
     """Prefill + cached decode steps give the logits of a full forward over the whole sequence."""
     model = make_model()
     model.eval()
-    pid, pm, cid, _ = grouped_batch(P=2, G=3, T=5)
+    pid, pm, cid, _ = batch_of(P=2, G=3, T=5)
     fast = fast_qwen2.Qwen2Fast(model)
     with paddle.no_grad():
         steps = [fast.start_decoding(pid[::3], pm[::3], 3, 5)]
@@ -167,7 +158,7 @@ def test_decode_logits_match_full_forward():
 @pytest.mark.parametrize("penalty,min_new", [(1.0, 0), (1.3, 4)])
 def test_greedy_generations_identical(monkeypatch, penalty, min_new):
     model = make_model()
-    pid, pm, _, _ = grouped_batch(G=1)
+    pid, pm, _, _ = batch_of(G=1)
     first = generate(model, pid, pm, max_new_tokens=6, eos_token_ids=[1], do_sample=False).completion_ids.numpy()
     eos = [int(first[0, 3])]  # row 0 meets it at its 4th token (and others maybe elsewhere): EOS handling is tested
 
@@ -185,7 +176,7 @@ def test_keyed_sampling_identical(monkeypatch):
     """With counter-based row keys both paths draw the same tokens (float rounding could flip a draw only when a
     uniform lands within ~1e-6 of a CDF boundary; it does not happen for this seed)."""
     model = make_model()
-    pid, pm, _, _ = grouped_batch(G=1)
+    pid, pm, _, _ = batch_of(G=1)
     keys = row_keys(seed=3, step=0, rows=np.arange(3 * 4))
 
     def run():
@@ -203,7 +194,7 @@ def test_updated_weights_still_load_with_paddlenlp(tmp_path):
     AutoModelForCausalLM and gives the same log-probs."""
     model = make_model()
     model.train()
-    batch = grouped_batch()
+    batch = batch_of()
     opt = paddle.optimizer.AdamW(learning_rate=1e-2, parameters=model.parameters())
     lp, _ = completion_logprobs(model, *batch)
     (lp * batch[3].astype("float32")).sum().backward()

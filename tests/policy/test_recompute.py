@@ -13,6 +13,7 @@ from collections import Counter
 import numpy as np
 import paddle
 import pytest
+from batch_helpers import grouped_batch
 from paddlenlp.transformers.qwen2 import modeling as qwen2_modeling
 
 from paddle_grpo.parallel.recompute import checkpoint, needs_grad
@@ -21,20 +22,6 @@ from paddle_grpo.policy import lora as L
 from paddle_grpo.policy.causal import completion_logprobs, load_causal_lm
 
 GRANULARITIES = ("full", "full_attn", "core_attn")
-
-
-def grouped_batch(vocab, P=2, G=3, L=6, T=7, seed=0):
-    """G rows per prompt, left-padded prompts, completions of random length (row 0 full length)."""
-    rng = np.random.default_rng(seed)
-    pm = np.ones((P, L), dtype="int64")
-    pm[0, :2] = 0
-    pid = np.where(pm == 1, rng.integers(3, vocab, size=(P, L)), 0)
-    pid, pm = np.repeat(pid, G, 0), np.repeat(pm, G, 0)
-    lens = rng.integers(1, T + 1, size=P * G)
-    lens[0] = T
-    cm = (np.arange(T)[None] < lens[:, None]).astype("int64")
-    cid = np.where(cm == 1, rng.integers(3, vocab, size=(P * G, T)), 0)
-    return [paddle.to_tensor(x) for x in (pid, pm, cid, cm)]
 
 
 def loss_and_grads(model, batch):
@@ -90,7 +77,7 @@ def assert_same(reference, result):
 def test_gradients_unchanged_and_recompute_happens(monkeypatch, tiny_policy_dir, fast, granularity, reentrant):
     monkeypatch.setenv(fast_qwen2.ENV_SWITCH, "1" if fast else "0")
     plain = load_causal_lm(tiny_policy_dir)
-    batch = grouped_batch(plain.config.vocab_size)
+    batch = grouped_batch(plain.config.vocab_size, P=2, G=3, L=6, T=7)
     counts0, counts1 = Counter(), Counter()
     with monkeypatch.context() as m:
         count_pieces(m, plain, counts0)
@@ -113,7 +100,7 @@ def test_no_recompute_without_gradients(monkeypatch, tiny_policy_dir, fast):
     """Old/reference log-probs run under no_grad: nothing is recomputed (and nothing to rerun in a backward)."""
     monkeypatch.setenv(fast_qwen2.ENV_SWITCH, "1" if fast else "0")
     model = load_causal_lm(tiny_policy_dir, recompute=True)
-    batch = grouped_batch(model.config.vocab_size)
+    batch = grouped_batch(model.config.vocab_size, P=2, G=3, L=6, T=7)
     calls = []
     for module in (fast_qwen2, qwen2_modeling):  # would break the forward if called
         monkeypatch.setattr(module, "checkpoint" if module is fast_qwen2 else "recompute",
@@ -137,7 +124,7 @@ def test_no_recompute_layers_are_honoured(monkeypatch, tiny_policy_dir):
     """PaddleNLP's `no_recompute_layers` keeps listed layers' activations; the lean path does the same."""
     monkeypatch.setenv(fast_qwen2.ENV_SWITCH, "1")
     model = load_causal_lm(tiny_policy_dir, recompute=True, config_overrides={"no_recompute_layers": [0]})
-    batch = grouped_batch(model.config.vocab_size)
+    batch = grouped_batch(model.config.vocab_size, P=2, G=3, L=6, T=7)
     counts = Counter()
     count_pieces(monkeypatch, model, counts)
     loss_and_grads(model, batch)
@@ -160,7 +147,7 @@ def test_lora_adapter_gradients_unchanged(monkeypatch, tiny_policy_dir, granular
             for name, p in model.named_parameters():
                 if "lora_B" in name:
                     p.set_value(paddle.randn(p.shape) * 0.1)
-        batch = batch or grouped_batch(model.config.vocab_size)
+        batch = batch or grouped_batch(model.config.vocab_size, P=2, G=3, L=6, T=7)
         counted = Counter()
         with monkeypatch.context() as m:
             count_pieces(m, model.model, counted)
