@@ -38,9 +38,8 @@ from .data import (PromptSampler, apply_chat_template, balance_rows, collate_pro
                    row_extents, tokenize_prompts)
 from .parallel import ParallelContext
 from .policy import Policy, position_ids_from_mask
-from .policy.base import full_precision
 from .policy.causal import logprobs_from_completion_logits
-from .policy.lm_head import chunked_logprobs_and_entropy
+from .policy.lm_head import head_logprobs
 from .rewards import RewardResult
 from .rollout import Rollout
 from .sampling import row_keys
@@ -430,7 +429,7 @@ def balance(par: ParallelContext, batch: Batch, cfg: Any, sequences_per_mini_bat
     rows = balance_rows(p_len + c_len, par.dp_world, sequences_per_mini_batch)[par.dp_rank]
     out = whole.take(rows)
     out.row_ids = rows
-    L, T = out.prompt_ids.shape[1], out.completion_ids.shape[1]
+    L = out.prompt_ids.shape[1]
     p_w, c_w = max(int(p_len[rows].max()), 1), max(int(c_len[rows].max()), 1)
     out.prompt_ids, out.prompt_mask = out.prompt_ids[:, L - p_w:], out.prompt_mask[:, L - p_w:]
     out.completion_ids, out.completion_mask = out.completion_ids[:, :c_w], out.completion_mask[:, :c_w]
@@ -721,14 +720,9 @@ def _pipeline_mini_batch(learner: Learner, inputs: UpdateInputs, sl: slice, agg:
         # The token at position L + t is predicted from the output (logits, or hidden state) at L + t - 1.
         if chunk_size is None:
             lp, entropy = logprobs_from_completion_logits(out[:, -T - 1:-1], completion_ids, cfg.temperature)
-        else:
-            head = learner.pipeline.lm_head  # a layer of this stage: its weight's gradient reaches the optimizer
-            if getattr(head, "bias", None) is not None:
-                raise NotImplementedError(f"the chunked LM head has no bias term; {type(head).__name__} has one")
-            with full_precision():  # float32 per chunk, as logprobs_from_completion_logits
-                lp, entropy = chunked_logprobs_and_entropy(out[:, -T - 1:-1], head.weight, completion_ids,
-                                                           temperature=cfg.temperature, chunk_size=chunk_size,
-                                                           transpose_y=bool(getattr(head, "transpose_y", False)))
+        else:  # the stage's own head layer: its weight's gradient reaches the pipeline optimizer
+            lp, entropy = head_logprobs(out[:, -T - 1:-1], learner.pipeline.lm_head, completion_ids,
+                                        temperature=cfg.temperature, with_entropy=True, chunk_size=chunk_size)
         loss, sums = rl_loss(cfg, lp, entropy, lp.detach() if old is None else old, adv, mask, ref, agg)
         micro.append(np.append(sums, float(bool(paddle.isfinite(loss)))))
         return loss

@@ -4,26 +4,29 @@
 
 Set after the trainer is built, whatever the config says, so the test does not depend on how the config turns the
 chunked head on. Each rank writes OUTPUT_DIR/head_calls.rank{r}.json: how many times the update's pipeline loss
-called the chunked head (step.chunked_logprobs_and_entropy), so the test knows the chunked path ran."""
+called the chunked head (step.head_logprobs with a chunk size, on a head lm_head.lm_head_of can chunk: not the
+full-logits fallback), so the test knows the chunked path ran."""
 import json
 import os
 import sys
 
 from paddle_grpo import step
 from paddle_grpo.config import parse_args
+from paddle_grpo.policy.lm_head import lm_head_of
 from paddle_grpo.trainer import Trainer
 
 chunk = int(sys.argv[1]) or None
 calls = []
-chunked = step.chunked_logprobs_and_entropy
+head_logprobs = step.head_logprobs
 
 
-def counted(*args, **kwargs):
-    calls.append(kwargs["chunk_size"])
-    return chunked(*args, **kwargs)
+def counted(hidden, head, labels, **kwargs):
+    if kwargs["chunk_size"] is not None and lm_head_of(head)[0] is not None:
+        calls.append(kwargs["chunk_size"])
+    return head_logprobs(hidden, head, labels, **kwargs)
 
 
-step.chunked_logprobs_and_entropy = counted
+step.head_logprobs = counted
 cfg = parse_args(sys.argv[2:])
 trainer = Trainer(cfg)
 trainer.learner.policy.head_chunk_size = chunk
