@@ -8,8 +8,7 @@ import paddle.distributed as dist
 
 # The chunked LM head's maths (a module that imports nothing of the package, docs/architecture.md).
 from ..algorithms import gather_last
-from ..policy.lm_head import (_as_f32, _chunk_logits, _ChunkedLMHead, _chunks, _flat_inputs,
-                              _shifted_statistics)
+from ..policy.lm_head import _as_f32, _chunk_logits, _ChunkedLMHead, _chunks, _flat_inputs, shifted_statistics
 from .differentiable import AllReduce, Identity
 
 
@@ -94,7 +93,7 @@ class VocabParallel:
 
 class _VocabParallelHead(_ChunkedLMHead):
     """policy/lm_head.py's `_ChunkedLMHead` on a vocabulary shard. Forward: each rank's per-position statistics of
-    its shard, chunk by chunk (`_shifted_statistics`), then ONE all-gather of them and their combination into the
+    its shard, chunk by chunk (`shifted_statistics`), then ONE all-gather of them and their combination into the
     full distribution's log-prob, log-sum-exp and entropy. Backward: the parent's, unchanged (it needs only the
     saved global log-sum-exp and entropy to recompute a chunk's softmax, see its derivation), with the one-hot
     term of the label kept only on the rank that holds the label (`ctx.label_weight`)."""
@@ -106,9 +105,9 @@ class _VocabParallelHead(_ChunkedLMHead):
         w = _as_f32(weight)
         stats = []
         for start, end in _chunks(hidden.shape[0], chunk_size):
-            m, picked, lse_s, mean_s = _shifted_statistics(_chunk_logits(hidden[start:end], w, transpose_y,
-                                                                         temperature), labels[start:end],
-                                                           with_entropy)
+            m, picked, lse_s, mean_s = shifted_statistics(_chunk_logits(hidden[start:end], w, transpose_y,
+                                                                        temperature), labels[start:end],
+                                                          with_entropy)
             stats.append(paddle.stack([m, lse_s, picked, inside[start:end],
                                        mean_s if with_entropy else paddle.zeros_like(m)], axis=-1))
         # [tp, N] each: rank r's row max, its logsumexp and label logit (both relative to its max), whether it

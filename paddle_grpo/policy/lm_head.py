@@ -16,7 +16,8 @@ The formulas are those of `algorithms/losses.py` (`logprobs_from_logits`, `entro
 docs/algorithms.md section 4: `z = logits / temperature`, `log p = z[label] - logsumexp(z)`,
 `H = logsumexp(z) - sum_v softmax(z)_v z_v`. This module does not import `paddle.distributed`: a vocab-parallel head
 (per-shard chunks, one all-gather of their statistics) is built on top of it in `parallel/vocab.py`, which imports
-`_shifted_statistics`, `_flat_inputs` and subclasses `_ChunkedLMHead` (its backward reads `ctx.label_weight`).
+`shifted_statistics`, `_flat_inputs` and subclasses `_ChunkedLMHead` (its backward reads `ctx.label_weight`). The
+elementwise work on each chunk's logits is chunk_kernels.py's (numpy on CPU, paddle ops elsewhere).
 """
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ from dataclasses import dataclass
 import paddle
 from paddle.autograd import PyLayer
 
-from ..algorithms import entropy_from_logits, gather_last, logprobs_from_logits, subtract_at
+from ..algorithms import entropy_from_logits, logprobs_from_logits
 from .base import full_precision
+from .chunk_kernels import chunk_gradient, shifted_statistics
 
 __all__ = ["LMHead", "chunked_logprobs_and_entropy", "head_logprobs", "lm_head_of", "num_chunks"]
 
@@ -55,31 +57,8 @@ def _chunk_logits(h: paddle.Tensor, w: paddle.Tensor, transpose_y: bool, tempera
     return z
 
 
-def _row_sum(x: paddle.Tensor) -> paddle.Tensor:
-    """`x.sum(-1)` of [c, V] as a matrix-vector product: paddle's CPU row reduction is ~10x slower (104 vs 11 ms at
-    [512, 151,936])."""
-    return paddle.matmul(x, paddle.ones([x.shape[-1], 1], dtype=x.dtype)).squeeze(-1)
-
-
 def _chunks(total: int, chunk_size: int) -> list[tuple[int, int]]:
     return [(s, min(s + chunk_size, total)) for s in range(0, total, chunk_size)]
-
-
-def _shifted_statistics(z: paddle.Tensor, labels: paddle.Tensor, with_entropy: bool
-                        ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor, paddle.Tensor | None]:
-    """Per-row statistics of one chunk's logits `z` [c, V] for `labels` [c], each relative to the row maximum m:
-    `(m, z[label] - m, logsumexp(z) - m, sum_v softmax(z)_v z_v - m or None)`, all [c]. Shared with the
-    vocab-parallel head (parallel/vocab.py), which combines the shards' statistics."""
-    # Max-subtracted log-sum-exp: exp never sees a large logit, and `z - m` is reused for p and the entropy.
-    # (Not F.log_softmax: superlinear in V on paddle's CPU kernels, docs/platform.md.)
-    m = paddle.max(z, axis=-1, keepdim=True)
-    zs = z.subtract_(m)  # in place: the callers pass a chunk's fresh logits (_chunk_logits) and keep no name for them
-    e = paddle.exp(zs)
-    sum_e = _row_sum(e)
-    lse_s = paddle.log(sum_e)                                           # logsumexp(z) - m
-    picked = gather_last(zs, labels.unsqueeze(-1)).squeeze(-1)
-    mean_s = _row_sum(e.multiply_(zs)) / sum_e if with_entropy else None  # e is not needed after this
-    return m.squeeze(-1), picked, lse_s, mean_s
 
 
 class _ChunkedLMHead(PyLayer):
@@ -100,9 +79,9 @@ class _ChunkedLMHead(PyLayer):
         logps, lses, ents = [], [], []
         for start, end in _chunks(total, chunk_size):
             # The logits go straight into the call (no name holds them here): they are freed inside, after `z - m`.
-            m, picked, lse_s, mean_s = _shifted_statistics(_chunk_logits(hidden[start:end], w, transpose_y,
-                                                                         temperature, b), labels[start:end],
-                                                           with_entropy)
+            m, picked, lse_s, mean_s = shifted_statistics(_chunk_logits(hidden[start:end], w, transpose_y,
+                                                                        temperature, b), labels[start:end],
+                                                          with_entropy)
             logps.append(picked - lse_s)
             lses.append(lse_s + m)                                     # the unshifted logsumexp(z)
             if with_entropy:
@@ -143,20 +122,11 @@ class _ChunkedLMHead(PyLayer):
         db = paddle.zeros(b32.shape, dtype=_F32) if need_b else None
         for start, end in _chunks(total, ctx.chunk_size):
             h = _as_f32(hidden[start:end])
-            z = _chunk_logits(h, w, transpose_y, temperature, b32)
-            logp_all = z.subtract_(lse[start:end].unsqueeze(-1))        # in place (see _chunk_logits)
-            p = paddle.exp(logp_all)
-            a = grad_logp[start:end].unsqueeze(-1)
-            if grad_ent is not None:
-                b = grad_ent[start:end].unsqueeze(-1)
-                # coeff = a + b (log p + H), built in logp_all's memory; dz = p * coeff - a * onehot = -dL/dz
-                dz = p.multiply_(logp_all.add_(ent[start:end].unsqueeze(-1)).multiply_(b).add_(a))
-            else:
-                dz = p.multiply_(a)
-            del z, logp_all, p
-            onehot = a if label_weight is None else a * label_weight[start:end].unsqueeze(-1)
-            dz = subtract_at(dz, labels[start:end], onehot.squeeze(-1))
-            dz.scale_(-1.0 / temperature)                               # dL/dlogits
+            # dL/dlogits, computed in the recomputed logits' memory (chunk_kernels.py: numpy on CPU).
+            dz = chunk_gradient(_chunk_logits(h, w, transpose_y, temperature, b32), labels[start:end],
+                                lse[start:end], ent[start:end], grad_logp[start:end],
+                                None if grad_ent is None else grad_ent[start:end],
+                                None if label_weight is None else label_weight[start:end], temperature)
             if need_h:
                 dh_chunks.append(paddle.matmul(dz, w, transpose_y=not transpose_y).astype(hidden.dtype))
             if need_w:

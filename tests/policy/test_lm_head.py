@@ -240,12 +240,15 @@ def test_no_paddle_call_makes_a_tensor_of_all_positions_times_the_vocabulary(mon
 
 
 _MEMORY_SCRIPT = textwrap.dedent("""
-    import json, resource, sys
+    import json, sys
     import paddle
     from paddle_grpo.policy.lm_head import chunked_logprobs_and_entropy
 
     def peak_mb():
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        # VmHWM: this process image's peak RSS. (ru_maxrss is not: after fork + exec it starts at the parent's
+        # RSS, so a large pytest process would hide the measured growth.)
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
 
     def run(n, t, hid, v, chunk):
         paddle.seed(0)

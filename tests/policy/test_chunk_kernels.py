@@ -1,0 +1,91 @@
+"""policy/chunk_kernels.py: the numpy (CPU) and paddle-op kernels of the chunked head against a float64 numpy
+reference written from the formulas, for row counts that do and do not fill the threads' row groups."""
+import numpy as np
+import paddle
+import pytest
+
+from paddle_grpo.policy import chunk_kernels
+from paddle_grpo.policy.chunk_kernels import chunk_gradient, shifted_statistics, use_numpy
+
+
+def _reference_statistics(z: np.ndarray, labels: np.ndarray):
+    z = z.astype(np.float64)
+    m = z.max(axis=1)
+    lse = np.log(np.exp(z - m[:, None]).sum(axis=1)) + m
+    p = np.exp(z - lse[:, None])
+    rows = np.arange(len(labels))
+    return m, z[rows, labels] - m, lse - m, (p * z).sum(axis=1) - m
+
+
+def _reference_gradient(z, labels, a, b, weight, temperature):
+    z = z.astype(np.float64)
+    lse = np.log(np.exp(z - z.max(axis=1, keepdims=True)).sum(axis=1)) + z.max(axis=1)
+    logp = z - lse[:, None]
+    p = np.exp(logp)
+    ent = -(p * logp).sum(axis=1)
+    onehot = np.zeros_like(z)
+    onehot[np.arange(len(labels)), labels] = 1.0
+    coeff = a[:, None] + (0.0 if b is None else b[:, None] * (logp + ent[:, None]))
+    return (a[:, None] * weight[:, None] * onehot - p * coeff) / temperature, lse, ent
+
+
+@pytest.fixture(params=["numpy", "paddle"])
+def kernels(request, monkeypatch):
+    monkeypatch.setenv("PADDLE_GRPO_CHUNK_KERNELS", "auto" if request.param == "numpy" else "paddle")
+    return request.param
+
+
+@pytest.mark.parametrize("rows", [1, 7, 8, 13, 33])
+@pytest.mark.parametrize("threads", ["1", "2", "3"])
+@pytest.mark.parametrize("with_entropy", [True, False])
+def test_statistics_match_float64(kernels, monkeypatch, rows, threads, with_entropy):
+    monkeypatch.setenv("OMP_NUM_THREADS", threads)
+    rng = np.random.default_rng(rows)
+    z = (rng.standard_normal((rows, 301)) * 4).astype(np.float32)
+    labels = rng.integers(0, 301, rows)
+    tensor = paddle.to_tensor(z)
+    assert use_numpy(tensor) == (kernels == "numpy")
+    got = shifted_statistics(tensor, paddle.to_tensor(labels), with_entropy)
+    want = _reference_statistics(z, labels)
+    for name, g, w in zip(("max", "picked", "logsumexp", "mean"), got, want):
+        if name == "mean" and not with_entropy:
+            assert g is None
+            continue
+        np.testing.assert_allclose(g.numpy(), w, rtol=1e-5, atol=2e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("rows", [1, 9, 16, 21])
+@pytest.mark.parametrize("with_entropy_grad", [True, False])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_gradient_matches_float64(kernels, monkeypatch, rows, with_entropy_grad, temperature):
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    rng = np.random.default_rng(100 + rows)
+    z = (rng.standard_normal((rows, 257)) * 3).astype(np.float32)
+    labels = rng.integers(0, 257, rows)
+    a = rng.standard_normal(rows).astype(np.float32)
+    b = rng.standard_normal(rows).astype(np.float32) if with_entropy_grad else None
+    weight = (rng.random(rows) > 0.3).astype(np.float32)                # the vocab-parallel one-hot weight
+    want, lse, ent = _reference_gradient(z, labels, a, b, weight, temperature)
+    got = chunk_gradient(paddle.to_tensor(z), paddle.to_tensor(labels), paddle.to_tensor(lse.astype(np.float32)),
+                         paddle.to_tensor(ent.astype(np.float32)), paddle.to_tensor(a),
+                         None if b is None else paddle.to_tensor(b), paddle.to_tensor(weight), temperature)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-6)
+
+
+def test_numpy_kernels_write_into_the_tensor_they_are_given(monkeypatch):
+    """The gradient is built in the logits' own memory (no [c, V] copy): the returned tensor is the input."""
+    monkeypatch.setenv("PADDLE_GRPO_CHUNK_KERNELS", "auto")
+    z = paddle.to_tensor(np.ones((3, 5), np.float32))
+    # logits all 1 over 5 entries: logsumexp = 1 + log 5, p = 0.2, entropy log 5; dL/dlogits = onehot - p.
+    out = chunk_gradient(z, paddle.to_tensor(np.array([0, 1, 4])), paddle.full([3], 1.0 + np.log(5.0)),
+                         paddle.full([3], np.log(5.0)), paddle.ones([3]), None, None, 1.0)
+    assert out.data_ptr() == z.data_ptr()
+    np.testing.assert_allclose(z.numpy(), [[0.8, -0.2, -0.2, -0.2, -0.2], [-0.2, 0.8, -0.2, -0.2, -0.2],
+                                           [-0.2, -0.2, -0.2, -0.2, 0.8]], rtol=1e-5)
+
+
+def test_kernel_choice():
+    """numpy only for float32 on CPU; other dtypes take paddle ops."""
+    assert use_numpy(paddle.zeros([2, 3], dtype="float32"))
+    assert not use_numpy(paddle.zeros([2, 3], dtype="float64"))
+    assert chunk_kernels._threads() >= 1
