@@ -1,6 +1,6 @@
 """Time every op on the rollout's decode step and the update's LM head at a given vocabulary (issue 15 item 2).
 
-    python tools/bench_ops.py --vocab 151936 --rows 8 --threads 2 [--hidden 896] [--tokens 128] [--chunks 128,1024]
+    python tools/bench_ops.py --vocab 151936 --rows 8 --threads 2 [--hidden 896] [--tokens 128] [--chunks 512]
 
 Paddle's CPU kernels have traps that only show at a real vocabulary (docs/platform.md: `F.log_softmax` is
 superlinear in V), so each op of the hot paths is timed alone on its real shape:
@@ -10,7 +10,8 @@ superlinear in V), so each op of the hot paths is timed alone on its real shape:
   `put_along_axis` on the EOS columns, `take_along_axis` without its O(rows x V) default broadcast), plus the
   LM-head GEMV of one decode step;
 - update, on `rows * tokens` positions: the LM-head matmul `[rows*T, H] x [H, V]`, logsumexp, take_along_axis and exp
-  of the full logits, and the chunked head (`policy/lm_head.py`) forward and forward + backward per chunk size.
+  of the full logits, and the chunked head (`policy/lm_head.py`) forward and forward + backward per chunk size,
+  each with the numpy kernels and with paddle ops (`policy/chunk_kernels.py`), and one chunk's GEMM and statistics.
 
 Prints a markdown table (op, shape, median ms over the runs, runs) and one JSON line. An op whose first call takes
 longer than `--slow` seconds is run once (`F.log_softmax` at V = 151,936 takes tens of seconds). Timings on a machine
@@ -131,6 +132,7 @@ def update_ops(V: int, rows: int, hidden: int, tokens: int, chunks: List[int], s
     logits are freed before the chunked head is timed (its point is not to hold them)."""
     import paddle
 
+    from paddle_grpo.policy.chunk_kernels import shifted_statistics
     from paddle_grpo.policy.lm_head import chunked_logprobs_and_entropy
     from paddle_grpo.algorithms import gather_last
 
@@ -138,15 +140,15 @@ def update_ops(V: int, rows: int, hidden: int, tokens: int, chunks: List[int], s
     n = rows * tokens
     h = paddle.randn([n, hidden])
     w = paddle.randn([hidden, V]) * 0.02
-    logits = paddle.matmul(h, w)
+    full = [paddle.matmul(h, w)]  # the full logits, in a list so that they can be freed below
     labels = paddle.randint(0, V, [n, 1])
     s = f"[{n}, {V}]"
     yield "lm-head matmul", f"[{n}, {hidden}] x [{hidden}, {V}]", lambda: paddle.matmul(h, w)
-    yield "logsumexp (full logits)", s, lambda: paddle.logsumexp(logits, axis=-1)
-    yield "take_along_axis, broadcast=True (labels)", s, lambda: paddle.take_along_axis(logits, labels, axis=-1)
-    yield "take_along_axis, broadcast=False (labels)", s, lambda: gather_last(logits, labels)
-    yield "exp (full logits)", s, lambda: paddle.exp(logits)
-    del logits
+    yield "logsumexp (full logits)", s, lambda: paddle.logsumexp(full[0], axis=-1)
+    yield "take_along_axis, broadcast=True (labels)", s, lambda: paddle.take_along_axis(full[0], labels, axis=-1)
+    yield "take_along_axis, broadcast=False (labels)", s, lambda: gather_last(full[0], labels)
+    yield "exp (full logits)", s, lambda: paddle.exp(full[0])
+    full.clear()  # the chunked rows' peak memory must not include them
     hidden3 = h.reshape([rows, tokens, hidden])
     labels2 = labels.reshape([rows, tokens])
 
@@ -160,10 +162,35 @@ def update_ops(V: int, rows: int, hidden: int, tokens: int, chunks: List[int], s
         logp, ent = chunked_logprobs_and_entropy(hh, ww, labels2, chunk_size=c)
         (logp.sum() + ent.sum()).backward()
 
+    def statistics(c):
+        return shifted_statistics(paddle.matmul(h[:c], w), labels[:c, 0], True)
+
     for c in chunks:
         shape = f"[{rows}, {tokens}, {hidden}], chunk {c}"
-        yield f"chunked head forward (log-probs + entropy), chunk {c}", shape, lambda c=c: forward(c)
-        yield f"chunked head forward + backward, chunk {c}", shape, lambda c=c: backward(c)
+        for kernels, flag in (("numpy kernels", "1"), ("paddle ops", "0")):
+            # policy/chunk_kernels.py's two implementations of the per-chunk elementwise work.
+            yield (f"one chunk: GEMM + statistics, chunk {c}, {kernels}", f"[{c}, {hidden}] x [{hidden}, {V}]",
+                   _with_kernels(flag, lambda c=c: statistics(c)))
+            yield (f"chunked head forward (log-probs + entropy), chunk {c}, {kernels}", shape,
+                   _with_kernels(flag, lambda c=c: forward(c)))
+            yield (f"chunked head forward + backward, chunk {c}, {kernels}", shape,
+                   _with_kernels(flag, lambda c=c: backward(c)))
+        yield f"one chunk: GEMM alone, chunk {c}", f"[{c}, {hidden}] x [{hidden}, {V}]", lambda c=c: paddle.matmul(h[:c], w)
+
+
+def _with_kernels(flag: str, fn: Callable[[], object]) -> Callable[[], object]:
+    """`fn` run with PADDLE_GRPO_NUMPY_KERNELS=flag (1: numpy on CPU, 0: paddle ops; numpy_kernels.py)."""
+    def run():
+        before = os.environ.get("PADDLE_GRPO_NUMPY_KERNELS")
+        os.environ["PADDLE_GRPO_NUMPY_KERNELS"] = flag
+        try:
+            return fn()
+        finally:
+            if before is None:
+                del os.environ["PADDLE_GRPO_NUMPY_KERNELS"]
+            else:
+                os.environ["PADDLE_GRPO_NUMPY_KERNELS"] = before
+    return run
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -174,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=896)
     ap.add_argument("--tokens", type=int, default=128, help="completion tokens per row in the update ops")
-    ap.add_argument("--chunks", default="128,1024", help="chunk sizes of the chunked head, comma-separated")
+    ap.add_argument("--chunks", default="512", help="chunk sizes of the chunked head, comma-separated")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--slow", type=float, default=1.0, help="an op whose first call takes longer runs once")
     ap.add_argument("--phases", default="decode,update", help="decode, update or both")

@@ -1,67 +1,23 @@
 """The elementwise work of the chunked LM head on one chunk's logits `z` [c, V]: its forward statistics and its
 backward gradient, in two implementations with the same maths (lm_head.py derives the formulas).
 
-- `paddle` ops: any device. On GPU these kernels are fused and fast.
-- numpy on CPU, over a writable view of the paddle tensor's own memory (no copy), the rows split over the CPU
-  threads, a few rows at a time. Paddle's CPU elementwise and row-reduction kernels are single-threaded and several
-  times slower than numpy's vectorised ones at V = 151,936: for one [512, V] chunk the forward statistics take
-  ~500 ms with paddle ops against ~100 ms here (2 threads; `python tools/bench_ops.py --phases update`, the
-  "chunk statistics" rows, docs/PERFORMANCE.md), about as long as the chunk's GEMM itself.
-
-`use_numpy(z)` picks the implementation: numpy for a contiguous float32 CPU tensor, unless `PADDLE_GRPO_CHUNK_KERNELS`
-is `paddle` (the tests run both on CPU and compare them, so the GPU path's maths is checked here too).
+- numpy on CPU (numpy_kernels.py: a writable view of the logits' own memory, the rows split over the CPU threads,
+  8 rows at a time so that a step's exp buffer stays in cache): for one [512, 151,936] chunk the forward statistics
+  take ~106 ms (2 threads) against ~500 ms with paddle ops, about as long as the chunk's GEMM itself.
+- paddle ops: any other device (on GPU these kernels are fused and fast), or with `PADDLE_GRPO_NUMPY_KERNELS=0`.
 """
 from __future__ import annotations
-
-import ctypes
-import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import paddle
 
 from ..algorithms import gather_last, subtract_at
+from .numpy_kernels import enabled, parallel_ranges, writable_view
 
-__all__ = ["chunk_gradient", "shifted_statistics", "use_numpy"]
+__all__ = ["chunk_gradient", "shifted_statistics"]
 
 # Rows per numpy step: small enough that a step's exp buffer (8 x 151,936 float32 = 4.9 MB) stays in cache.
 _ROW_GROUP = 8
-
-_pool: ThreadPoolExecutor | None = None
-
-
-def use_numpy(z: paddle.Tensor) -> bool:
-    """True when `z` gets the numpy kernels: float32 on CPU, and the kernels not forced to paddle ops."""
-    if os.environ.get("PADDLE_GRPO_CHUNK_KERNELS", "auto") == "paddle":
-        return False
-    return z.dtype == paddle.float32 and z.place.is_cpu_place() and z.is_contiguous()
-
-
-def _threads() -> int:
-    """The CPU threads paddle uses (OMP_NUM_THREADS when set, as paddle reads it; else the usable cores)."""
-    env = os.environ.get("OMP_NUM_THREADS", "")
-    return max(1, int(env)) if env.isdigit() else max(1, len(os.sched_getaffinity(0)))
-
-
-def _view(t: paddle.Tensor) -> np.ndarray:
-    """A writable numpy view of a contiguous float32 CPU tensor's memory (valid while `t` lives; numpy's
-    `from_dlpack` would give a read-only one)."""
-    n = int(np.prod(t.shape))
-    return np.ctypeslib.as_array((ctypes.c_float * n).from_address(t.data_ptr())).reshape(t.shape)
-
-
-def _split_rows(rows: int, work) -> None:
-    """Run `work(start, end)` over contiguous row ranges, one per thread (numpy releases the GIL in its loops)."""
-    global _pool
-    threads = min(_threads(), rows)
-    if threads <= 1:
-        work(0, rows)
-        return
-    if _pool is None or _pool._max_workers < threads:
-        _pool = ThreadPoolExecutor(threads, thread_name_prefix="paddle_grpo_chunk")
-    bounds = np.linspace(0, rows, threads + 1).astype(int)
-    for future in [_pool.submit(work, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]:
-        future.result()
 
 
 def shifted_statistics(z: paddle.Tensor, labels: paddle.Tensor, with_entropy: bool
@@ -69,10 +25,10 @@ def shifted_statistics(z: paddle.Tensor, labels: paddle.Tensor, with_entropy: bo
     """Per-row statistics of one chunk's logits `z` [c, V] (float32, overwritten) for `labels` [c] int64, each
     relative to the row maximum m: `(m, z[label] - m, logsumexp(z) - m, sum_v softmax(z)_v z_v - m or None)`,
     all [c] float32."""
-    if not use_numpy(z):
+    if not enabled(z):
         return _paddle_statistics(z, labels, with_entropy)
     c, v = z.shape
-    zv, lab = _view(z), labels.numpy()
+    zv, lab = writable_view(z), labels.numpy()
     out = np.zeros((4, c), dtype=np.float32)  # m, picked, logsumexp - m, sum p z - m
 
     def work(start: int, end: int) -> None:
@@ -92,7 +48,7 @@ def shifted_statistics(z: paddle.Tensor, labels: paddle.Tensor, with_entropy: bo
                 sum_e = np.exp(rows, out=rows).sum(axis=1)
             out[2, a:b] = np.log(sum_e)
 
-    _split_rows(c, work)
+    parallel_ranges(c, work)
     m, picked, lse_s, mean_s = (paddle.to_tensor(x) for x in out)
     return m, picked, lse_s, (mean_s if with_entropy else None)
 
@@ -126,10 +82,10 @@ def chunk_gradient(z: paddle.Tensor, labels: paddle.Tensor, lse: paddle.Tensor, 
     `dL/dz = a * onehot(label) * label_weight - p * (a + b * (log p + H))`, and `dL/dlogits = dL/dz / temperature`.
     lse, ent, grad_logp, grad_ent, label_weight: [c] float32 (grad_ent None: no entropy gradient; label_weight None:
     1). labels: [c] int64."""
-    if not use_numpy(z):
+    if not enabled(z):
         return _paddle_gradient(z, labels, lse, ent, grad_logp, grad_ent, label_weight, temperature)
     c, v = z.shape
-    zv, lab = _view(z), labels.numpy()
+    zv, lab = writable_view(z), labels.numpy()
     lse_, ent_, a_ = lse.numpy(), ent.numpy(), grad_logp.numpy()
     b_ = None if grad_ent is None else grad_ent.numpy()
     onehot = a_ if label_weight is None else a_ * label_weight.numpy()
@@ -154,7 +110,7 @@ def chunk_gradient(z: paddle.Tensor, labels: paddle.Tensor, lse: paddle.Tensor, 
             rows[np.arange(e - s), lab[s:e]] -= onehot[s:e]             # -dL/dz
             rows *= scale                                               # dL/dlogits
 
-    _split_rows(c, work)
+    parallel_ranges(c, work)
     return z
 
 

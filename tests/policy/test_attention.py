@@ -36,7 +36,12 @@ def _bias(keep):
 
 
 @pytest.mark.parametrize("block", [1, 3, 5, 64])
-def test_blockwise_equals_unblocked_attention_and_its_gradients(block):
+@pytest.mark.parametrize("kernels, threads", [("numpy", "1"), ("numpy", "2"), ("numpy", "5"), ("paddle", "2")])
+def test_blockwise_equals_unblocked_attention_and_its_gradients(block, kernels, threads, monkeypatch):
+    """Both implementations of the per-block softmax and its backward (numpy_kernels.py on CPU, paddle ops
+    elsewhere), with the B x KV x g = 12 head slices split over 1, 2 or 5 threads."""
+    monkeypatch.setenv("PADDLE_GRPO_NUMPY_KERNELS", "1" if kernels == "numpy" else "0")
+    monkeypatch.setenv("OMP_NUM_THREADS", threads)
     q, k, v, keep = _inputs(7, 9)
     tq, tk, tv = (paddle.to_tensor(x.astype("float32"), stop_gradient=False) for x in (q, k, v))
     out = blockwise_attention(tq, tk, tv, _bias(keep), block)
@@ -106,8 +111,12 @@ def test_long_completions_take_the_blocked_path_with_the_same_numbers(tiny_qwen2
     monkeypatch.setattr(attention, "BLOCK_ABOVE", 0)
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 1)
     monkeypatch.setattr(fast_qwen2, "query_block", lambda *a: attention.query_block(*a, block_elements=1, above=0))
+    numpy_blocks = []  # the model's compact mask and scores take the numpy kernels (numpy_kernels.py) on CPU
+    real_heads = attention._over_heads
+    monkeypatch.setattr(attention, "_over_heads", lambda *a: numpy_blocks.append(1) or real_heads(*a))
     lp_blocks, g_blocks = run()
     assert calls and set(calls) == {1}
+    assert len(numpy_blocks) > 3 * len(calls)  # per block: softmax; backward: probabilities and score gradient
     np.testing.assert_allclose(lp_blocks, lp_full, rtol=1e-5, atol=1e-5)
     assert set(g_blocks) == set(g_full)
     for name in g_full:

@@ -1,11 +1,11 @@
-"""policy/chunk_kernels.py: the numpy (CPU) and paddle-op kernels of the chunked head against a float64 numpy
+"""policy/chunk_kernels.py (and numpy_kernels.py): the numpy (CPU) and paddle-op kernels of the chunked head against a float64 numpy
 reference written from the formulas, for row counts that do and do not fill the threads' row groups."""
 import numpy as np
 import paddle
 import pytest
 
-from paddle_grpo.policy import chunk_kernels
-from paddle_grpo.policy.chunk_kernels import chunk_gradient, shifted_statistics, use_numpy
+from paddle_grpo.policy import numpy_kernels
+from paddle_grpo.policy.chunk_kernels import chunk_gradient, shifted_statistics
 
 
 def _reference_statistics(z: np.ndarray, labels: np.ndarray):
@@ -31,7 +31,7 @@ def _reference_gradient(z, labels, a, b, weight, temperature):
 
 @pytest.fixture(params=["numpy", "paddle"])
 def kernels(request, monkeypatch):
-    monkeypatch.setenv("PADDLE_GRPO_CHUNK_KERNELS", "auto" if request.param == "numpy" else "paddle")
+    monkeypatch.setenv("PADDLE_GRPO_NUMPY_KERNELS", "1" if request.param == "numpy" else "0")
     return request.param
 
 
@@ -44,7 +44,7 @@ def test_statistics_match_float64(kernels, monkeypatch, rows, threads, with_entr
     z = (rng.standard_normal((rows, 301)) * 4).astype(np.float32)
     labels = rng.integers(0, 301, rows)
     tensor = paddle.to_tensor(z)
-    assert use_numpy(tensor) == (kernels == "numpy")
+    assert numpy_kernels.enabled(tensor) == (kernels == "numpy")
     got = shifted_statistics(tensor, paddle.to_tensor(labels), with_entropy)
     want = _reference_statistics(z, labels)
     for name, g, w in zip(("max", "picked", "logsumexp", "mean"), got, want):
@@ -74,7 +74,7 @@ def test_gradient_matches_float64(kernels, monkeypatch, rows, with_entropy_grad,
 
 def test_numpy_kernels_write_into_the_tensor_they_are_given(monkeypatch):
     """The gradient is built in the logits' own memory (no [c, V] copy): the returned tensor is the input."""
-    monkeypatch.setenv("PADDLE_GRPO_CHUNK_KERNELS", "auto")
+    monkeypatch.setenv("PADDLE_GRPO_NUMPY_KERNELS", "1")
     z = paddle.to_tensor(np.ones((3, 5), np.float32))
     # logits all 1 over 5 entries: logsumexp = 1 + log 5, p = 0.2, entropy log 5; dL/dlogits = onehot - p.
     out = chunk_gradient(z, paddle.to_tensor(np.array([0, 1, 4])), paddle.full([3], 1.0 + np.log(5.0)),
@@ -84,8 +84,12 @@ def test_numpy_kernels_write_into_the_tensor_they_are_given(monkeypatch):
                                            [-0.2, -0.2, -0.2, -0.2, 0.8]], rtol=1e-5)
 
 
-def test_kernel_choice():
-    """numpy only for float32 on CPU; other dtypes take paddle ops."""
-    assert use_numpy(paddle.zeros([2, 3], dtype="float32"))
-    assert not use_numpy(paddle.zeros([2, 3], dtype="float64"))
-    assert chunk_kernels._threads() >= 1
+def test_kernel_choice(monkeypatch):
+    """numpy only for contiguous float32 CPU tensors, and not with PADDLE_GRPO_NUMPY_KERNELS=0."""
+    monkeypatch.delenv("PADDLE_GRPO_NUMPY_KERNELS", raising=False)
+    assert numpy_kernels.enabled(paddle.zeros([2, 3], dtype="float32"))
+    assert not numpy_kernels.enabled(paddle.zeros([2, 3], dtype="float64"))
+    monkeypatch.setenv("PADDLE_GRPO_NUMPY_KERNELS", "0")
+    assert not numpy_kernels.enabled(paddle.zeros([2, 3], dtype="float32"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert numpy_kernels.threads() == 3

@@ -26,7 +26,8 @@ def test_table_and_json_list_every_op(bench_ops, capsys):
         assert r["median_ms"] > 0 and r["runs"] == 2
     for expected in ("old: F.log_softmax", "new: max / exp / sum (exp and logsumexp)", "new: sampler (two-level, "
                      "block 512)", "new: candidates top_p 0.9", "lm-head matmul", "chunked head forward + backward, "
-                     "chunk 8"):
+                     "chunk 8, numpy kernels", "chunked head forward + backward, chunk 8, paddle ops",
+                     "one chunk: GEMM + statistics, chunk 3, paddle ops", "one chunk: GEMM alone, chunk 8"):
         assert expected in names
     assert result["vocab"] == 3000 and result["rows"] == 2 and "[2, 3000]" in result["ops"][1]["shape"]
 

@@ -1,0 +1,63 @@
+"""numpy kernels on paddle's own CPU memory: the elementwise and row-reduction work of the chunked LM head
+(chunk_kernels.py) and of blockwise attention (attention.py).
+
+Why: paddle's CPU elementwise and reduction kernels run on one thread without wide vectors, and at the sizes of a
+real model they cost as much as the matrix products around them. At [512, 151,936] float32 (one chunk of the LM
+head; 2 threads, tools/bench_ops.py): row max 153 ms with paddle against 26 ms with numpy, in-place broadcast
+subtract 87 against 20 ms, exp 224 against ~100 ms; a chunk's forward statistics 500 against 106 ms when the rows
+are split over 2 threads. numpy's loops release the GIL, so a thread per core works in parallel.
+
+How: `writable_view(t)` is a numpy array over a contiguous float32 CPU tensor's memory (no copy; numpy's
+`from_dlpack` gives a read-only one). The kernels change fresh tensors the caller owns (a GEMM's output) in place,
+which paddle's autograd never sees: they run inside `PyLayer` forward / backward bodies only.
+
+`enabled(t)`: a contiguous float32 CPU tensor, and `PADDLE_GRPO_NUMPY_KERNELS` not `0`. Elsewhere (GPU, other
+dtypes, or with the variable at 0) the callers use their paddle-op implementation of the same maths; the tests run
+both on CPU and compare them.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import numpy as np
+import paddle
+
+__all__ = ["enabled", "parallel_ranges", "threads", "writable_view"]
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def enabled(t: paddle.Tensor) -> bool:
+    """Whether `t` gets the numpy kernels: float32, on CPU, contiguous, and not switched off."""
+    if os.environ.get("PADDLE_GRPO_NUMPY_KERNELS", "1") == "0":
+        return False
+    return t.dtype == paddle.float32 and t.place.is_cpu_place() and t.is_contiguous()
+
+
+def threads() -> int:
+    """The CPU threads paddle's kernels use: OMP_NUM_THREADS when set (paddle reads it), else the usable cores."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    return max(1, int(env)) if env.isdigit() else max(1, len(os.sched_getaffinity(0)))
+
+
+def writable_view(t: paddle.Tensor) -> np.ndarray:
+    """A writable numpy array over the memory of a contiguous float32 CPU tensor, valid while `t` lives."""
+    n = int(np.prod(t.shape))
+    return np.ctypeslib.as_array((ctypes.c_float * n).from_address(t.data_ptr())).reshape(t.shape)
+
+
+def parallel_ranges(n: int, work: Callable[[int, int], None]) -> None:
+    """Run `work(start, end)` over contiguous ranges splitting `range(n)`, one per thread, and wait for all."""
+    global _pool
+    k = min(threads(), n)
+    if k <= 1:
+        work(0, n)
+        return
+    if _pool is None or _pool._max_workers < k:
+        _pool = ThreadPoolExecutor(k, thread_name_prefix="paddle_grpo_numpy")
+    bounds = np.linspace(0, n, k + 1).astype(int)
+    for future in [_pool.submit(work, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]:
+        future.result()
