@@ -32,10 +32,15 @@ import numpy as np
 import paddle
 
 from .data import pad_columns
-from .policy import fast_qwen2
+from .policy import fast_qwen2, numpy_kernels
 from .policy.causal import position_ids_from_mask
 from .algorithms import gather_last
 from .sampling import candidates, sample_with_uniforms, uniforms
+
+# The decode step's max / exp / sum take numpy kernels on CPU from this vocabulary size: at [8, 151,936] 1.3 ms
+# against 6.5 ms with paddle ops (tools/bench_ops.py, "decode" rows); at small vocabularies both cost microseconds,
+# and paddle's keep the sampled tokens of the tiny models (quickstart, tests) bit for bit what they were.
+NUMPY_FROM_VOCAB = 4096
 
 
 class Stepper(Protocol):
@@ -215,10 +220,23 @@ def _expand_cache(past_key_values, G):
 
 def _exp_and_logsumexp(z: paddle.Tensor) -> Tuple[paddle.Tensor, paddle.Tensor]:
     """exp(z - max) [N, V] (unnormalised probabilities) and logsumexp(z) [N], from one max / exp / sum pass
-    (paddle's CPU `logsumexp` costs about as much as this and `softmax` together: tools/bench_ops.py)."""
-    m = z.max(axis=-1, keepdim=True)
-    e = paddle.exp(z - m)
-    return e, (m + paddle.log(e.sum(axis=-1, keepdim=True))).squeeze(-1)
+    (paddle's CPU `logsumexp` costs about as much as this and `softmax` together: tools/bench_ops.py). On CPU at a
+    vocabulary of at least NUMPY_FROM_VOCAB, numpy kernels over the tensors' memory (policy/numpy_kernels.py)."""
+    if z.shape[-1] < NUMPY_FROM_VOCAB or not numpy_kernels.enabled(z):
+        m = z.max(axis=-1, keepdim=True)
+        e = paddle.exp(z - m)
+        return e, (m + paddle.log(e.sum(axis=-1, keepdim=True))).squeeze(-1)
+    e = paddle.empty_like(z)
+    zv, ev = numpy_kernels.writable_view(z), numpy_kernels.writable_view(e)
+    lse = np.empty(z.shape[0], dtype=np.float32)
+
+    def work(start: int, end: int) -> None:
+        m = zv[start:end].max(axis=1)
+        rows = np.subtract(zv[start:end], m[:, None], out=ev[start:end])
+        lse[start:end] = m + np.log(np.exp(rows, out=rows).sum(axis=1))
+
+    numpy_kernels.parallel_ranges(z.shape[0], work)
+    return e, paddle.to_tensor(lse)
 
 
 def _sample(weights: paddle.Tensor, top_k: int, top_p: float, u: Optional[np.ndarray]) -> paddle.Tensor:

@@ -93,6 +93,7 @@ def decode_ops(V: int, rows: int, hidden: int, seed: int = 0) -> Iterator[Op]:
         "paddle.logsumexp": (s, lambda: paddle.logsumexp(z, axis=-1)),
         "x - logsumexp(x)": (s, lambda: z - paddle.logsumexp(z, axis=-1, keepdim=True)),
         "new: max / exp / sum (exp and logsumexp)": (s, lambda: _exp_and_logsumexp(z)),
+        "new: max / exp / sum, paddle ops": (s, _with_kernels("0", lambda: _exp_and_logsumexp(z))),
         "softmax": (s, lambda: F.softmax(z, axis=-1)),
         "exp": (s, lambda: paddle.exp(z)),
         "divide by temperature": (s, lambda: z / 0.7),

@@ -1,0 +1,39 @@
+"""rollout._exp_and_logsumexp: the numpy kernels (CPU, vocabularies of at least NUMPY_FROM_VOCAB) against the
+paddle ops and a float64 reference."""
+import numpy as np
+import paddle
+import pytest
+
+from paddle_grpo import rollout
+
+
+@pytest.mark.parametrize("rows, threads", [(1, "2"), (8, "2"), (7, "3"), (8, "1")])
+def test_numpy_and_paddle_decode_statistics_agree(monkeypatch, rows, threads):
+    monkeypatch.setenv("OMP_NUM_THREADS", threads)
+    rng = np.random.default_rng(rows)
+    z = (rng.standard_normal((rows, rollout.NUMPY_FROM_VOCAB + 3)) * 5).astype(np.float32)
+    z64 = z.astype(np.float64)
+    m = z64.max(axis=1, keepdims=True)
+    want_lse = (m + np.log(np.exp(z64 - m).sum(axis=1, keepdims=True)))[:, 0]
+    results = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("PADDLE_GRPO_NUMPY_KERNELS", flag)
+        tensor = paddle.to_tensor(z)
+        e, lse = rollout._exp_and_logsumexp(tensor)
+        np.testing.assert_array_equal(tensor.numpy(), z)                 # the logits are not changed
+        np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-6, atol=1e-5)
+        np.testing.assert_allclose(e.numpy(), np.exp(z64 - m), rtol=1e-5, atol=1e-7)
+        results[flag] = e.numpy()
+    np.testing.assert_allclose(results["1"], results["0"], rtol=1e-5, atol=1e-7)
+
+
+def test_small_vocabularies_keep_the_paddle_ops(monkeypatch):
+    """Below NUMPY_FROM_VOCAB the numpy kernels are not used (the tiny models' samples stay as they were)."""
+    from paddle_grpo.policy import numpy_kernels
+
+    used = []
+    monkeypatch.setattr(numpy_kernels, "parallel_ranges", lambda *a: used.append(1))
+    rollout._exp_and_logsumexp(paddle.randn([4, 128]))
+    assert used == []
+    rollout._exp_and_logsumexp(paddle.randn([2, rollout.NUMPY_FROM_VOCAB]))  # the stub fills nothing: count only
+    assert used == [1]
