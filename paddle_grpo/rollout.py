@@ -32,7 +32,8 @@ import numpy as np
 import paddle
 
 from .data import pad_columns
-from .policy import fast_qwen2, numpy_kernels
+from . import numpy_kernels
+from .policy import fast_qwen2
 from .policy.causal import position_ids_from_mask
 from .algorithms import gather_last
 from .sampling import candidates, sample_with_uniforms, uniforms
@@ -221,7 +222,7 @@ def _expand_cache(past_key_values, G):
 def _exp_and_logsumexp(z: paddle.Tensor) -> Tuple[paddle.Tensor, paddle.Tensor]:
     """exp(z - max) [N, V] (unnormalised probabilities) and logsumexp(z) [N], from one max / exp / sum pass
     (paddle's CPU `logsumexp` costs about as much as this and `softmax` together: tools/bench_ops.py). On CPU at a
-    vocabulary of at least NUMPY_FROM_VOCAB, numpy kernels over the tensors' memory (policy/numpy_kernels.py)."""
+    vocabulary of at least NUMPY_FROM_VOCAB, numpy kernels over the tensors' memory (paddle_grpo/numpy_kernels.py)."""
     if z.shape[-1] < NUMPY_FROM_VOCAB or not numpy_kernels.enabled(z):
         m = z.max(axis=-1, keepdim=True)
         e = paddle.exp(z - m)

@@ -104,11 +104,15 @@ RULES = (
          allowed=frozenset({"paddle_grpo.algorithms", "paddle_grpo.precision"})),
     Rule("precision.py imports nothing of the package", "paddle_grpo.precision",
          allowed=frozenset({"paddle_grpo.precision"}), waits_for=("paddle_grpo/precision.py",)),
-    Rule("parallel/ imports only config.py, algorithms/ and policy/lm_head.py", "paddle_grpo.parallel",
-         allowed=frozenset({"paddle_grpo.config", "paddle_grpo.algorithms", "paddle_grpo.policy.lm_head"}), waits_for=("paddle_grpo/parallel",)),
-    Rule("policy/ imports only algorithms/, parallel/, rollout, sampling, cpu_tuning", "paddle_grpo.policy",
+    Rule("numpy_kernels.py imports nothing of the package", "paddle_grpo.numpy_kernels",
+         allowed=frozenset({"paddle_grpo.numpy_kernels"}), waits_for=("paddle_grpo/numpy_kernels.py",)),
+    Rule("parallel/ imports only config.py, algorithms/, numpy_kernels.py and policy/lm_head.py", "paddle_grpo.parallel",
+         allowed=frozenset({"paddle_grpo.config", "paddle_grpo.algorithms", "paddle_grpo.numpy_kernels",
+                            "paddle_grpo.policy.lm_head"}), waits_for=("paddle_grpo/parallel",)),
+    Rule("policy/ imports only algorithms/, parallel/, rollout, sampling, cpu_tuning, numpy_kernels", "paddle_grpo.policy",
          allowed=frozenset({"paddle_grpo.algorithms", "paddle_grpo.parallel", "paddle_grpo.rollout",
-                            "paddle_grpo.sampling", "paddle_grpo.cpu_tuning"}), waits_for=("paddle_grpo/policy",)),
+                            "paddle_grpo.sampling", "paddle_grpo.cpu_tuning", "paddle_grpo.numpy_kernels"}),
+         waits_for=("paddle_grpo/policy",)),
     Rule("step.py imports neither trainer.py nor recipes/", "paddle_grpo.step",
          forbidden=frozenset({"paddle_grpo.trainer", "paddle_grpo.recipes"}), waits_for=("paddle_grpo/step.py",),
          why_waiting=AFTER_STEP),
@@ -180,7 +184,7 @@ def test_rules_report_violations(tmp_path: Path) -> None:
         "paddle_grpo/recipes/quickstart.py imports paddle.distributed",
         "paddle_grpo/rollout.py imports paddle.distributed.fleet",
         "paddle_grpo/sampling.py imports paddle.distributed"]
-    assert by_name["parallel/ imports only config.py, algorithms/ and policy/lm_head.py"] == [
+    assert by_name["parallel/ imports only config.py, algorithms/, numpy_kernels.py and policy/lm_head.py"] == [
         "paddle_grpo/parallel/vocab.py imports paddle_grpo.policy.causal"]
     assert by_name["reward_server/ imports only paddle_grpo.rewards"] == [
         "reward_server/__init__.py imports paddle_grpo.trainer"]

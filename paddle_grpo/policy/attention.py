@@ -20,7 +20,7 @@ import numpy as np
 import paddle
 from paddle.autograd import PyLayer
 
-from .numpy_kernels import enabled, parallel_ranges, writable_view
+from ..numpy_kernels import enabled, parallel_ranges, writable_view
 
 __all__ = ["blockwise_attention", "query_block"]
 

@@ -12,7 +12,7 @@ import numpy as np
 import paddle
 
 from ..algorithms import gather_last, subtract_at
-from .numpy_kernels import enabled, parallel_ranges, writable_view
+from ..numpy_kernels import enabled, parallel_ranges, writable_view
 
 __all__ = ["chunk_gradient", "shifted_statistics"]
 

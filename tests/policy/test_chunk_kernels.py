@@ -4,7 +4,7 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_grpo.policy import numpy_kernels
+from paddle_grpo import numpy_kernels
 from paddle_grpo.policy.chunk_kernels import chunk_gradient, shifted_statistics
 
 
