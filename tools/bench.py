@@ -37,12 +37,14 @@ then carries the median of the runs' medians, each run's step median, the overal
 largest RSS figures of the runs.
 
 Peak RSS per phase (`peak_rss_mb_by_phase`, `rss_increase_mb_by_phase`): the kernel's high-water mark (VmHWM),
-read and reset at every phase boundary (`RssMonitor`; exact, no sampling thread). Phases are marked by wrapping, for the run, the step.py
-functions the trainer calls: `rollout` = step.rollout (generation only), `logprob` = step.logprobs when the trainer
-calls it itself (the off-policy old log-probs; absent on-policy), `reference` = step.reference_logprobs, `update` =
-step.update, `step` = the whole train_step. For each: the largest RSS seen during the phase, and the largest
-increase over the RSS at the phase's start, both the maximum over all steps, warm-up included (paddle's allocator
-keeps what it got, so later steps mostly reuse memory and the increase shows in the first step).
+read and reset at every phase boundary (`RssMonitor`; exact, no sampling thread). Phases are marked by wrapping,
+for the run, the step.py functions the trainer calls: `rollout` = step.rollout (generation only), `logprob` =
+step.logprobs when the trainer calls it itself (the off-policy old log-probs; absent on-policy), `reference` =
+step.reference_logprobs, `update` = step.update, `step` = the whole train_step. For each: the largest RSS during
+the phase, and the largest increase over the RSS at the phase's start, both the maximum over all steps, warm-up
+included (paddle's allocator keeps what it got, so later steps mostly reuse memory and the increase shows in the
+first step). With `warmup_steps` 0 the one timed step is the first: the optimizer's moments are created at its end,
+so its peak can be below the steady state's.
 `peak_rss_mb` is the process's high-water mark, model building included.
 
 Switches for before/after measurements: `--fast off` (PaddleNLP's forward everywhere, PADDLE_GRPO_FAST=0) and

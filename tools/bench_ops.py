@@ -176,7 +176,8 @@ def update_ops(V: int, rows: int, hidden: int, tokens: int, chunks: List[int], s
                    _with_kernels(flag, lambda c=c: forward(c)))
             yield (f"chunked head forward + backward, chunk {c}, {kernels}", shape,
                    _with_kernels(flag, lambda c=c: backward(c)))
-        yield f"one chunk: GEMM alone, chunk {c}", f"[{c}, {hidden}] x [{hidden}, {V}]", lambda c=c: paddle.matmul(h[:c], w)
+        yield (f"one chunk: GEMM alone, chunk {c}", f"[{c}, {hidden}] x [{hidden}, {V}]",
+               lambda c=c: paddle.matmul(h[:c], w))
 
 
 def _with_kernels(flag: str, fn: Callable[[], object]) -> Callable[[], object]:

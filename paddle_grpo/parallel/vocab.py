@@ -55,8 +55,9 @@ class VocabParallel:
         return paddle.log(sumexp) - weighted / sumexp
 
     def chunked_logprobs_and_entropy(self, hidden: paddle.Tensor, weight: paddle.Tensor, labels: paddle.Tensor, *,
-                                     temperature: float = 1.0, chunk_size: int = 1024, with_entropy: bool = True,
-                                     transpose_y: bool = False) -> tuple[paddle.Tensor, paddle.Tensor | None]:
+                                     temperature: float = 1.0, chunk_size: int = 1024,
+                                     with_entropy: bool | str = True, transpose_y: bool = False
+                                     ) -> tuple[paddle.Tensor, paddle.Tensor | None]:
         """policy/lm_head.py's `chunked_logprobs_and_entropy` with the LM head split over the vocabulary: log-probs
         and entropy of the full distribution from this rank's shard, O(chunk_size x V / tp) extra memory.
 
@@ -65,7 +66,8 @@ class VocabParallel:
             weight: this rank's shard of the LM head (rank r holds vocabulary ids `[r * V/tp, (r + 1) * V/tp)`, equal
                 shards): `[H, V/tp]`, or `[V/tp, H]` with `transpose_y` (tied embeddings).
             labels: `[n, T]` GLOBAL token ids; negative ids (an ignore index) are read as id 0.
-            temperature, chunk_size, with_entropy, transpose_y: as policy/lm_head.py's.
+            temperature, chunk_size, with_entropy (True, False or "detached": no entropy gradient), transpose_y:
+                as policy/lm_head.py's.
         Returns:
             `(logprobs [n, T] float32, entropy [n, T] float32 or None)`, the same on every rank.
 
@@ -79,10 +81,12 @@ class VocabParallel:
         inside = ((local >= 0) & (local < shard)).astype("float32")
         logp, ent = _VocabParallelHead.apply(Identity.apply(flat_h, self.group), weight,
                                              paddle.clip(local, 0, shard - 1), inside, self._gather,
-                                             float(temperature), int(chunk_size), bool(with_entropy),
-                                             bool(transpose_y))
+                                             float(temperature), int(chunk_size), with_entropy, bool(transpose_y))
         n, t = labels.shape
-        return logp.reshape([n, t]), (ent.reshape([n, t]) if with_entropy else None)
+        if not with_entropy:
+            return logp.reshape([n, t]), None
+        ent = ent.reshape([n, t])
+        return logp.reshape([n, t]), (ent.detach() if with_entropy == "detached" else ent)
 
     def _gather(self, x: paddle.Tensor) -> paddle.Tensor:
         """`[tp, ...]`: every rank's `x`, in rank order (no gradient)."""
@@ -100,7 +104,7 @@ class _VocabParallelHead(_ChunkedLMHead):
 
     @staticmethod
     def forward(ctx, hidden: paddle.Tensor, weight: paddle.Tensor, labels: paddle.Tensor, inside: paddle.Tensor,
-                gather: Any, temperature: float, chunk_size: int, with_entropy: bool, transpose_y: bool
+                gather: Any, temperature: float, chunk_size: int, with_entropy: bool | str, transpose_y: bool
                 ) -> tuple[paddle.Tensor, paddle.Tensor]:
         w = _as_f32(weight)
         stats = []

@@ -111,8 +111,8 @@ def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, promp
             with full_precision():
                 logprobs, ent = vocab_parallel.chunked_logprobs_and_entropy(
                     hidden[:, L - 1:-1], head.weight, completion_ids, temperature=temperature,
-                    chunk_size=chunk_size, with_entropy=bool(with_entropy), transpose_y=head.transpose_y)
-            return logprobs, (ent.detach() if with_entropy == "detached" and ent is not None else ent)
+                    chunk_size=chunk_size, with_entropy=with_entropy, transpose_y=head.transpose_y)
+            return logprobs, ent
         logits = head(hidden[:, L - 1:-1], tensor_parallel_output=True)
         with full_precision():
             logprobs = vocab_parallel.logprobs(logits, completion_ids, temperature)

@@ -30,7 +30,7 @@ from paddle.autograd import PyLayer
 
 from ..algorithms import entropy_from_logits, logprobs_from_logits
 from .base import full_precision
-from .chunk_kernels import chunk_gradient, shifted_statistics
+from .chunk_kernels import accumulate_weight_gradient, chunk_gradient, shifted_statistics
 
 __all__ = ["LMHead", "chunked_logprobs_and_entropy", "head_logprobs", "lm_head_of", "num_chunks"]
 
@@ -130,10 +130,9 @@ class _ChunkedLMHead(PyLayer):
             if need_h:
                 dh_chunks.append(paddle.matmul(dz, w, transpose_y=not transpose_y).astype(hidden.dtype))
             if need_w:
-                # logits = h @ W ([H, V]): dW = h^T dz; logits = h @ W^T ([V, H]): dW = dz^T h.
-                # In place: a new [H, V] sum per chunk would be one more weight-sized tensor at the peak.
-                dw.add_(paddle.matmul(dz, h, transpose_x=True) if transpose_y
-                        else paddle.matmul(h, dz, transpose_x=True))
+                # logits = h @ W ([H, V]): dW = h^T dz; logits = h @ W^T ([V, H]): dW = dz^T h. In place, and on
+                # CPU without a weight-sized product (chunk_kernels.accumulate_weight_gradient).
+                accumulate_weight_gradient(dw, h, dz, transpose_y)
             if need_b:
                 db.add_(paddle.sum(dz, axis=0))
             del dz

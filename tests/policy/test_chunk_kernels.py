@@ -1,5 +1,6 @@
-"""policy/chunk_kernels.py (and numpy_kernels.py): the numpy (CPU) and paddle-op kernels of the chunked head against a float64 numpy
-reference written from the formulas, for row counts that do and do not fill the threads' row groups."""
+"""policy/chunk_kernels.py (with numpy_kernels.py): the numpy (CPU) and paddle-op kernels of the chunked head against
+a float64 numpy reference written from the formulas, for row counts that do and do not fill the threads' row
+groups."""
 import numpy as np
 import paddle
 import pytest
@@ -93,3 +94,21 @@ def test_kernel_choice(monkeypatch):
     assert not numpy_kernels.enabled(paddle.zeros([2, 3], dtype="float32"))
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert numpy_kernels.threads() == 3
+
+
+@pytest.mark.parametrize("transpose_y", [False, True])
+def test_weight_gradient_accumulates_in_place(kernels, monkeypatch, transpose_y):
+    """dw += h^T dz (or dz^T h) over vocabulary blocks that do not divide V, into the same tensor."""
+    from paddle_grpo.policy import chunk_kernels
+
+    monkeypatch.setattr(chunk_kernels, "_VOCAB_BLOCK", 7)
+    rng = np.random.default_rng(5)
+    h, dz = rng.standard_normal((6, 4)).astype(np.float32), rng.standard_normal((6, 31)).astype(np.float32)
+    start = rng.standard_normal((31, 4) if transpose_y else (4, 31)).astype(np.float32)
+    dw = paddle.to_tensor(start)
+    ptr = dw.data_ptr()
+    chunk_kernels.accumulate_weight_gradient(dw, paddle.to_tensor(h), paddle.to_tensor(dz), transpose_y)
+    product = h.astype(np.float64).T @ dz
+    want = start + (product.T if transpose_y else product)
+    np.testing.assert_allclose(dw.numpy(), want, rtol=1e-5, atol=1e-5)
+    assert dw.data_ptr() == ptr

@@ -221,8 +221,14 @@ class _RecordingPaddle:
 
 @pytest.mark.parametrize("chunk_size", [1, 3, 7])
 def test_no_paddle_call_makes_a_tensor_of_all_positions_times_the_vocabulary(monkeypatch, chunk_size):
+    """With paddle's ops for the per-chunk work (the GPU path; chunk_kernels.py), every paddle call of the head is
+    recorded: none makes a [positions, V] tensor."""
+    from paddle_grpo.policy import chunk_kernels
+
+    monkeypatch.setenv("PADDLE_GRPO_NUMPY_KERNELS", "0")
     recorder = _RecordingPaddle(paddle)
     monkeypatch.setattr(lm_head, "paddle", recorder)
+    monkeypatch.setattr(chunk_kernels, "paddle", recorder)
     hidden, weight, labels = _data(10, False)
     h, w, lab = _tensors(hidden, weight, labels, "float32")
     logp, entropy = chunked_logprobs_and_entropy(h, w, lab, chunk_size=chunk_size)
