@@ -43,7 +43,7 @@ import paddle.nn.functional as F
 
 from ..parallel.recompute import checkpoint, needs_grad
 from .attention import blockwise_attention, query_block
-from .mlp import SAVE_ACTIVATION_ABOVE, swiglu_down
+from .mlp import mlp, mlp_plan
 
 if TYPE_CHECKING:
     from paddlenlp.transformers import Qwen2ForCausalLM
@@ -195,10 +195,10 @@ class Qwen2Fast:
     def mlp_block(self, x: paddle.Tensor, lw: dict[str, paddle.Tensor]) -> paddle.Tensor:
         """Residual MLP sub-block on flat tokens [n, D]."""
         h = self.rms(x, lw["ln2"])
-        gu = paddle.matmul(h, lw["wgu"])
-        if gu.stop_gradient or gu.shape[0] * lw["wd"].shape[0] <= SAVE_ACTIVATION_ABOVE:
-            return x + paddle.matmul(F.swiglu(gu), lw["wd"])
-        return x + swiglu_down(gu, lw["wd"])  # keeps gu only (mlp.py): a long sequence's activation is recomputed
+        plan = mlp_plan(h.shape[0], lw["wd"].shape[0])
+        if plan is None:
+            return x + paddle.matmul(F.swiglu(paddle.matmul(h, lw["wgu"])), lw["wd"])
+        return x + mlp(h, lw["wgu"], lw["wd"], *plan)  # a long sequence: in row blocks, less kept (mlp.py)
 
     def final_hidden(self, h: paddle.Tensor) -> paddle.Tensor:
         """The final RMSNorm: [..., D] -> [..., D], what the LM head reads (lm_head.head_logprobs)."""

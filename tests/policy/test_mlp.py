@@ -1,5 +1,5 @@
-"""policy/mlp.py: swiglu(gu) @ w_down with the activation recomputed in backward, against autograd's path; and the
-lean Qwen2 forward's gradients with it on and off."""
+"""policy/mlp.py: the blocked SwiGLU MLP (gu kept or recomputed) against autograd's path; and the lean Qwen2
+forward's log-probs and gradients with it on and off."""
 import numpy as np
 import paddle
 import paddle.nn.functional as F
@@ -8,27 +8,47 @@ import pytest
 from paddle_grpo.policy import fast_qwen2, mlp
 
 
-@pytest.mark.parametrize("frozen_weight", [False, True])
-def test_swiglu_down_equals_autograd(frozen_weight):
-    rng = np.random.default_rng(0)
-    gu_np, w_np = rng.standard_normal((13, 10)).astype("float32"), rng.standard_normal((5, 3)).astype("float32")
-    weights = paddle.to_tensor(rng.standard_normal((13, 3)).astype("float32"))
+def _reference(h, w_gu, w_down):
+    return paddle.matmul(F.swiglu(paddle.matmul(h, w_gu)), w_down)
+
+
+@pytest.mark.parametrize("block", [1, 4, 13, 50])
+@pytest.mark.parametrize("keep_gu", [True, False])
+@pytest.mark.parametrize("frozen", ["none", "weights", "input"])
+def test_blocked_mlp_equals_autograd(block, keep_gu, frozen):
+    rng = np.random.default_rng(block)
+    arrays = [rng.standard_normal(s).astype("float32") for s in ((13, 6), (6, 10), (5, 6))]
+    weights = paddle.to_tensor(rng.standard_normal((13, 6)).astype("float32"))
     results = []
-    for fn in (mlp.swiglu_down, lambda gu, w: paddle.matmul(F.swiglu(gu), w)):
-        gu = paddle.to_tensor(gu_np, stop_gradient=False)
-        w = paddle.to_tensor(w_np, stop_gradient=frozen_weight)
-        out = fn(gu, w)
+    for fn in (lambda *a: mlp.mlp(*a, block, keep_gu), _reference):
+        h, w_gu, w_down = (paddle.to_tensor(a) for a in arrays)
+        h.stop_gradient = frozen == "input"
+        w_gu.stop_gradient = w_down.stop_gradient = frozen == "weights"
+        out = fn(h, w_gu, w_down)
         (out * weights).sum().backward()
-        results.append((out.numpy(), gu.grad.numpy(), None if frozen_weight else w.grad.numpy()))
-    (out, dgu, dw), (ref_out, ref_dgu, ref_dw) = results
-    np.testing.assert_allclose(out, ref_out, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(dgu, ref_dgu, rtol=1e-5, atol=1e-6)
-    assert np.abs(ref_dgu).max() > 0.1
-    if not frozen_weight:
-        np.testing.assert_allclose(dw, ref_dw, rtol=1e-5, atol=1e-6)
+        results.append([out.numpy()] + [None if t.grad is None else t.grad.numpy() for t in (h, w_gu, w_down)])
+    for got, want in zip(*results):
+        assert (got is None) == (want is None)
+        if want is not None:
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+            assert np.abs(want).max() > 0.1
 
 
-def test_lean_forward_gradients_are_unchanged_by_the_recomputed_activation(monkeypatch):
+def test_plan_by_size():
+    assert mlp.mlp_plan(100, 4864) is None                                  # autograd's path
+    assert mlp.mlp_plan(8 * 512, 4864) == (mlp.BLOCK_ELEMENTS // 9728, True)  # 8 x 512 tokens: gu kept
+    assert mlp.mlp_plan(8 * 2048, 4864) == (431, False)                     # 8 x 2048: gu recomputed
+
+
+def test_without_gradients_only_the_blocks_run():
+    h, w_gu, w_down = paddle.randn([9, 4]), paddle.randn([4, 6]), paddle.randn([3, 4])
+    with paddle.no_grad():
+        out = mlp.mlp(h, w_gu, w_down, 2, True)
+    np.testing.assert_allclose(out.numpy(), _reference(h, w_gu, w_down).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("keep_gu_above, recompute_above", [(0, 1 << 40), (0, 0)])
+def test_lean_forward_gradients_are_unchanged(monkeypatch, keep_gu_above, recompute_above):
     from paddlenlp.transformers import Qwen2Config, Qwen2ForCausalLM
 
     from paddle_grpo.policy.causal import completion_logprobs
@@ -41,8 +61,8 @@ def test_lean_forward_gradients_are_unchanged_by_the_recomputed_activation(monke
     pid, cid = (paddle.to_tensor(rng.integers(3, 40, (3, n))) for n in (4, 6))
     pm, cm = paddle.ones([3, 4], dtype="int64"), paddle.ones([3, 6], dtype="int64")
     calls = []
-    real = mlp._SwigluDown.apply
-    monkeypatch.setattr(mlp._SwigluDown, "apply", staticmethod(lambda *a: calls.append(1) or real(*a)))
+    real = mlp._MLP.apply
+    monkeypatch.setattr(mlp._MLP, "apply", staticmethod(lambda *a: calls.append(a[-1]) or real(*a)))
 
     def run():
         model.clear_gradients()
@@ -52,9 +72,11 @@ def test_lean_forward_gradients_are_unchanged_by_the_recomputed_activation(monke
 
     lp_ref, g_ref = run()
     assert calls == []                                   # tiny: autograd's path
-    monkeypatch.setattr(fast_qwen2, "SAVE_ACTIVATION_ABOVE", 0)
+    monkeypatch.setattr(mlp, "KEEP_GU_ABOVE", keep_gu_above)
+    monkeypatch.setattr(mlp, "RECOMPUTE_GU_ABOVE", recompute_above)
+    monkeypatch.setattr(mlp, "BLOCK_ELEMENTS", 200)      # blocks of 2 rows
     lp, g = run()
-    assert len(calls) == 2                               # one per layer
+    assert calls == [recompute_above > 0] * 2            # one per layer, keeping gu or not
     np.testing.assert_allclose(lp, lp_ref, rtol=1e-6, atol=1e-6)
     assert set(g) == set(g_ref)
     for name in g_ref:
