@@ -1,15 +1,16 @@
-"""numpy kernels on paddle's own CPU memory: the elementwise and row-reduction work of the chunked LM head
-(chunk_kernels.py) and of blockwise attention (attention.py).
+"""numpy kernels on paddle's own CPU memory, for the elementwise and row-reduction work that paddle's CPU kernels make
+slow: the chunked LM head (policy/chunk_kernels.py), blockwise attention (policy/attention.py), the decode step's
+max / exp / sum at a real vocabulary (rollout.py) and the squared norms of large gradients (parallel/gradients.py).
 
-Why: paddle's CPU elementwise and reduction kernels run on one thread without wide vectors, and at the sizes of a
-real model they cost as much as the matrix products around them. At [512, 151,936] float32 (one chunk of the LM
-head; 2 threads, tools/bench_ops.py): row max 153 ms with paddle against 26 ms with numpy, in-place broadcast
-subtract 87 against 20 ms, exp 224 against ~100 ms; a chunk's forward statistics 500 against 106 ms when the rows
-are split over 2 threads. numpy's loops release the GIL, so a thread per core works in parallel.
+Why: paddle's CPU elementwise and reduction kernels run on one thread, and at the sizes of a real model they cost as
+much as the matrix products around them. One [512, 151,936] chunk of the LM head (2 threads): its GEMM 500 ms, its
+statistics (max, exp, sums) 530 ms more with paddle ops and ~120 ms more with numpy (`python tools/bench.py --ops`,
+"one chunk" rows). numpy's loops release the GIL, so a thread per core works in parallel.
 
 How: `writable_view(t)` is a numpy array over a contiguous float32 CPU tensor's memory (no copy; numpy's
-`from_dlpack` gives a read-only one). The kernels change fresh tensors the caller owns (a GEMM's output) in place,
-which paddle's autograd never sees: they run inside `PyLayer` forward / backward bodies only.
+`from_dlpack` gives a read-only one). The kernels write only into fresh tensors their caller owns (a GEMM's output,
+a new buffer) and run where autograd records nothing: inside `PyLayer` forward / backward bodies, the no-grad decode
+step, gradients after the backward.
 
 `enabled(t)`: a contiguous float32 CPU tensor, and `PADDLE_GRPO_NUMPY_KERNELS` not `0`. Elsewhere (GPU, other
 dtypes, or with the variable at 0) the callers use their paddle-op implementation of the same maths; the tests run

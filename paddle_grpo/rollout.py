@@ -38,8 +38,8 @@ from .policy.causal import position_ids_from_mask
 from .algorithms import gather_last
 from .sampling import candidates, sample_with_uniforms, uniforms
 
-# The decode step's max / exp / sum take numpy kernels on CPU from this vocabulary size: at [8, 151,936] 1.3 ms
-# against 6.5 ms with paddle ops (tools/bench_ops.py, "decode" rows); at small vocabularies both cost microseconds,
+# The decode step's max / exp / sum take numpy kernels on CPU from this vocabulary size: at [8, 151,936] 1.8 ms
+# against 3.8 ms with paddle ops (tools/bench_ops.py, "decode" rows); at small vocabularies both cost microseconds,
 # and paddle's keep the sampled tokens of the tiny models (quickstart, tests) bit for bit what they were.
 NUMPY_FROM_VOCAB = 4096
 
