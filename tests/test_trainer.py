@@ -275,7 +275,10 @@ def test_run_rl_ctrl_c_saves_a_checkpoint_and_exits_130(workdir, tiny_policy_dir
            "--max_dec_len", "8", "--max_length", "40", "--min_dec_len", "1", "--global_batch_size", "4",
            "--rollout_n", "4", "--per_device_train_batch_size", "8", "--max_steps", "100000",
            "--save_steps", "100000", "--disable_tqdm", "true", "--report_to", "none", "--kl_coeff", "0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
+    # SIGINT at its default in the child: a shell's background job (`cmd &`, as CI may start pytest) ignores it, the
+    # child inherits the ignore, and Python then installs no KeyboardInterrupt handler at all.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     metrics = out / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
