@@ -29,6 +29,7 @@ import paddle
 __all__ = ["enabled", "parallel_ranges", "threads", "writable_view"]
 
 _pool: ThreadPoolExecutor | None = None
+_pool_size = 0
 
 
 def enabled(t: paddle.Tensor) -> bool:
@@ -52,13 +53,13 @@ def writable_view(t: paddle.Tensor) -> np.ndarray:
 
 def parallel_ranges(n: int, work: Callable[[int, int], None]) -> None:
     """Run `work(start, end)` over contiguous ranges splitting `range(n)`, one per thread, and wait for all."""
-    global _pool
+    global _pool, _pool_size
     k = min(threads(), n)
     if k <= 1:
         work(0, n)
         return
-    if _pool is None or _pool._max_workers < k:
-        _pool = ThreadPoolExecutor(k, thread_name_prefix="paddle_grpo_numpy")
+    if _pool_size < k:
+        _pool, _pool_size = ThreadPoolExecutor(k, thread_name_prefix="paddle_grpo_numpy"), k
     bounds = np.linspace(0, n, k + 1).astype(int)
     for future in [_pool.submit(work, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]:
         future.result()
