@@ -12,6 +12,9 @@ How: `writable_view(t)` is a numpy array over a contiguous float32 CPU tensor's 
 a new buffer) and run where autograd records nothing: inside `PyLayer` forward / backward bodies, the no-grad decode
 step, gradients after the backward.
 
+A forked child (a DataLoader worker, a multiprocessing pool) starts without the parent's thread pool and makes its
+own (`os.register_at_fork`).
+
 `enabled(t)`: a contiguous float32 CPU tensor, and `PADDLE_GRPO_NUMPY_KERNELS` not `0`. Elsewhere (GPU, other
 dtypes, or with the variable at 0) the callers use their paddle-op implementation of the same maths; the tests run
 both on CPU and compare them.
@@ -30,6 +33,18 @@ __all__ = ["enabled", "parallel_ranges", "threads", "writable_view"]
 
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
+
+
+def _forget_pool() -> None:
+    """In a forked child: drop the parent's pool. The child has only the thread that forked; the copied pool would
+    queue work for worker threads that do not exist there, and `parallel_ranges` would wait forever. The next call
+    makes a new pool (the parent's keeps working)."""
+    global _pool, _pool_size
+    _pool, _pool_size = None, 0
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def enabled(t: paddle.Tensor) -> bool:
