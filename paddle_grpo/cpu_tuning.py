@@ -18,8 +18,10 @@ Three causes, all measured on the 2-core AMD EPYC hosts (docs/PERFORMANCE.md):
    changes: a view no longer aliases its base, so an in-place op on a slice/transpose result would not write
    through to the base (nothing in paddle_grpo, or in PaddleNLP's Qwen2 model, relies on that).
 
-`apply()` is idempotent and does nothing when `PADDLE_GRPO_CPU_TUNING=0`; `PADDLE_GRPO_CPU_TUNING=mkl,malloc`
-(any subset of mkl, malloc, stride) applies only those. It never overrides an `MKL_DEBUG_CPU_TYPE` or
+`apply()` is idempotent and does nothing when `PADDLE_GRPO_CPU_TUNING=0` or when the process runs on another device
+than the CPU (`paddle.get_device()`: a GPU process keeps paddle's stride kernels and allocator behaviour, which its
+CUDA kernels and memory pool are tuned for); `PADDLE_GRPO_CPU_TUNING=mkl,malloc` (any subset of mkl, malloc,
+stride) applies only those. `wanted(device, choice)` is that decision. It never overrides an `MKL_DEBUG_CPU_TYPE` or
 `FLAGS_use_stride_kernel` the user set in the environment and sets the MKL variable only on AMD CPUs. It is called
 by `policy.causal.load_causal_lm` (before any model runs) and by tools/bench.py. It changes no numbers beyond float
 rounding.
@@ -30,7 +32,7 @@ import ctypes
 import logging
 import os
 import platform
-from typing import Any, Dict
+from typing import Any, Dict, Optional, Set
 
 logger = logging.getLogger("paddle_grpo.cpu_tuning")
 
@@ -39,6 +41,7 @@ MMAP_THRESHOLD = 32 << 20                      # glibc's largest accepted value 
 TRIM_THRESHOLD = 1 << 30
 
 _applied = None
+SETTINGS = ("mkl", "malloc", "stride")
 
 
 def _is_amd():
@@ -49,27 +52,39 @@ def _is_amd():
         return False
 
 
-def apply() -> Dict[str, Any]:
-    """Apply the settings once per process; returns a dict of what was set (empty when disabled)."""
+def wanted(device: str, choice: str = "1") -> Set[str]:
+    """Which of SETTINGS to apply on `device` ('cpu', 'gpu:0', ...) for PADDLE_GRPO_CPU_TUNING = `choice` ('1': all,
+    '0': none, or a comma-separated subset): none off the CPU."""
+    if str(device).split(":")[0].lower() != "cpu" or choice == "0":
+        return set()
+    return set(SETTINGS) if choice == "1" else set(choice.split(",")) & set(SETTINGS)
+
+
+def apply(device: Optional[str] = None) -> Dict[str, Any]:
+    """Apply the settings once per process on the CPU (`device`: paddle.get_device() unless given); returns a dict of
+    what was set (empty when disabled or on another device)."""
     global _applied
     if _applied is not None:
         return _applied
+    if device is None:
+        import paddle
+
+        device = paddle.get_device()
+    if str(device).split(":")[0].lower() != "cpu":
+        return {}  # not cached: a later call for a CPU (a tool choosing its device) still applies them
+    chosen = wanted(device, os.environ.get("PADDLE_GRPO_CPU_TUNING", "1"))
     _applied = {}
-    choice = os.environ.get("PADDLE_GRPO_CPU_TUNING", "1")
-    if choice == "0":
-        return _applied
-    wanted = {"mkl", "malloc", "stride"} if choice == "1" else set(choice.split(","))
-    if "mkl" in wanted and "MKL_DEBUG_CPU_TYPE" not in os.environ and _is_amd():
+    if "mkl" in chosen and "MKL_DEBUG_CPU_TYPE" not in os.environ and _is_amd():
         os.environ["MKL_DEBUG_CPU_TYPE"] = "5"
         _applied["MKL_DEBUG_CPU_TYPE"] = "5"
-    if "malloc" in wanted and platform.system() == "Linux":
+    if "malloc" in chosen and platform.system() == "Linux":
         try:
             libc = ctypes.CDLL("libc.so.6")
             if libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD):
                 _applied["mallopt"] = {"mmap_threshold": MMAP_THRESHOLD, "trim_threshold": TRIM_THRESHOLD}
         except OSError:  # not glibc (e.g. musl): nothing to tune
             pass
-    if "stride" in wanted and "FLAGS_use_stride_kernel" not in os.environ:
+    if "stride" in chosen and "FLAGS_use_stride_kernel" not in os.environ:
         import paddle
 
         paddle.set_flags({"FLAGS_use_stride_kernel": False})

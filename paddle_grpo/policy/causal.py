@@ -46,7 +46,7 @@ def load_causal_lm(path: str, *, trainable: bool = True, recompute: bool = False
     from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
 
     path = resolve_model_dir(path)
-    cpu_tuning.apply()  # MKL's AVX2 path on AMD and no page fault per tensor (cpu_tuning.py); before any forward
+    cpu_tuning.apply()  # CPU runs only: MKL's AVX2 path on AMD, no page fault per tensor; before any forward
     config = AutoConfig.from_pretrained(path)
     config.recompute = bool(recompute and trainable)
     if config.recompute:
