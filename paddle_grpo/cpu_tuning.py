@@ -19,8 +19,8 @@ Three causes, all measured on the 2-core AMD EPYC hosts (docs/PERFORMANCE.md):
    through to the base (nothing in paddle_grpo, or in PaddleNLP's Qwen2 model, relies on that).
 
 `apply()` is idempotent and does nothing when `PADDLE_GRPO_CPU_TUNING=0` or when the process runs on another device
-than the CPU (`paddle.get_device()`: a GPU process keeps paddle's stride kernels and allocator behaviour, which its
-CUDA kernels and memory pool are tuned for); `PADDLE_GRPO_CPU_TUNING=mkl,malloc` (any subset of mkl, malloc,
+than the CPU (`paddle.get_device()`: a GPU process keeps paddle's own process-wide defaults, since these settings
+were measured for CPU kernels only); `PADDLE_GRPO_CPU_TUNING=mkl,malloc` (any subset of mkl, malloc,
 stride) applies only those. `wanted(device, choice)` is that decision. It never overrides an `MKL_DEBUG_CPU_TYPE` or
 `FLAGS_use_stride_kernel` the user set in the environment and sets the MKL variable only on AMD CPUs. It is called
 by `policy.causal.load_causal_lm` (before any model runs) and by tools/bench.py. It changes no numbers beyond float
