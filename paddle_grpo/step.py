@@ -699,6 +699,20 @@ def _micro_batch(learner: Learner, inputs: UpdateInputs, mb: MicroBatch, agg: Di
     return sums, finite
 
 
+def pipeline_logprobs(out: paddle.Tensor, completion_ids: paddle.Tensor, cfg: Any, head: Any = None,
+                      chunk_size: Optional[int] = None) -> Tuple[paddle.Tensor, paddle.Tensor]:
+    """Log-probs and entropies [mb, T] of the completions from the pipeline's last-stage output `out`: the logits
+    [mb, S, V], or with `chunk_size` the final hidden states [mb, S, H] that `head` (the stage's LM head layer)
+    turns into log-probs chunk by chunk. S = L + T: the token at position L + t is predicted at L + t - 1."""
+    T = completion_ids.shape[1]
+    # As _micro_batch: the entropy takes a gradient only for an entropy bonus, else it is only logged ("detached").
+    with_entropy = True if cfg.entropy_coeff > 0 else "detached"
+    if chunk_size is None:
+        return logprobs_from_completion_logits(out[:, -T - 1:-1], completion_ids, cfg.temperature, with_entropy)
+    return head_logprobs(out[:, -T - 1:-1], head, completion_ids, temperature=cfg.temperature,
+                         with_entropy=with_entropy, chunk_size=chunk_size)
+
+
 def _pipeline_mini_batch(learner: Learner, inputs: UpdateInputs, sl: slice, agg: Dict[str, Any], cfg: Any,
                          micro_batches: int) -> Tuple[np.ndarray, bool]:
     """Forward + backward of the mini-batch rows `sl` through the pipeline (fleet splits them into the
@@ -708,7 +722,6 @@ def _pipeline_mini_batch(learner: Learner, inputs: UpdateInputs, sl: slice, agg:
     b = inputs.batch
     ids = paddle.concat([b.prompt_ids[sl], b.completion_ids[sl]], axis=1)
     attention_mask = paddle.concat([b.prompt_mask[sl], b.completion_mask[sl]], axis=1).astype("int64")
-    T = b.completion_ids.shape[1]
     rows = lambda t: None if t is None else t[sl]  # noqa: E731
     labels = (b.completion_ids[sl], inputs.loss_mask[sl], inputs.advantages[sl], rows(inputs.old_lp),
               rows(inputs.ref_lp))
@@ -717,12 +730,9 @@ def _pipeline_mini_batch(learner: Learner, inputs: UpdateInputs, sl: slice, agg:
 
     def loss_fn(out, labels):
         completion_ids, mask, adv, old, ref = labels
-        # The token at position L + t is predicted from the output (logits, or hidden state) at L + t - 1.
-        if chunk_size is None:
-            lp, entropy = logprobs_from_completion_logits(out[:, -T - 1:-1], completion_ids, cfg.temperature)
-        else:  # the stage's own head layer: its weight's gradient reaches the pipeline optimizer
-            lp, entropy = head_logprobs(out[:, -T - 1:-1], learner.pipeline.lm_head, completion_ids,
-                                        temperature=cfg.temperature, with_entropy=True, chunk_size=chunk_size)
+        # The stage's own head layer (chunked head): its weight's gradient reaches the pipeline optimizer.
+        lp, entropy = pipeline_logprobs(out, completion_ids, cfg,
+                                        learner.pipeline.lm_head if chunk_size is not None else None, chunk_size)
         loss, sums = rl_loss(cfg, lp, entropy, lp.detach() if old is None else old, adv, mask, ref, agg)
         micro.append(np.append(sums, float(bool(paddle.isfinite(loss)))))
         return loss

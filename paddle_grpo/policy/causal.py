@@ -129,14 +129,15 @@ def head_is_vocab_sharded(head: paddle.nn.Layer, vocab_size: int) -> bool:
     return outputs < vocab_size
 
 
-def logprobs_from_completion_logits(logits: paddle.Tensor, completion_ids: paddle.Tensor,
-                                    temperature: float = 1.0) -> tuple[paddle.Tensor, paddle.Tensor]:
-    """Log-probs and entropies (both differentiable, [bs, T] float32) from the logits [bs, T, V] that predict
-    `completion_ids` [bs, T]: the pipeline model's last stage, whose LM head sees every position."""
+def logprobs_from_completion_logits(logits: paddle.Tensor, completion_ids: paddle.Tensor, temperature: float = 1.0,
+                                    with_entropy: bool | str = True) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """Log-probs (differentiable) and entropies ([bs, T] float32) from the logits [bs, T, V] that predict
+    `completion_ids` [bs, T]: the pipeline model's last stage, whose LM head sees every position. `with_entropy`:
+    True (differentiable) or "detached" (logged only: no gradient graph)."""
     logits = logits.astype("float32")
     with full_precision():
         return (logprobs_from_logits(logits, completion_ids, temperature=temperature),
-                entropy(logits, temperature, True))
+                entropy(logits, temperature, with_entropy))
 
 
 class CausalPolicy(Policy):
