@@ -5,10 +5,11 @@ prefilling `G` identical copies. Decoding stops as soon as every sequence has pr
 by prompt: rows `i*G .. i*G+G-1` are the samples of prompt `i`.
 
 The model runs through a "stepper" (prefill, then one token per step): for a plain float32 Qwen2 the lean forward
-of fast_qwen2.py with a preallocated KV cache, otherwise the model's own forward with PaddleNLP's
-`past_key_values` (`fast_qwen2.enabled_for`; `PADDLE_GRPO_FAST=0` forces the latter). Both give the same logits up to
-float32 rounding, so greedy decoding is identical and keyed sampling (`row_keys`) draws the same tokens unless a
-uniform falls within rounding distance (~1e-6) of a cumulative-probability boundary.
+of fast_qwen2.py with a preallocated KV cache, otherwise the model's own decoder with PaddleNLP's
+`past_key_values` and its LM head on the last position only (`fast_qwen2.enabled_for`; `PADDLE_GRPO_FAST=0` forces
+the latter). Both give the same logits up to float32 rounding, so greedy decoding is identical and keyed sampling
+(`row_keys`) draws the same tokens unless a uniform falls within rounding distance (~1e-6) of a cumulative-probability
+boundary.
 
 Sampling: logits / temperature -> repetition penalty -> EOS masked until `min_new_tokens` -> top-k / top-p ->
 inverse CDF with the counter-based uniforms of `row_keys` (sampling.py), or without keys a multinomial draw
@@ -173,31 +174,39 @@ def decode(stepper: Stepper, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tens
 
 
 class _PaddleNLPStepper:
-    """Decoding through the model's own forward (any PaddleNLP causal LM): `past_key_values` grown by concat."""
+    """Decoding through the model's own decoder and LM head (any PaddleNLP causal LM, as causal.completion_logprobs
+    runs them): `past_key_values` grown by concat. The head runs on the last position only: at prefill the model's
+    forward would make [P, L, V] logits (GBs at a 152k vocabulary) to keep one row of each prompt."""
 
     def __init__(self, model):
         self.model = model
+        self.decoder, self.head = model.get_decoder(), model.get_output_embeddings()
+
+    def _next_logits(self, input_ids, attention_mask, position_ids, past_key_values=None):
+        """The decoder over `input_ids` [N, S] (self.cache updated), then the head on position S - 1: [N, V] float32
+        (full vocabulary: under tensor parallelism the head gathers, as the model's forward does)."""
+        out = self.decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                           past_key_values=past_key_values, use_cache=True, return_dict=True)
+        self.cache = out.past_key_values
+        return self.head(out.last_hidden_state[:, -1:, :])[:, -1, :].astype("float32")
 
     def start(self, prompt_ids, prompt_mask, G, max_new_tokens):
         """Prefill [P, L] once; returns the next-token logits [P * G, V] float32, each prompt's rows consecutive."""
         position_ids = position_ids_from_mask(prompt_mask)
-        out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids,
-                         use_cache=True, return_dict=True)
+        logits = self._next_logits(prompt_ids, prompt_mask, position_ids)
         # Share each prompt's prefill among its G samples.
-        self.cache = _expand_cache(out.past_key_values, G)
+        self.cache = _expand_cache(self.cache, G)
         self.attention_mask = paddle.repeat_interleave(prompt_mask, G, axis=0)
         self.next_pos = paddle.repeat_interleave(position_ids[:, -1:], G, axis=0) + 1
-        return paddle.repeat_interleave(out.logits[:, -1, :].astype("float32"), G, axis=0)
+        return paddle.repeat_interleave(logits, G, axis=0)
 
     def step(self, token):
         """token [N] -> next-token logits [N, V] float32."""
         N = token.shape[0]
         self.attention_mask = paddle.concat([self.attention_mask, paddle.ones([N, 1], dtype="int64")], axis=1)
-        out = self.model(input_ids=token.unsqueeze(-1), attention_mask=self.attention_mask,
-                         position_ids=self.next_pos, past_key_values=self.cache, use_cache=True, return_dict=True)
-        self.cache = out.past_key_values
+        logits = self._next_logits(token.unsqueeze(-1), self.attention_mask, self.next_pos, self.cache)
         self.next_pos = self.next_pos + 1
-        return out.logits[:, -1, :].astype("float32")
+        return logits
 
 
 class _FastStepper:

@@ -2,6 +2,7 @@
 kernels) are for CPU runs; a GPU process must keep paddle's and the user's settings. The decision is a pure function
 of the device and PADDLE_GRPO_CPU_TUNING; `apply()` is checked in fresh processes (it applies once per process)."""
 import json
+import os
 import subprocess
 import sys
 
@@ -29,13 +30,13 @@ import paddle
 paddle.get_device = lambda: sys.argv[1]   # what the process would report on that device
 from paddle_grpo import cpu_tuning
 applied = cpu_tuning.apply()
-print(json.dumps({"applied": applied, "stride": paddle.get_flags(["FLAGS_use_stride_kernel"])["FLAGS_use_stride_kernel"],
-                  "mkl": os.environ.get("MKL_DEBUG_CPU_TYPE")}))
+stride = paddle.get_flags(["FLAGS_use_stride_kernel"])["FLAGS_use_stride_kernel"]
+print(json.dumps({"applied": applied, "stride": stride, "mkl": os.environ.get("MKL_DEBUG_CPU_TYPE")}))
 """
 
 
 def run_apply(device: str, repo_root) -> dict:
-    env = {k: v for k, v in __import__("os").environ.items()
+    env = {k: v for k, v in os.environ.items()
            if k not in ("MKL_DEBUG_CPU_TYPE", "FLAGS_use_stride_kernel", "PADDLE_GRPO_CPU_TUNING")}
     out = subprocess.run([sys.executable, "-c", APPLY_ON, device], capture_output=True, text=True, env=env,
                          cwd=repo_root, timeout=120)
