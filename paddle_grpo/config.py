@@ -345,8 +345,10 @@ class AlgorithmArguments:
                              choices=_from_algorithms("LOSS_AGG_MODES"))
     clip_range_score: float = arg(10.0, "Rewards are clipped to [-c, c] (0: no clipping).")
     clip_range_value: float = arg(5.0, "Value clip range.", **nowhere(NO_CRITIC))
-    normalize_reward: bool = arg(False, "Normalise rewards with running statistics.")
-    normalize_advantage: bool = arg(False, "Whiten advantages over the global batch.")
+    normalize_reward: bool = arg(False, "Normalise rewards with running statistics. No effect with rl_algorithm "
+                                        "grpo, as in PaddleNLP (which forces it off for GRPO).")
+    normalize_advantage: bool = arg(False, "Whiten advantages over the global batch. No effect with rl_algorithm "
+                                           "grpo, as in PaddleNLP (which forces it off for GRPO).")
     enable_overlong_reward_buffer: bool = arg(False, "DAPO overlong shaping of the reward.")
     overlong_reward_buffer: int = arg(256, "DAPO overlong buffer length L_b.")
     overlong_penalty_factor: float = arg(1.0, "DAPO overlong penalty factor.")
@@ -519,6 +521,22 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
         else 0 (docs/algorithms.md section 3)."""
         from .algorithms import reward_kl_coeff  # paddle: see _from_algorithms
         return reward_kl_coeff(self.rl_algorithm, self.kl_coeff, self.use_kl_in_reward)
+
+    # normalize_reward / normalize_advantage as PaddleNLP applies them: never for grpo (EstimatorSpec).
+    @property
+    def reward_normalization(self) -> bool:
+        """Whether rewards are normalised with running statistics: `normalize_reward`, except for grpo."""
+        return self.normalize_reward and self._normalization_keys_apply
+
+    @property
+    def advantage_normalization(self) -> bool:
+        """Whether advantages are whitened over the global batch: `normalize_advantage`, except for grpo."""
+        return self.normalize_advantage and self._normalization_keys_apply
+
+    @property
+    def _normalization_keys_apply(self) -> bool:
+        from .algorithms import advantage_estimator_spec  # paddle: see _from_algorithms
+        return advantage_estimator_spec(self.rl_algorithm).normalization_keys
 
     @property
     def lm_head_chunk_size(self) -> Optional[int]:
@@ -814,6 +832,12 @@ def inert_key_messages(cfg: Config, given: Dict[str, str], device: str) -> List[
                 out.append(f"{given['sharding_parallel_config']}: key 'sharding_parallel_config': option "
                            f"'{option}' has no effect here: {SHARDING_OPTIONS[option]}")
     out.extend(reward_kl_notes(cfg, given))
+    for key in ("normalize_reward", "normalize_advantage"):  # PaddleNLP forces both off for GRPO
+        if key in given and getattr(cfg, key) and not cfg._normalization_keys_apply:
+            out.append(f"{given[key]}: key '{key}' has no effect here: rl_algorithm {cfg.rl_algorithm!r} normalises "
+                       "each group's rewards itself, and PaddleNLP sets normalize_reward and normalize_advantage to "
+                       "false for GRPO whatever the config says (its TrainingArguments.__post_init__); so does "
+                       "paddle_grpo, so that a PaddleNLP GRPO config trains the same")
     return out
 
 

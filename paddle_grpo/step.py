@@ -604,7 +604,7 @@ def compute_advantages(rows: GlobalRows, rewards: np.ndarray, cfg: Any) -> Tuple
     mask_t = paddle.to_tensor(mask.astype(np.float32))
     token_rewards = scalar_to_token_level(paddle.to_tensor(seq_rewards.astype(np.float32)), mask_t)
     adv, _ = spec.fn(token_rewards, mask_t, index, **options)
-    if cfg.normalize_advantage:
+    if cfg.advantage_normalization:  # normalize_advantage, off for grpo as in PaddleNLP
         adv = normalize_advantage(adv, mask_t)
     adv = adv.numpy()
     m = mask.astype(bool)

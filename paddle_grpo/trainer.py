@@ -100,7 +100,7 @@ class Trainer:
                                       reward_weights=cfg.reward_weights, **(server if cfg.use_rm_server else {}),
                                       reward_model_name_or_path=cfg.reward_model_name_or_path,
                                       reward_batch_size=cfg.per_device_reward_batch_size)
-        self.normalizer = RunningRewardNormalizer() if cfg.normalize_reward else None
+        self.normalizer = RunningRewardNormalizer() if cfg.reward_normalization else None
 
         total_opt_steps = self.max_steps * self.geometry.optimizer_steps_per_step
         warmup = cfg.warmup_steps or int(cfg.warmup_ratio * total_opt_steps)

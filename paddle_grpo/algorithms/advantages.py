@@ -27,12 +27,14 @@ _ESTIMATORS = Registry("advantage estimator", EstimatorSpec)
 
 
 def register_advantage_estimator(name: str, *, kl_in_reward: str = "sequence", config_options: Sequence[str] = (),
-                                 min_group_size: int = 1, uses_groups: bool = True) -> Callable[[Callable], Callable]:
+                                 min_group_size: int = 1, uses_groups: bool = True,
+                                 normalization_keys: bool = True) -> Callable[[Callable], Callable]:
     """Decorator registering an estimator under `name` with its `EstimatorSpec` fields (see there); the defaults
     fit a group-relative estimator of outcome rewards, so `@register_advantage_estimator("mine")` is enough for
     one. The name becomes a valid `rl_algorithm`."""
     return _ESTIMATORS.register(name, kl_in_reward=kl_in_reward, config_options=config_options,
-                                min_group_size=min_group_size, uses_groups=uses_groups)
+                                min_group_size=min_group_size, uses_groups=uses_groups,
+                                normalization_keys=normalization_keys)
 
 
 def unregister_advantage_estimator(name: str) -> None:
@@ -166,7 +168,8 @@ def _broadcast(per_seq: np.ndarray, mask: paddle.Tensor, dtype: str) -> paddle.T
 
 # ---- outcome-reward estimators --------------------------------------------------------------------------------------
 
-@register_advantage_estimator("grpo", config_options=("norm_adv_by_std",))
+# normalize_reward / normalize_advantage off, as PaddleNLP forces them for GRPO (EstimatorSpec.normalization_keys).
+@register_advantage_estimator("grpo", config_options=("norm_adv_by_std",), normalization_keys=False)
 def grpo_advantage(token_level_rewards: TensorLike, response_mask: TensorLike, index: Sequence,
                    norm_adv_by_std: bool = True, epsilon: float = 1e-6) -> Tuple[paddle.Tensor, paddle.Tensor]:
     """GRPO (DeepSeekMath, arXiv 2402.03300): `A_{i,t} = m_{i,t} (R_i - mean_g R) / (std_g R + epsilon)`.

@@ -37,6 +37,9 @@ class EstimatorSpec:
     config_options: config keys passed to `fn` as keyword options of the same name (grpo: `norm_adv_by_std`).
     min_group_size: samples per prompt (`rollout_n`) the estimator needs (rloo: 2, its baseline is the others).
     uses_groups: whether `index` (which prompt each sample answers) changes the result.
+    normalization_keys: whether the config keys `normalize_reward` / `normalize_advantage` apply. False for grpo:
+        PaddleNLP's RL config sets both to False for GRPO whatever the file says (`paddlenlp/rl/utils/
+        config_utils.py`, `TrainingArguments.__post_init__`), so a PaddleNLP GRPO config trains the same here.
     """
     name: str
     fn: Callable
@@ -44,6 +47,7 @@ class EstimatorSpec:
     config_options: Tuple[str, ...] = ()
     min_group_size: int = 1
     uses_groups: bool = True
+    normalization_keys: bool = True
 
     def __post_init__(self) -> None:
         if self.kl_in_reward not in KL_IN_REWARD:
