@@ -17,6 +17,9 @@ On a GPU the plan follows PaddleNLP's trainer (docs/precision.md):
 - the kernel keys are set on the model config (PaddleNLP's `LlmMetaConfig` fields of the same names).
 Log-probs, entropies and losses are float32 whatever the plan: the logits are cast before the log-softmax.
 
+A GPU without the requested AMP dtype (bfloat16 below compute capability 8.0, e.g. V100 and T4; float16 below 7.0)
+runs float32, and the plan says so (`GpuInfo`): paddle's own AMP would switch itself off there.
+
 On a CPU everything is float32 and no kernel flag is set: paddle has no bfloat16 matmul kernel on CPU
 (docs/platform.md), and flash attention and the fused kernels are GPU kernels. The runtime side (`autocast`,
 `decorate`, `LossScale`) imports paddle only when called, so the plan itself is cheap to compute (e.g. in a dry run).
@@ -72,6 +75,42 @@ CPU_REASONS: Dict[str, str] = {
 }
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """What the plan needs to know of the GPU: its name, CUDA compute capability (major, minor), the CUDA version
+    paddle was built with (`paddle.version.cuda()`, None without CUDA) and whether paddle is a ROCm build."""
+    name: str
+    capability: Tuple[int, int]
+    cuda_version: Optional[str]
+    rocm: bool = False
+
+    def amp_unsupported(self, dtype: str) -> Optional[str]:
+        """None when paddle runs `dtype` ('bfloat16', 'float16') AMP on this GPU, else why not. paddle's own rule
+        (paddle/amp/auto_cast.py, `_is_gpu_bfloat16_supported` / `_is_gpu_float16_supported`, Paddle 3.x): bfloat16
+        needs compute capability >= 8.0 and CUDA >= 11, float16 compute capability >= 7.0; a ROCm build has both.
+        Without it `auto_cast` switches itself off and `decorate` returns without float32 master weights."""
+        if self.rocm:
+            return None
+        major, minor = self.capability
+        cuda_major = int(self.cuda_version.split(".")[0]) if (self.cuda_version or "").split(".")[0].isdigit() else 0
+        if dtype == "bfloat16" and major >= 8 and cuda_major >= 11 or dtype == "float16" and major >= 7:
+            return None
+        need = "compute capability >= 8.0 and CUDA >= 11" if dtype == "bfloat16" else "compute capability >= 7.0"
+        return (f"{self.name} (compute capability {major}.{minor}, CUDA {self.cuda_version}) has no {dtype} AMP in "
+                f"paddle, which needs {need} (its auto_cast would switch itself off, and decorate would keep no "
+                "float32 master weights); the run computes in float32")
+
+
+def gpu_info() -> GpuInfo:
+    """This process's GPU, from paddle's documented device API (paddle.device.cuda)."""
+    import paddle
+
+    return GpuInfo(name=paddle.device.cuda.get_device_name(),
+                   capability=tuple(paddle.device.cuda.get_device_capability()),
+                   cuda_version=str(paddle.version.cuda()) if paddle.version.cuda() not in (None, "False") else None,
+                   rocm=bool(paddle.is_compiled_with_rocm()))
 
 
 @dataclass(frozen=True)
@@ -232,8 +271,10 @@ def normalize_device(device: str) -> str:
     return str(device).split(":")[0].lower()
 
 
-def precision_plan(cfg: Any, device: str) -> PrecisionPlan:
+def precision_plan(cfg: Any, device: str, *, gpu: Optional[GpuInfo] = None) -> PrecisionPlan:
     """The plan for config `cfg` (a Config, or anything with its attributes) on `device` ('cpu', 'gpu', 'gpu:N').
+    `gpu`: on a GPU, what it supports (`gpu_info()`; plan_for_run passes it); None: a GPU with bfloat16 and float16
+    AMP. A GPU without the requested AMP dtype runs float32, and the plan says why (`GpuInfo.amp_unsupported`).
 
     Pure: no paddle, no I/O. Raises ValueError naming the keys for contradictory settings (bf16 with fp16, an
     fp16_opt_level other than O1/O2)."""
@@ -270,6 +311,11 @@ def precision_plan(cfg: Any, device: str) -> PrecisionPlan:
         return PrecisionPlan(device=device, model_flags=model_flags, not_applied=_ordered(not_applied))
 
     dtype, o2 = _DTYPES[amp_key], cfg.fp16_opt_level == "O2"
+    unsupported = gpu.amp_unsupported(dtype) if gpu is not None else None
+    if unsupported:
+        not_applied.append((amp_key, unsupported))
+        not_applied += _amp_detail_reasons(cfg, amp_key, f"no AMP on this GPU (see {amp_key})")
+        return PrecisionPlan(device=device, model_flags=model_flags, not_applied=_ordered(not_applied))
     if cfg.amp_master_grad and not o2:
         not_applied.append(("amp_master_grad", "applies to fp16_opt_level O2; under O1 the parameters and their "
                                                "gradients are float32 already"))
@@ -298,14 +344,18 @@ def _ordered(pairs: List[Tuple[str, str]]) -> Tuple[Tuple[str, str], ...]:
     return tuple(sorted(pairs, key=lambda kv: order.get(kv[0], len(order))))
 
 
-def plan_for_run(cfg: Any, device: Optional[str] = None, *, announce: bool = True) -> PrecisionPlan:
-    """The plan on this process's device (paddle.get_device() unless given); with `announce`, logs its one
-    `precision: ...` line (trainer start-up), as a warning when a requested key is not applied."""
+def plan_for_run(cfg: Any, device: Optional[str] = None, *, gpu: Optional[GpuInfo] = None,
+                 announce: bool = True) -> PrecisionPlan:
+    """The plan on this process's device (paddle.get_device() unless given; on a GPU, `gpu_info()` unless `gpu` is
+    given); with `announce`, logs its one `precision: ...` line (trainer start-up), as a warning when a requested
+    key is not applied."""
     if device is None:
         import paddle
 
         device = paddle.get_device()
-    plan = precision_plan(cfg, device)
+    if gpu is None and normalize_device(device) == "gpu":
+        gpu = gpu_info()
+    plan = precision_plan(cfg, device, gpu=gpu)
     if announce:
         logger.log(logging.WARNING if plan.not_applied else logging.INFO, plan.describe())
     return plan
