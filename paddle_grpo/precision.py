@@ -13,7 +13,8 @@ On a GPU the plan follows PaddleNLP's trainer (docs/precision.md):
 - with `O2`: the policy and the reference load in bfloat16/float16, `paddle.amp.decorate(level="O2",
   master_weight=True, master_grad=amp_master_grad)` keeps float32 master weights in the optimizer, and the forward
   runs under `auto_cast(level="O2")`.
-- `fp16` (either level): a dynamic loss scale (`LossScale`, GradScaler's rule and defaults); bf16 needs none.
+- `fp16` (either level): a dynamic loss scale (`LossScale`: GradScaler's rule, PaddleNLP's trainer's settings),
+  saved in checkpoints; bf16 needs none.
 - the kernel keys are set on the model config (PaddleNLP's `LlmMetaConfig` fields of the same names).
 Log-probs, entropies and losses are float32 whatever the plan: the logits are cast before the log-softmax.
 
@@ -194,20 +195,31 @@ class PrecisionPlan:
 
 
 class LossScale:
-    """A dynamic loss scale with paddle.amp.GradScaler's rule and defaults: start at 2**15; halve after
-    `decr_every_n_nan_or_inf` (2) overflowing updates in a row; double after `incr_every_n_steps` (1000) good ones.
+    """A dynamic loss scale with the rule and settings of PaddleNLP's trainer, which makes
+    `paddle.amp.GradScaler(init_loss_scaling=args.scale_loss)`: start at 2**15 (PaddleNLP's `scale_loss` default;
+    GradScaler's own default is 2**16), then GradScaler's defaults: halve after `decr_every_n_nan_or_inf` (1)
+    overflowing update, double after `incr_every_n_steps` (2000) good ones in a row. Its state (`state_dict`) is kept
+    in checkpoints, so a resumed fp16 run continues with the scale it had.
 
     Kept here rather than GradScaler itself because the update decides "finite or not" once for all ranks (the
     global gradient norm), while GradScaler decides from this rank's gradients only: under tensor parallelism the
     shards differ, and ranks would disagree on skipping a step."""
 
     def __init__(self, init_loss_scaling: float = 2.0 ** 15, incr_ratio: float = 2.0, decr_ratio: float = 0.5,
-                 incr_every_n_steps: int = 1000, decr_every_n_nan_or_inf: int = 2):
+                 incr_every_n_steps: int = 2000, decr_every_n_nan_or_inf: int = 1):
         self.scale = float(init_loss_scaling)
         self.incr_ratio, self.decr_ratio = incr_ratio, decr_ratio
         self.incr_every_n_steps, self.decr_every_n_nan_or_inf = incr_every_n_steps, decr_every_n_nan_or_inf
         self.good_in_a_row = 0
         self.bad_in_a_row = 0
+
+    def state_dict(self) -> Dict[str, float]:
+        """The scale and the counts of good / overflowing updates in a row (JSON-serialisable)."""
+        return {"scale": self.scale, "good_in_a_row": self.good_in_a_row, "bad_in_a_row": self.bad_in_a_row}
+
+    def load_state_dict(self, state: Dict[str, float]) -> None:
+        self.scale = float(state["scale"])
+        self.good_in_a_row, self.bad_in_a_row = int(state["good_in_a_row"]), int(state["bad_in_a_row"])
 
     def update(self, finite: bool) -> None:
         """Count one update whose (unscaled) gradients were finite or not, and adjust the scale."""
@@ -230,6 +242,16 @@ class Amp:
 
     def autocast(self) -> ContextManager:
         return self.plan.autocast()
+
+    def state_dict(self) -> Optional[Dict[str, float]]:
+        """What a checkpoint keeps (trainer_state.json, "loss_scale"): the loss scale's state, None without one."""
+        return None if self.loss_scale is None else self.loss_scale.state_dict()
+
+    def load_state_dict(self, state: Optional[Dict[str, float]]) -> None:
+        """Restore a checkpoint's loss scale; nothing to do without a loss scale here or a saved one there (a run
+        resumed with another precision keeps its fresh scale)."""
+        if self.loss_scale is not None and state:
+            self.loss_scale.load_state_dict(state)
 
     def scale(self, loss: Any) -> Any:
         """The loss to call backward on: loss x scale with a loss scale (gradients of small fp16 values stay

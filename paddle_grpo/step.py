@@ -645,6 +645,15 @@ class Learner:
     def parameters(self) -> list:
         return (self.pipeline if self.pipeline is not None else self.policy.model).parameters()
 
+    def amp_state(self) -> Optional[Dict[str, float]]:
+        """The fp16 loss scale's state, kept in checkpoints (None without a loss scale)."""
+        return self.amp.state_dict() if self.amp else None
+
+    def load_amp_state(self, state: Optional[Dict[str, float]]) -> None:
+        """Restore a checkpoint's loss scale (precision.Amp.load_state_dict; a no-op without AMP)."""
+        if self.amp:
+            self.amp.load_state_dict(state)
+
 
 @dataclass
 class UpdateInputs:

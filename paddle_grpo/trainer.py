@@ -228,7 +228,8 @@ class Trainer:
         return {"sampler": self.sampler.state_dict(),
                 "normalizer": self.normalizer.state_dict() if self.normalizer is not None else None,
                 "scheduler": self.learner.scheduler.state_dict(), "nonfinite_total": counters.nonfinite_total,
-                "nonfinite_in_a_row": counters.nonfinite_in_a_row, "optimizer_steps": counters.optimizer_steps}
+                "nonfinite_in_a_row": counters.nonfinite_in_a_row, "optimizer_steps": counters.optimizer_steps,
+                "loss_scale": self.learner.amp_state()}
 
     def save(self) -> None:
         """Every rank calls this: rank 0 writes; under tensor parallelism the shards of data-parallel rank 0's
@@ -269,6 +270,7 @@ class Trainer:
             self.normalizer.set_state_dict(state["normalizer"])
         self.learner.state = step.UpdateState(state["optimizer_steps"], state["nonfinite_total"],
                                               state["nonfinite_in_a_row"])
+        self.learner.load_amp_state(state.get("loss_scale"))
         self.step = state["step"]
         logger.info("resumed from %s at step %d", path, self.step)
 
