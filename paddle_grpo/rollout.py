@@ -16,7 +16,9 @@ inverse CDF with the counter-based uniforms of `row_keys` (sampling.py), or with
 (paddle's global generator, so `paddle.seed` and `paddle.get_rng_state` make a rollout reproducible). The returned
 `sample_logprobs` are the log-probs of the sampled tokens under the temperature-scaled distribution before the
 penalty/top-k/top-p/min-length processing, i.e. exactly what `completion_logprobs` recomputes with a full forward
-pass.
+pass. Under AMP the caller runs generation inside the update's autocast (step.model_precision), so the sample
+log-probs come from the same precision as the update's; the steppers cast the logits to float32, and the sampling
+maths run with autocast switched off (`full_precision`).
 
 Every per-step op on the [N, V] logits is linear in V and cheap at a 152k vocabulary (docs/platform.md: paddle's CPU
 `F.log_softmax` is superlinear in V, so it is never used): the log-prob is `z[token] - logsumexp(z)` from one
@@ -35,6 +37,7 @@ import paddle
 from .data import pad_columns
 from . import numpy_kernels
 from .policy import fast_qwen2
+from .policy.base import full_precision
 from .policy.causal import position_ids_from_mask
 from .algorithms import gather_last
 from .sampling import candidates, sample_with_uniforms, uniforms
@@ -145,20 +148,21 @@ def decode(stepper: Stepper, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tens
     lengths = np.zeros(N, dtype=np.int64)
     tokens, logps = [], []
     for t in range(max_new_tokens):
-        z = logits / temperature
-        exp_z, lse = _exp_and_logsumexp(z)
-        processed = z
-        if seen is not None:
-            processed = _penalize(processed, seen, repetition_penalty)
-        if t < min_new_tokens:  # only the EOS columns change: no [N, V] mask
-            processed = paddle.put_along_axis(processed, eos_cols, -float("inf"), axis=1)
-        if do_sample:
-            token = _sample(exp_z if processed is z else _exp_and_logsumexp(processed)[0], top_k, top_p,
-                            None if keys is None else uniforms(keys, t))
-        else:
-            token = paddle.argmax(processed, axis=-1)
-        token = paddle.where(finished, paddle.full_like(token, pad_id), token)
-        token_logp = gather_last(z, token.unsqueeze(-1)).squeeze(-1) - lse
+        with full_precision():  # under the update's autocast (step.model_precision) only the model runs in it
+            z = logits / temperature
+            exp_z, lse = _exp_and_logsumexp(z)
+            processed = z
+            if seen is not None:
+                processed = _penalize(processed, seen, repetition_penalty)
+            if t < min_new_tokens:  # only the EOS columns change: no [N, V] mask
+                processed = paddle.put_along_axis(processed, eos_cols, -float("inf"), axis=1)
+            if do_sample:
+                token = _sample(exp_z if processed is z else _exp_and_logsumexp(processed)[0], top_k, top_p,
+                                None if keys is None else uniforms(keys, t))
+            else:
+                token = paddle.argmax(processed, axis=-1)
+            token = paddle.where(finished, paddle.full_like(token, pad_id), token)
+            token_logp = gather_last(z, token.unsqueeze(-1)).squeeze(-1) - lse
         tokens.append(token)
         logps.append(paddle.where(finished, paddle.zeros_like(token_logp), token_logp))
         lengths += (~finished).numpy()

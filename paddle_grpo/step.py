@@ -316,16 +316,26 @@ class PromptEncoder:
         return ids, mask
 
 
+def model_precision(amp: Any) -> contextlib.AbstractContextManager:
+    """The context every model pass whose log-probs are compared runs in (the rollout that samples, the old and
+    reference log-probs, the update): the plan's autocast under AMP (precision.Amp), else a no-op. One precision
+    for all of them: under O1 a float32 old/reference pass against an autocast update would make the ratio differ
+    from 1 on policy and the k3 KL positive at step 0."""
+    return amp.autocast() if amp else contextlib.nullcontext()
+
+
 def rollout(policy: Policy, encode: PromptEncoder, cfg: Any, records: Sequence[dict], indices: Sequence[int],
-            G: int, *, do_sample: bool = True, keys: Optional[np.ndarray] = None) -> Rollout:
-    """G completions for each of the dataset rows `indices` (rollout.generate's contract)."""
+            G: int, *, do_sample: bool = True, keys: Optional[np.ndarray] = None, amp: Any = None) -> Rollout:
+    """G completions for each of the dataset rows `indices` (rollout.generate's contract); the model under
+    `model_precision(amp)` (the sampling maths stay float32: rollout.decode)."""
     prompt_ids, prompt_mask = encode(records, indices)
     tokenizer = encode.tokenizer
-    return policy.generate(prompt_ids, prompt_mask, num_samples=G, max_new_tokens=cfg.max_dec_len,
-                           min_new_tokens=cfg.min_dec_len, eos_token_ids=sorted({tokenizer.eos_token_id}),
-                           pad_token_id=tokenizer.pad_token_id, temperature=cfg.temperature, top_p=cfg.top_p,
-                           top_k=cfg.top_k, repetition_penalty=cfg.repetition_penalty, do_sample=do_sample,
-                           max_num_seqs=cfg.rollout_max_num_seqs, row_keys=keys)
+    with model_precision(amp):
+        return policy.generate(prompt_ids, prompt_mask, num_samples=G, max_new_tokens=cfg.max_dec_len,
+                               min_new_tokens=cfg.min_dec_len, eos_token_ids=sorted({tokenizer.eos_token_id}),
+                               pad_token_id=tokenizer.pad_token_id, temperature=cfg.temperature, top_p=cfg.top_p,
+                               top_k=cfg.top_k, repetition_penalty=cfg.repetition_penalty, do_sample=do_sample,
+                               max_num_seqs=cfg.rollout_max_num_seqs, row_keys=keys)
 
 
 def completion_texts(tokenizer: Any, rollout: Rollout) -> List[str]:
@@ -356,10 +366,11 @@ def score(par: ParallelContext, rewarder: Any, use_rm_server: bool, records: Seq
 
 
 def collect(par: ParallelContext, policy: Policy, encode: PromptEncoder, rewarder: Any, sampler: PromptSampler,
-            records: Sequence[dict], cfg: Any, prompts_per_rank: int, step: int) -> Tuple[Batch, CollectMetrics]:
+            records: Sequence[dict], cfg: Any, prompts_per_rank: int, step: int,
+            amp: Any = None) -> Tuple[Batch, CollectMetrics]:
     """Sample and score this rank's share of the step's prompts; with DAPO dynamic sampling, more rounds until every
     rank has `prompts_per_rank` groups with reward variance (or `max_gen_batches` rounds). Sampling noise is keyed
-    by (seed, step, round, global row): the same samples on 1 or N ranks."""
+    by (seed, step, round, global row): the same samples on 1 or N ranks. `amp`: see `model_precision`."""
     G = cfg.rollout_n
     metrics = CollectMetrics()
     kept: List[Tuple[Batch, int]] = []   # (round batch, group) in the order the step keeps them
@@ -371,7 +382,8 @@ def collect(par: ParallelContext, policy: Policy, encode: PromptEncoder, rewarde
         mine = [global_indices[p] for p in positions]
         rows = (np.asarray(positions)[:, None] * G + np.arange(G)[None, :]).reshape(-1)
         t0 = time.perf_counter()
-        sampled = rollout(policy, encode, cfg, records, mine, G, keys=row_keys(cfg.seed, step * 1000 + rounds, rows))
+        sampled = rollout(policy, encode, cfg, records, mine, G, keys=row_keys(cfg.seed, step * 1000 + rounds, rows),
+                          amp=amp)
         t1 = time.perf_counter()
         texts = completion_texts(encode.tokenizer, sampled)
         batch = Batch.from_rollout(sampled, texts, score(par, rewarder, cfg.use_rm_server, records, mine, sampled,
@@ -509,12 +521,13 @@ def _in_row_order(parts: List[paddle.Tensor], plan: List[MicroBatch], width: int
 
 
 @paddle.no_grad()
-def logprobs(policy: Policy, batch: Batch, cfg: Any, vocab_parallel: Any = None, with_entropy: bool = False
-             ) -> Tuple[paddle.Tensor, Optional[paddle.Tensor]]:
+def logprobs(policy: Policy, batch: Batch, cfg: Any, vocab_parallel: Any = None, with_entropy: bool = False,
+             amp: Any = None) -> Tuple[paddle.Tensor, Optional[paddle.Tensor]]:
     """Per-token log-probs [n, T] (and entropy) of the batch's completions under `policy`, in micro-batches of
     per_device_logprob_batch_size rows (sorted by length and trimmed with use_remove_padding or
-    max_tokens_per_micro_batch: `plan_micro_batches`), in eval mode (no dropout), as the rollout that sampled them.
-    Padding positions hold meaningless values (0 beyond a trimmed micro-batch's width)."""
+    max_tokens_per_micro_batch: `plan_micro_batches`), in eval mode (no dropout), as the rollout that sampled them,
+    and at the update's precision (`model_precision(amp)`). Padding positions hold meaningless values (0 beyond a
+    trimmed micro-batch's width)."""
     out, ent = [], []
     n, T = batch.completion_ids.shape
     plan = plan_micro_batches(batch.prompt_mask.numpy(), batch.completion_mask.numpy(), np.arange(n),
@@ -524,8 +537,9 @@ def logprobs(policy: Policy, batch: Batch, cfg: Any, vocab_parallel: Any = None,
     model.eval()
     try:
         for mb in plan:
-            lp, e = policy.logprobs(*mb.inputs(batch), temperature=cfg.temperature, with_entropy=with_entropy,
-                                    vocab_parallel=vocab_parallel)
+            with model_precision(amp):  # float32 log-probs out either way
+                lp, e = policy.logprobs(*mb.inputs(batch), temperature=cfg.temperature, with_entropy=with_entropy,
+                                        vocab_parallel=vocab_parallel)
             out.append(lp)
             ent.append(e)
     finally:
@@ -535,14 +549,14 @@ def logprobs(policy: Policy, batch: Batch, cfg: Any, vocab_parallel: Any = None,
 
 
 def reference_logprobs(policy: Policy, reference: Optional[Policy], batch: Batch, cfg: Any,
-                       vocab_parallel: Any = None) -> Optional[paddle.Tensor]:
+                       vocab_parallel: Any = None, amp: Any = None) -> Optional[paddle.Tensor]:
     """Log-probs under the reference model: the frozen copy, or under LoRA the policy with its adapters disabled
-    (the base model, exactly); None when no KL term needs them."""
+    (the base model, exactly); None when no KL term needs them. At the update's precision (`model_precision`)."""
     if reference is not None:
-        return logprobs(reference, batch, cfg, vocab_parallel)[0]
+        return logprobs(reference, batch, cfg, vocab_parallel, amp=amp)[0]
     if cfg.lora and cfg.needs_reference_model:
         with policy.adapters_disabled():
-            return logprobs(policy, batch, cfg, vocab_parallel)[0]
+            return logprobs(policy, batch, cfg, vocab_parallel, amp=amp)[0]
     return None
 
 
@@ -693,7 +707,7 @@ def _micro_batch(learner: Learner, inputs: UpdateInputs, mb: MicroBatch, agg: Di
                  vocab_parallel: Any) -> Tuple[np.ndarray, bool]:
     """Forward + backward of one micro-batch (skipped backward when its loss is not finite). A trimmed micro-batch
     loses only masked columns, which add nothing to the loss (global denominators: `agg`)."""
-    with learner.amp.autocast() if learner.amp else contextlib.nullcontext():  # float32 logits out either way
+    with model_precision(learner.amp):  # float32 log-probs out either way
         # The entropy is logged every step; it takes a gradient only when the loss has an entropy bonus ("detached":
         # no graph for it, and the chunked head's backward skips its term).
         lp, entropy = learner.policy.logprobs(*mb.inputs(inputs.batch), temperature=cfg.temperature,

@@ -134,18 +134,18 @@ class Trainer:
     def train_step(self) -> Dict[str, float]:
         """One step of step.py's phases; returns its metrics (docs/algorithms.md section 7). The step's batch is
         kept as `self.batch`."""
-        cfg, par, geo = self.cfg, self.par, self.geometry
+        cfg, par, geo, amp = self.cfg, self.par, self.geometry, self.learner.amp  # amp: step.model_precision
         t_start = time.perf_counter()
         batch, collected = step.collect(par, self.policy, self.encode, self.rewarder, self.sampler,
-                                        self.train_records, cfg, geo.prompts_per_rank, self.step)
+                                        self.train_records, cfg, geo.prompts_per_rank, self.step, amp)
         batch = par.from_first_stage(batch)  # pipeline stages train on the first stage's batch
         batch = step.balance(par, batch, cfg, geo.sequences_per_mini_batch, self.tokenizer.pad_token_id)
 
         t0 = time.perf_counter()
-        ref_lp = step.reference_logprobs(self.policy, self.reference, batch, cfg, par.vocab_parallel)
+        ref_lp = step.reference_logprobs(self.policy, self.reference, batch, cfg, par.vocab_parallel, amp)
         reference_s = time.perf_counter() - t0 if ref_lp is not None else 0.0
         on_policy = geo.optimizer_steps_per_step == 1
-        old_lp = None if on_policy else step.logprobs(self.policy, batch, cfg, par.vocab_parallel)[0]
+        old_lp = None if on_policy else step.logprobs(self.policy, batch, cfg, par.vocab_parallel, False, amp)[0]
         # The reward's KL uses the sampling policy's log-probs: recomputed when off-policy, else the rollout's own
         # (equal to a recomputation up to float rounding, and free).
         old_for_reward = None
@@ -192,7 +192,7 @@ class Trainer:
             idx = shard[s:s + cfg.per_device_eval_batch_size]
             keys = row_keys(cfg.seed + 1, self.step, np.asarray(idx)) if cfg.eval_do_sample else None
             sampled = step.rollout(self.policy, self.encode, cfg, self.eval_records, idx, 1,
-                                   do_sample=cfg.eval_do_sample, keys=keys)
+                                   do_sample=cfg.eval_do_sample, keys=keys, amp=self.learner.amp)
             texts = step.completion_texts(self.tokenizer, sampled)
             result = step.score(par, self.rewarder, cfg.use_rm_server, self.eval_records, idx, sampled, texts, 1)
             rewards.extend(result.scores)
