@@ -10,7 +10,7 @@ import json
 import sys
 
 import pytest
-from launch_helpers import checkpoint_drift, launch, run, write_config
+from launch_helpers import assert_checkpoints_match, assert_metrics_match, launch, run, write_config
 
 SUBJECTS = ["Ann", "Bob and the tall knight from the northern hills who never lies", "Cid",
             "Dan, Eve and Fay, three knaves who always lie about each other", "Gus", "Hal the knave", "Ivy",
@@ -32,15 +32,9 @@ def test_two_balanced_ranks_match_one_unbalanced_process(tmp_path, tiny_policy_d
     one = [json.loads(line) for line in open(tmp_path / "one" / "metrics.jsonl")]
     two = [json.loads(line) for line in open(tmp_path / "two" / "metrics.jsonl")]
     assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2]
-    compared = 0
-    for a, b in zip(one, two):
-        assert set(a) == set(b)
-        for key in a:
-            if not key.startswith("perf/"):
-                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (a["step"], key)
-                compared += 1
-    assert compared > 30 and one[0]["train/reward_std"] > 0
-    moved, diff = checkpoint_drift(tmp_path / "one", tmp_path / "two", tiny_policy_dir)
-    assert moved > 1e-3 and diff < 2e-6, (moved, diff)
+    # float32 sums in another order (launch_helpers.TINY_REL_TOL); rewards and lengths are exactly equal
+    assert assert_metrics_match(one, two) > 30 and one[0]["train/reward_std"] > 0
+    # 2 steps x 2 mini-batches: 4 Adam steps of lr 1e-3 (numerics.assert_adam_close)
+    assert_checkpoints_match(tmp_path / "one", tmp_path / "two", tiny_policy_dir, 4)
     log = (tmp_path / "log" / "workerlog.0").read_text() + (tmp_path / "log" / "workerlog.1").read_text()
     assert "Traceback" not in log

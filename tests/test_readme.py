@@ -19,6 +19,19 @@ def test_ci_runs_the_readme_install_and_test_commands(repo_root):
         assert re.search(rf"^{re.escape(command)}$", ci, re.M), f".ci/run does not run `{command}`"
 
 
+def test_ci_reruns_the_numerics_tests_as_the_readme_and_platform_doc_say(repo_root):
+    # .ci/run's one extra command (the tests marked `numerics` again, on other CPU kernels) is the one README's
+    # "Run the tests" and docs/platform.md show, and pytest.ini registers the marker.
+    ci = (repo_root / ".ci" / "run").read_text(encoding="utf-8")
+    reruns = re.findall(r"^(.*python -m pytest -m numerics)$", ci, re.M)
+    assert len(reruns) == 1, ".ci/run must rerun the `numerics` tests once"
+    assert re.search(r"^rerun=\$\?$", ci, re.M) and re.search(r'^exit "\$rerun"$', ci, re.M), "its status must count"
+    section = (repo_root / "README.md").read_text(encoding="utf-8").split("## Run the tests")[1].split("\n## ")[0]
+    assert f"`{reruns[0]}`" in section
+    assert reruns[0] in fenced_commands((repo_root / "docs" / "platform.md").read_text(encoding="utf-8"))
+    assert re.search(r"^    numerics: ", (repo_root / "pytest.ini").read_text(encoding="utf-8"), re.M)
+
+
 def test_files_named_in_readme_exist(repo_root):
     readme = (repo_root / "README.md").read_text(encoding="utf-8")
     for path in set(re.findall(r"\b((?:configs|docs|tools)/[\w./-]+\.(?:yaml|md|py))", readme)):

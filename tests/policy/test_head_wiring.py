@@ -19,6 +19,7 @@ from paddle_grpo.policy.base import freeze
 from paddle_grpo.policy.lm_head import LMHead, head_logprobs, lm_head_of
 from paddle_grpo.precision import precision_plan
 from lora_helpers import randomize_adapters
+from numerics import assert_adam_close, f32_sum_tol
 
 V, N, L, T = 97, 3, 6, 5                  # n * T = 15 positions
 CHUNKS = (1, 3, 7, N * T, N * T + 4)
@@ -396,7 +397,7 @@ def test_trainer_step_is_the_same_with_the_chunked_head(tiny_policy_dir, tmp_pat
     rows = [{"src": f"<|im_start|>user\nWho is {n}?<|im_end|>\n<|im_start|>assistant\n", "tgt": "x"}
             for n in ("Ann", "Bob", "Cid", "Dan")]
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    results = []
+    results, befores = [], []
     for fused in (False, True):
         out = tmp_path / f"out{fused}"
         cfg = config_from_dict(dict(
@@ -411,12 +412,21 @@ def test_trainer_step_is_the_same_with_the_chunked_head(tiny_policy_dir, tmp_pat
         assert trainer.policy.head_chunk_size == (5 if fused else None)
         if trainer.reference is not None:
             assert trainer.reference.head_chunk_size == trainer.policy.head_chunk_size
+        befores.append({n: p.numpy().copy() for n, p in trainer.policy.model.named_parameters()})
         metrics = trainer.train_step()
         results.append((metrics, {n: p.numpy().copy() for n, p in trainer.policy.model.named_parameters()}))
     (m0, p0), (m1, p1) = results
+    before = befores[0]
+    assert all(np.array_equal(before[n], befores[1][n]) for n in before)  # the same start
+    # The tiny policy (2 layers, hidden 64, vocab 320) on 8 rows of at most 40 positions: about 42 chained float32
+    # sums forward and backward, the longest over 320 positions (numerics.f32_sum_tol). A metric that is a mean whose
+    # terms (~1) cancel (the policy loss) is off by at most `cancel` absolutely.
+    rel, cancel = f32_sum_tol(320, 1.0, depth=42), f32_sum_tol(320, 1.0)
     compared = [k for k in m0 if k.startswith(("train/", "response_length/")) and k != "train/lr"]
     assert {"train/policy_loss", "train/entropy", "train/kl_loss"} <= set(compared)
     for key in compared:
-        np.testing.assert_allclose(m1[key], m0[key], rtol=1e-4, atol=1e-5, err_msg=key)
-    for name in p0:
-        np.testing.assert_allclose(p1[name], p0[name], rtol=0, atol=2e-5, err_msg=name)
+        np.testing.assert_allclose(m1[key], m0[key], rtol=rel, atol=cancel, err_msg=key)
+    # One AdamW step of lr 2e-3 (LoRA: only the adapters move; the frozen weights must stay equal).
+    trained = {n for n in p0 if np.abs(p0[n] - before[n]).max() > 0}
+    assert trained and all(np.array_equal(p1[n], p0[n]) for n in set(p0) - trained)
+    assert_adam_close({n: p0[n] for n in trained}, {n: p1[n] for n in trained}, before, lr=2e-3, steps=1, rel=rel)

@@ -250,11 +250,19 @@ _MEMORY_SCRIPT = textwrap.dedent("""
     import paddle
     from paddle_grpo.policy.lm_head import chunked_logprobs_and_entropy
 
-    def peak_mb():
-        # VmHWM: this process image's peak RSS. (ru_maxrss is not: after fork + exec it starts at the parent's
-        # RSS, so a large pytest process would hide the measured growth.)
+    def status_mb(key):
         with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+            return next(int(line.split()[1]) for line in f if line.startswith(key + ":")) / 1024
+
+    def peak_growth_mb(fn):
+        # VmHWM (this process image's peak RSS), reset to the current RSS by writing 5 to /proc/self/clear_refs, so
+        # each phase is measured from where it starts. (ru_maxrss is not usable: after fork + exec it starts at the
+        # parent's RSS, so a large pytest process would hide the measured growth.)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        start = status_mb("VmRSS")
+        fn()
+        return status_mb("VmHWM") - start
 
     def run(n, t, hid, v, chunk):
         paddle.seed(0)
@@ -267,11 +275,9 @@ _MEMORY_SCRIPT = textwrap.dedent("""
 
     n, t, hid, v, chunk = (int(x) for x in sys.argv[1:])
     run(1, 2, hid, 64, 1)                    # warm-up on a tiny shape: kernels loaded, nothing of size V
-    base = peak_mb()
-    run(n, t, hid, v, chunk)
-    chunked = peak_mb() - base
-    run(n, t, hid, v, n * t)                 # one chunk: the unchunked path, to show the measure can see it
-    print(json.dumps({"chunked_mb": chunked, "unchunked_mb": peak_mb() - base - chunked}))
+    chunked = peak_growth_mb(lambda: run(n, t, hid, v, chunk))
+    unchunked = peak_growth_mb(lambda: run(n, t, hid, v, n * t))  # one chunk: the unchunked path
+    print(json.dumps({"chunked_mb": chunked, "unchunked_mb": unchunked}))
 """)
 
 
@@ -282,5 +288,10 @@ def test_peak_memory_of_forward_and_backward_is_bounded_by_the_chunk_not_the_pos
     out = subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT, str(n), str(t), str(hid), str(v), str(chunk)],
                          capture_output=True, text=True, env=env, timeout=120, check=True)
     measured = json.loads(out.stdout.strip().splitlines()[-1])
-    assert measured["chunked_mb"] < full_mb / 4, measured
-    assert measured["unchunked_mb"] > full_mb, measured
+    # Ratios with margin, not megabytes: how much of a phase's memory is new pages depends on the allocator and on
+    # what earlier phases left resident (2026-11-25, AMD EPYC: 17.4 and 389.4 MB; the unchunked path's logits alone
+    # are 390.6 MB, but freed memory was reused). The unchunked path must show at least half of its logits (the
+    # measure sees them), and the chunked one at most a quarter of that: its logits-sized buffers are
+    # chunk / positions = 1/64 as large, plus the weight and its gradient (2 x 3.2 MB) in both paths.
+    assert measured["unchunked_mb"] > full_mb / 2, measured
+    assert measured["chunked_mb"] < measured["unchunked_mb"] / 4, measured
