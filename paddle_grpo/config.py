@@ -754,6 +754,7 @@ def load_config(path: Union[str, os.PathLike, None] = None, overrides: Sequence[
     _apply(_parse_overrides(list(overrides)), _Source(), values, given)
     cfg = Config(**values)
     validate(cfg, given)
+    cfg._given = dict(given)  # given_keys
     if warn:
         for message in inert_key_messages(cfg, given, device or default_device()):
             logger.warning(message)
@@ -992,7 +993,14 @@ def config_from_dict(values: Dict[str, Any], **kwargs: Any) -> Config:
     _apply(values, _Source("<dict>"), cfg_values, given)
     cfg = Config(**cfg_values)
     validate(cfg, given)
+    cfg._given = dict(given)  # given_keys
     return cfg
+
+
+def given_keys(cfg: Config) -> Dict[str, str]:
+    """The keys the file or command line set (key -> 'file:line', 'command line' or '<dict>'); {} for a Config built
+    directly."""
+    return dict(getattr(cfg, "_given", {}))
 
 
 def dump_config(cfg: Config, path: Union[str, os.PathLike]) -> None:
