@@ -34,10 +34,10 @@ class MetricsLogger:
             # One record file per output_dir, rewritten at every start from metrics.jsonl and rollouts.jsonl (which
             # a resume has cut back to the checkpoint's step): VisualDL then shows one history, as metrics.jsonl.
             vdl_dir = os.path.join(logging_dir, run_name) if run_name else logging_dir
-            record = os.path.join(vdl_dir, record_file_name(output_dir))
+            record = record_path(vdl_dir, output_dir)
             if os.path.exists(record):  # LogWriter would append to it
                 os.remove(record)
-            self.writer = LogWriter(logdir=vdl_dir, file_name=os.path.basename(record))
+            self.writer = LogWriter(logdir=os.path.dirname(record), file_name=os.path.basename(record))
             self._replay()
             logger.info("VisualDL logs in %s; to view them: %s", logging_dir, visualdl_command(logging_dir))
         if not disable_tqdm:
@@ -104,9 +104,30 @@ class MetricsLogger:
             self.writer.close()
 
 
+def record_path(vdl_dir: str, output_dir: str) -> str:
+    """Where the run in `output_dir` writes its VisualDL record under `vdl_dir`: `vdl_dir/<record_file_name>`,
+    unless `vdl_dir` already holds another run's record. VisualDL shows one record per directory (the last by name,
+    `LogReader.logs`), so two runs' records side by side would hide one of them: the run then writes into its own
+    subfolder `vdl_dir/<output_dir's name>-<hash>/` (VisualDL shows each folder as a run) and says so. A run that
+    wrote there before (a resume) finds its record again, in either place."""
+    name = record_file_name(output_dir)
+    own_folder = os.path.join(vdl_dir, name[len("vdlrecords."):-len(".log")])
+    if os.path.exists(os.path.join(vdl_dir, name)):
+        return os.path.join(vdl_dir, name)
+    if os.path.exists(os.path.join(own_folder, name)):
+        return os.path.join(own_folder, name)
+    others = sorted(f for f in os.listdir(vdl_dir) if "vdlrecords" in f) if os.path.isdir(vdl_dir) else []
+    if not others:
+        return os.path.join(vdl_dir, name)
+    logger.warning("logging_dir %s already holds another run's VisualDL record (%s), and VisualDL shows one record "
+                   "per folder: this run's record goes to %s, which VisualDL shows as a run of its own (`%s` shows "
+                   "both)", vdl_dir, others[0], own_folder, visualdl_command(vdl_dir))
+    return os.path.join(own_folder, name)
+
+
 def record_file_name(output_dir: str) -> str:
-    """The VisualDL record file of the run in `output_dir` (VisualDL reads files named `vdlrecords.*`); runs with
-    different output_dirs sharing one logging_dir keep their own files."""
+    """The VisualDL record file of the run in `output_dir` (VisualDL reads files named `vdlrecords.*`), named after
+    output_dir, so that a run finds its own record again (record_path)."""
     path = os.path.abspath(output_dir)
     digest = hashlib.sha1(path.encode("utf-8")).hexdigest()[:8]
     return f"vdlrecords.{os.path.basename(path) or 'run'}-{digest}.log"
