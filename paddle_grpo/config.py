@@ -558,6 +558,18 @@ class BatchGeometry:
     grad_accum_steps: int           # micro-batches per optimizer step, per rank
     optimizer_steps_per_step: int   # mini_batches_per_rollout * update_iters
 
+    def __str__(self) -> str:
+        """One line for the start-up log: what one step samples and how it is split into optimizer steps."""
+        def n(count: int, what: str) -> str:
+            return f"{count} {what}" if count == 1 else f"{count} {what}{'es' if what.endswith('ch') else 's'}"
+
+        samples = self.sequences_per_rank // max(1, self.prompts_per_rank)
+        return (f"{n(self.data_parallel_degree, 'data-parallel rank')} x {n(self.prompts_per_rank, 'prompt')} x "
+                f"{samples} samples = {self.sequences_per_rank} sequences per rank per step; "
+                f"{n(self.optimizer_steps_per_step, 'optimizer step')} per step "
+                f"({n(self.mini_batches_per_rollout, 'mini-batch')} of {self.sequences_per_mini_batch} sequences "
+                f"per rank, {n(self.grad_accum_steps, 'micro-batch')} each)")
+
     @classmethod
     def from_config(cls, cfg: Config, world_size: int) -> BatchGeometry:
         model_ranks = cfg.tensor_parallel_degree * cfg.pipeline_parallel_degree

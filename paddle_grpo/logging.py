@@ -1,4 +1,7 @@
-"""Where metrics go: `<output_dir>/metrics.jsonl`, VisualDL (`report_to: visualdl`), a tqdm bar, rollout samples.
+"""Where metrics go: `<output_dir>/metrics.jsonl`, VisualDL (`report_to: visualdl`), progress, rollout samples.
+
+Progress: a tqdm bar on a terminal; when stderr is not a terminal (a log file, a pipe, a job scheduler), plain lines
+instead (`PlainProgress`), since a bar's carriage-return updates all land on one line of a file.
 
 Only rank 0 writes; other ranks get a logger whose methods do nothing. Each step appends exactly one JSON object per
 line to metrics.jsonl (`{"step": N, "train/reward": ...}`), so a crashed run keeps every finished step.
@@ -11,7 +14,9 @@ import logging as _pylogging
 import math
 import os
 import shlex
-from typing import Any, Mapping, Optional
+import sys
+import time
+from typing import Any, Callable, Mapping, Optional
 
 logger = _pylogging.getLogger("paddle_grpo")
 
@@ -40,7 +45,9 @@ class MetricsLogger:
             self.writer = LogWriter(logdir=os.path.dirname(record), file_name=os.path.basename(record))
             self._replay()
             logger.info("VisualDL logs in %s; to view them: %s", logging_dir, visualdl_command(logging_dir))
-        if not disable_tqdm:
+        if not disable_tqdm and not sys.stderr.isatty():
+            self.bar = PlainProgress(total_steps, initial_step)
+        elif not disable_tqdm:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total_steps, initial=initial_step, desc="train", unit="step", dynamic_ncols=True)
@@ -62,6 +69,9 @@ class MetricsLogger:
             return
         shown = {k.split("/")[-1]: f"{metrics[k]:.3g}" for k in ("train/reward", "perf/step_s", "eval/accuracy")
                  if k in metrics}
+        if isinstance(self.bar, PlainProgress):
+            self.bar.update_to(step, shown)
+            return
         self.bar.set_postfix(shown, refresh=False)
         self.bar.update(step - self.bar.n)
 
@@ -102,6 +112,46 @@ class MetricsLogger:
             self.bar.close()
         if self.writer is not None:
             self.writer.close()
+
+
+class PlainProgress:
+    """Progress as whole lines on stderr, for output that is not a terminal: a line every `every` steps (default:
+    about 30 lines per run), at least one a minute, and at the last step.
+
+        train: step 30/300 (10%), 0:00:45 elapsed, about 0:06:45 left: reward 0.512, step_s 1.73, accuracy 0.502
+    """
+
+    def __init__(self, total: Optional[int], initial: int = 0, every: Optional[int] = None,
+                 min_interval_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        self.total, self.n, self.first = total, initial, initial
+        self.every = every or max(1, (total or 0) // 30)
+        self.min_interval_s, self.clock = min_interval_s, clock
+        self.t0 = self.last = clock()
+
+    def update_to(self, step: int, shown: Mapping[str, str]) -> None:
+        self.n = step
+        now = self.clock()
+        if step % self.every and step != self.total and now - self.last < self.min_interval_s:
+            return
+        self.last = now
+        elapsed = now - self.t0
+        line = f"train: step {step}"
+        if self.total:
+            line += f"/{self.total} ({100 * step // self.total}%)"
+        line += f", {_clock(elapsed)} elapsed"
+        if self.total and step > self.first and step < self.total:
+            line += f", about {_clock(elapsed / (step - self.first) * (self.total - step))} left"
+        if shown:
+            line += ": " + ", ".join(f"{k} {v}" for k, v in shown.items())
+        print(line, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def record_path(vdl_dir: str, output_dir: str) -> str:
