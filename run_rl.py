@@ -6,7 +6,8 @@
 
 CONFIG is a flat YAML/JSON file with PaddleNLP's keys (docs/configuration.md); `--key value` pairs override it.
 The configuration is validated before anything heavy is imported; a problem with the configuration, the data, the
-model directory or the reward server exits with status 2 and a message that names the file, line or key.
+model directory or the reward server exits with status 2 and a message that names the file, line or key (the data
+files and local model directories are checked first, as --dry_run checks them: dry_run.preflight).
 `--dry_run` (paddle_grpo/dry_run.py) checks the data, model, reward and parallel layout without training, prints the
 keys that have no effect on this device and the launch command, and exits 0 when that launch could start.
 """
@@ -21,7 +22,7 @@ SCRIPT = os.path.relpath(__file__) if not os.path.relpath(__file__).startswith("
 def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from paddle_grpo.config import ConfigError, LayoutError, default_device, parse_args
-    from paddle_grpo.dry_run import launch_command, split_dry_run
+    from paddle_grpo.dry_run import launch_command, preflight, split_dry_run
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -37,6 +38,11 @@ def main(argv=None):
         from paddle_grpo.dry_run import dry_run
 
         return dry_run(cfg, argv, default_device(), SCRIPT)
+    missing = preflight(cfg)  # the dry run's file checks: a missing file is named by its key, not by PaddleNLP
+    for problem in missing:
+        print(f"run_rl.py: error: {problem}", file=sys.stderr)
+    if missing:
+        return 2
     if os.environ.get("PADDLE_TRAINER_ID", "0") == "0":  # rank 0 under paddle.distributed.launch
         print(f"configuration: the keys that differ from the defaults (all keys: {cfg.output_dir}/config.yaml)")
         print(cfg.format(only_changed=True), end="", flush=True)

@@ -383,7 +383,14 @@ class LoggingArguments:
                                     "overwrite_output_dir.")
     overwrite_output_dir: bool = arg(False, "Delete a previous run in output_dir (metrics, samples, checkpoints, "
                                             "its VisualDL record) and train from scratch instead of resuming it.")
-    logging_dir: str = arg("vdl_log", "VisualDL log directory.")
+    logging_dir: str = arg("vdl_log", "VisualDL log directory. One inside the file's output_dir follows an "
+                                      "output_dir given on the command line (`--output_dir X` turns the file's "
+                                      "`output/quickstart/vdl_log` into `X/vdl_log`), unless logging_dir is given "
+                                      "there too. A run whose logging_dir already holds another run's VisualDL "
+                                      "record (VisualDL shows one record per folder) writes its own into the "
+                                      "subfolder `<output_dir name>-<hash>`, with a warning; a resumed run finds its "
+                                      "record again. PaddleNLP's default is `<output_dir>/runs/<date>_<host>`, a new "
+                                      "folder at every start; here a resume rebuilds one record per run.")
     logging_steps: int = arg(1, "Log sample completions every this many steps.")
     report_to: str = arg("visualdl", "visualdl, all, wandb or tensorboard (all three: VisualDL here, with a "
                                      "one-line warning for wandb/tensorboard) or none.", choices=REPORT_TO)
@@ -568,6 +575,18 @@ class BatchGeometry:
     sequences_per_mini_batch: int   # per rank
     grad_accum_steps: int           # micro-batches per optimizer step, per rank
     optimizer_steps_per_step: int   # mini_batches_per_rollout * update_iters
+
+    def __str__(self) -> str:
+        """One line for the start-up log: what one step samples and how it is split into optimizer steps."""
+        def n(count: int, what: str) -> str:
+            return f"{count} {what}" if count == 1 else f"{count} {what}{'es' if what.endswith('ch') else 's'}"
+
+        samples = self.sequences_per_rank // max(1, self.prompts_per_rank)
+        return (f"{n(self.data_parallel_degree, 'data-parallel rank')} x {n(self.prompts_per_rank, 'prompt')} x "
+                f"{samples} samples = {self.sequences_per_rank} sequences per rank per step; "
+                f"{n(self.optimizer_steps_per_step, 'optimizer step')} per step "
+                f"({n(self.mini_batches_per_rollout, 'mini-batch')} of {self.sequences_per_mini_batch} sequences "
+                f"per rank, {n(self.grad_accum_steps, 'micro-batch')} each)")
 
     @classmethod
     def from_config(cls, cfg: Config, world_size: int) -> BatchGeometry:
@@ -769,13 +788,39 @@ def load_config(path: Union[str, os.PathLike, None] = None, overrides: Sequence[
     if path is not None:
         file_values, lines = _read_file(path)
         _apply(file_values, _Source(path, lines), values, given)
+    dirs_before = {k: values.get(k, FIELDS[k].default) for k in ("output_dir", "logging_dir")}
+    command_line = {ALIASES.get(k, k) for k in _parse_overrides(list(overrides))}
     _apply(_parse_overrides(list(overrides)), _Source(), values, given)
+    _follow_output_dir(values, dirs_before, command_line)
     cfg = Config(**values)
     validate(cfg, given)
+    cfg._given = dict(given)  # given_keys
     if warn:
         for message in inert_key_messages(cfg, given, device or default_device()):
             logger.warning(message)
     return cfg
+
+
+def _inside(path: str, directory: str) -> bool:
+    path, directory = os.path.abspath(path), os.path.abspath(directory)
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+def _follow_output_dir(values: Dict[str, Any], before: Dict[str, str], command_line: set) -> None:
+    """A logging_dir inside the file's output_dir follows an output_dir given on the command line (the file's
+    `output/quickstart/vdl_log` becomes `X/vdl_log` with `--output_dir X`), so that a second run's VisualDL record
+    does not land in the first run's folder; a logging_dir given on the command line, or one outside the file's
+    output_dir (a folder shared by runs on purpose), stays as it is."""
+    if "output_dir" not in command_line or "logging_dir" in command_line or not before["logging_dir"]:
+        return
+    if not _inside(before["logging_dir"], before["output_dir"]):
+        return
+    rel = os.path.relpath(os.path.abspath(before["logging_dir"]), os.path.abspath(before["output_dir"]))
+    moved = os.path.normpath(os.path.join(values["output_dir"], rel))
+    if moved != os.path.normpath(before["logging_dir"]):
+        values["logging_dir"] = moved
+        logger.info("logging_dir follows --output_dir: %s (the file's %s lies inside its output_dir %s; give "
+                    "--logging_dir to choose another)", moved, before["logging_dir"], before["output_dir"])
 
 
 def default_device() -> str:
@@ -1016,7 +1061,14 @@ def config_from_dict(values: Dict[str, Any], **kwargs: Any) -> Config:
     _apply(values, _Source("<dict>"), cfg_values, given)
     cfg = Config(**cfg_values)
     validate(cfg, given)
+    cfg._given = dict(given)  # given_keys
     return cfg
+
+
+def given_keys(cfg: Config) -> Dict[str, str]:
+    """The keys the file or command line set (key -> 'file:line', 'command line' or '<dict>'); {} for a Config built
+    directly."""
+    return dict(getattr(cfg, "_given", {}))
 
 
 def dump_config(cfg: Config, path: Union[str, os.PathLike]) -> None:

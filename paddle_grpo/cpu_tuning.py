@@ -90,5 +90,17 @@ def apply(device: Optional[str] = None) -> Dict[str, Any]:
         paddle.set_flags({"FLAGS_use_stride_kernel": False})
         _applied["FLAGS_use_stride_kernel"] = False
     if _applied:
-        logger.info("CPU tuning applied: %s (PADDLE_GRPO_CPU_TUNING=0 disables it)", _applied)
+        logger.info("%s", describe(_applied))
     return _applied
+
+
+def describe(applied: Dict[str, Any]) -> str:
+    """`apply()`'s result as one line for the start-up log."""
+    parts = []
+    if "MKL_DEBUG_CPU_TYPE" in applied:
+        parts.append(f"MKL's AVX2 kernels on this AMD CPU (MKL_DEBUG_CPU_TYPE={applied['MKL_DEBUG_CPU_TYPE']})")
+    if "mallopt" in applied:
+        parts.append(f"malloc keeps blocks up to {applied['mallopt']['mmap_threshold'] >> 20} MiB in the heap")
+    if "FLAGS_use_stride_kernel" in applied:
+        parts.append("paddle's stride kernels off")
+    return f"CPU tuning: {', '.join(parts)} (PADDLE_GRPO_CPU_TUNING=0 disables it)"

@@ -2,19 +2,26 @@
 
 Checks, each reporting every problem it finds (not only the first): the data files (read as the trainer reads them:
 line-numbered errors), the model and tokenizer directories (config.json and the tokenizer files load with PaddleNLP's
-Auto classes, no weights), the reward functions or the reward server's `/health`, and the parallel layout against
-the processes it implies. Prints the resolved config, a table of the keys with no effect on this device (with the
-reason), and the exact launch command. Exit status 0 when that launch could start, 2 otherwise.
+Auto classes; the weight files must be there but are never read), the reward functions (a `reward_model:<dir or ID>`
+entry like a model: never loaded, never downloaded) or the reward server's `/health`, the prompts' token counts
+against max_prompt_len (a warning with the numbers: see `check_prompt_lengths`), and the parallel layout against the
+processes it implies. Prints the keys that differ from the defaults (the whole resolved configuration goes to a file
+it names), a table of the keys the file or command line sets that have no effect on this device (with where and
+why), and the exact launch command. Exit status 0 when that launch could start, 2 otherwise.
 
 The key checks (names, types, ranges, combinations) happen before, in `config.load_config`, as for a real run.
+`preflight` is the part of these checks that a real run makes at its start (run_rl.py), so that an empty model
+directory or a missing data file is reported by its key there too, not by PaddleNLP's loader.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
-from typing import Callable, List, Optional, Sequence, Tuple
+import tempfile
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .config import FIELDS, GROUPS, Config, ConfigError, key_effect, yaml_value
+from .config import FIELDS, GROUPS, Config, ConfigError, dump_config, given_keys, key_effect, yaml_value
 
 MAX_PROCESSES = 1024  # the launch sizes tried, as multiples of the model-parallel ranks
 _BOOLS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
@@ -79,30 +86,48 @@ def launch_command(cfg: Config, argv: Sequence[str], device: str, script: str = 
     return f"python -m paddle.distributed.launch {devices} {tail}"
 
 
-def keys_without_effect(cfg: Config, device: str) -> List[Tuple[str, str, str]]:
-    """(key, value, reason) of every key that has no effect on `device`, in the documentation's order."""
-    return [(f.name, yaml_value(getattr(cfg, f.name)), key_effect(f.name, device).note)
+def keys_without_effect(cfg: Config, device: str, given: Optional[Mapping[str, str]] = None
+                        ) -> List[Tuple[str, str, str, str]]:
+    """(key, value, where it was set, reason) of every key set in the file or on the command line (`given`: key ->
+    'file:line' or 'command line'; default: what `cfg` was loaded from) that has no effect on `device`, in the
+    documentation's order. Keys left at their defaults are not listed: they ask for nothing."""
+    given = given_keys(cfg) if given is None else given
+    return [(f.name, yaml_value(getattr(cfg, f.name)), given[f.name], key_effect(f.name, device).note)
             for group in GROUPS for f in group.__dataclass_fields__.values()
-            if f.name in FIELDS and not key_effect(f.name, device).active]
+            if f.name in FIELDS and f.name in given and not key_effect(f.name, device).active]
 
 
-def check_data(cfg: Config) -> List[str]:
-    """Problems with the training (and, with do_eval, evaluation) files, each naming file and line."""
+def _keyed(key: str, message: str) -> str:
+    """`key: message`, without naming the key twice when the message already starts with it."""
+    return message if message.startswith(f"{key}:") else f"{key}: {message}"
+
+
+def data_files(cfg: Config) -> List[Tuple[str, str]]:
+    """(key, path) of every data file a run reads: train_datasets, and eval_datasets when do_eval."""
+    from .data import split_paths
+
+    keys = ["train_datasets"] + (["eval_datasets"] if cfg.do_eval and cfg.eval_datasets.strip() else [])
+    return [(key, path) for key in keys if getattr(cfg, key).strip() for path in split_paths(getattr(cfg, key))]
+
+
+def check_data(cfg: Config, records: Optional[Dict[Tuple[str, str], list]] = None) -> List[str]:
+    """Problems with the training (and, with do_eval, evaluation) files, each naming key, file and line. The records
+    read are put in `records` ((key, path) -> records), for the prompt-length check."""
     from .data import DataError, read_jsonl
 
     problems = []
-    files = [("train_datasets", cfg.train_datasets)]
-    if cfg.do_eval and cfg.eval_datasets:
-        files.append(("eval_datasets", cfg.eval_datasets))
-    for key, paths in files:
-        if not paths.strip():
+    for key in ["train_datasets"] + (["eval_datasets"] if cfg.do_eval and cfg.eval_datasets else []):
+        if not getattr(cfg, key).strip():
             problems.append(f"{key}: is empty; name the JSONL/parquet file(s) to read")
-            continue
+    for key, path in data_files(cfg):
         try:
-            n = len(read_jsonl(paths, prompt_key=cfg.prompt_key, response_key=cfg.response_key))
-            print(f"  {key}: {n} records ({paths})")
+            rows = read_jsonl(path, prompt_key=cfg.prompt_key, response_key=cfg.response_key)
         except (DataError, OSError) as e:
-            problems.append(f"{key}: {e}")
+            problems.append(_keyed(key, str(e)))
+            continue
+        print(f"  {key}: {len(rows)} records ({path})")
+        if records is not None:
+            records[(key, path)] = rows
     return problems
 
 
@@ -127,19 +152,35 @@ def resolve_model(name: str, key: str) -> Tuple[Optional[str], Optional[str]]:
                       "it through PaddleNLP's from_pretrained at start-up")
 
 
-def check_model(name: str, key: str) -> List[str]:
-    """Problems loading the config.json and tokenizer of model `name` (no weights are read)."""
+def model_dir_problems(path: str, key: str) -> List[str]:
+    """What local model directory `path` lacks (config.json, tokenizer_config.json, weight files): file names only,
+    nothing is read."""
+    from .policy import hub
+
+    missing = hub.missing_files(path)
+    if not missing:
+        return []
+    held = sorted(os.listdir(path))
+    return [f"{key}: '{path}' is not a whole model directory (as save_pretrained writes it): it lacks "
+            f"{', '.join(missing)} (it holds {', '.join(held[:8]) + (', ...' if len(held) > 8 else '') or 'nothing'})"]
+
+
+def inspect_model(name: str, key: str, labels: Optional[int] = None) -> Tuple[List[str], Any, Any]:
+    """(problems, config, tokenizer) of model `name`: its files are there, and its config.json and tokenizer load
+    with PaddleNLP's Auto classes. No weights are read and nothing is downloaded. `labels`: the num_labels the
+    config must have (1 for a reward model). config and tokenizer are None when they were not loaded."""
     if not name:
-        return [f"{key}: is empty; name the model directory (or a PaddleNLP model ID)"]
+        return [f"{key}: is empty; name the model directory (or a PaddleNLP model ID)"], None, None
     try:
         path, note = resolve_model(name, key)
     except (OSError, ValueError, ConfigError) as e:
-        return [f"{key}: {e}"]
+        return [_keyed(key, str(e))], None, None
     if path is None:
         print(f"  note: {note}")
-        return []
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        return [f"{key}: '{path}' has no config.json (not a model directory written by save_pretrained)"]
+        return [], None, None
+    problems = model_dir_problems(path, key)
+    if problems:
+        return problems, None, None
     from paddlenlp.transformers import AutoConfig, AutoTokenizer
 
     from .policy import quiet_paddlenlp
@@ -149,14 +190,37 @@ def check_model(name: str, key: str) -> List[str]:
         config = AutoConfig.from_pretrained(path)
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as e:  # noqa: BLE001  PaddleNLP raises many types; the message is what the user needs
-        return [f"{key}: '{path}' does not load with PaddleNLP's AutoConfig/AutoTokenizer: {type(e).__name__}: {e}"]
+        return ([f"{key}: '{path}' does not load with PaddleNLP's AutoConfig/AutoTokenizer: {type(e).__name__}: {e}"],
+                None, None)
+    if labels is not None and getattr(config, "num_labels", None) != labels:
+        return ([f"{key}: '{path}' has num_labels {getattr(config, 'num_labels', None)} in its config.json; a reward "
+                 f"model has {labels} (one score per sequence)"], config, tokenizer)
     print(f"  {key}: {path} ({type(config).__name__}, {type(tokenizer).__name__}, vocabulary {len(tokenizer)})")
-    return []
+    return [], config, tokenizer
+
+
+def check_model(name: str, key: str) -> List[str]:
+    """Problems with model `name` (inspect_model's, without the loaded config and tokenizer)."""
+    return inspect_model(name, key)[0]
+
+
+def reward_model_specs(cfg: Config) -> List[Tuple[str, str]]:
+    """(label, model name) of the in-process reward models: each `reward_model:<dir or ID>` of reward_funcs and
+    reward_model_name_or_path."""
+    from .rewards.reward_model import REWARD_MODEL_PREFIX
+
+    if cfg.use_rm_server:
+        return []
+    out = [(f"reward_funcs: {r}", r[len(REWARD_MODEL_PREFIX):].strip())
+           for r in (x.strip() for x in cfg.reward_funcs.split(",")) if r.startswith(REWARD_MODEL_PREFIX)]
+    if cfg.reward_model_name_or_path.strip():
+        out.append(("reward_model_name_or_path", cfg.reward_model_name_or_path.strip()))
+    return out
 
 
 def check_rewards(cfg: Config, get: Optional[Callable] = None) -> List[str]:
     """Problems with the reward: each reward server's GET /health (short timeout), or the in-process reward
-    functions (resolved by name) and the reward model."""
+    functions (resolved by name) and reward models (checked as models: never loaded, never downloaded)."""
     problems = []
     if cfg.use_rm_server:
         import requests
@@ -177,15 +241,85 @@ def check_rewards(cfg: Config, get: Optional[Callable] = None) -> List[str]:
                 print(f"  reward_server: {url}/health: ok")
         return problems
     from .rewards import get_reward_fn
+    from .rewards.reward_model import REWARD_MODEL_PREFIX
 
     for name in [r.strip() for r in cfg.reward_funcs.split(",") if r.strip()]:
+        if name.startswith(REWARD_MODEL_PREFIX):
+            continue  # get_reward_fn would load (or download) the weights: checked below as a model
         try:
             get_reward_fn(name)
         except Exception as e:  # noqa: BLE001  a user's module may raise anything on import
             problems.append(f"reward_funcs: {name!r}: {e}")
-    if cfg.reward_model_name_or_path:
-        problems += check_model(cfg.reward_model_name_or_path, "reward_model_name_or_path")
+    for label, name in reward_model_specs(cfg):
+        problems += inspect_model(name, label, labels=1)[0]
     return problems
+
+
+def preflight(cfg: Config) -> List[str]:
+    """What a real run checks at its start, before loading anything (run_rl.py; exit 2 with these lines): every
+    data file exists (named with its key), and every local model directory holds config.json, tokenizer_config.json
+    and its weight files, so that a missing file is reported by its key, not by PaddleNLP's loader. File names only:
+    nothing is read, no hub ID is looked up (the run resolves and downloads those itself, with its own message)."""
+    from .policy import hub
+
+    problems = [f"{key}: {path}: file not found" for key, path in data_files(cfg) if not os.path.isfile(path)]
+    models = [] if cfg.build_actor_if_missing and not os.path.isdir(cfg.actor_model_name_or_path) else \
+        [("actor_model_name_or_path", cfg.actor_model_name_or_path)]
+    for key, name in models + reward_model_specs(cfg):
+        if os.path.isdir(name):
+            problems += model_dir_problems(name, key)
+        elif not hub.looks_like_hub_id(name):
+            problems.append(f"{key}: '{name}' is not a local model directory (nor a hub ID such as "
+                            "'Qwen/Qwen2.5-1.5B-Instruct'); point it at a directory written by save_pretrained")
+    return problems
+
+
+def _record_places(path: str) -> List[str]:
+    """'file:line' (JSONL; blank lines are skipped, as read_jsonl skips them) or 'file: row N' (parquet) of each
+    record of a data file, in read_jsonl's order."""
+    if path.endswith(".parquet"):
+        import pandas as pd
+
+        return [f"{path}: row {i}" for i in range(1, len(pd.read_parquet(path)) + 1)]
+    with open(path, "rb") as f:
+        return [f"{path}:{n}" for n, raw in enumerate(f, start=1) if raw.decode("utf-8", "replace").strip()]
+
+
+def check_prompt_lengths(cfg: Config, tokenizer: Any, config: Any, records: Dict[Tuple[str, str], list]
+                         ) -> List[str]:
+    """Warnings for prompts longer than max_prompt_len: the trainer keeps only their last max_prompt_len tokens
+    (data.collate_prompts; the start, usually the instructions, is lost). Each prompt is encoded as the trainer
+    encodes it (chat template, tokenizer, an encoder-decoder's special tokens); one line per key with how many of
+    how many, the longest and the file and line of the longest.
+
+    A warning, not a problem: the launch can start and trains (PaddleNLP truncates the same way), a few long
+    outliers may be truncated on purpose, and the exit status says only whether the launch can start."""
+    from .data import apply_chat_template, tokenize_prompts
+
+    wrap = None
+    if getattr(config, "is_encoder_decoder", False):
+        from .policy.seq2seq import encoder_input_ids
+
+        wrap = encoder_input_ids
+    per_key: Dict[str, list] = {}
+    for (key, path), rows in records.items():
+        texts = [apply_chat_template(r["src"], tokenizer, mode=cfg.chat_template) for r in rows]
+        lengths = [len(wrap(tokenizer, ids) if wrap else ids) for ids in tokenize_prompts(tokenizer, texts)]
+        per_key.setdefault(key, []).extend((n, path, i) for i, n in enumerate(lengths))
+    warnings = []
+    for key, rows in per_key.items():
+        longest, path, index = max(rows)
+        over = sum(n > cfg.max_prompt_len for n, _, _ in rows)
+        if not over:
+            print(f"  {key}: prompts of {min(n for n, _, _ in rows)}-{longest} tokens, none longer than "
+                  f"max_prompt_len ({cfg.max_prompt_len})")
+            continue
+        place = _record_places(path)[index]
+        warnings.append(f"{key}: {over} of {len(rows)} prompts are longer than max_prompt_len ({cfg.max_prompt_len}) "
+                        f"and would be left-truncated (their first tokens dropped); the longest has {longest} tokens "
+                        f"({place}). To keep them whole: max_prompt_len {longest} (and max_length at least "
+                        f"{longest} + max_dec_len = {longest + cfg.max_dec_len})")
+    return warnings
 
 
 def check_layout(cfg: Config) -> Tuple[List[str], int]:
@@ -211,37 +345,59 @@ def visible_gpus() -> int:
     return paddle.device.cuda.device_count() if paddle.device.is_compiled_with_cuda() else 0
 
 
+def resolved_config_file(cfg: Config) -> str:
+    """Write the whole resolved configuration to a file in the temporary directory, named by its content (the same
+    configuration, the same file), and return its path: a dry run writes nothing into output_dir."""
+    text = cfg.format()
+    digest = hashlib.sha1(text.encode("utf-8")).hexdigest()[:12]
+    path = os.path.join(tempfile.gettempdir(), f"paddle_grpo_dry_run_{digest}.yaml")
+    dump_config(cfg, path)
+    return path
+
+
 def dry_run(cfg: Config, argv: Sequence[str], device: str, script: str = "run_rl.py") -> int:
     """Run every check for `cfg` (loaded from `argv`: config file + overrides) on `device` ("cpu"/"gpu"), print
-    the resolved config, the keys without effect and the launch command; 0 when that launch could start, else 2."""
-    print("resolved configuration:")
-    print(cfg.format(), end="")
+    the keys that differ from the defaults, the keys set without effect, the warnings and the launch command; 0 when
+    that launch could start, else 2."""
+    print(f"configuration: the keys that differ from the defaults (all keys, resolved: {resolved_config_file(cfg)}; "
+          f"a run writes them to {os.path.join(cfg.output_dir, 'config.yaml')})")
+    print(cfg.format(only_changed=True), end="")
     print("\nchecks:")
-    problems = check_data(cfg)
+    records: Dict[Tuple[str, str], list] = {}
+    problems = check_data(cfg, records)
+    warnings: List[str] = []
     if cfg.build_actor_if_missing and not os.path.isdir(cfg.actor_model_name_or_path):
         print(f"  actor_model_name_or_path: '{cfg.actor_model_name_or_path}' will be built first by the "
-              f"'{cfg.build_actor_if_missing}' recipe")
+              f"'{cfg.build_actor_if_missing}' recipe (prompt lengths not checked: its tokenizer is built with it)")
     else:
-        problems += check_model(cfg.actor_model_name_or_path, "actor_model_name_or_path")
+        model_problems, config, tokenizer = inspect_model(cfg.actor_model_name_or_path, "actor_model_name_or_path")
+        problems += model_problems
+        if tokenizer is not None and records:
+            warnings += check_prompt_lengths(cfg, tokenizer, config, records)
     problems += check_rewards(cfg)
     layout_problems, n = check_layout(cfg)
     problems += layout_problems
     if device == "gpu" and visible_gpus() < n:
         problems.append(f"the layout needs {n} GPUs; {visible_gpus()} are visible")
     rows = keys_without_effect(cfg, device)
-    print(f"\nkeys with no effect on this device ({device}): {len(rows)}")
-    width = max(len(k) for k, _, _ in rows)
-    for key, value, reason in rows:
+    print(f"\nkeys set here that have no effect on this device ({device}): {len(rows) or 'none'}")
+    key_width = max((len(k) for k, _, _, _ in rows), default=0)
+    where_width = max((len(w) for _, _, w, _ in rows), default=0)
+    for key, value, where, reason in rows:
         value = value if len(value) <= 24 else value[:21] + "..."  # the amp lists: one line per key
-        print(f"  {key:<{width}}  {value:<12}  {reason}")
+        print(f"  {key:<{key_width}}  {value:<12}  {where:<{where_width}}  {reason}")
     model = cfg.tensor_parallel_degree * cfg.pipeline_parallel_degree
     print(f"\nprocesses: {n} = tensor_parallel_degree {cfg.tensor_parallel_degree} x pipeline_parallel_degree "
           f"{cfg.pipeline_parallel_degree} x data/sharding ranks {n // model}")
     print(f"launch: {launch_command(cfg, argv, device, script)}")
+    if warnings:
+        print(f"\nwarning{'s' if len(warnings) > 1 else ''} (the launch can start, but check these):")
+        for w in warnings:
+            print(f"  ! {w}")
     if problems:
         print(f"\ndry run: {len(problems)} problem(s); the launch would not start:")
         for p in problems:
             print(f"  - {p}")
         return 2
-    print("\ndry run: ok")
+    print(f"\ndry run: ok, with {len(warnings)} warning(s) above" if warnings else "\ndry run: ok")
     return 0

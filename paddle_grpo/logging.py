@@ -1,4 +1,7 @@
-"""Where metrics go: `<output_dir>/metrics.jsonl`, VisualDL (`report_to: visualdl`), a tqdm bar, rollout samples.
+"""Where metrics go: `<output_dir>/metrics.jsonl`, VisualDL (`report_to: visualdl`), progress, rollout samples.
+
+Progress: a tqdm bar on a terminal; when stderr is not a terminal (a log file, a pipe, a job scheduler), plain lines
+instead (`PlainProgress`), since a bar's carriage-return updates all land on one line of a file.
 
 Only rank 0 writes; other ranks get a logger whose methods do nothing. Each step appends exactly one JSON object per
 line to metrics.jsonl (`{"step": N, "train/reward": ...}`), so a crashed run keeps every finished step.
@@ -11,7 +14,9 @@ import logging as _pylogging
 import math
 import os
 import shlex
-from typing import Any, Mapping, Optional
+import sys
+import time
+from typing import Any, Callable, Mapping, Optional
 
 logger = _pylogging.getLogger("paddle_grpo")
 
@@ -34,13 +39,15 @@ class MetricsLogger:
             # One record file per output_dir, rewritten at every start from metrics.jsonl and rollouts.jsonl (which
             # a resume has cut back to the checkpoint's step): VisualDL then shows one history, as metrics.jsonl.
             vdl_dir = os.path.join(logging_dir, run_name) if run_name else logging_dir
-            record = os.path.join(vdl_dir, record_file_name(output_dir))
+            record = record_path(vdl_dir, output_dir)
             if os.path.exists(record):  # LogWriter would append to it
                 os.remove(record)
-            self.writer = LogWriter(logdir=vdl_dir, file_name=os.path.basename(record))
+            self.writer = LogWriter(logdir=os.path.dirname(record), file_name=os.path.basename(record))
             self._replay()
             logger.info("VisualDL logs in %s; to view them: %s", logging_dir, visualdl_command(logging_dir))
-        if not disable_tqdm:
+        if not disable_tqdm and not sys.stderr.isatty():
+            self.bar = PlainProgress(total_steps, initial_step)
+        elif not disable_tqdm:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total_steps, initial=initial_step, desc="train", unit="step", dynamic_ncols=True)
@@ -62,6 +69,9 @@ class MetricsLogger:
             return
         shown = {k.split("/")[-1]: f"{metrics[k]:.3g}" for k in ("train/reward", "perf/step_s", "eval/accuracy")
                  if k in metrics}
+        if isinstance(self.bar, PlainProgress):
+            self.bar.update_to(step, shown)
+            return
         self.bar.set_postfix(shown, refresh=False)
         self.bar.update(step - self.bar.n)
 
@@ -104,9 +114,70 @@ class MetricsLogger:
             self.writer.close()
 
 
+class PlainProgress:
+    """Progress as whole lines on stderr, for output that is not a terminal: a line every `every` steps (default:
+    about 30 lines per run), at least one a minute, and at the last step.
+
+        train: step 30/300 (10%), 0:00:45 elapsed, about 0:06:45 left: reward 0.512, step_s 1.73, accuracy 0.502
+    """
+
+    def __init__(self, total: Optional[int], initial: int = 0, every: Optional[int] = None,
+                 min_interval_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        self.total, self.n, self.first = total, initial, initial
+        self.every = every or max(1, (total or 0) // 30)
+        self.min_interval_s, self.clock = min_interval_s, clock
+        self.t0 = self.last = clock()
+
+    def update_to(self, step: int, shown: Mapping[str, str]) -> None:
+        self.n = step
+        now = self.clock()
+        if step % self.every and step != self.total and now - self.last < self.min_interval_s:
+            return
+        self.last = now
+        elapsed = now - self.t0
+        line = f"train: step {step}"
+        if self.total:
+            line += f"/{self.total} ({100 * step // self.total}%)"
+        line += f", {_clock(elapsed)} elapsed"
+        if self.total and step > self.first and step < self.total:
+            line += f", about {_clock(elapsed / (step - self.first) * (self.total - step))} left"
+        if shown:
+            line += ": " + ", ".join(f"{k} {v}" for k, v in shown.items())
+        print(line, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def record_path(vdl_dir: str, output_dir: str) -> str:
+    """Where the run in `output_dir` writes its VisualDL record under `vdl_dir`: `vdl_dir/<record_file_name>`,
+    unless `vdl_dir` already holds another run's record. VisualDL shows one record per directory (the last by name,
+    `LogReader.logs`), so two runs' records side by side would hide one of them: the run then writes into its own
+    subfolder `vdl_dir/<output_dir's name>-<hash>/` (VisualDL shows each folder as a run) and says so. A run that
+    wrote there before (a resume) finds its record again, in either place."""
+    name = record_file_name(output_dir)
+    own_folder = os.path.join(vdl_dir, name[len("vdlrecords."):-len(".log")])
+    if os.path.exists(os.path.join(vdl_dir, name)):
+        return os.path.join(vdl_dir, name)
+    if os.path.exists(os.path.join(own_folder, name)):
+        return os.path.join(own_folder, name)
+    others = sorted(f for f in os.listdir(vdl_dir) if "vdlrecords" in f) if os.path.isdir(vdl_dir) else []
+    if not others:
+        return os.path.join(vdl_dir, name)
+    logger.warning("logging_dir %s already holds another run's VisualDL record (%s), and VisualDL shows one record "
+                   "per folder: this run's record goes to %s, which VisualDL shows as a run of its own (`%s` shows "
+                   "both)", vdl_dir, others[0], own_folder, visualdl_command(vdl_dir))
+    return os.path.join(own_folder, name)
+
+
 def record_file_name(output_dir: str) -> str:
-    """The VisualDL record file of the run in `output_dir` (VisualDL reads files named `vdlrecords.*`); runs with
-    different output_dirs sharing one logging_dir keep their own files."""
+    """The VisualDL record file of the run in `output_dir` (VisualDL reads files named `vdlrecords.*`), named after
+    output_dir, so that a run finds its own record again (record_path)."""
     path = os.path.abspath(output_dir)
     digest = hashlib.sha1(path.encode("utf-8")).hexdigest()[:8]
     return f"vdlrecords.{os.path.basename(path) or 'run'}-{digest}.log"

@@ -2,14 +2,17 @@
 the exit status says whether the launch could start, and the launch command fits the layout. Real files, a real
 tiny model directory, a real reward server on 127.0.0.1."""
 import json
+import pathlib
+import re
 import socket
 import subprocess
 import sys
 
 import pytest
+import yaml
 
 from dry_run_helpers import REPO, run_rl_main, write_kk_data
-from paddle_grpo.config import ConfigError, config_from_dict
+from paddle_grpo.config import FIELDS, Config, ConfigError, config_from_dict, yaml_value
 from paddle_grpo.dry_run import keys_without_effect, launch_command, required_processes, split_dry_run
 from reward_server import create_app
 
@@ -70,17 +73,38 @@ def test_a_batch_that_no_process_count_splits_is_an_error():
 
 
 def test_keys_without_effect_depend_on_the_device():
-    cfg = config_from_dict({"bf16": True})
-    cpu = {key: (value, reason) for key, value, reason in keys_without_effect(cfg, "cpu")}
-    gpu = {key for key, _, _ in keys_without_effect(cfg, "gpu")}
+    cfg = config_from_dict({"bf16": True, "offload_level": "freeze_model"})
+    cpu = {key: (value, reason) for key, value, _, reason in keys_without_effect(cfg, "cpu")}
+    gpu = {key for key, _, _, _ in keys_without_effect(cfg, "gpu")}
     assert cpu["bf16"][0] == "true" and cpu["bf16"][1].startswith("paddle has no bfloat16 matmul kernel on CPU")
     assert "bf16" not in gpu and "offload_level" in gpu and "offload_level" in cpu
+
+
+def test_keys_without_effect_are_only_the_keys_set(tmp_path):
+    # Newcomer finding 4: the table listed 32 keys the file never set (their defaults ask for nothing).
+    from paddle_grpo.config import parse_args
+
+    (tmp_path / "c.yaml").write_text("use_flash_attention: true\nlearning_rate: 1e-6\n", encoding="utf-8")
+    cfg = parse_args([str(tmp_path / "c.yaml"), "--bf16", "true"])
+    rows = keys_without_effect(cfg, "cpu")
+    assert [(key, value, where) for key, value, where, _ in rows] == [
+        ("use_flash_attention", "true", f"{tmp_path / 'c.yaml'}:1"), ("bf16", "true", "command line")]
+    assert keys_without_effect(parse_args([]), "cpu") == []
 
 
 def test_a_valid_single_process_run_passes(base, tmp_path, capsys):
     status, out, err = run_rl_main([*base, "--dry_run"], capsys)
     assert status == 0, out + err
-    assert "resolved configuration:\n# ModelArguments\n" in out
+    # only the keys that differ from the defaults are printed; all of them are in the file it names
+    head = out.split("\nchecks:\n")[0].splitlines()
+    assert head[0].startswith("configuration: the keys that differ from the defaults (all keys, resolved: ")
+    full = re.search(r"resolved: (\S+\.yaml);", head[0]).group(1)
+    resolved = yaml.safe_load(pathlib.Path(full).read_text(encoding="utf-8"))
+    assert set(resolved) == set(FIELDS) and resolved["max_dec_len"] == 16 and resolved["top_p"] == 1.0
+    shown = dict(line.split(": ", 1) for line in head[1:] if not line.startswith("#"))
+    assert shown == {k: yaml_value(v) for k, v in resolved.items() if v != getattr(Config(), k)}
+    assert "max_dec_len" in shown and "top_p" not in shown  # top_p is left at its default
+    assert "\nkeys set here that have no effect on this device (cpu): 1\n  max_length " in out
     assert "  train_datasets: 16 records" in out and "(Qwen2Config, Qwen2Tokenizer, vocabulary 320)" in out
     assert "\nlaunch: python run_rl.py --actor_model_name_or_path " in out
     assert out.rstrip().endswith("dry run: ok")
@@ -99,7 +123,8 @@ def test_model_directory_without_config_json(base, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     status, out, _ = run_rl_main([*base, "--actor_model_name_or_path", tmp_path / "empty", "--dry_run"], capsys)
     assert status == 2
-    assert f"  - actor_model_name_or_path: '{tmp_path / 'empty'}' has no config.json" in out
+    assert f"  - actor_model_name_or_path: '{tmp_path / 'empty'}' is not a whole model directory (as save_pretrained " \
+           "writes it): it lacks config.json, tokenizer_config.json, model.safetensors.index.json or " in out
 
 
 def test_unknown_reward_function(base, capsys):
@@ -185,3 +210,65 @@ def test_the_printed_launch_command_starts_and_trains(base, tmp_path, capsys, mo
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (row,) = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert row["step"] == 1
+
+
+def test_a_reward_model_in_reward_funcs_is_checked_without_reading_its_weights(base, tmp_path, tiny_reward_model_dir,
+                                                                                capsys):
+    # Review defect 6: `reward_funcs: reward_model:<dir>` must be checked like reward_model_name_or_path (config and
+    # tokenizer, no weights). The weights here are garbage: loading them would fail, so a pass proves they were not
+    # read, and the check still reads the config (its class is printed).
+    import shutil
+
+    rm = tmp_path / "rm"
+    shutil.copytree(tiny_reward_model_dir, rm)
+    (weights,) = [p for p in rm.iterdir() if p.name.startswith(("model_state", "model.safetensors"))]
+    weights.write_bytes(b"not weights")
+    status, out, err = run_rl_main([*base, "--reward_funcs", f"kk,reward_model:{rm}", "--dry_run"], capsys)
+    assert status == 0, out + err
+    assert f"  reward_funcs: reward_model:{rm}: {rm} (Qwen2Config, " in out
+
+
+def test_a_reward_model_hub_id_in_reward_funcs_is_never_downloaded(base, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("PPNLP_HOME", str(tmp_path / "empty_cache"))  # never a real cache, never a download
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    status, out, _ = run_rl_main([*base, "--reward_funcs", "kk,reward_model:Org/No-Such-RM", "--dry_run"], capsys)
+    assert status == 2
+    # one problem line, the key named once, the cache searched named (resolve_model's message, not a load's)
+    (line,) = [x for x in out.splitlines() if x.startswith("  - reward_funcs")]
+    assert line.startswith("  - reward_funcs: reward_model:Org/No-Such-RM: 'Org/No-Such-RM' is neither a local "
+                           "directory nor in PaddleNLP's cache ("), line
+    assert line.count("reward_funcs") == 1
+
+
+def test_a_problem_line_names_its_key_once(base, capsys, tmp_path):
+    status, out, _ = run_rl_main([*base, "--actor_model_name_or_path", tmp_path / "no" / "such" / "dir", "--dry_run"],
+                                 capsys)
+    assert status == 2
+    (line,) = [x for x in out.splitlines() if x.startswith("  - actor_model_name_or_path")]
+    assert line.count("actor_model_name_or_path") == 1, line
+
+
+def test_prompts_longer_than_max_prompt_len_are_a_warning_with_the_numbers(base, tmp_path, tiny_policy_dir, capsys):
+    # Newcomer finding 4: a config whose launch left-truncated 8 of 8 prompts passed silently. Reference: the token
+    # counts from PaddleNLP's tokenizer called directly (chat_template none: the prompt text as is).
+    from paddlenlp.transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_policy_dir)
+    prompts = ["Who is a knight?", "Zoey says Ethan is a knave. " * 8, "Who?", "Ethan says Zoey is a knight. " * 12]
+    counts = [len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+    limit = 30
+    assert counts[0] < limit < counts[1] < counts[3]  # two prompts over the limit, the last the longest
+    data = tmp_path / "long.jsonl"
+    lines = [json.dumps({"src": p, "tgt": "x"}) for p in prompts]
+    data.write_text(lines[0] + "\n\n" + "\n".join(lines[1:]) + "\n", encoding="utf-8")  # a blank line 2
+    status, out, err = run_rl_main([*base, "--train_datasets", data, "--chat_template", "none", "--max_prompt_len",
+                                    limit, "--dry_run"], capsys)
+    assert status == 0, out + err  # the launch can start: a warning, not a problem
+    assert (f"  ! train_datasets: 2 of 4 prompts are longer than max_prompt_len ({limit}) and would be left-truncated "
+            f"(their first tokens dropped); the longest has {counts[3]} tokens ({data}:5). To keep them whole: "
+            f"max_prompt_len {counts[3]} (and max_length at least {counts[3]} + max_dec_len = {counts[3] + 16})") in out
+    assert out.rstrip().endswith("dry run: ok, with 1 warning(s) above")
+    status, out, _ = run_rl_main([*base, "--train_datasets", data, "--chat_template", "none", "--max_prompt_len",
+                                  counts[3], "--max_length", counts[3] + 16, "--dry_run"], capsys)
+    assert status == 0 and f"  train_datasets: prompts of {min(counts)}-{counts[3]} tokens, none longer" in out
+    assert out.rstrip().endswith("dry run: ok")

@@ -35,7 +35,8 @@ The CPU and GPU columns say what each key does on that device: "yes" (what the m
 caveat), or "**no**: why". Setting a key to a non-default value where it has no effect logs a one-line warning that
 says why, on every device. No GPU was available to this project: the GPU paths marked "verified only on CPU" are
 written against Paddle's and PaddleNLP's documented APIs and only their decision logic is tested.
-`python run_rl.py CONFIG --dry_run` prints the table of the keys of CONFIG that have no effect on this device.
+`python run_rl.py CONFIG --dry_run` prints the table of the keys that CONFIG (or the command line) sets and that have no
+effect on this device, with the file and line of each.
 
 Old PaddleNLP names still load as the key they became: {aliases}.
 """

@@ -3,6 +3,7 @@ recipes and data converters. Tools, tests and the command line import them; the 
 a recipe's build function as an argument: `Trainer(cfg, build_policy)`)."""
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Optional
 
 # The values of `build_actor_if_missing` that name a recipe (config.py offers exactly these; a test checks it).
@@ -20,6 +21,8 @@ def policy_builder(cfg: Any) -> Optional[Callable[[str], None]]:
     def build(directory: str) -> None:
         from . import quickstart  # looked up at build time, so a test can stand in for the slow build
 
-        quickstart.build_quickstart_policy(directory, seed=cfg.seed, progress=not cfg.disable_tqdm)
+        # a bar only on a terminal: in a log file its updates would pile up on one line (log lines instead)
+        quickstart.build_quickstart_policy(directory, seed=cfg.seed,
+                                           progress=not cfg.disable_tqdm and sys.stderr.isatty())
 
     return build
