@@ -51,7 +51,7 @@ def save(t: Trainer, unlogged: Optional[Dict[str, Any]] = None, solo: bool = Fal
         optimizer_shard=shard, saves_optimizer=saves or writer, optimizer_model=optimizer_model(t),
         sync=(lambda: None) if solo else par.barrier)
     t.last_checkpoint = path
-    if par.is_main:
+    if writer:  # one line per copy written: once per shared file system
         logger.info("saved %s", path)
 
 

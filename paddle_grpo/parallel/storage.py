@@ -88,15 +88,23 @@ def output_dir_is_shared(par: ParallelContext, output_dir: str, wait_s: float = 
 
 def agree_on_resume(par: ParallelContext, planned: int | None, available: list[int], explicit: bool) -> int | None:
     """The checkpoint step every rank resumes from (None: every rank starts at step 0), from each rank's `planned`
-    step (its own file system's decision) and the complete checkpoint steps it has. A rank may lack the newest
-    checkpoint (a fault let rank 0 save alone, or a node's disk lost it): the latest step every rank has wins.
-    Raises ConfigError when the ranks cannot start from one state."""
+    step (its own file system's decision) and the complete checkpoint steps it has (`choose_resume_step`)."""
     if par.world_size == 1:
         return planned
-    views = collectives.gather_objects((planned, sorted(available)))
+    step, warning = choose_resume_step(collectives.gather_objects((planned, sorted(available))), explicit)
+    if warning and par.is_main:
+        logger.warning("%s", warning)
+    return step
+
+
+def choose_resume_step(views: list[tuple[int | None, list[int]]], explicit: bool) -> tuple[int | None, str]:
+    """(step, warning) from every rank's (planned step, complete checkpoint steps), in rank order. The ranks agree:
+    their plan. They differ and resume_from_checkpoint was not given: the latest step every rank has (a rank may
+    lack the newest, e.g. when a fault let rank 0 save alone), with a warning. Raises ConfigError when the ranks
+    cannot start from one state (an explicit checkpoint some rank lacks, or no checkpoint common to all)."""
     plans = {plan for plan, _ in views}
     if len(plans) == 1:
-        return planned
+        return views[0][0], ""
     described = "; ".join(f"rank {r}: " + (f"checkpoint-{p}" if p is not None else "no checkpoint")
                           for r, (p, _) in enumerate(views))
     common = set.intersection(*(set(steps) for _, steps in views))
@@ -105,7 +113,5 @@ def agree_on_resume(par: ParallelContext, planned: int | None, available: list[i
                           "needs the same checkpoint in output_dir (a shared file system, or save_on_each_node); "
                           "copy it to the node that lacks it, or set overwrite_output_dir: true to start over")
     step = max(common)
-    if par.is_main:
-        logger.warning("the ranks' latest checkpoints differ (%s): resuming from checkpoint-%d, the latest that "
-                       "every rank has", described, step)
-    return step
+    return step, (f"the ranks' latest checkpoints differ ({described}): resuming from checkpoint-{step}, the "
+                  "latest that every rank has")
