@@ -17,7 +17,7 @@ from .layout import (check_pipeline_config, data_parallel_groups, fleet_strategy
                      unsupported_layout)
 from .pipeline import Pipeline, expected_owner, merge_owners, pipeline_pairs, stage_chunks
 from .startup import build_once, local_rank
-from .storage import Storage, agree_on_resume, plan_storage
+from .storage import Storage, agree_on_resume, choose_resume_step, plan_storage
 from .vocab import VocabParallel
 
 
@@ -29,6 +29,6 @@ def tensor_parallel_linear_types() -> tuple[type, type]:
 
 
 __all__ = ["ParallelContext", "Pipeline", "Storage", "VocabParallel", "agree_on_resume", "build_once",
-           "check_pipeline_config", "data_parallel_groups", "expected_owner", "fleet_strategy", "hybrid_degrees",
+           "check_pipeline_config", "choose_resume_step", "data_parallel_groups", "expected_owner", "fleet_strategy", "hybrid_degrees",
            "local_rank", "merge_owners", "pipeline_pairs", "plan_storage", "prompt_positions", "stage_chunks",
            "tensor_parallel_linear_types", "unsupported_layout"]

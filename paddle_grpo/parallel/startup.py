@@ -3,6 +3,7 @@
 for it."""
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -57,6 +58,8 @@ def build_once(path: str, build: Callable[[str], object], what: str, *, poll_sec
                 logger.info("still waiting for local rank 0 to build %s (%.0f s)", path, last_log - start)
             time.sleep(poll_seconds)
         return
+    if os.path.isdir(path):
+        return
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     lock_path = f"{path}.lock"
@@ -65,10 +68,11 @@ def build_once(path: str, build: Callable[[str], object], what: str, *, poll_sec
         try:
             if os.path.isdir(path):
                 logger.info("%s was built meanwhile by another node; using it", path)
-                return
-            _build(path, build, what, host, failed)
-            if locked:  # later starts find `path` and never open the lock; waiting holders check `path` first
-                os.remove(lock_path)
+            else:
+                _build(path, build, what, host, failed)
+            if locked:  # `path` exists: whoever holds a lock from now on finds it and builds nothing
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(lock_path)
         finally:
             if locked:
                 fcntl.lockf(lock, fcntl.LOCK_UN)
