@@ -61,6 +61,8 @@ def main(argv=None):
     except (ConfigError, DataError, FileNotFoundError, RewardServerError, TrainingError, NotImplementedError) as e:
         # Problems with the user's setup, data or reward server: say what and where, without a traceback.
         print(f"run_rl.py: error: {e}", file=sys.stderr)
+        for note in getattr(e, "__notes__", ()):  # e.g. the checkpoint a fault saved, and how to resume
+            print(f"run_rl.py: {note}", file=sys.stderr)
         if isinstance(e, LayoutError):  # started with the wrong number of processes: say how to start it
             print(f"run_rl.py: start it with: {launch_command(cfg, argv, default_device(), SCRIPT)}",
                   file=sys.stderr)

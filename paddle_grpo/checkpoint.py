@@ -5,11 +5,13 @@ adapters only, in paddlenlp.peft's format with the base model's path in lora_con
 a full model of them) and its tokenizer, and unless
 `ignore_save_lr_and_optim`, `optimizer.pdopt`, `trainer_state.json` (step, data position, running reward statistics,
 counters, scheduler state) and `rng_state.pkl` (paddle, numpy and python generators). A crash while saving leaves
-only a `.tmp-*` directory behind; the previous checkpoint stays intact and `latest_checkpoint` never picks a partial
-one.
+only a `.tmp-*` directory behind; a save that fails (no space left) removes its own; the previous checkpoint stays
+intact and `latest_checkpoint` never picks a partial one. Checkpoints beyond `save_total_limit` are renamed aside
+before they are deleted, so a kill during the deletion never leaves a checkpoint with some of its files.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import pickle
@@ -58,33 +60,43 @@ def save_checkpoint(output_dir: str, step: int, model: paddle.nn.Layer, tokenize
     final = os.path.join(output_dir, f"checkpoint-{step}")
     tmp = os.path.join(output_dir, f".tmp-checkpoint-{step}")
     if writer:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for leftover in glob.glob(os.path.join(output_dir, ".tmp-checkpoint-*.deleting")) + [tmp]:
+            shutil.rmtree(leftover, ignore_errors=True)
         os.makedirs(tmp)
     sync()
-    if participant and (writer or tp_world > 1):  # merging TP shards is a collective; otherwise one writer
-        merge = {"merge_tensor_parallel": True} if tp_world > 1 else {}
-        _unwrap(model).save_pretrained(tmp, is_main_process=writer, **merge)
-        if reference is not None:
-            _unwrap(reference).save_pretrained(os.path.join(tmp, REFERENCE_DIR), is_main_process=writer, **merge)
-    if full and saves_optimizer:
-        paddle.save(_rename_optimizer_state(optimizer.state_dict(), _param_names(optimizer_model or model)),
-                    os.path.join(tmp, optimizer_file(optimizer_shard)))
-    if writer:
-        tokenizer.save_pretrained(tmp)
-        if full:
-            with open(os.path.join(tmp, RNG_FILE), "wb") as f:
-                pickle.dump(rng_state(), f)
-    sync()
-    if writer:
-        with open(os.path.join(tmp, STATE_FILE), "w", encoding="utf-8") as f:
-            json.dump({"step": step, "full": full, "tensor_parallel_degree": tp_world,
-                       "pipeline_parallel_degree": pp_world, **trainer_state}, f, indent=2)
-        if os.path.exists(final):  # re-saving the same step (e.g. after an interrupt): replace it whole
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        if total_limit and total_limit > 0:
-            for old in list_checkpoints(output_dir)[:-total_limit]:
-                shutil.rmtree(old, ignore_errors=True)
+    try:
+        if participant and (writer or tp_world > 1):  # merging TP shards is a collective; otherwise one writer
+            merge = {"merge_tensor_parallel": True} if tp_world > 1 else {}
+            _unwrap(model).save_pretrained(tmp, is_main_process=writer, **merge)
+            if reference is not None:
+                _unwrap(reference).save_pretrained(os.path.join(tmp, REFERENCE_DIR), is_main_process=writer, **merge)
+        if full and saves_optimizer:
+            paddle.save(_rename_optimizer_state(optimizer.state_dict(), _param_names(optimizer_model or model)),
+                        os.path.join(tmp, optimizer_file(optimizer_shard)))
+        if writer:
+            tokenizer.save_pretrained(tmp)
+            if full:
+                with open(os.path.join(tmp, RNG_FILE), "wb") as f:
+                    pickle.dump(rng_state(), f)
+        sync()
+        if writer:
+            with open(os.path.join(tmp, STATE_FILE), "w", encoding="utf-8") as f:
+                json.dump({"step": step, "full": full, "tensor_parallel_degree": tp_world,
+                           "pipeline_parallel_degree": pp_world, **trainer_state}, f, indent=2)
+            if os.path.exists(final):  # re-saving the same step (e.g. after an interrupt): replace it whole
+                aside = f"{tmp}.deleting"
+                os.replace(final, aside)
+                shutil.rmtree(aside)
+            os.replace(tmp, final)
+    except BaseException:
+        if writer:  # e.g. no space left: free what this save took; the previous checkpoint is untouched
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if writer and total_limit and total_limit > 0:
+        for old in list_checkpoints(output_dir)[:-total_limit]:
+            aside = os.path.join(output_dir, f".tmp-{os.path.basename(old)}.deleting")
+            os.replace(old, aside)  # atomic: the checkpoint is gone whole before any of its files is
+            shutil.rmtree(aside, ignore_errors=True)
     sync()
     return final
 
@@ -109,6 +121,12 @@ def list_checkpoints(output_dir: str) -> List[str]:
         if m and os.path.isfile(os.path.join(path, STATE_FILE)):
             found.append((int(m.group(1)), path))
     return [p for _, p in sorted(found)]
+
+
+def step_of(path: str) -> int:
+    """The step a complete checkpoint holds (its trainer_state.json)."""
+    with open(os.path.join(path, STATE_FILE), encoding="utf-8") as f:
+        return int(json.load(f)["step"])
 
 
 def latest_checkpoint(output_dir: str) -> Optional[str]:

@@ -168,8 +168,19 @@ class ModelArguments:
                                                       "the total is the weighted sum.")
     reward_server_token: str = arg("", "(new) Bearer token sent to the reward server (empty: none).")
     reward_server_timeout: float = arg(60.0, "(new) Read timeout in seconds for one reward-server request.")
-    reward_server_max_retries: int = arg(3, "(new) Retries (exponential backoff) on connection errors, timeouts and "
-                                            "5xx before the step fails loudly.")
+    reward_server_max_retries: int = arg(-1, "(new) At most this many retries of a failed reward-server request "
+                                             "(connection error, timeout, 5xx, 408, 429), with capped exponential "
+                                             "backoff; -1: no limit on the count, reward_server_max_wait_s ends "
+                                             "them. Whichever ends first stops the run (a checkpoint is saved).")
+    reward_server_max_wait_s: float = arg(600.0, "(new) How long the trainer keeps retrying a batch the reward "
+                                                 "server(s) fail, in seconds from its first failure: a server that "
+                                                 "restarts within it costs time, not the run; every wait is logged. "
+                                                 "0: no retries.")
+    reward_timeout_s: float = arg(300.0, "(new) Time limit in seconds per call of an in-process reward function "
+                                         "(use_rm_server: false; also a reward_model_name_or_path model's call on a "
+                                         "batch): a sample whose call runs over it gets reward None with the "
+                                         "reason, as when the function fails (train/reward_none_frac). 0: no "
+                                         "limit. Raise it for a large reward model on a slow device.")
     use_rule_reward: bool = arg(False, "PaddleNLP's switch for its built-in rule reward (GSM8K) in PPO configs.",
                                 **nowhere("in-process rule rewards are chosen with reward_funcs (use_rm_server: "
                                           "false), e.g. reward_funcs: gsm8k"))
@@ -308,6 +319,10 @@ class TrainingArguments:
     save_steps: int = arg(500, "Save a checkpoint every this many steps.")
     save_strategy: str = arg("steps", "When to save: steps or no.", choices=("steps", "no"))
     save_total_limit: int = arg(-1, "Keep at most this many checkpoints (-1: all).")
+    save_on_each_node: bool = arg(False, "With several nodes whose output_dir is not one shared file system: each "
+                                          "node's local rank 0 writes every checkpoint to its own disk (data "
+                                          "parallel only). On a shared file system checkpoints are written once "
+                                          "whatever this says (docs/distributed.md).")
     ignore_save_lr_and_optim: bool = arg(False, "Save only model and tokenizer, not optimizer/scheduler/RNG state.")
     resume_from_checkpoint: Optional[Union[bool, str]] = arg(None, "Checkpoint directory to resume from, or true for "
                                                                    "the latest in output_dir.")
@@ -941,10 +956,12 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
     non_negative = ("learning_rate", "weight_decay", "max_grad_norm", "clip_range_ratio", "clip_range_score",
                     "kl_coeff", "kl_loss_coeff", "pg_loss_coeff", "entropy_coeff", "min_dec_len", "warmup_steps",
                     "overlong_penalty_factor", "adam_epsilon", "reward_server_timeout",
-                    "reward_server_max_retries", "seed", "max_tokens_per_micro_batch")
+                    "reward_server_max_wait_s", "reward_timeout_s", "seed", "max_tokens_per_micro_batch")
     for key in non_negative:
         if getattr(cfg, key) < 0:
             fail(key, "must not be negative")
+    if cfg.reward_server_max_retries < -1:
+        fail("reward_server_max_retries", "must be -1 (no limit: reward_server_max_wait_s ends the retries) or >= 0")
     for key in ("clip_range_ratio_low", "clip_range_ratio_high"):
         if getattr(cfg, key) is not None and getattr(cfg, key) < 0:
             fail(key, "must not be negative")

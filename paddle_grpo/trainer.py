@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
 from typing import Any, Callable, Dict, Optional
 
@@ -16,12 +15,13 @@ import numpy as np
 import paddle
 
 from . import checkpoint as ckpt
-from . import run_dir, step, summary
+from . import run_dir, run_state, step, summary
 from .algorithms import RunningRewardNormalizer, lr_lambda
 from .config import Config, write_config
 from .data import PromptSampler, read_json_rows, read_jsonl
 from .logging import MetricsLogger
-from .parallel import ParallelContext, build_once_per_node
+from .faults import StepGuard
+from .parallel import ParallelContext, build_once, plan_storage
 from .policy import (freeze, load_policy, load_tokenizer, mix_into, parameters_by_decay, quiet_paddlenlp,
                      resolve_model_dir)
 from .precision import plan_for_run
@@ -43,17 +43,19 @@ class Trainer:
     def __init__(self, cfg: Config, build_policy: Optional[PolicyBuilder] = None):
         self.cfg = cfg
         # Before anything slow: an output_dir holding a run is resumed, replaced (overwrite_output_dir) or refused.
-        self.run_dir = run_dir.plan(cfg.output_dir, cfg.resume_from_checkpoint, cfg.overwrite_output_dir)
+        self.run_dir = run_dir.plan(cfg.output_dir, cfg.resume_from_checkpoint, cfg.overwrite_output_dir,
+                                    config_text=cfg.format())
         if cfg.build_actor_if_missing and not os.path.isdir(cfg.actor_model_name_or_path):
             if build_policy is None:
                 raise FileNotFoundError(f"actor_model_name_or_path {cfg.actor_model_name_or_path} does not exist and "
                                         f"no builder for build_actor_if_missing: {cfg.build_actor_if_missing} was "
                                         "given (run_rl.py passes paddle_grpo.recipes.policy_builder(cfg))")
             # Before the process groups form: a build (a minute) outlasts gloo's 30 s collective timeout.
-            build_once_per_node(cfg.actor_model_name_or_path, build_policy,
-                                f"the '{cfg.build_actor_if_missing}' recipe")
+            build_once(cfg.actor_model_name_or_path, build_policy, f"the '{cfg.build_actor_if_missing}' recipe")
         resolve_model_dir(cfg.actor_model_name_or_path)  # hub ID: cache or download; a miss fails here, early
         self.par = par = ParallelContext.from_config(cfg)
+        self.storage = plan_storage(par, cfg.output_dir, cfg.save_on_each_node)  # shared output_dir or each node
+        self.run_dir = run_dir.agree(par, self.run_dir, cfg.output_dir, cfg.resume_from_checkpoint)
         self.precision = plan_for_run(cfg, announce=par.is_main)  # logs `precision: ...` (docs/precision.md)
         self.geometry = cfg.batch_geometry(par.world_size)
         if self.run_dir.reason and par.is_main:
@@ -95,9 +97,11 @@ class Trainer:
         self.max_steps = cfg.max_steps if cfg.max_steps > 0 else max(1, int(cfg.num_train_epochs * len(self.sampler)))
         self.encode = step.PromptEncoder(self.policy, self.tokenizer, cfg.chat_template, cfg.max_prompt_len)
         server = dict(reward_server=cfg.reward_server, token=cfg.reward_server_token or None,
-                      read_timeout=cfg.reward_server_timeout, max_retries=cfg.reward_server_max_retries)
+                      read_timeout=cfg.reward_server_timeout, max_retries=cfg.reward_server_max_retries,
+                      max_wait_s=cfg.reward_server_max_wait_s)
         self.rewarder = make_rewarder(cfg.use_rm_server, reward_funcs=cfg.reward_funcs,
-                                      reward_weights=cfg.reward_weights, **(server if cfg.use_rm_server else {}),
+                                      reward_weights=cfg.reward_weights, timeout_s=cfg.reward_timeout_s or None,
+                                      **(server if cfg.use_rm_server else {}),
                                       reward_model_name_or_path=cfg.reward_model_name_or_path,
                                       reward_batch_size=cfg.per_device_reward_batch_size)
         self.normalizer = RunningRewardNormalizer() if cfg.reward_normalization else None
@@ -115,12 +119,13 @@ class Trainer:
             apply_decay_param_fun=lambda name: name in decay)))  # clipping: step.clip_gradients (TP-aware norm)
         self.learner = step.Learner(self.policy, pipeline, optimizer, scheduler, amp=self.precision.runtime())
 
-        self.step = 0
+        self.step, self.unlogged = 0, None
+        self.guard = StepGuard(self)  # the state at each step's start, signals, saving on a fault (faults.py)
         if par.is_main:
             run_dir.apply(self.run_dir, cfg.output_dir)
             write_config(cfg, os.path.join(cfg.output_dir, "config.yaml"))
         if self.run_dir.resume:
-            self._resume(self.run_dir.resume)
+            run_state.restore(self, self.run_dir.resume)
         self.steps_at_start = self.step
         self.last_checkpoint = ckpt.latest_checkpoint(cfg.output_dir)
         finished = self.step >= self.max_steps  # a finished run resumed: no bar for the steps it will not take
@@ -223,105 +228,66 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ checkpoints
 
-    def trainer_state(self) -> Dict[str, Any]:
-        counters = self.learner.state
-        return {"sampler": self.sampler.state_dict(),
-                "normalizer": self.normalizer.state_dict() if self.normalizer is not None else None,
-                "scheduler": self.learner.scheduler.state_dict(), "nonfinite_total": counters.nonfinite_total,
-                "nonfinite_in_a_row": counters.nonfinite_in_a_row, "optimizer_steps": counters.optimizer_steps,
-                "loss_scale": self.learner.amp_state()}
-
-    def save(self) -> None:
-        """Every rank calls this: rank 0 writes; under tensor parallelism the shards of data-parallel rank 0's
-        group are merged (a collective); each part of the optimizer state (per pipeline stage, TP rank and
-        sharding rank) is written by one of the ranks that hold it."""
-        cfg, par = self.cfg, self.par
-        full = not cfg.ignore_save_lr_and_optim
-        shard, saves = par.optimizer_shard()
-        path = ckpt.save_checkpoint(
-            cfg.output_dir, self.step, self.policy.model, self.tokenizer, trainer_state=self.trainer_state(),
-            optimizer=self.learner.optimizer, full=full, total_limit=cfg.save_total_limit,
-            reference=self.reference.model if (self.reference is not None and cfg.sync_ref_model and full) else None,
-            writer=par.is_main, participant=par.dp_rank == 0, tp_world=par.tp_world, pp_world=par.pp_world,
-            optimizer_shard=shard, saves_optimizer=saves, optimizer_model=self._optimizer_model(), sync=par.barrier)
-        self.last_checkpoint = path
-        if par.is_main:
-            logger.info("saved %s", path)
-
-    def _optimizer_model(self) -> paddle.nn.Layer:
-        """The layers the optimizer trains: under pipeline parallelism this stage's pipeline layers (its optimizer
-        state is keyed by their names; the model itself is saved from the synchronised full copy)."""
-        pipeline = self.learner.pipeline
-        return pipeline.layers if pipeline is not None else self.policy.model
-
-    def _resume(self, path: str) -> None:
-        state = ckpt.load_trainer_state(path)
-        shard = self.par.model_load_kwargs()
-        ckpt.load_weights(self.policy.model, path, **shard)
-        if self.reference is not None and os.path.isdir(os.path.join(path, ckpt.REFERENCE_DIR)):
-            ckpt.load_weights(self.reference.model, os.path.join(path, ckpt.REFERENCE_DIR), **shard)
-        if self.learner.pipeline is not None:
-            self.learner.pipeline.load_from(self.policy.model)
-        ckpt.load_optimizer_and_rng(path, self.par.inner_optimizer(self.learner.optimizer), self._optimizer_model(),
-                                    shard=self.par.optimizer_shard()[0])
-        self.learner.scheduler.set_state_dict(state["scheduler"])
-        self.sampler.set_state_dict(state["sampler"])
-        if self.normalizer is not None and state.get("normalizer"):
-            self.normalizer.set_state_dict(state["normalizer"])
-        self.learner.state = step.UpdateState(state["optimizer_steps"], state["nonfinite_total"],
-                                              state["nonfinite_in_a_row"])
-        self.learner.load_amp_state(state.get("loss_scale"))
-        self.step = state["step"]
-        logger.info("resumed from %s at step %d", path, self.step)
+    def save(self, unlogged: Optional[Dict[str, Any]] = None, solo: bool = False) -> None:
+        """Write checkpoint-<step> (run_state.save: every rank calls it; `solo`: rank 0 alone after a fault)."""
+        run_state.save(self, unlogged=unlogged, solo=solo)
 
     # ------------------------------------------------------------------------------------------- main loop
 
     def _evaluating(self) -> bool:
         return self.cfg.do_eval and self.cfg.evaluation_strategy == "steps" and bool(self.eval_records)
 
+    def _finish_step(self, metrics: Dict[str, Any], samples: Optional[list]) -> None:
+        """Evaluate when due, then write the step's metrics line and its samples (rank 0)."""
+        if self._evaluating() and (self.step % self.cfg.eval_steps == 0 or self.step == self.max_steps):
+            metrics.update(self.evaluate())
+        self.log.log(self.step, metrics)
+        self.log.advance(self.step, metrics)
+        if samples is not None:
+            self.log.log_samples(self.step, samples)
+        self.guard.logged()
+
     def train(self) -> Dict[str, float]:
-        """Run to max_steps. Ctrl-C saves a checkpoint and stops cleanly. Returns the last step's metrics."""
-        cfg = self.cfg
+        """Run to max_steps; returns the last step's metrics. Ctrl-C, SIGTERM and errors save the last consistent
+        state before the exception goes on (faults.py); an error gets a note saying what was saved."""
+        cfg, guard = self.cfg, self.guard
         metrics: Dict[str, float] = {}
-        interrupted = False
-        if self.step >= self.max_steps:  # a finished run: re-running its command must not re-save its checkpoint
+        if self.step >= self.max_steps and self.unlogged is None:  # a finished run: re-running must not re-save
             if self.par.is_main:
                 logger.info("%s already holds this run up to step %d (max_steps %d): nothing to train; set "
                             "overwrite_output_dir: true to train again from scratch", cfg.output_dir, self.step,
                             self.max_steps)
             self.log.close()
             return metrics
-        previous = signal.getsignal(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, _raise_interrupt)
+        previous = guard.install()
         try:
-            if self.step == 0 and self._evaluating():
+            if self.unlogged is not None:
+                guard.phase, guard.unlogged = "finish", self.unlogged
+                self._finish_step(dict(self.unlogged["metrics"]), self.unlogged["samples"])
+                self.unlogged = None
+            elif self.step == 0 and self._evaluating():
                 self.log.log(0, self.evaluate())
             while self.step < self.max_steps:
+                guard.begin()
                 metrics = self.train_step()
-                if self._evaluating() and (self.step % cfg.eval_steps == 0 or self.step == self.max_steps):
-                    metrics.update(self.evaluate())
-                self.log.log(self.step, metrics)
-                self.log.advance(self.step, metrics)
-                if self.step % cfg.logging_steps == 0:
-                    self.log.log_samples(self.step, self.batch.sample_rows(self.train_records))
+                due = self.step % cfg.logging_steps == 0
+                guard.stepped(metrics, self.batch.sample_rows(self.train_records) if due else None)
+                self._finish_step(metrics, guard.unlogged["samples"] if guard.unlogged else None)
                 if cfg.save_strategy == "steps" and self.step % cfg.save_steps == 0 and self.step < self.max_steps:
-                    self.save()
-        except KeyboardInterrupt:
-            interrupted = True
-            logger.warning("interrupted at step %d: saving a checkpoint before stopping", self.step)
+                    guard.save()
+                guard.raise_deferred()
+            if cfg.save_strategy == "steps" and os.path.basename(self.last_checkpoint or "") != \
+                    f"checkpoint-{self.step}":  # the last step's (unless save_steps just wrote it)
+                guard.save()
+        except BaseException as error:
+            note = guard.on_fault(error)
+            if hasattr(error, "add_note") and not isinstance(error, KeyboardInterrupt):
+                error.add_note(f"{type(error).__name__} at step {self.step}: {note}")
+            raise
         finally:
-            signal.signal(signal.SIGTERM, previous)
-        if cfg.save_strategy == "steps" or interrupted:
-            self.save()
-        self.log.close()
-        if interrupted:
-            raise KeyboardInterrupt
+            guard.uninstall(previous)
+            self.log.close()
         return metrics
-
-
-def _raise_interrupt(*_):
-    """SIGTERM (a scheduler stopping the job) is handled like Ctrl-C: save, then stop."""
-    raise KeyboardInterrupt
 
 
 def train(cfg: Config, build_policy: Optional[PolicyBuilder] = None) -> int:

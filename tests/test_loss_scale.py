@@ -11,6 +11,7 @@ import paddle
 import pytest
 
 from paddle_grpo.precision import Amp, LossScale, PrecisionPlan
+from paddle_grpo import run_state
 
 
 def test_the_defaults_are_paddlenlps_trainer_scaler():
@@ -88,5 +89,5 @@ def test_checkpoints_carry_the_loss_scale_and_resume_restores_it(files, tiny_pol
     assert state["loss_scale"] == saved
     resumed = make_trainer(files, tiny_policy_dir, tmp_path / "run")  # output_dir with a checkpoint: resumes
     resumed.learner.amp = Amp(plan, LossScale())
-    resumed._resume(trainer.last_checkpoint)  # the CPU plan built no loss scale; resume into the GPU one
+    run_state.restore(resumed, trainer.last_checkpoint)  # the CPU plan built no loss scale; resume into the GPU one
     assert resumed.learner.amp.state_dict() == saved and resumed.step == 1

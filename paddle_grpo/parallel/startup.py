@@ -1,7 +1,10 @@
 """Start-up before any process group exists: this process's rank on its node, and building a missing directory
-(the quickstart policy) once per node without a collective waiting for it."""
+(the quickstart policy) once, whatever the number of nodes sharing its file system, without a collective waiting
+for it."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -25,17 +28,21 @@ def _launch_id() -> str:
     return f"{socket.gethostname()} {os.getppid()} {os.environ.get('PADDLE_TRAINER_ENDPOINTS', '')}"
 
 
-def build_once_per_node(path: str, build: Callable[[str], object], what: str, *, poll_seconds: float = 1.0,
-                        log_seconds: float = 30.0) -> None:
-    """Make the missing directory `path` with `build(directory)` once per node, before any process group exists.
+def build_once(path: str, build: Callable[[str], object], what: str, *, poll_seconds: float = 1.0,
+               log_seconds: float = 30.0) -> None:
+    """Make the missing directory `path` with `build(directory)` once, before any process group exists.
 
     A build can take longer than a collective's timeout (gloo's is a fixed 30 s), so no rank waits for it in a
-    collective: local rank 0 builds into a temporary directory beside `path` (named by host and pid) and renames it
-    into place, so `path` is either absent or complete; the other local ranks poll the file system for it and log
-    every `log_seconds`. If the build fails, the builder writes `<path>.failed-<host>` with the error and this
-    launch's id before re-raising, and the waiting ranks stop with that error instead of waiting for a directory
-    that will not come. Temporary directories of builders that are no longer running (a killed run) are removed.
-    Several nodes on a shared file system each build; the first rename wins and the others keep its copy."""
+    collective. On each node local rank 0 takes an exclusive lock on `<path>.lock` (fcntl.lockf: a POSIX lock,
+    which NFS and most cluster file systems honour across hosts); the first to hold it builds into a temporary
+    directory beside `path` (named by host and pid) and renames it into place, so `path` is either absent or
+    complete; local rank 0 of every other node sharing the file system waits for the lock, then finds `path` built
+    and uses it. The other local ranks poll the file system for `path`, logging every `log_seconds`. If the build
+    fails, the builder writes `<path>.failed-<host>` with the error and this launch's id before re-raising, and the
+    waiting ranks of its node stop with that error instead of waiting for a directory that will not come (another
+    node then takes the lock and tries itself). Temporary directories of builders that are no longer running (a
+    killed run) are removed. On a file system without working locks (lockf raises) each node builds, and the first
+    rename wins."""
     path = os.path.normpath(path)
     host = socket.gethostname()
     failed = f"{path}.failed-{host}"
@@ -51,9 +58,49 @@ def build_once_per_node(path: str, build: Callable[[str], object], what: str, *,
                 logger.info("still waiting for local rank 0 to build %s (%.0f s)", path, last_log - start)
             time.sleep(poll_seconds)
         return
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    lock_path = f"{path}.lock"
+    with open(lock_path, "a+", encoding="utf-8") as lock:
+        locked = _lock(lock, path, poll_seconds, log_seconds)
+        try:
+            if os.path.isdir(path):
+                logger.info("%s was built meanwhile by another node; using it", path)
+            else:
+                _build(path, build, what, host, failed)
+            if locked:  # `path` exists: whoever holds a lock from now on finds it and builds nothing
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(lock_path)
+        finally:
+            if locked:
+                fcntl.lockf(lock, fcntl.LOCK_UN)
+
+
+def _lock(lock: object, path: str, poll_seconds: float, log_seconds: float) -> bool:
+    """Hold an exclusive lock on the open file `lock`, waiting (and logging) while another node builds `path`;
+    False when the file system refuses locks (each node then builds; the first rename wins)."""
+    start, last_log = time.monotonic(), None
+    while True:
+        try:
+            fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except (BlockingIOError, PermissionError):  # held by another process (EAGAIN / EACCES)
+            pass
+        except OSError as exc:  # ENOLCK & co.: no locks on this file system
+            logger.warning("cannot lock %s (%s): every node that misses %s builds it", lock.name, exc, path)
+            return False
+        if last_log is None or time.monotonic() - last_log >= log_seconds:
+            last_log = time.monotonic()
+            logger.info("another node is building %s: waiting for it (%.0f s)", path, last_log - start)
+        time.sleep(poll_seconds)
+
+
+def _build(path: str, build: Callable[[str], object], what: str, host: str, failed: str) -> None:
+    """Build `path` beside it and rename it into place (the caller holds the lock)."""
     parent, base = os.path.split(os.path.abspath(path))
     prefix = f"{base}.tmp-{host}-"
-    os.makedirs(parent, exist_ok=True)
     for name in os.listdir(parent):
         pid = name[len(prefix):].split(".")[0] if name.startswith(prefix) else ""  # "<pid>" or "<pid>.<suffix>"
         if pid.isdigit() and not _running(int(pid)):

@@ -4,7 +4,8 @@ Both have `score(src, tgt, response) -> list[float | None]` and `score_detailed(
 trainer treats them alike (`make_rewarder` picks one from `use_rm_server`). A None total means a reward function
 failed on that sample (the reason is in `errors`) or every function returned None for it; the trainer leaves such
 samples out (`train/reward_none_frac`). A failed request is never turned into reward 0 (PaddleNLP's client does
-that): after its retries the client raises RewardServerError saying which servers were tried and how each failed.
+that): after its retries (by default for up to 10 minutes: `reward_server_max_wait_s`) the client raises
+RewardServerError saying which servers were tried and how each failed.
 """
 import itertools
 import logging
@@ -66,18 +67,25 @@ class RewardClient:
     urls: list or comma-separated string. Each `score` call goes to the next server in turn (round-robin); a failed
     attempt moves on to the next server, after an exponential backoff (backoff * 2**k seconds, capped at
     max_backoff, with +-20 % jitter so many trainer ranks do not retry in lockstep). Retried: connection errors,
-    timeouts, 5xx, 408, 429; total attempts = 1 + max_retries. Not retried: other 4xx (RewardRequestError, with
-    the server's error_msg) and protocol violations in a 200 reply (RewardResponseError).
+    timeouts, 5xx, 408, 429, for as long as the batch's first failure is less than `max_wait_s` seconds ago (the
+    last wait is shortened to end at the budget), so a reward server that restarts costs time, not the run; every
+    wait is logged with the server, the attempt, its length and the budget left. `max_retries` (-1: no limit) caps
+    the number of retries as well: whichever ends first. Not retried: other 4xx (RewardRequestError, with the
+    server's error_msg) and protocol violations in a 200 reply (RewardResponseError).
     """
 
     def __init__(self, urls: Union[str, Sequence[str]], connect_timeout: float = 5, read_timeout: float = 60,
-                 max_retries: int = 3, backoff: float = 0.5, token: Optional[str] = None,
-                 session: Optional[requests.Session] = None, max_backoff: float = 30.0) -> None:
+                 max_retries: int = -1, backoff: float = 0.5, token: Optional[str] = None,
+                 session: Optional[requests.Session] = None, max_backoff: float = 30.0,
+                 max_wait_s: float = 600.0) -> None:
         self.urls = _split_urls(urls)
         self.timeout = (connect_timeout, read_timeout)
-        if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if max_retries < -1:
+            raise ValueError(f"max_retries must be -1 (no limit) or >= 0, got {max_retries}")
+        if max_wait_s < 0:
+            raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
         self.max_retries = max_retries
+        self.max_wait_s = max_wait_s
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.session = session or requests.Session()
@@ -117,32 +125,49 @@ class RewardClient:
             return RewardResult([], {}, [])
         request_id = uuid.uuid4().hex[:16]
         first = next(self._turn)
-        failures = []
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                delay = min(self.backoff * 2 ** (attempt - 1), self.max_backoff) * random.uniform(0.8, 1.2)
-                time.sleep(delay)
+        failures: List[str] = []
+        first_failure = None
+        for attempt in itertools.count():
             url = self.urls[(first + attempt) % len(self.urls)]
             try:
                 reply = self.session.post(url + "/", json=batch, timeout=self.timeout,
                                           headers={**self.headers, "X-Request-Id": request_id})
             except requests.RequestException as exc:
-                failures.append(f"{url} -> {_short(exc)}")
-                logger.warning("reward server %s failed (attempt %d/%d, request %s): %s", url, attempt + 1,
-                               self.max_retries + 1, request_id, _short(exc))
-                continue
-            status = reply.status_code
-            if status >= 500 or status in _RETRYABLE_4XX:
-                failures.append(f"{url} -> HTTP {status}: {_error_msg(reply)}")
-                logger.warning("reward server %s answered HTTP %d (attempt %d/%d, request %s): %s", url, status,
-                               attempt + 1, self.max_retries + 1, request_id, _error_msg(reply))
-                continue
-            if status != 200:
-                raise RewardRequestError(f"reward server {url} rejected the request (request {request_id}) with "
-                                         f"HTTP {status}: {_error_msg(reply)}")
-            return _check_reply(reply, url, n, request_id)
-        raise RewardServerError(f"reward servers failed {len(failures)} times for a batch of {n} "
-                                f"(request {request_id}): " + "; ".join(failures))
+                failure = _short(exc)
+            else:
+                status = reply.status_code
+                if status == 200:
+                    return _check_reply(reply, url, n, request_id)
+                if status < 500 and status not in _RETRYABLE_4XX:
+                    raise RewardRequestError(f"reward server {url} rejected the request (request {request_id}) "
+                                             f"with HTTP {status}: {_error_msg(reply)}")
+                failure = f"HTTP {status}: {_error_msg(reply)}"
+            failures.append(f"{url} -> {failure}")
+            now = time.monotonic()
+            first_failure = now if first_failure is None else first_failure
+            left = self.max_wait_s - (now - first_failure)
+            if left <= 0 or 0 <= self.max_retries <= attempt:
+                raise RewardServerError(
+                    f"reward servers failed {len(failures)} times for a batch of {n} over "
+                    f"{now - first_failure:.0f} s (request {request_id}; retries end after "
+                    f"reward_server_max_wait_s = {self.max_wait_s:g} s"
+                    + (f" or reward_server_max_retries = {self.max_retries}" if self.max_retries >= 0 else "")
+                    + "): " + _join_failures(failures))
+            delay = min(self.backoff * 2 ** attempt, self.max_backoff) * random.uniform(0.8, 1.2)
+            delay = min(delay, left)
+            logger.warning("reward server %s failed (attempt %d, request %s): %s; retrying in %.1f s (%.0f s of "
+                           "the %g s wait budget left, reward_server_max_wait_s)", url, attempt + 1, request_id,
+                           failure, delay, left - delay, self.max_wait_s)
+            time.sleep(delay)
+        raise AssertionError("unreachable")  # itertools.count() never ends
+
+
+def _join_failures(failures: List[str], keep: int = 6) -> str:
+    """The failures of one batch, all of them when few, else the first and the last ones."""
+    if len(failures) <= keep:
+        return "; ".join(failures)
+    head, tail = failures[:2], failures[-(keep - 2):]
+    return "; ".join(head) + f"; ... ({len(failures) - keep} more) ...; " + "; ".join(tail)
 
 
 def _error_msg(reply):

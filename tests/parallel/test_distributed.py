@@ -113,7 +113,7 @@ def test_prompt_positions_split_every_global_mini_batch_over_the_ranks():
 
 # ------------------------------------------------------------ building a missing policy before the groups form
 
-def test_build_once_per_node_renames_a_finished_build_into_place_and_clears_dead_builders(tmp_path):
+def test_build_once_renames_a_finished_build_into_place_and_clears_dead_builders(tmp_path):
     host = socket.gethostname()
     target = tmp_path / "build" / "policy"
     target.parent.mkdir()
@@ -129,7 +129,7 @@ def test_build_once_per_node_renames_a_finished_build_into_place_and_clears_dead
         with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
             f.write("{}")
 
-    parallel.build_once_per_node(str(target), build, "a test recipe")
+    parallel.build_once(str(target), build, "a test recipe")
     assert seen == [(str(target.parent / f"policy.tmp-{host}-{os.getpid()}"), False)]  # built beside, not in place
     assert (target / "config.json").read_text() == "{}"
     assert sorted(p.name for p in target.parent.iterdir()) == sorted(["policy", alive.name])
@@ -144,18 +144,18 @@ def test_a_failed_build_stops_the_waiting_ranks_of_this_launch_only(tmp_path, mo
         raise ValueError("no space left for the tokenizer")
 
     with pytest.raises(ValueError, match="no space left"):
-        parallel.build_once_per_node(str(target), broken, "a test recipe")
+        parallel.build_once(str(target), broken, "a test recipe")
     assert not target.exists() and sorted(p.name for p in tmp_path.iterdir()) == [marker.name]  # no half build
     monkeypatch.setenv("PADDLE_LOCAL_RANK", "1")  # a rank of the same launch (same launcher pid) waits
     with pytest.raises(RuntimeError, match=r"local rank 0 failed to build .*policy with a test recipe: "
                                            r"ValueError: no space left for the tokenizer"):
-        parallel.build_once_per_node(str(target), broken, "a test recipe", poll_seconds=0.01)
+        parallel.build_once(str(target), broken, "a test recipe", poll_seconds=0.01)
 
     # A marker left by an earlier launch is not this launch's failure: the rank waits until the directory appears.
     marker.write_text(json.dumps({"launch": "another host 1 127.0.0.1:1", "error": "ValueError: old"}))
     timer = threading.Timer(0.3, target.mkdir)
     timer.start()
-    parallel.build_once_per_node(str(target), broken, "a test recipe", poll_seconds=0.01)
+    parallel.build_once(str(target), broken, "a test recipe", poll_seconds=0.01)
     timer.join()
     assert target.is_dir()
 

@@ -1,0 +1,87 @@
+"""The trainer's state in a checkpoint: what it holds beyond the weights, writing it, and restoring it on resume.
+
+checkpoint.py writes and reads the files; this module knows the trainer's parts (sampler, reward statistics,
+schedule, counters, the optimizer's layout over ranks) and who writes what (parallel/storage.py).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any, Dict, Optional
+
+import paddle
+
+from . import checkpoint as ckpt
+from . import step
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+logger = logging.getLogger("paddle_grpo.trainer")
+
+
+def trainer_state(t: Trainer) -> Dict[str, Any]:
+    """trainer_state.json's part beyond the step: data position, running reward statistics, schedule, counters."""
+    counters = t.learner.state
+    return {"sampler": t.sampler.state_dict(),
+            "normalizer": t.normalizer.state_dict() if t.normalizer is not None else None,
+            "scheduler": t.learner.scheduler.state_dict(), "nonfinite_total": counters.nonfinite_total,
+            "nonfinite_in_a_row": counters.nonfinite_in_a_row, "optimizer_steps": counters.optimizer_steps,
+            "loss_scale": t.learner.amp_state()}
+
+
+def save(t: Trainer, unlogged: Optional[Dict[str, Any]] = None, solo: bool = False) -> None:
+    """Every rank calls this: rank 0 writes (with save_on_each_node on storage that is not shared, each node's
+    local rank 0); under tensor parallelism the shards of data-parallel rank 0's group are merged (a collective);
+    each part of the optimizer state (per pipeline stage, TP rank and sharding rank) is written by one of the ranks
+    that hold it. `solo`: rank 0 alone, without any collective (after a fault, under data parallelism only, where
+    rank 0 holds the whole state). `unlogged`: the step's metrics and samples a fault left unwritten (faults.py),
+    written first by the resumed run."""
+    cfg, par = t.cfg, t.par
+    if solo and not par.is_main:
+        return
+    full = not cfg.ignore_save_lr_and_optim
+    shard, saves = par.optimizer_shard()
+    state = {**trainer_state(t), **({"unlogged": unlogged} if unlogged is not None else {})}
+    writer = par.is_main if solo else t.storage.writer
+    path = ckpt.save_checkpoint(
+        cfg.output_dir, t.step, t.policy.model, t.tokenizer, trainer_state=state, optimizer=t.learner.optimizer,
+        full=full, total_limit=cfg.save_total_limit,
+        reference=t.reference.model if (t.reference is not None and cfg.sync_ref_model and full) else None,
+        writer=writer, participant=writer or par.dp_rank == 0, tp_world=par.tp_world, pp_world=par.pp_world,
+        optimizer_shard=shard, saves_optimizer=saves or writer, optimizer_model=optimizer_model(t),
+        sync=(lambda: None) if solo else par.barrier)
+    t.last_checkpoint = path
+    if writer:  # one line per copy written: once per shared file system
+        logger.info("saved %s", path)
+
+
+def optimizer_model(t: Trainer) -> paddle.nn.Layer:
+    """The layers the optimizer trains: under pipeline parallelism this stage's pipeline layers (its optimizer
+    state is keyed by their names; the model itself is saved from the synchronised full copy)."""
+    pipeline = t.learner.pipeline
+    return pipeline.layers if pipeline is not None else t.policy.model
+
+
+def restore(t: Trainer, path: str) -> None:
+    """Load checkpoint `path` into the trainer: weights (and the reference's, when saved), optimizer, generators,
+    schedule, data position, reward statistics, counters, step, and the metrics a fault left unwritten."""
+    state = ckpt.load_trainer_state(path)
+    shard = t.par.model_load_kwargs()
+    ckpt.load_weights(t.policy.model, path, **shard)
+    if t.reference is not None and os.path.isdir(os.path.join(path, ckpt.REFERENCE_DIR)):
+        ckpt.load_weights(t.reference.model, os.path.join(path, ckpt.REFERENCE_DIR), **shard)
+    if t.learner.pipeline is not None:
+        t.learner.pipeline.load_from(t.policy.model)
+    ckpt.load_optimizer_and_rng(path, t.par.inner_optimizer(t.learner.optimizer), optimizer_model(t),
+                                shard=t.par.optimizer_shard()[0])
+    t.learner.scheduler.set_state_dict(state["scheduler"])
+    t.sampler.set_state_dict(state["sampler"])
+    if t.normalizer is not None and state.get("normalizer"):
+        t.normalizer.set_state_dict(state["normalizer"])
+    t.learner.state = step.UpdateState(state["optimizer_steps"], state["nonfinite_total"],
+                                       state["nonfinite_in_a_row"])
+    t.learner.load_amp_state(state.get("loss_scale"))
+    t.step = state["step"]
+    t.unlogged = state.get("unlogged")  # a fault stopped the run before this step was logged: log it first
+    logger.info("resumed from %s at step %d", path, t.step)
