@@ -53,6 +53,21 @@ INSTALL_REQUIRES = PADDLE + [
     "matplotlib>=3.7",
 ]
 
+# `.[peer]`: the PyTorch side of tools/trl_bench.py (TRL's GRPOTrainer; docs/PERFORMANCE.md), the versions its
+# comparison was measured with. It needs its own virtual environment, installed with PADDLE_GRPO_PEER_ONLY=1:
+# TRL 1.16 needs transformers >= 4.56, which needs tokenizers >= 0.22, while paddlenlp 3.0.0b4 needs tokenizers < 0.22,
+# so the two cannot share an environment; PADDLE_GRPO_PEER_ONLY=1 leaves this project's runtime requirements out (the
+# harness imports only recipes/tiny.py's tokenizer writer, which needs none of them). torch is pinned exactly: an
+# unpinned torch on Linux resolves to the multi-GB CUDA build, while the comparison runs the CPU build of 2.13.0
+# (install that first from PyTorch's CPU wheel index where it is not already at hand; pip then keeps it).
+PEER = ["torch==2.13.0", "trl==1.16.0"]
+
+
+def requirements(environ=os.environ):
+    """install_requires: INSTALL_REQUIRES, or nothing for the peer's own environment (PADDLE_GRPO_PEER_ONLY=1)."""
+    return [] if environ.get("PADDLE_GRPO_PEER_ONLY") == "1" else INSTALL_REQUIRES
+
+
 if __name__ == "__main__":  # setuptools runs this file as __main__; tests import it for gpu_paddle_installed
     setup(
         name="paddle_grpo",
@@ -65,8 +80,8 @@ if __name__ == "__main__":  # setuptools runs this file as __main__; tests impor
         python_requires=">=3.9,<3.12",
         packages=find_packages(include=["paddle_grpo", "paddle_grpo.*", "reward_server", "reward_server.*"]),
         py_modules=["run_rl"],
-        install_requires=INSTALL_REQUIRES,
-        extras_require={"test": ["pytest>=7.4"]},
+        install_requires=requirements(),
+        extras_require={"test": ["pytest>=7.4"], "peer": PEER},
         entry_points={"console_scripts": ["paddle-grpo-reward-server=reward_server.__main__:main"]},
         license="Apache-2.0",
     )

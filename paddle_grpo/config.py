@@ -54,6 +54,9 @@ HOST_MEMORY = "on a CPU run everything is already in host memory"
 # 10.7 / 9.8 / 9.3 / 9.2 s with chunks of 128 / 256 / 512 / 1024 positions (tools/bench.py --ops, docs/PERFORMANCE.md);
 # 512 is within 2 % of 1024 at half its transient memory (512 x V float32 = 311 MB per buffer).
 DEFAULT_HEAD_CHUNK_SIZE = 512
+# use_fused_head_and_loss_fn when the config leaves it unset: the chunked head from this vocabulary size on, full
+# logits below. Measured (python tools/bench_head.py, docs/PERFORMANCE.md): MEASUREMENT
+HEAD_CHUNK_MIN_VOCAB = 32768
 
 
 class ConfigError(ValueError):
@@ -422,14 +425,18 @@ class KernelArguments:
                            **_amp_effect("use_fused_rms_norm"))
     use_fused_rope: bool = arg(False, "Fused rotary embedding kernel. Passed to the model config's field of the same name.",
                            **_amp_effect("use_fused_rope"))
-    use_fused_head_and_loss_fn: bool = arg(
-        False, "Chunked LM head: the log-probs and entropies of the completion tokens are computed "
-               "fused_head_chunk_size positions at a time from the final hidden states (forward and backward, "
-               "policy/lm_head.py), so the [rows, T, vocab] logits are never held: peak extra memory O(chunk x "
-               "vocab) instead of O(rows x T x vocab). Same numbers as the full logits up to float32 rounding. "
-               "Here this is the project's own chunked head, on every device, for the policy and the reference; it "
-               "is not passed to the model config (PaddleNLP's fused head + loss returns a loss, not per-token "
-               "log-probs).", cpu=ON,
+    use_fused_head_and_loss_fn: Optional[bool] = arg(
+        None, "Chunked LM head: the log-probs and entropies of the completion tokens are computed "
+              "fused_head_chunk_size positions at a time from the final hidden states (forward and backward, "
+              "policy/lm_head.py), so the [rows, T, vocab] logits are never held: peak extra memory O(chunk x "
+              "vocab) instead of O(rows x T x vocab). Same numbers as the full logits up to float32 rounding. "
+              "Here this is the project's own chunked head, on every device, for the policy and the reference; it "
+              "is not passed to the model config (PaddleNLP's fused head + loss returns a loss, not per-token "
+              "log-probs). Unset (null), it is chosen from the policy's vocabulary: on from "
+              f"{HEAD_CHUNK_MIN_VOCAB:,} tokens (Qwen's 151,936), off below (the quickstart's 300); the start-up "
+              "line `LM head: ...` says which and why. PaddleNLP's default is false; ours differs only when the "
+              "key is unset, because full logits at a real vocabulary cost GBs and time for the same numbers. An "
+              "explicit true or false (file or command line) always wins.", cpu=ON,
         gpu=on("the same paddle ops as on CPU; verified only on CPU (tests/policy/test_head_wiring.py)"))
     fused_head_chunk_size: int = arg(DEFAULT_HEAD_CHUNK_SIZE,
                                      "(new) Positions (rows x completion tokens) per chunk of the chunked LM head "
@@ -560,11 +567,22 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
         from .algorithms import advantage_estimator_spec  # paddle: see _from_algorithms
         return advantage_estimator_spec(self.rl_algorithm).normalization_keys
 
-    @property
-    def lm_head_chunk_size(self) -> Optional[int]:
-        """Positions per chunk of the policy's LM head (Policy.head_chunk_size): fused_head_chunk_size with
-        use_fused_head_and_loss_fn, else None (full logits)."""
-        return self.fused_head_chunk_size if self.use_fused_head_and_loss_fn else None
+    def lm_head_decision(self, vocab_size: int) -> Tuple[Optional[int], str]:
+        """`(chunk, line)`: positions per chunk of the policy's LM head for a model of `vocab_size` tokens
+        (Policy.head_chunk_size: fused_head_chunk_size, or None for full logits) and one start-up line saying
+        which and why. An explicit use_fused_head_and_loss_fn wins; unset (None), the chunked head from
+        HEAD_CHUNK_MIN_VOCAB tokens on."""
+        chunk, size = self.fused_head_chunk_size, f"vocabulary {vocab_size:,}"
+        if self.use_fused_head_and_loss_fn is not None:
+            on = self.use_fused_head_and_loss_fn
+            why = f"use_fused_head_and_loss_fn: {str(on).lower()} in the config"
+        else:
+            on = vocab_size >= HEAD_CHUNK_MIN_VOCAB
+            why = (f"use_fused_head_and_loss_fn unset, {size} {'>=' if on else '<'} {HEAD_CHUNK_MIN_VOCAB:,} "
+                   "(set it to choose)")
+        if on:
+            return chunk, f"LM head: chunked, {chunk} positions at a time ({why})"
+        return None, f"LM head: full [rows, T, {vocab_size}] logits ({why})"
 
     @property
     def needs_reference_model(self) -> bool:

@@ -22,8 +22,8 @@ from .data import PromptSampler, read_json_rows, read_jsonl
 from .logging import MetricsLogger
 from .faults import StepGuard
 from .parallel import ParallelContext, build_once, plan_storage
-from .policy import (freeze, load_policy, load_tokenizer, mix_into, parameters_by_decay, quiet_paddlenlp,
-                     resolve_model_dir)
+from .policy import (freeze, head_chunk_size, load_policy, load_tokenizer, mix_into, parameters_by_decay,
+                     quiet_paddlenlp, resolve_model_dir)
 from .precision import plan_for_run
 from .rewards.client import make_rewarder
 from .sampling import row_keys
@@ -66,7 +66,7 @@ class Trainer:
         quiet_paddlenlp()
         self.tokenizer = load_tokenizer(cfg.actor_model_name_or_path)
         load = {**par.model_load_kwargs(), **self.precision.load_kwargs,  # TP shard; dtype and kernels (if not default)
-                "head_chunk_size": cfg.lm_head_chunk_size}  # the chunked LM head, policy and reference (lm_head.py)
+                "head_chunk_size": head_chunk_size(cfg, announce=par.is_main)}  # chunked LM head (unset: by vocab)
         self.policy = load_policy(cfg.actor_model_name_or_path, recompute=cfg.recompute, **load,
                                   recompute_granularity=cfg.recompute_granularity,
                                   recompute_use_reentrant=cfg.recompute_use_reentrant)

@@ -12,11 +12,11 @@ from .base import (Policy, freeze, is_encoder_decoder, load_tokenizer, mix_into,
                    position_ids_from_mask, quiet_paddlenlp)
 from .causal import CausalPolicy
 from .hub import resolve_model_dir
-from .load import load_policy, policy_class
+from .load import head_chunk_size, load_policy, model_vocab_size, policy_class
 from .seq2seq import Seq2SeqPolicy
 
 __all__ = [
-    "CausalPolicy", "Policy", "Seq2SeqPolicy", "freeze", "is_encoder_decoder", "load_policy", "load_tokenizer",
-    "mix_into", "parameters_by_decay", "policy_class", "position_ids_from_mask", "quiet_paddlenlp",
-    "resolve_model_dir",
+    "CausalPolicy", "Policy", "Seq2SeqPolicy", "freeze", "head_chunk_size", "is_encoder_decoder", "load_policy",
+    "load_tokenizer", "mix_into", "model_vocab_size", "parameters_by_decay", "policy_class", "position_ids_from_mask",
+    "quiet_paddlenlp", "resolve_model_dir",
 ]

@@ -1,6 +1,7 @@
 """`load_policy`: the Policy class a model (directory or hub ID) needs, chosen from its config (is_encoder_decoder)."""
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from .base import Policy, is_encoder_decoder
@@ -8,11 +9,30 @@ from .causal import CausalPolicy
 from .hub import resolve_model_dir
 from .seq2seq import Seq2SeqPolicy
 
+logger = logging.getLogger("paddle_grpo.policy")
+
 
 def policy_class(path: str) -> type[Policy]:
     """Seq2SeqPolicy when the config.json of `path` (a local directory or hub ID: hub.resolve_model_dir) says
     is_encoder_decoder, else CausalPolicy."""
     return Seq2SeqPolicy if is_encoder_decoder(path) else CausalPolicy
+
+
+def model_vocab_size(path: str) -> int:
+    """The vocabulary size in the model config of `path` (a local directory or hub ID: hub.resolve_model_dir): the
+    LM head's output size, which decides the head's default (config.Config.lm_head_decision)."""
+    from paddlenlp.transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(resolve_model_dir(path)).vocab_size)
+
+
+def head_chunk_size(cfg: Any, *, announce: bool = True) -> int | None:
+    """Positions per chunk of the LM head of `cfg`'s policy (load_policy's `head_chunk_size`; None: full logits):
+    `cfg.lm_head_decision` at the policy's vocabulary size, logged in one line (`LM head: ...`) when `announce`."""
+    chunk, line = cfg.lm_head_decision(model_vocab_size(cfg.actor_model_name_or_path))
+    if announce:
+        logger.info(line)
+    return chunk
 
 
 def load_policy(path: str, *, trainable: bool = True, recompute: bool = False, tensor_parallel_degree: int = 1,

@@ -127,20 +127,10 @@ def synthetic_words(n: int) -> list[str]:
     return list(itertools.islice(words, n))
 
 
-def build_char_tokenizer(out_dir: str, vocab_size: int = 128) -> Qwen2Tokenizer:
-    """A character-level Qwen2Tokenizer with exactly `vocab_size` tokens and no merges: Qwen's 3 special tokens, the
-    first `vocab_size - 3` characters of CHAR_ALPHABET (all 128 of them above 131 tokens), then, to fill a
-    real-size vocabulary (e.g. Qwen's 151,936), `synthetic_words` (aa, ab, ...).
-
-    Every id decodes to non-empty text, as with a real tokenizer (a sampled id of a random model must not vanish
-    from the completion text). Encoding never yields a word: without merges each character of CHAR_ALPHABET is one
-    token, so a text of n such characters is n tokens. Up to 131 tokens the files are those of the plain character
-    tokenizer (the quickstart and tests rely on its ids). Characters outside the alphabet map to the unknown token
-    (= EOS); use only CHAR_ALPHABET in texts. Building 151,936 tokens takes about a second. Returns the tokenizer.
-    """
+def write_char_vocab(out_dir: str, vocab_size: int) -> tuple[str, str]:
+    """`vocab.json` and an empty `merges.txt` of build_char_tokenizer's vocabulary in `out_dir`, without importing
+    paddle (tools/trl_bench.py loads them with transformers' Qwen2Tokenizer). Returns the two paths."""
     import json
-
-    from paddlenlp.transformers import Qwen2Tokenizer
 
     n_chars = min(vocab_size - len(SPECIAL_TOKENS), len(CHAR_ALPHABET))
     if n_chars < 1:
@@ -152,13 +142,30 @@ def build_char_tokenizer(out_dir: str, vocab_size: int = 128) -> Qwen2Tokenizer:
     # Lowercase ASCII letters are their own byte-level spelling, so a word's entry decodes to the word itself.
     for word in synthetic_words(vocab_size - len(vocab)):
         vocab[word] = len(vocab)
+    vocab_file, merges_file = os.path.join(out_dir, "vocab.json"), os.path.join(out_dir, "merges.txt")
+    with open(vocab_file, "w", encoding="utf-8") as f:
+        json.dump(vocab, f, ensure_ascii=False)
+    with open(merges_file, "w", encoding="utf-8") as f:
+        f.write("#version: 0.2\n")
+    return vocab_file, merges_file
+
+
+def build_char_tokenizer(out_dir: str, vocab_size: int = 128) -> Qwen2Tokenizer:
+    """A character-level Qwen2Tokenizer with exactly `vocab_size` tokens and no merges: Qwen's 3 special tokens, the
+    first `vocab_size - 3` characters of CHAR_ALPHABET (all 128 of them above 131 tokens), then, to fill a
+    real-size vocabulary (e.g. Qwen's 151,936), `synthetic_words` (aa, ab, ...).
+
+    Every id decodes to non-empty text, as with a real tokenizer (a sampled id of a random model must not vanish
+    from the completion text). Encoding never yields a word: without merges each character of CHAR_ALPHABET is one
+    token, so a text of n such characters is n tokens. Up to 131 tokens the files are those of the plain character
+    tokenizer (the quickstart and tests rely on its ids). Characters outside the alphabet map to the unknown token
+    (= EOS); use only CHAR_ALPHABET in texts. Building 151,936 tokens takes about a second. Returns the tokenizer.
+    """
+    from paddlenlp.transformers import Qwen2Tokenizer
+
     os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        vocab_file, merges_file = os.path.join(tmp, "vocab.json"), os.path.join(tmp, "merges.txt")
-        with open(vocab_file, "w", encoding="utf-8") as f:
-            json.dump(vocab, f, ensure_ascii=False)
-        with open(merges_file, "w", encoding="utf-8") as f:
-            f.write("#version: 0.2\n")
+        vocab_file, merges_file = write_char_vocab(tmp, vocab_size)
         tokenizer = Qwen2Tokenizer(vocab_file=vocab_file, merges_file=merges_file, unk_token=None, bos_token=None,
                                    eos_token=IM_END, pad_token=PAD)
         tokenizer.padding_side = "left"

@@ -341,11 +341,12 @@ def test_heads_that_cannot_be_chunked_fall_back_to_full_logits_with_one_warning(
 
 
 def test_config_keys():
-    assert Config().lm_head_chunk_size is None
+    assert Config().lm_head_decision(V)[0] is None  # unset at a small vocabulary (the rule: test_head_default.py)
     cfg = config_from_dict({"use_fused_head_and_loss_fn": True})
-    assert cfg.lm_head_chunk_size == Config().fused_head_chunk_size == 512
-    assert config_from_dict({"use_fused_head_and_loss_fn": True, "fused_head_chunk_size": 3}).lm_head_chunk_size == 3
-    assert config_from_dict({"fused_head_chunk_size": 3}).lm_head_chunk_size is None
+    assert cfg.lm_head_decision(V)[0] == Config().fused_head_chunk_size == 512
+    assert config_from_dict({"use_fused_head_and_loss_fn": True,
+                             "fused_head_chunk_size": 3}).lm_head_decision(V)[0] == 3
+    assert config_from_dict({"fused_head_chunk_size": 3}).lm_head_decision(V)[0] is None
     with pytest.raises(ConfigError, match="key 'fused_head_chunk_size' = 0: must be at least 1"):
         config_from_dict({"use_fused_head_and_loss_fn": True, "fused_head_chunk_size": 0})
     for key in ("use_fused_head_and_loss_fn", "fused_head_chunk_size"):
