@@ -7,7 +7,6 @@ import os
 import numpy as np
 import paddle
 import pytest
-
 from numerics import tiny_lm_tol
 
 from paddle_grpo.policy import lora as L
