@@ -26,6 +26,17 @@ def f32_sum_tol(n_terms: int, magnitude: float, depth: int = 1) -> float:
     return 2.0 * depth * max(int(n_terms), 1) * EPS32 * float(magnitude)
 
 
+def tiny_lm_tol(width: int, layers: int, vocab: int) -> float:
+    """Bound on |a - b| for two float32 evaluations (other kernels, another code path) of a log-prob or entropy of a
+    tiny randomly initialised causal LM: f32_sum_tol(width, 1, depth=9 * layers + 2) for the transformer (per layer
+    about 9 chained sums: RMSNorm, q/k/v, attention scores, softmax, values, o, RMSNorm, gate/up, down; then the final
+    norm and the head), `width` the longest of these sums (hidden or intermediate size, or the sequence), their terms
+    adding up to ~1 in absolute value at random initialisation (weights ~0.02, normalised activations ~1); plus
+    2 * vocab * u for the log-softmax's sum of positive terms (relative error <= vocab * u, absolute in its log).
+    Double it for gradients (the backward pass is as deep again)."""
+    return f32_sum_tol(width, 1.0, depth=9 * layers + 2) + 2 * vocab * EPS32
+
+
 def adam_drift(after_a: Mapping[str, np.ndarray], after_b: Mapping[str, np.ndarray],
                before: Mapping[str, np.ndarray]) -> Dict[str, float]:
     """How two trainings of the same parameters by Adam(W) differ, for `assert_adam_close`.

@@ -6,6 +6,13 @@ at the last token: the backbone's hidden states through the `score` head, not th
 pools before the first pad token, and so early when a text contains the pad token, as COMPLETIONS[2] does).
 """
 import paddle
+from numerics import f32_sum_tol
+
+# Two float32 evaluations of the tiny reward model's score (recipes/tiny.py build_reward_model: 2 layers, hidden 32,
+# intermediate 64) by other kernels (a padded batch against one text alone, another CPU): about 20 chained sums (per
+# layer RMSNorm, q/k/v, scores, softmax, values, o, RMSNorm, gate/up, down; then the final norm and the score head) of
+# at most 64 terms adding up to at most ~1 (the scores are ~0.2). Absolute.
+REWARD_MODEL_TOL = f32_sum_tol(64, 1.0, depth=20)  # 1.5e-4
 
 PROMPTS = ["<|im_start|>user\nWhat is 12 + 35?<|im_end|>\n<|im_start|>assistant\n", "Who is Zoey? ", "", "x"]
 COMPLETIONS = ["The answer is 47. #### 47", "Zoey is a knight", "a knave <|endoftext|> said so", "#### 9"]

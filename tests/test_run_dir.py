@@ -174,6 +174,7 @@ def test_visualdl_record_holds_one_history_after_resume_and_overwrite(tiny_polic
     files, resumed, cards_after = _vdl_history(out)
     rows = read_json_rows(str(out / "metrics.jsonl"))
     assert len(files) == 1  # one record file per output_dir, rewritten from metrics.jsonl at every start
+    # VisualDL stores float32: one rounding, u = 6e-8 relative
     assert resumed == [(r["step"], pytest.approx(r["train/reward"], rel=1e-6)) for r in rows]
     assert [s for s, _ in resumed] == [1, 2, 3, 4] and resumed[:2] == first
     assert cards_after == cards

@@ -55,6 +55,7 @@ def test_sampled_frequencies_match_the_distribution():
     u = uniforms(row_keys(7, 0, np.arange(n)), 0)
     got = sample_with_uniforms(paddle.to_tensor(np.tile(p, (n, 1)).astype(np.float32)), u).numpy()
     freq = np.bincount(got, minlength=4) / n
+    # statistics, not rounding: 5 binomial standard errors (at most sqrt(0.25 / n)) of each frequency
     np.testing.assert_allclose(freq, p, atol=5 * np.sqrt(0.25 / n))
 
 

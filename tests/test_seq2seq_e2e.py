@@ -62,7 +62,9 @@ def test_grpo_trains_a_t5_summarizer_and_resumes(repo_root, policy_dir, tmp_path
                     "train/entropy", "train/grad_norm", "response_length/mean"):
             assert math.isfinite(m[key]), (step, key, m[key])
         assert 0.0 <= m["train/reward"] <= 1.0 and m["response_length/max"] <= 12
-    assert metrics[1]["train/kl"] == pytest.approx(0.0, abs=1e-5)  # policy == reference before the first update
+    # policy == reference before the first update: the two passes differ only by rounding (batch shapes), whose mean
+    # over the tokens (random signs, ~sqrt(n) u each of log-probs ~5) is far below 1e-5
+    assert metrics[1]["train/kl"] == pytest.approx(0.0, abs=1e-5)
     assert metrics[3]["train/kl"] > 0
     assert 0.0 <= metrics[3]["eval/reward"] <= 1.0 and metrics[3]["eval/samples"] == 40
     after = params(trainer.policy.model)

@@ -16,6 +16,8 @@ from paddle_grpo.parallel import ParallelContext
 from paddle_grpo.rewards import RewardResult
 from paddle_grpo.rollout import Rollout
 
+pytestmark = pytest.mark.numerics  # compares float results: CI reruns it on other CPU kernels
+
 PAD = 0
 
 
@@ -131,6 +133,8 @@ def test_shape_rewards_clips_then_adds_the_overlong_penalty_then_normalises():
     judged = expected[valid]
     # PaddleNLP's normaliser: the first batch's mean and UNBIASED variance
     expected = np.where(valid, (expected - judged.mean()) / (judged.std(ddof=1) + 1e-8), 0.0)
+    # float32 clip, penalty and normalisation of 3 values ~10 (mean, unbiased std, division): ~10 roundings, 10 u
+    # relative = 6e-7 (tests/algorithms/test_normalization.py); the raw reward statistics are float64
     np.testing.assert_allclose(shaped, expected, rtol=1e-5, atol=1e-6)
     assert metrics.reward == pytest.approx(np.mean([12.0, -3.0, 4.0]))
     assert metrics.reward_std == pytest.approx(np.std([12.0, -3.0, 4.0], ddof=1))
@@ -170,6 +174,8 @@ def test_group_estimators_take_the_reward_kl_per_sequence_with_use_kl_in_reward(
         z = (scores - scores.mean()) / (scores.std(ddof=1) + 1e-6) if len(rows) > 1 else scores / (1 + 1e-6)
         for r, v in zip(rows, z):
             expected[r] = v * m[r]
+    # 0.1 times float32 sums over <= 8 tokens of log-prob differences ~2: 0.1 f32_sum_tol(8, 16) = 1.5e-6 absolute
+    # (tests/numerics.py), then the group z-score (a mean, a std, a division: a few u relative): atol 1e-5, rtol 1e-4
     np.testing.assert_allclose(adv, expected, rtol=1e-4, atol=1e-5)
     assert metrics.frac_reward_zero_std == 0.5  # the second group's shaped rewards agree
 
@@ -192,7 +198,7 @@ def test_group_estimators_ignore_kl_coeff_without_use_kl_in_reward(algorithm):
     token_rewards[np.arange(4), mask.sum(1) - 1] = rewards
     expected, _ = get_advantage_estimator(algorithm)(paddle.to_tensor(token_rewards),
                                                      paddle.to_tensor(mask.astype("float32")), [0, 0, 1, 1])
-    np.testing.assert_allclose(with_lp, expected.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(with_lp, expected.numpy(), rtol=1e-6)  # the same estimator on the same rows
     # with use_kl_in_reward the same rows give different advantages
     on, _ = step.compute_advantages(global_rows(rewards, [True] * 4, mask, old, ref), rewards,
                                     cfg_of(rl_algorithm=algorithm, kl_coeff=0.5, use_kl_in_reward=True))
@@ -225,7 +231,7 @@ def test_token_level_estimators_receive_the_log_probs_and_kl_options():
     expected, _ = get_advantage_estimator("reinforce_plus_plus")(
         paddle.to_tensor(token_rewards), mask_t, np.arange(4), kl_coeff=0.05, old_log_probs=paddle.to_tensor(old),
         ref_log_probs=paddle.to_tensor(ref), kl_estimator="k2")
-    np.testing.assert_allclose(adv, expected.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(adv, expected.numpy(), rtol=1e-6)  # the same estimator and kernels, one process
     # and the KL changed the result: without it the advantages differ
     plain, _ = step.compute_advantages(global_rows(rewards, [True] * 4, mask), rewards, cfg)
     assert not np.allclose(adv, plain)

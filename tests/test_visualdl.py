@@ -90,6 +90,7 @@ def test_sample_rows_carry_prompt_whole_completion_reward_and_every_score(tokeni
     assert [r["completion"] for r in rows] == COMPLETIONS
     for row, c in zip(rows, COMPLETIONS):
         kanji, bonus = float("東京" in c), len(c) / 10
+        # float64 Python arithmetic in both: approx's default rel 1e-6 is far above a few u64 = 1.1e-16 roundings
         assert row["scores"] == {"has_kanji": kanji, "length_bonus": pytest.approx(bonus)}
         assert row["reward"] == pytest.approx(kanji + bonus)
     assert format_sample(rows[1]) == ("reward: 2.4 (has_kanji = 1, length_bonus = 1.4)\n"

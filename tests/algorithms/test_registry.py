@@ -146,6 +146,7 @@ def test_a_registered_level_selects_its_loss():
     mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=np.float64)
     out = compute_policy_loss(paddle.to_tensor(lp), paddle.to_tensor(lp), paddle.to_tensor(adv),
                               paddle.to_tensor(mask), importance_sampling_level="test_none")
+    # float64 throughout: a sum of 7 products, f32_sum_tol's bound in float64 (u64 = 1.1e-16): 2 * 7 * u64 ~ 2e-15
     np.testing.assert_allclose(float(out["pg_loss"]), (-adv * lp * mask).sum() / mask.sum(), rtol=1e-12)
 
 

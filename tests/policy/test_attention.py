@@ -1,14 +1,24 @@
-"""Blockwise attention (policy/attention.py) against the unblocked attention of the lean Qwen2 forward."""
+"""Blockwise attention (policy/attention.py) against the unblocked attention of the lean Qwen2 forward.
+
+Tolerances (tests/numerics.py): q, k, v ~N(0, 1) (q / sqrt(D)): a score sums D = 8 terms (sum|terms| ~2.3), the
+softmax 9 positive terms, an output 9 terms p v (sum|terms| <= 3): f32_sum_tol(9, 3, depth=3) = 1e-5 against the
+float64 reference; gradients go back through the same sums (rtol 1e-4 of values ~0.1-1, atol 1e-5). The model-level
+comparison runs the tiny Qwen2 below (hidden 32, intermediate 64, 2 layers, vocab 50): MODEL_TOL, twice for gradients.
+"""
 import math
 
 import numpy as np
 import paddle
 import pytest
+from numerics import tiny_lm_tol
 
 from paddle_grpo.policy import attention, fast_qwen2
 from paddle_grpo.policy.attention import blockwise_attention, query_block
 
+pytestmark = pytest.mark.numerics  # compares float results: CI reruns it on other CPU kernels
+
 B, KV, G, D = 2, 2, 3, 8
+MODEL_TOL = tiny_lm_tol(64, 2, 50)  # 1.5e-4
 
 
 def _reference(q, k, v, keep):
@@ -119,7 +129,7 @@ def test_long_completions_take_the_blocked_path_with_the_same_numbers(tiny_qwen2
     lp_blocks, g_blocks = run()
     assert calls and set(calls) == {1}
     assert len(numpy_blocks) > 3 * len(calls)  # per block: softmax; backward: probabilities and score gradient
-    np.testing.assert_allclose(lp_blocks, lp_full, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lp_blocks, lp_full, rtol=1e-5, atol=MODEL_TOL)
     assert set(g_blocks) == set(g_full)
     for name in g_full:
-        np.testing.assert_allclose(g_blocks[name], g_full[name], rtol=1e-4, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(g_blocks[name], g_full[name], rtol=1e-4, atol=2 * MODEL_TOL, err_msg=name)

@@ -5,6 +5,12 @@ unchunked float64 implementation. Then that the chunked path never materialises 
 module makes is recorded (no output above `chunk_size x V` apart from the weight-shaped gradient), and, in a
 subprocess, the peak RSS of a chunked forward + backward stays far below the size of the full logits while the
 unchunked path (one chunk) exceeds it.
+
+Tolerances (tests/numerics.py): the float32 logits are sums of H = 8 terms adding up to ~14 in absolute value (_data:
+logits ~10), divided by temperatures down to 0.7, so two evaluations differ by f32_sum_tol(8, 20) per logit; a
+log-prob is a logit minus a logsumexp (a weighted mean of logits, plus the log of a sum of V = 37 positive terms:
+f32_sum_tol(37, 1)): VALUE_TOL. A hidden-state gradient sums V terms dz * w with sum|dz| <= 2 and |w| <= 6, a weight
+gradient N_ROWS * T = 10 terms h * dz, on top of the error of dz itself (~VALUE_TOL): GRAD_TOL.
 """
 import json
 import os
@@ -15,13 +21,18 @@ import textwrap
 import numpy as np
 import paddle
 import pytest
+from numerics import f32_sum_tol
 
 from paddle_grpo.policy import lm_head
 from paddle_grpo.policy.lm_head import chunked_logprobs_and_entropy, num_chunks
 
+pytestmark = pytest.mark.numerics  # compares float results: CI reruns it on other CPU kernels
+
 N_ROWS, T, H, V = 2, 5, 8, 37
 POSITIONS = N_ROWS * T
 CHUNK_SIZES = [1, 3, 7, POSITIONS, POSITIONS + 6]
+VALUE_TOL = 2 * f32_sum_tol(H, 20.0) + f32_sum_tol(V, 1.0)  # 4.3e-5
+GRAD_TOL = 2 * VALUE_TOL + f32_sum_tol(V, 12.0)             # 1.4e-4
 
 
 def _data(seed, transpose_y, scale=3.0):
@@ -90,10 +101,10 @@ def test_values_and_gradients_match_the_unchunked_reference(chunk_size, temperat
         hidden, weight, labels, "float32", coeffs)
 
     assert logp.dtype == np.float32 and entropy.dtype == np.float32 and logp.shape == (N_ROWS, T)
-    np.testing.assert_allclose(logp, ref_logp, rtol=1e-5, atol=2e-5)
-    np.testing.assert_allclose(entropy, ref_entropy, rtol=1e-5, atol=2e-5)
-    np.testing.assert_allclose(dh, ref_dh, rtol=1e-4, atol=2e-5)
-    np.testing.assert_allclose(dw, ref_dw, rtol=1e-4, atol=2e-5)
+    np.testing.assert_allclose(logp, ref_logp, rtol=1e-5, atol=VALUE_TOL)
+    np.testing.assert_allclose(entropy, ref_entropy, rtol=1e-5, atol=VALUE_TOL)
+    np.testing.assert_allclose(dh, ref_dh, rtol=1e-4, atol=GRAD_TOL)
+    np.testing.assert_allclose(dw, ref_dw, rtol=1e-4, atol=GRAD_TOL)
     assert dw.shape == weight.shape
 
 
@@ -114,6 +125,8 @@ def test_the_entropy_gradient_matches_finite_differences():
         plus[idx] += eps
         minus[idx] -= eps
         numeric[idx] = (entropy_sum(plus) - entropy_sum(minus)) / (2 * eps)
+    # float32 gradient (scale 1: logits ~3, 6 classes, 2 positions; GRAD_TOL's terms at a fifth of the size) against
+    # float64 central differences (error ~eps^2 = 1e-12)
     np.testing.assert_allclose(dh, numeric, rtol=1e-4, atol=1e-5)
 
 
@@ -129,9 +142,9 @@ def test_without_entropy(transpose_y):
                                                        transpose_y=transpose_y),
         hidden, weight, labels, "float32", coeffs)
     assert entropy is None
-    np.testing.assert_allclose(logp, ref_logp, rtol=1e-5, atol=2e-5)
-    np.testing.assert_allclose(dh, ref_dh, rtol=1e-4, atol=2e-5)
-    np.testing.assert_allclose(dw, ref_dw, rtol=1e-4, atol=2e-5)
+    np.testing.assert_allclose(logp, ref_logp, rtol=1e-5, atol=VALUE_TOL)
+    np.testing.assert_allclose(dh, ref_dh, rtol=1e-4, atol=GRAD_TOL)
+    np.testing.assert_allclose(dw, ref_dw, rtol=1e-4, atol=GRAD_TOL)
 
 
 def test_a_frozen_weight_gets_no_gradient_and_the_hidden_gradient_is_unchanged():
@@ -143,7 +156,7 @@ def test_a_frozen_weight_gets_no_gradient_and_the_hidden_gradient_is_unchanged()
     _, _, dh, dw = _grads(lambda h, w, lab: chunked_logprobs_and_entropy(h, w, lab, chunk_size=3),
                           hidden, weight, labels, "float32", coeffs, frozen_weight=True)
     assert dw is None
-    np.testing.assert_allclose(dh, ref_dh, rtol=1e-4, atol=2e-5)
+    np.testing.assert_allclose(dh, ref_dh, rtol=1e-4, atol=GRAD_TOL)
 
 
 def test_only_logprob_or_only_entropy_in_the_loss():
@@ -155,8 +168,8 @@ def test_only_logprob_or_only_entropy_in_the_loss():
                      coeffs)
         got = _grads(lambda h, w, lab: chunked_logprobs_and_entropy(h, w, lab, temperature=0.9, chunk_size=7),
                      hidden, weight, labels, "float32", coeffs)
-        np.testing.assert_allclose(got[2], ref[2], rtol=1e-4, atol=2e-5)
-        np.testing.assert_allclose(got[3], ref[3], rtol=1e-4, atol=2e-5)
+        np.testing.assert_allclose(got[2], ref[2], rtol=1e-4, atol=GRAD_TOL)
+        np.testing.assert_allclose(got[3], ref[3], rtol=1e-4, atol=GRAD_TOL)
 
 
 def test_negative_labels_read_as_id_zero():
@@ -168,7 +181,7 @@ def test_negative_labels_read_as_id_zero():
     h, w, _ = _tensors(hidden, weight, labels, "float32")
     a, _ = chunked_logprobs_and_entropy(h, w, paddle.to_tensor(ignored), chunk_size=3)
     b, _ = chunked_logprobs_and_entropy(h, w, paddle.to_tensor(zeroed), chunk_size=3)
-    np.testing.assert_array_equal(a.numpy(), b.numpy())
+    np.testing.assert_array_equal(a.numpy(), b.numpy())  # the same kernels on the same numbers, one process
 
 
 def test_bfloat16_inputs_get_float32_outputs_and_gradients_in_their_own_dtype():
@@ -179,7 +192,7 @@ def test_bfloat16_inputs_get_float32_outputs_and_gradients_in_their_own_dtype():
     logp, entropy = chunked_logprobs_and_entropy(h, w, paddle.to_tensor(labels), chunk_size=4)
     assert logp.dtype == paddle.float32 and entropy.dtype == paddle.float32
     ref_logp, _ = _numpy_reference(h.astype("float32").numpy(), w.astype("float32").numpy(), labels, 1.0, False)
-    np.testing.assert_allclose(logp.numpy(), ref_logp, rtol=1e-5, atol=2e-5)
+    np.testing.assert_allclose(logp.numpy(), ref_logp, rtol=1e-5, atol=VALUE_TOL)
     (logp.sum() + entropy.sum()).backward()
     assert h.grad.dtype == paddle.bfloat16 and w.grad.dtype == paddle.bfloat16
 

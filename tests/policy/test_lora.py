@@ -7,6 +7,7 @@ import os
 import numpy as np
 import paddle
 import pytest
+from numerics import tiny_lm_tol
 
 from paddle_grpo.policy import lora as L
 from paddle_grpo.policy.causal import completion_logprobs, load_causal_lm
@@ -253,6 +254,7 @@ def test_recompute_gives_the_same_adapter_gradients(tiny_policy_dir, batch):
         assert embedded.stop_gradient != recompute
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for name in grads[0]:
+        # recompute reruns the same kernels on the same inputs in one process: equal in practice (test_recompute.py)
         np.testing.assert_allclose(grads[1][name], grads[0][name], rtol=1e-4, atol=1e-6, err_msg=name)
 
 
@@ -318,7 +320,9 @@ def test_trainer_trains_adapters_only_with_the_base_as_reference(tiny_policy_dir
                if n.endswith("lora_B"))
     with open(tmp_path / "out" / "metrics.jsonl") as f:
         first, second = (json.loads(line) for line in f)
-    assert abs(first["train/kl"]) < 1e-4  # step 1: B = 0, the policy that sampled is the reference
+    # step 1: B = 0 adds exact zeros, so the policy that sampled is the reference function; the two passes differ
+    # only by rounding, whose mean over the tokens (random signs, ~sqrt(n) u each) is far below 1e-4
+    assert abs(first["train/kl"]) < 1e-4
     assert second["train/kl"] > 1e-5      # step 2: the adapters moved the policy away from the base model
 
     ckpt = tmp_path / "out" / "checkpoint-2"
@@ -332,7 +336,8 @@ def test_trainer_trains_adapters_only_with_the_base_as_reference(tiny_policy_dir
     ids = paddle.to_tensor([[5, 9, 17, 33, 65, 7]], dtype="int64")
     with paddle.no_grad():
         np.testing.assert_allclose(merged(input_ids=ids, return_dict=True).logits.numpy(),
-                                   trainer.policy.model(input_ids=ids, return_dict=True).logits.numpy(), atol=1e-5)
+                                   trainer.policy.model(input_ids=ids, return_dict=True).logits.numpy(),
+                                   atol=tiny_lm_tol(128, 2, 0))  # merged weights: see test_hub.py
 
 
 @needs_wiring

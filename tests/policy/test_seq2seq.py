@@ -3,17 +3,28 @@ shared encoder) with log-softmax, argmax and the sampling rules done in numpy.
 
 Tiny random T5 and BART models: T5 has relative positions (padding side is harmless), BART learned absolute ones
 (left padding would shift them), so both are needed to check the packing of encoder inputs.
+
+Tolerances (tests/numerics.py): batched, padded, cached passes against per-row plain forwards run other GEMM shapes,
+so other kernels: log-probs and entropies within MODEL_TOL (tiny_lm_tol of d_model 32, ffn 64, 2 encoder + 2 decoder
+layers, counted as 6 for the decoders' cross-attention, vocab 300), gradients twice that. Token choices are compared
+exactly: keyed sampling turns equal keys into equal tokens unless a probability lands within rounding of a sampling
+boundary (chance ~u per draw).
 """
 import shutil
 
 import numpy as np
 import paddle
 import pytest
+from numerics import tiny_lm_tol
 
 from paddle_grpo.policy import seq2seq
 from paddle_grpo.recipes.seq2seq import build_tiny_seq2seq
 from paddle_grpo.recipes.tiny import build_tokenizer
 from paddle_grpo.sampling import row_keys
+
+pytestmark = pytest.mark.numerics  # compares float results: CI reruns it on other CPU kernels
+
+MODEL_TOL = tiny_lm_tol(64, 6, 300)  # 4.6e-4
 
 CORPUS = [
     "summarize: Researchers at the Ostley Guild have discovered a new species of snail near Morholm. The team was "
@@ -137,8 +148,8 @@ def test_completion_logprobs_match_plain_forward(tiny):
         n = lengths[r]
         z = _plain_logits(model, lists[i], [start] + completion[r, :n - 1].tolist()) / temperature
         logp = _log_softmax(z)
-        np.testing.assert_allclose(lp.numpy()[r, :n], logp[np.arange(n), completion[r, :n]], atol=2e-5)
-        np.testing.assert_allclose(ent.numpy()[r, :n], -(np.exp(logp) * logp).sum(-1), atol=2e-5)
+        np.testing.assert_allclose(lp.numpy()[r, :n], logp[np.arange(n), completion[r, :n]], atol=MODEL_TOL)
+        np.testing.assert_allclose(ent.numpy()[r, :n], -(np.exp(logp) * logp).sum(-1), atol=MODEL_TOL)
     # Gradients through the shared encoder equal those of separate per-row forwards.
     model.clear_gradients()
     (lp * paddle.to_tensor(completion_mask, dtype="float32")).sum().backward()
@@ -157,7 +168,7 @@ def test_completion_logprobs_match_plain_forward(tiny):
     model.clear_gradients()
     assert got.keys() == want.keys() and any("encoder" in n for n in got)
     for n in got:
-        np.testing.assert_allclose(got[n], want[n], atol=2e-5, rtol=1e-4, err_msg=n)
+        np.testing.assert_allclose(got[n], want[n], atol=2 * MODEL_TOL, rtol=1e-4, err_msg=n)
 
 
 def test_vocab_parallel_is_refused(tiny):
@@ -227,7 +238,7 @@ def test_sample_logprobs_equal_recomputation(tiny, side):
     lp, _ = seq2seq.completion_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask,
                                         temperature=0.7)
     m = r.completion_mask.numpy().astype(bool)
-    np.testing.assert_allclose(lp.numpy()[m], r.sample_logprobs.numpy()[m], atol=2e-5)
+    np.testing.assert_allclose(lp.numpy()[m], r.sample_logprobs.numpy()[m], atol=MODEL_TOL)
     assert (r.lengths >= 2).all()
 
 
@@ -248,7 +259,7 @@ def test_keyed_sampling_does_not_depend_on_chunking_or_padding(tiny):
         np.testing.assert_array_equal(other.completion_ids.numpy(), whole.completion_ids.numpy()[rows, :n])
         np.testing.assert_array_equal(other.lengths, whole.lengths[rows])
         np.testing.assert_allclose(other.sample_logprobs.numpy(), whole.sample_logprobs.numpy()[rows, :n],
-                                   atol=2e-5)
+                                   atol=MODEL_TOL)
     # Different keys give different samples (the keys are used at all).
     other_keys = seq2seq.generate(model, ids, mask, row_keys=row_keys(8, 3, np.arange(B * G)), **kw)
     assert not np.array_equal(other_keys.completion_ids.numpy()[:, :4], whole.completion_ids.numpy()[:, :4])

@@ -84,6 +84,7 @@ def test_weighted_sum_over_non_none_terms_matches_a_loop(seed):
     assert out.errors == [None] * n
     for i in range(n):
         terms = [weights[k] * scores[k][i] for k in range(n_fn) if scores[k][i] is not None]
+        # a float64 weighted sum of <= n_fn terms against the exactly rounded fsum: n_fn u64 ~ 1e-15 relative
         assert out.scores[i] == (pytest.approx(math.fsum(terms), rel=1e-12, abs=1e-15) if terms else None)
 
 

@@ -22,5 +22,5 @@ def test_format_line(completion, expected):
 def test_combined_with_the_answer_reward():
     rs = RewardSet("gsm8k,gsm8k_format", weights=[1.0, 0.2])
     result = rs(["q", "q", "q"], ["#### 7", "the answer is 7", "#### 8"], tgt=["#### 7"] * 3)
-    assert result.scores == pytest.approx([1.2, 1.0, 0.2])
+    assert result.scores == pytest.approx([1.2, 1.0, 0.2])  # float64 weighted sums: u64 roundings only
     assert rs.max_score == pytest.approx(1.2)

@@ -16,6 +16,7 @@ def lcs(a, b):
 def test_rouge_l_hand_computed():
     ref, cand = "the quick brown fox jumps", "The brown dog jumps"
     # LCS = "the brown jumps" = 3 tokens; P = 3/4, R = 3/5, F1 = 2PR/(P+R) = 0.45*2/1.35 = 2/3.
+    # float64 ratios of small integers: a few u64 roundings, far below approx's default rel 1e-6
     assert get_reward_fn("rouge_l")(["p"], [cand], tgt=[ref]) == [pytest.approx(2 / 3)]
 
 
@@ -26,7 +27,7 @@ def test_rouge_l_matches_plain_lcs_reference():
         r, c = ref.lower().split(), cand.lower().split()
         k = lcs(r, c)
         expected = 0.0 if k == 0 else 2 * (k / len(c)) * (k / len(r)) / (k / len(c) + k / len(r))
-        assert get_reward_fn("rouge_l")(None, [cand], tgt=[ref]) == [pytest.approx(expected)]
+        assert get_reward_fn("rouge_l")(None, [cand], tgt=[ref]) == [pytest.approx(expected)]  # float64 ratios
 
 
 def test_rouge_l_empty_and_missing_tgt():

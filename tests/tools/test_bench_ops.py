@@ -22,6 +22,7 @@ def test_table_and_json_list_every_op(bench_ops, capsys):
     assert len(table) == len(names) == len(set(names))
     for line, r in zip(table, result["ops"]):
         cells = [c.strip() for c in line.strip("|").split("|")]
+        # the table prints the JSON's float64 median to enough digits for approx's default rel 1e-6
         assert cells[:3] == [r["phase"], r["op"], r["shape"]] and float(cells[3]) == pytest.approx(r["median_ms"])
         assert r["median_ms"] > 0 and r["runs"] == 2
     for expected in ("old: F.log_softmax", "new: max / exp / sum (exp and logsumexp)", "new: sampler (two-level, "

@@ -69,6 +69,7 @@ def test_score_one_completion(ev):
 
 def test_mean_stderr_hand_computed(ev):
     # mean 0.6; sample variance (3 * 0.4^2 + 2 * 0.6^2) / 4 = 0.3; stderr sqrt(0.3 / 5) = sqrt(0.06)
+    # float64: a sum of 5 values and a square root, a few u64 = 1.1e-16 roundings of values < 1
     assert ev.mean_stderr([1, 0, 0, 1, 1]) == pytest.approx(0.24494897427831780, abs=1e-15)
     assert ev.mean_stderr([1, 1]) == 0.0
     assert ev.mean_stderr([1]) is None
@@ -83,6 +84,7 @@ def test_stderr_reproduces_lm_eval_tables(ev, correct, value, stderr):
     assert f"{sum(values) / 1319:.4f}" == value
     assert f"{ev.mean_stderr(values):.4f}" == stderr
     p = correct / 1319
+    # float64 sums of 1319 zeros and ones are exact; a few roundings after that (u64 = 1.1e-16)
     assert ev.mean_stderr(values) == pytest.approx(math.sqrt(p * (1 - p) / 1318), rel=1e-12)
 
 

@@ -7,6 +7,7 @@ import paddle
 import pytest
 
 from lora_helpers import randomize_adapters
+from numerics import tiny_lm_tol
 from paddle_grpo.policy import lora as L
 from paddle_grpo.policy.causal import load_causal_lm
 
@@ -31,6 +32,7 @@ def trained_adapters(tiny_policy_dir, tmp_path_factory):
     return out, ids, logits
 
 
+@pytest.mark.numerics
 def test_merged_model_matches_lora_model(merge, tiny_policy_dir, trained_adapters, tmp_path, capsys):
     from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -38,7 +40,10 @@ def test_merged_model_matches_lora_model(merge, tiny_policy_dir, trained_adapter
     out = str(tmp_path / "merged")
     assert merge.main(["--base", tiny_policy_dir, "--adapters", adapters, "--out", out]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert report["r"] == 4 and report["check_max_abs_logit_diff"] < 1e-5
+    # x W + s (x A) B against x (W + s A B): each merged weight rounded once more and every sum of the forward over
+    # other terms; conftest's tiny policy (hidden 64, intermediate 128, 2 layers): tests/numerics.py's bound for logits
+    logit_tol = tiny_lm_tol(128, 2, 0)  # 3.1e-4
+    assert report["r"] == 4 and report["check_max_abs_logit_diff"] < logit_tol
 
     merged = AutoModelForCausalLM.from_pretrained(out)
     merged.eval()
@@ -48,8 +53,7 @@ def test_merged_model_matches_lora_model(merge, tiny_policy_dir, trained_adapter
     with paddle.no_grad():
         merged_logits = merged(input_ids=ids, return_dict=True).logits.numpy()
         base_logits = base(input_ids=ids, return_dict=True).logits.numpy()
-    # float32 rounding only: x W + s (x A) B vs x (W + s A B)
-    np.testing.assert_allclose(merged_logits, lora_logits, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(merged_logits, lora_logits, rtol=0, atol=logit_tol)
     assert np.abs(base_logits - lora_logits).max() > 1e-2  # the adapters do change the model
     assert AutoTokenizer.from_pretrained(out)("hello")["input_ids"] == \
         AutoTokenizer.from_pretrained(tiny_policy_dir)("hello")["input_ids"]
@@ -64,7 +68,8 @@ def test_base_defaults_to_the_recorded_path(merge, trained_adapters, tmp_path):
     assert merge.main(["--adapters", adapters, "--out", out, "--no-check"]) == 0
     merged = load_causal_lm(out, trainable=False)
     with paddle.no_grad():
-        np.testing.assert_allclose(merged(input_ids=ids, return_dict=True).logits.numpy(), lora_logits, atol=1e-5)
+        np.testing.assert_allclose(merged(input_ids=ids, return_dict=True).logits.numpy(), lora_logits,
+                                   atol=tiny_lm_tol(128, 2, 0))  # as above
 
 
 def test_errors_are_reported_not_raised(merge, tiny_policy_dir, trained_adapters, tmp_path, capsys):
