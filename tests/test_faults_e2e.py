@@ -18,7 +18,7 @@ import pytest
 from fault_helpers import assert_same_history, assert_same_weights, command_line, read_rows, settings, write_data
 from launch_helpers import run_once
 
-SEED = 22  # the random kill moment
+SEED = 5  # the random kill moment: 0.62 s after step 7's line, while steps 8-10 (about 2 s here) run
 
 
 def _run(repo_root, cwd, values, fault=None, kill_after=None):
@@ -75,7 +75,7 @@ def test_sigkill_and_disk_full_at_any_moment_then_the_same_command_gives_the_uni
         assert _steps(out) == [0, 1, 2, 3, 4, 5, 6, 7]
 
         # 4. Killed at a random moment once it trains again (seeded: the same moment on every run of the test).
-        delay = random.Random(SEED).uniform(0.0, 1.5)
+        delay = random.Random(SEED).uniform(0.0, 1.0)
         before = os.stat(out / "metrics.jsonl").st_ino
 
         def kill_later(proc):
@@ -88,7 +88,7 @@ def test_sigkill_and_disk_full_at_any_moment_then_the_same_command_gives_the_uni
                 proc.send_signal(signal.SIGKILL)
 
         r = _run(repo_root, tmp_path, values, kill_after=kill_later)
-        assert r.returncode in (-signal.SIGKILL, 0), r.stdout[-3000:]
+        assert r.returncode in (-signal.SIGKILL, 0), r.stdout[-3000:]  # 0: a machine fast enough to finish first
 
         # 5. The same command, to the end.
         r = _run(repo_root, tmp_path, values)
