@@ -15,8 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from fault_helpers import assert_same_history, assert_same_weights, command_line, read_rows, settings, write_data
-from launch_helpers import run_once
+from fault_helpers import assert_same_history, assert_same_weights, command_line, settings, write_data
 
 SEED = 5  # the random kill moment: 0.62 s after step 7's line, while steps 8-10 (about 2 s here) run
 
@@ -101,7 +100,11 @@ def test_sigkill_and_disk_full_at_any_moment_then_the_same_command_gives_the_uni
     assert not list(out.glob(".tmp-*"))
 
 
+# Opt-in: the same fault as tests/test_faults.py's first test (in-process, in the suite), here through run_rl.py's exit
+# status and message; three runs of the command. PADDLE_GRPO_SLOW_FAULTS=1 runs it.
 @pytest.mark.e2e
+@pytest.mark.skipif(os.environ.get("PADDLE_GRPO_SLOW_FAULTS") != "1",
+                    reason="three run_rl.py processes (about a minute); PADDLE_GRPO_SLOW_FAULTS=1 runs it")
 def test_a_reward_server_gone_for_good_saves_a_checkpoint_and_the_same_command_resumes(
         tmp_path, tiny_policy_dir, repo_root):
     """The server dies after step 2 and stays down: the run gives up after reward_server_max_wait_s (2 s here),
@@ -132,7 +135,7 @@ def test_a_reward_server_gone_for_good_saves_a_checkpoint_and_the_same_command_r
             r = _run(repo_root, tmp_path, values, kill_after=stop_after_step_2)
             assert r.returncode == 2, r.stdout[-3000:]
             step = _steps(out)[-1]  # 2, or 3 when step 3's rewards came back before the server stopped
-            assert f"run_rl.py: error: reward servers failed" in r.stdout and "retrying in" in r.stdout
+            assert "run_rl.py: error: reward servers failed" in r.stdout and "retrying in" in r.stdout
             assert (f"run_rl.py: RewardServerError at step {step}: saved a checkpoint of the last completed step, "
                     f"{out}/checkpoint-{step}: re-running the same command resumes from it") in r.stdout
             # The server back at the same address: the same command.
