@@ -1,5 +1,5 @@
-"""Shared by the fault tests (tests/test_faults.py, tests/test_faults_e2e.py, tests/reward_server/test_restart_mid_run.py,
-tests/rewards/test_reward_timeout.py): a tiny training setup, the run_rl.py arguments for it, and the comparison of
+"""Shared by the fault tests (tests/test_faults.py, tests/test_faults_e2e.py,
+tests/reward_server/test_restart_mid_run.py, tests/rewards/test_reward_timeout.py): a tiny training setup, the run_rl.py arguments for it, and the comparison of
 two runs' histories.
 
 Exactness: a resumed run loads the checkpoint's float32 weights, optimizer moments and generator states bit for

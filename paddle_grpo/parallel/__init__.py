@@ -29,6 +29,6 @@ def tensor_parallel_linear_types() -> tuple[type, type]:
 
 
 __all__ = ["ParallelContext", "Pipeline", "Storage", "VocabParallel", "agree_on_resume", "build_once",
-           "check_pipeline_config", "choose_resume_step", "data_parallel_groups", "expected_owner", "fleet_strategy", "hybrid_degrees",
-           "local_rank", "merge_owners", "pipeline_pairs", "plan_storage", "prompt_positions", "stage_chunks",
-           "tensor_parallel_linear_types", "unsupported_layout"]
+           "check_pipeline_config", "choose_resume_step", "data_parallel_groups", "expected_owner",
+           "fleet_strategy", "hybrid_degrees", "local_rank", "merge_owners", "pipeline_pairs", "plan_storage",
+           "prompt_positions", "stage_chunks", "tensor_parallel_linear_types", "unsupported_layout"]

@@ -155,7 +155,7 @@ class RewardClient:
                     + "): " + _join_failures(failures))
             delay = min(self.backoff * 2 ** attempt, self.max_backoff) * random.uniform(0.8, 1.2)
             delay = min(delay, left)
-            logger.warning("reward server %s failed (attempt %d, request %s): %s; retrying in %.1f s (%.0f s of "
+            logger.warning("reward server %s failed (attempt %d, request %s): %s; retrying in %.1f s (%.1f s of "
                            "the %g s wait budget left, reward_server_max_wait_s)", url, attempt + 1, request_id,
                            failure, delay, left - delay, self.max_wait_s)
             time.sleep(delay)

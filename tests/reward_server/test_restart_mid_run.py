@@ -48,7 +48,7 @@ def test_a_reward_server_restarted_30_s_later_costs_time_not_the_run(tmp_path, t
     assert_same_weights(out / "checkpoint-5", tmp_path / "ref" / "checkpoint-5")
     waits = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
     pattern = (rf"reward server {re.escape(url)} failed \(attempt (\d+), request \w+\): (.+); retrying in "
-               r"([\d.]+) s \((\d+) s of the 600 s wait budget left, reward_server_max_wait_s\)")
+               r"([\d.]+) s \(([\d.]+) s of the 600 s wait budget left, reward_server_max_wait_s\)")
     parsed = [re.fullmatch(pattern, w) for w in waits]
     assert parsed and all(parsed), waits
     # one request retried with growing waits (0.5 s doubling up to 30 s, +-20 % jitter; logged to 0.1 s) until the
