@@ -105,10 +105,8 @@ def _keyed(key: str, message: str) -> str:
 
 def data_files(cfg: Config) -> List[Tuple[str, str]]:
     """(key, path) of every data file a run reads: train_datasets, and eval_datasets when do_eval."""
-    from .data import split_paths
-
     keys = ["train_datasets"] + (["eval_datasets"] if cfg.do_eval and cfg.eval_datasets.strip() else [])
-    return [(key, path) for key in keys if getattr(cfg, key).strip() for path in split_paths(getattr(cfg, key))]
+    return [(key, path.strip()) for key in keys for path in getattr(cfg, key).split(",") if path.strip()]
 
 
 def check_data(cfg: Config, records: Optional[Dict[Tuple[str, str], list]] = None) -> List[str]:
@@ -118,7 +116,7 @@ def check_data(cfg: Config, records: Optional[Dict[Tuple[str, str], list]] = Non
 
     problems = []
     for key in ["train_datasets"] + (["eval_datasets"] if cfg.do_eval and cfg.eval_datasets else []):
-        if not getattr(cfg, key).strip():
+        if not getattr(cfg, key).replace(",", "").strip():
             problems.append(f"{key}: is empty; name the JSONL/parquet file(s) to read")
     for key, path in data_files(cfg):
         try:
@@ -263,7 +261,9 @@ def preflight(cfg: Config) -> List[str]:
     nothing is read, no hub ID is looked up (the run resolves and downloads those itself, with its own message)."""
     from .policy import hub
 
-    problems = [f"{key}: {path}: file not found" for key, path in data_files(cfg) if not os.path.isfile(path)]
+    problems = [] if cfg.train_datasets.replace(",", "").strip() else \
+        ["train_datasets: is empty; name the JSONL/parquet file(s) to read"]
+    problems += [f"{key}: {path}: file not found" for key, path in data_files(cfg) if not os.path.isfile(path)]
     models = [] if cfg.build_actor_if_missing and not os.path.isdir(cfg.actor_model_name_or_path) else \
         [("actor_model_name_or_path", cfg.actor_model_name_or_path)]
     for key, name in models + reward_model_specs(cfg):
