@@ -248,7 +248,8 @@ def test_a_problem_line_names_its_key_once(base, capsys, tmp_path):
     assert line.count("actor_model_name_or_path") == 1, line
 
 
-def test_prompts_longer_than_max_prompt_len_are_a_warning_with_the_numbers(base, tmp_path, tiny_policy_dir, capsys):
+def test_prompts_longer_than_max_prompt_len_are_a_warning_with_the_numbers(base, tmp_path, tiny_policy_dir, capsys,
+                                                                            monkeypatch):
     # Newcomer finding 4: a config whose launch left-truncated 8 of 8 prompts passed silently. Reference: the token
     # counts from PaddleNLP's tokenizer called directly (chat_template none: the prompt text as is).
     from paddlenlp.transformers import AutoTokenizer
@@ -272,3 +273,9 @@ def test_prompts_longer_than_max_prompt_len_are_a_warning_with_the_numbers(base,
                                   counts[3], "--max_length", counts[3] + 16, "--dry_run"], capsys)
     assert status == 0 and f"  train_datasets: prompts of {min(counts)}-{counts[3]} tokens, none longer" in out
     assert out.rstrip().endswith("dry run: ok")
+    # a file larger than MAX_LENGTH_CHECKS: an even sample (here prompts 0 and 2 of 4), and the line says so
+    monkeypatch.setattr("paddle_grpo.dry_run.MAX_LENGTH_CHECKS", 2)
+    status, out, _ = run_rl_main([*base, "--train_datasets", data, "--chat_template", "none", "--max_prompt_len",
+                                  limit, "--dry_run"], capsys)
+    assert status == 0 and (f"  train_datasets: prompts of {counts[2]}-{counts[0]} tokens, none longer than "
+                            f"max_prompt_len ({limit}) (a sample: 1 in 2 of 4)") in out

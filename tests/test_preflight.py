@@ -58,3 +58,9 @@ def test_a_missing_data_file_names_its_key_and_path(base, tmp_path, key, capsys)
     assert status == 2
     assert errors(err) == [f"run_rl.py: error: {key}: {missing}: file not found"]
     assert not (tmp_path / "out").exists()
+
+
+def test_an_empty_train_datasets_names_its_key(base, capsys):
+    status, _, err = run_rl_main([*base, "--train_datasets", " , "], capsys)
+    assert status == 2
+    assert errors(err) == ["run_rl.py: error: train_datasets: is empty; name the JSONL/parquet file(s) to read"]

@@ -2,12 +2,14 @@
 
     python tools/quickstart_seeds.py --seeds 42,1,2,3,4 --controls 42,1,2 --out docs/results/quickstart_seeds.json
     python tools/quickstart_seeds.py --tables docs/results/quickstart_seeds.json      # print the tables again
+    python tools/quickstart_seeds.py --tables docs/results/quickstart_seeds.json docs/results/quickstart_seeds_amd.json
 
 Seed s builds its own policy (`build/qs_s<s>`, as `build_actor_if_missing` does) and trains into `output/s<s>`; a
 control reuses that policy with `--learning_rate 0` (`output/s<s>_lr0`), so the control differs from its run only by
 the updates. The JSON file names the machine (CPU model, cores, threads, Python, paddle) and gives, per run, the SFT
 steps, the first and last held-out `eval/accuracy` and the wall time. `--tables` prints the markdown that README.md
-and docs/quickstart.md show; tests/test_readme.py checks that they agree with the committed JSON.
+and docs/quickstart.md show (with several files, also the ranges over all machines); tests/tools/test_quickstart_seeds.py
+checks that they agree with the committed JSON files.
 Left out on purpose: running seeds in parallel (two runs on two cores would change each other's wall times).
 """
 from __future__ import annotations
@@ -112,6 +114,22 @@ def tables(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def combined(results: list) -> str:
+    """The README's line over several machines' results files: the ranges over every run of every file."""
+    runs = [r for res in results for r in res["runs"] if not r["learning_rate_0"]]
+    controls = [r for res in results for r in res["runs"] if r["learning_rate_0"]]
+    gains = [r["eval_last"] - r["eval_first"] for r in runs]
+    control_gains = [r["eval_last"] - r["eval_first"] for r in controls]
+    line = (f"Over {len(results)} machines ({len(runs)} runs): step 0 {min(r['eval_first'] for r in runs):.3f}-"
+            f"{max(r['eval_first'] for r in runs):.3f}, step {runs[0]['last_step']} "
+            f"{min(r['eval_last'] for r in runs):.3f}-{max(r['eval_last'] for r in runs):.3f}, "
+            f"**{_pts(min(gains))} to {_pts(max(gains))} points**")
+    if controls:
+        line += (f"; with `learning_rate 0` ({len(controls)} runs): {_pts(min(control_gains))} to "
+                 f"{_pts(max(control_gains))} points")
+    return line + ".\n"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="42,1,2,3,4", help="comma-separated seeds to train")
@@ -120,13 +138,21 @@ def main(argv=None) -> int:
     parser.add_argument("--log-dir", default="output/quickstart_seeds_logs", help="one log per run")
     parser.add_argument("--collect", action="store_true",
                         help="do not run: summarise runs already finished in output/ (wall times unknown)")
-    parser.add_argument("--tables", metavar="JSON", help="only print the markdown of an existing results file")
+    parser.add_argument("--tables", metavar="JSON", nargs="+",
+                        help="only print the markdown of existing results files (several: each one's, then the "
+                             "ranges over all of them)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace runs already in output/ (each run gets --overwrite_output_dir true)")
     args = parser.parse_args(argv)
     if args.tables:
-        with open(args.tables, encoding="utf-8") as f:
-            print(tables(json.load(f)), end="")
+        loaded = []
+        for path in args.tables:
+            with open(path, encoding="utf-8") as f:
+                loaded.append(json.load(f))
+            print(f"{path}:\n" if len(args.tables) > 1 else "", end="")
+            print(tables(loaded[-1]), end="\n" if len(args.tables) > 1 else "")
+        if len(loaded) > 1:
+            print(combined(loaded), end="")
         return 0
     plan = [(int(s), False) for s in args.seeds.split(",") if s] + \
            [(int(s), True) for s in args.controls.split(",") if s]

@@ -68,3 +68,18 @@ def test_tables_without_controls(load_tool):
                eval_all_min=0.5, eval_all_max=0.75, wall_s=100)
     assert tool.tables({"runs": [run]}).splitlines()[0] == ("Over 1 seeds: step 0 0.500-0.500, step 300 "
                                                             "0.750-0.750, **+25.0 to +25.0 points**.")
+
+
+def test_combined_ranges_over_machines(load_tool):
+    tool = load_tool("quickstart_seeds")
+
+    def run(seed, control, first, last):
+        return dict(seed=seed, learning_rate_0=control, sft_steps=400, eval_first=first, eval_last=last,
+                    last_step=300, eval_all_min=first, eval_all_max=last, wall_s=None)
+
+    intel = {"runs": [run(1, False, 0.5, 0.8), run(1, True, 0.5, 0.48)]}
+    amd = {"runs": [run(1, False, 0.45, 0.9), run(2, False, 0.55, 0.7), run(1, True, 0.45, 0.456)]}
+    # gains +30.0, +45.0, +15.0; controls -2.0, +0.6
+    assert tool.combined([intel, amd]) == ("Over 2 machines (3 runs): step 0 0.450-0.550, step 300 0.700-0.900, "
+                                           "**+15.0 to +45.0 points**; with `learning_rate 0` (2 runs): -2.0 to "
+                                           "+0.6 points.\n")
