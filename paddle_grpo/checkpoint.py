@@ -4,7 +4,7 @@ Contents: the policy in `save_pretrained` format (loadable by `AutoModelForCausa
 adapters only, in paddlenlp.peft's format with the base model's path in lora_config.json: tools/merge_lora.py makes
 a full model of them) and its tokenizer, and unless
 `ignore_save_lr_and_optim`, `optimizer.pdopt`, `trainer_state.json` (step, data position, running reward statistics,
-counters, scheduler state) and `rng_state.pkl` (paddle, numpy and python generators). A crash while saving leaves
+counters, scheduler state, the fp16 loss scale: run_state.trainer_state) and `rng_state.pkl` (paddle, numpy and python generators). A crash while saving leaves
 only a `.tmp-*` directory behind; a save that fails (no space left) removes its own; the previous checkpoint stays
 intact and `latest_checkpoint` never picks a partial one. Checkpoints beyond `save_total_limit` are renamed aside
 before they are deleted, so a kill during the deletion never leaves a checkpoint with some of its files.

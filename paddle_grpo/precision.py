@@ -19,7 +19,9 @@ On a GPU the plan follows PaddleNLP's trainer (docs/precision.md):
 Log-probs, entropies and losses are float32 whatever the plan: the logits are cast before the log-softmax.
 
 A GPU without the requested AMP dtype (bfloat16 below compute capability 8.0, e.g. V100 and T4; float16 below 7.0)
-runs float32, and the plan says so (`GpuInfo`): paddle's own AMP would switch itself off there.
+runs float32, and the plan says so (`GpuInfo`): paddle's own AMP would switch itself off there. A kernel flag with a
+device requirement Paddle documents (`KERNEL_NEEDS`: flash attention needs compute capability 8.0) is turned off on a
+GPU without it, with the reason in the start-up line.
 
 On a CPU everything is float32 and no kernel flag is set: paddle has no bfloat16 matmul kernel on CPU
 (docs/platform.md), and flash attention and the fused kernels are GPU kernels. The runtime side (`autocast`,
@@ -50,11 +52,12 @@ GPU_EFFECT: Dict[str, str] = {
     "amp_master_grad": "O2: float32 gradients (paddle.amp.decorate master_grad); O1 has float32 gradients anyway",
     "amp_custom_white_list": "passed to paddle.amp.auto_cast(custom_white_list=...)",
     "amp_custom_black_list": "passed to paddle.amp.auto_cast(custom_black_list=...)",
-    "use_flash_attention": "set on the model config (PaddleNLP's flash-attention path)",
+    "use_flash_attention": "set on the model config (PaddleNLP's flash-attention path); turned off, with the "
+                           "reason at start-up, on a GPU below compute capability 8.0 (V100, T4)",
     "use_fused_rms_norm": "set on the model config (PaddleNLP's fused RMSNorm)",
     "use_fused_rope": "set on the model config (PaddleNLP's fused rotary embedding)",
     "use_fused_linear": "set on the model config; in PaddleNLP 3.0.0b4 only GPT models read it (Qwen2 and Llama "
-                        "have no fused-linear path)",
+                        "have no fused-linear path); turned off, with the reason, with a paddle built for CUDA < 11.6",
     "sequence_parallel": "not implemented (see NOT_IMPLEMENTED)",
 }
 
@@ -102,6 +105,38 @@ class GpuInfo:
         return (f"{self.name} (compute capability {major}.{minor}, CUDA {self.cuda_version}) has no {dtype} AMP in "
                 f"paddle, which needs {need} (its auto_cast would switch itself off, and decorate would keep no "
                 "float32 master weights); the run computes in float32")
+
+    def kernel_unsupported(self, key: str) -> Optional[str]:
+        """None when the model-config kernel flag `key` (MODEL_FLAG_KEYS) can run on this GPU, else why not, from
+        what Paddle documents of each kernel (KERNEL_NEEDS). A ROCm build has its own flash attention (paddle's
+        cmake/external/flashattn.cmake builds it for ROCm) and no documented limit: nothing is turned off there."""
+        need = KERNEL_NEEDS.get(key)
+        if need is None or self.rocm:
+            return None
+        capability, cuda, why = need
+        if tuple(self.capability) >= capability and _version(self.cuda_version) >= cuda:
+            return None
+        major, minor = self.capability
+        return (f"{self.name} (compute capability {major}.{minor}, CUDA {self.cuda_version}) cannot run it: {why}; "
+                "turned off, PaddleNLP's plain path runs")
+
+
+# Kernel flags with a documented device requirement: key -> (minimum compute capability, minimum CUDA of the paddle
+# build, where Paddle says so). use_fused_rms_norm and use_fused_rope: Paddle documents no capability or CUDA limit
+# (fused_rms_norm_cn.rst: "GPU only"; fused_rotary_position_embedding_cn.rst: none), so they stay on.
+KERNEL_NEEDS: Dict[str, Tuple[Tuple[int, int], Tuple[int, ...], str]] = {
+    "use_flash_attention": ((8, 0), (11, 4), "FlashAttention-2 needs compute capability >= 8.0 (paddle 3.3's "
+                                             "nn/functional/sdpa.py: flash_attn MINIMUM_SM_VERSION (8, 0); paddle's "
+                                             "cmake/third_party.cmake builds it only for CUDA >= 11.4 and sm >= 80)"),
+    "use_fused_linear": ((0, 0), (11, 6), "paddle.incubate.nn.functional.fused_linear needs CUDA >= 11.6 "
+                                          "(fused_linear_cn.rst)"),
+}
+
+
+def _version(text: Optional[str]) -> Tuple[int, ...]:
+    """'12.3' -> (12, 3); None, 'False' or anything unparsable -> (0,) (no CUDA: every CUDA minimum fails)."""
+    parts = (text or "").split(".")
+    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else (0,)
 
 
 def gpu_info() -> GpuInfo:
@@ -296,7 +331,9 @@ def normalize_device(device: str) -> str:
 def precision_plan(cfg: Any, device: str, *, gpu: Optional[GpuInfo] = None) -> PrecisionPlan:
     """The plan for config `cfg` (a Config, or anything with its attributes) on `device` ('cpu', 'gpu', 'gpu:N').
     `gpu`: on a GPU, what it supports (`gpu_info()`; plan_for_run passes it); None: a GPU with bfloat16 and float16
-    AMP. A GPU without the requested AMP dtype runs float32, and the plan says why (`GpuInfo.amp_unsupported`).
+    AMP and every kernel. A GPU without the requested AMP dtype runs float32, and the plan says why
+    (`GpuInfo.amp_unsupported`); a kernel flag the GPU cannot run (flash attention below compute capability 8.0) is
+    turned off, and the plan says why (`GpuInfo.kernel_unsupported`).
 
     Pure: no paddle, no I/O. Raises ValueError naming the keys for contradictory settings (bf16 with fp16, an
     fp16_opt_level other than O1/O2)."""
@@ -321,7 +358,9 @@ def precision_plan(cfg: Any, device: str, *, gpu: Optional[GpuInfo] = None) -> P
         not_applied += [(k, reasons[k]) for k in flags]
         return PrecisionPlan(device=device, not_applied=_ordered(not_applied))
 
-    model_flags = tuple((k, True) for k in flags)
+    turned_off = {k: why for k in flags if gpu is not None for why in [gpu.kernel_unsupported(k)] if why}
+    not_applied += list(turned_off.items())
+    model_flags = tuple((k, True) for k in flags if k not in turned_off)
     if amp_key and cfg.pipeline_parallel_degree > 1:
         not_applied.append((amp_key, "pipeline_parallel_degree > 1: the pipeline schedule (parallel/pipeline.py) runs "
                                      "its forward outside the autocast context and has no loss scale (not "

@@ -331,11 +331,23 @@ def test_tensor_parallel_training_equals_a_single_process(tmp_path, tiny_policy_
 
 @pytest.mark.e2e
 def test_two_ranks_resume_exactly(tmp_path, tiny_policy_dir, repo_root):
-    """Both ranks load the checkpoint: resuming at step 2 reproduces steps 3-4 of the uninterrupted 2-rank run."""
-    cfg = write_config(tmp_path, tiny_policy_dir, "grpo")
+    """Both ranks load the checkpoint: resuming at step 2 reproduces steps 3-4 of the uninterrupted 2-rank run,
+    running reward normaliser included. reinforce_plus_plus, because normalize_reward has no effect with grpo
+    (PaddleNLP forces it off there)."""
+    cfg = write_config(tmp_path, tiny_policy_dir, "reinforce_plus_plus")
     assert_resume_exact(tmp_path, str(repo_root / "run_rl.py"), cfg,
                         ["--max_steps", 4, "--save_steps", 2, "--lr_scheduler_type", "cosine",
                          "--normalize_reward", "true"])
+    # The normaliser saw the global batch (both ranks' rows), not one rank's half: after 2 steps of 16 rows its
+    # count is 32 and its mean is the mean of the two steps' mean rewards (every row valid, rewards in [0, 1] so no
+    # clipping). Tolerance: train/reward is a float32-rounded mean of 16 values (f32 rounding 6e-8 per operation,
+    # ~17 operations, rewards <= 1): 1e-6 absolute covers it with margin; the normaliser sums in float64.
+    state = json.loads((tmp_path / "full" / "checkpoint-2" / "trainer_state.json").read_text())
+    metrics = read_metrics(tmp_path / "full")
+    assert all(metrics[s]["train/reward_none_frac"] == 0 for s in (1, 2))
+    assert state["normalizer"]["count"] == 32
+    assert state["normalizer"]["mean"] == pytest.approx(
+        (metrics[1]["train/reward"] + metrics[2]["train/reward"]) / 2, abs=1e-6)
 
 
 @pytest.mark.e2e
