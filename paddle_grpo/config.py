@@ -57,9 +57,9 @@ DEFAULT_HEAD_CHUNK_SIZE = 512
 # use_fused_head_and_loss_fn when the config leaves it unset: the chunked head from this vocabulary size on, full
 # logits below. Measured with `python tools/bench_head.py` (the update's LM head, forward + backward, 8 x 128
 # positions, hidden 896, chunk 512; docs/PERFORMANCE.md), in process CPU seconds because the 2-core host was under
-# load 8: chunked / full time 2.1, 1.2, 1.3, 1.15, 0.81, 0.80 and peak memory 1.0, 0.68, 0.60, 0.54, 0.63, 0.46 at
-# V = 128, 1,024, 2,048, 4,096, 8,192, 32,768. From 8,192 on the chunked head is faster and smaller; below it the
-# full logits are faster and small (175 MB at 4,096). Real vocabularies (Llama's 32,000, GPT-2's 50,257, Qwen's
+# load 8: chunked / full time 2.1, 1.2, 1.3, 1.15, 0.81, 0.80, 0.77 and peak memory 1.0, 0.68, 0.60, 0.54, 0.63,
+# 0.46, 0.40 at V = 128, 1,024, 2,048, 4,096, 8,192, 32,768, 151,936. From 8,192 on the chunked head is faster and
+# smaller; below it the full logits are faster and small (175 MB at 4,096). Real vocabularies (Llama's 32,000, GPT-2's 50,257, Qwen's
 # 151,936) are above, the project's toy models (128 to 512 tokens, whose numbers stay bit for bit) below.
 HEAD_CHUNK_MIN_VOCAB = 8192
 
