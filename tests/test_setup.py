@@ -26,3 +26,12 @@ def test_cpu_requirements_name_paddle_and_the_pins(repo_root):
     assert any(r.startswith("paddlepaddle>=3") for r in reqs)  # this test environment has no GPU paddle
     for pin in ("paddlenlp==3.0.0b4", "aistudio-sdk<0.3", "numpy<=1.26.4", "pyarrow>=21,<26"):
         assert pin in reqs
+
+
+def test_the_peer_environment_leaves_the_project_requirements_out(repo_root):
+    """`.[peer]` (tools/trl_bench.py) is installed with PADDLE_GRPO_PEER_ONLY=1 into its own environment: TRL's
+    transformers and paddlenlp 3.0.0b4 need different tokenizers, so none of the project's requirements go there."""
+    setup = load_setup(repo_root)
+    assert setup.requirements({"PADDLE_GRPO_PEER_ONLY": "1"}) == []
+    assert setup.requirements({}) == setup.requirements({"PADDLE_GRPO_PEER_ONLY": "0"}) == setup.INSTALL_REQUIRES
+    assert setup.PEER == ["torch==2.13.0", "trl==1.16.0"]  # the versions docs/PERFORMANCE.md was measured with
