@@ -71,3 +71,14 @@ def serve():
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def who_is_files(tmp_path):
+    """Four "Who is X?" prompts (train.jsonl) and rewards.py:r, a reward that varies with the completion's length:
+    the smallest data and reward a real Trainer step needs."""
+    (tmp_path / "train.jsonl").write_text("".join(f'{{"src": "Who is {n}?", "tgt": "{n}"}}\n'
+                                                  for n in ("Ann", "Bob", "Cid", "Dan")))
+    (tmp_path / "rewards.py").write_text("def r(prompts, completions, **kw):\n"
+                                         "    return [0.1 * len(c) for c in completions]\n")
+    return tmp_path

@@ -28,18 +28,11 @@ class CountingAmp(Amp):
                 self.depth -= 1
 
 
-@pytest.fixture
-def files(tmp_path):
-    (tmp_path / "train.jsonl").write_text("".join(f'{{"src": "Who is {n}?", "tgt": "{n}"}}\n'
-                                                  for n in ("Ann", "Bob", "Cid", "Dan")))
-    (tmp_path / "rewards.py").write_text("def r(prompts, completions, **kw):\n"
-                                         "    return [0.1 * len(c) for c in completions]\n")
-    return tmp_path
-
-
-def test_rollout_old_reference_and_update_passes_all_run_under_the_plans_autocast(files, tiny_policy_dir, tmp_path,
-                                                                                  monkeypatch):
+def test_rollout_old_reference_and_update_passes_all_run_under_the_plans_autocast(who_is_files, tiny_policy_dir,
+                                                                                  tmp_path, monkeypatch):
     from paddle_grpo.trainer import Trainer
+
+    files = who_is_files
 
     monkeypatch.setenv("PADDLE_GRPO_FAST", "0")
     cfg = config_from_dict(dict(

@@ -53,15 +53,6 @@ def test_a_restored_scale_continues_as_the_uninterrupted_one():
     Amp(PrecisionPlan()).load_state_dict(state)  # a checkpoint of an fp16 run resumed without fp16: ignored
 
 
-@pytest.fixture
-def files(tmp_path):
-    (tmp_path / "train.jsonl").write_text("".join(f'{{"src": "Who is {n}?", "tgt": "{n}"}}\n'
-                                                  for n in ("Ann", "Bob", "Cid", "Dan")))
-    (tmp_path / "rewards.py").write_text("def r(prompts, completions, **kw):\n"
-                                         "    return [0.1 * len(c) for c in completions]\n")
-    return tmp_path
-
-
 def make_trainer(files, policy_dir, out):
     from paddle_grpo.config import config_from_dict
     from paddle_grpo.trainer import Trainer
@@ -74,11 +65,11 @@ def make_trainer(files, policy_dir, out):
         save_steps=1, disable_tqdm=True, seed=3, report_to="none")))
 
 
-def test_checkpoints_carry_the_loss_scale_and_resume_restores_it(files, tiny_policy_dir, tmp_path):
+def test_checkpoints_carry_the_loss_scale_and_resume_restores_it(who_is_files, tiny_policy_dir, tmp_path):
     from paddle_grpo.checkpoint import load_trainer_state
 
     plan = PrecisionPlan(device="gpu", loss_scaling=True)  # the update's hooks; autocast stays a no-op on CPU
-    trainer = make_trainer(files, tiny_policy_dir, tmp_path / "run")
+    trainer = make_trainer(who_is_files, tiny_policy_dir, tmp_path / "run")
     # A scale that overflows float32 on the first update: the step is skipped and the scale halved.
     trainer.learner.amp = Amp(plan, LossScale(init_loss_scaling=3e38, decr_every_n_nan_or_inf=1))
     trainer.train_step()
@@ -87,7 +78,7 @@ def test_checkpoints_carry_the_loss_scale_and_resume_restores_it(files, tiny_pol
     assert saved["scale"] == 1.5e38
     state = load_trainer_state(trainer.last_checkpoint)
     assert state["loss_scale"] == saved
-    resumed = make_trainer(files, tiny_policy_dir, tmp_path / "run")  # output_dir with a checkpoint: resumes
+    resumed = make_trainer(who_is_files, tiny_policy_dir, tmp_path / "run")  # output_dir with a checkpoint: resumes
     resumed.learner.amp = Amp(plan, LossScale())
     run_state.restore(resumed, trainer.last_checkpoint)  # the CPU plan built no loss scale; resume into the GPU one
     assert resumed.learner.amp.state_dict() == saved and resumed.step == 1
