@@ -185,13 +185,12 @@ class StepGuard:
             return self._report(f"no checkpoint saved: under tensor or pipeline parallelism or sharding a checkpoint "
                                 f"takes every rank, and they may not all have stopped; {resume}", error)
         if par.world_size > 1 and not par.is_main and solo:
-            if not interrupt:
-                self._report(f"waiting up to {FAULT_GRACE_S:g} s for rank 0 to save a checkpoint", error)
-                time.sleep(FAULT_GRACE_S)
+            self._report(f"waiting up to {FAULT_GRACE_S:g} s for rank 0 to save a checkpoint", error)
+            time.sleep(FAULT_GRACE_S)  # the launcher stops this rank once rank 0 has exited
             return "rank 0 saves the checkpoint"
-        at = f"checkpoint-{t.step}"
-        if self.unlogged is None and (t.step == t.steps_at_start or os.path.basename(latest or "") == at):
-            where = f"{latest} holds it" if latest else "the run had not completed a step"
+        held = os.path.basename(latest or "") == f"checkpoint-{t.step}"
+        if self.unlogged is None and (held or t.step == 0):
+            where = f"{latest} holds it" if held else "no step was completed"
             return self._report(f"nothing new to save: the last completed step is {t.step} and {where}; {resume}",
                                 error)
         try:

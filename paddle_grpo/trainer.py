@@ -265,6 +265,7 @@ class Trainer:
                 guard.phase, guard.unlogged = "finish", self.unlogged
                 self._finish_step(dict(self.unlogged["metrics"]), self.unlogged["samples"])
                 self.unlogged = None
+                guard.save()  # the same step again, without the metrics it no longer lacks
             elif self.step == 0 and self._evaluating():
                 self.log.log(0, self.evaluate())
             while self.step < self.max_steps:
@@ -280,7 +281,11 @@ class Trainer:
                     f"checkpoint-{self.step}":  # the last step's (unless save_steps just wrote it)
                 guard.save()
         except BaseException as error:
-            note = guard.on_fault(error)
+            try:
+                note = guard.on_fault(error)
+            except Exception as failure:  # noqa: BLE001 - the original error is the one to report
+                note = f"the fault handling failed too ({type(failure).__name__}: {failure}); nothing saved"
+                logger.exception("saving after %s failed", type(error).__name__)
             if hasattr(error, "add_note") and not isinstance(error, KeyboardInterrupt):
                 error.add_note(f"{type(error).__name__} at step {self.step}: {note}")
             raise
