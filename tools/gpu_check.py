@@ -233,6 +233,7 @@ def base_config(model_dir: str, data: str, workdir: str, steps: int, seed: int) 
                 max_dec_len=8, min_dec_len=8, max_length=24, temperature=1.0, top_p=1.0, global_batch_size=2,
                 rollout_n=4, rollout_max_num_seqs=8, per_device_train_batch_size=8,
                 per_device_logprob_batch_size=8, learning_rate=LEARNING_RATE, max_steps=steps, kl_coeff=0.0,
+                weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, lr_scheduler_type="constant",  # adam_bound's
                 kl_loss_coeff=0.05, entropy_coeff=0.0, rl_algorithm="grpo", use_fused_head_and_loss_fn=False)
 
 

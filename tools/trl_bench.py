@@ -19,8 +19,9 @@ tokens (min_new_tokens = max_new_tokens, so no EOS: bench.py's `fixed` lengths) 
 scores them with bench.py's reward (share of vowels), and takes one optimizer step (AdamW, lr 1e-5, beta as
 the KL coefficient, all sequences of a step in one micro-batch unless SHAPE.json has `micro_batch_size`).
 
-Prints ONE JSON line (stdout; TRL's own logging goes to stderr) with tools/bench.py's names where they mean the same: `step_s_median` (wall seconds per step,
-median over the timed steps; TRL's step = rollout + reward + reference + update), `step_s_min`, `step_s_max`,
+Prints ONE JSON line (stdout; TRL's own logging goes to stderr) with tools/bench.py's names where they mean the
+same: `step_s_median` (wall seconds per step, median over the timed steps; TRL's step = rollout + reward + reference
++ update), `step_s_min`, `step_s_max`,
 `step_s_all`, `completion_tokens_per_step`, `completion_tokens_per_s` (completion tokens / step time),
 `completion_len_mean` (what TRL logged: checks the forced length), `peak_rss_mb` (the process's high-water mark,
 model building included), `threads`, `load_average`, `shape`; plus `peer`, `trl_version`, `torch_version`,
