@@ -415,6 +415,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
                     help="cpu: the float32 baseline against itself, to test this tool (no GPU check)")
     args = ap.parse_args(argv)
+    if args.steps < 1:
+        ap.error("--steps must be at least 1")
     if args.device == "gpu":
         reason = no_gpu_reason()
         if reason:
