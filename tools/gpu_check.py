@@ -11,8 +11,9 @@ the dtype, autocast, O2 decoration and loss scale, and whose load_policy applies
 
 Every mode replays the baseline's batches (step.collect is wrapped to return them), so that the only difference is
 precision; per mode it compares with float32:
-- rollout: a sampled rollout of the mode's policy (its decode path, KV cache and kernels), the sample log-probs it
-  reports against float32 log-probs of the same tokens (a float32 policy from the same directory);
+- rollout: the mode's own first rollout (sampled by the trainer's step.collect: its decode path, KV cache, kernels
+  and precision), the sample log-probs it reports against float32 log-probs of the same tokens (a float32 policy
+  loaded from the same directory);
 - reference: the reference log-probs of every step's batch (step.reference_logprobs; the reference never trains,
   so these differ by precision alone);
 - grad norm: the first update's gradient norm (same weights, same batch), relative;
@@ -253,15 +254,21 @@ class Record:
 
 @contextlib.contextmanager
 def hooks(record: Record, replay: Optional[Sequence[Any]]) -> Iterator[None]:
-    """Wrap step.collect (record the batch, or return the baseline's instead), step.reference_logprobs and
-    step.update (record their results) for the duration."""
+    """Wrap step.collect (record the batch, or return the baseline's instead; the first call also keeps the mode's
+    own batch as `record.rollout`), step.reference_logprobs and step.update (record their results) for the
+    duration."""
     from paddle_grpo import step
 
     names = ("collect", "reference_logprobs", "update")
     originals = {n: getattr(step, n) for n in names}
 
     def collect(*args: Any, **kwargs: Any) -> Any:
-        out = originals["collect"](*args, **kwargs) if replay is None else replay[len(record.batches)]
+        own = None
+        if replay is None or record.rollout is None:
+            own = originals["collect"](*args, **kwargs)
+            if record.rollout is None:  # the mode's own first rollout, as the trainer samples it
+                record.rollout = own[0]
+        out = own if replay is None else replay[len(record.batches)]
         record.batches.append(out)
         return out
 
@@ -290,21 +297,13 @@ def weights(model: Any) -> Dict[str, Any]:
 
 
 def run_mode(cfg_values: Dict[str, Any], steps: int, replay: Optional[Record]) -> Tuple[Record, Any]:
-    """Build the Trainer of `cfg_values`, sample one rollout of the first prompts (keyed), then train `steps` steps
-    (replaying `replay`'s batches when given). Returns (record, trainer)."""
-    import numpy as np
-
-    from paddle_grpo import step
+    """Build the Trainer of `cfg_values` and train `steps` steps, replaying `replay`'s batches when given (the
+    first step's own rollout is still sampled, by the trainer's step.collect, and kept). Returns (record, trainer)."""
     from paddle_grpo.config import config_from_dict
-    from paddle_grpo.sampling import row_keys
     from paddle_grpo.trainer import Trainer
 
-    cfg = config_from_dict(cfg_values)
-    trainer = Trainer(cfg)
+    trainer = Trainer(config_from_dict(cfg_values))
     record = Record(plan=trainer.precision.describe())
-    idx, G = [0, 1], cfg.rollout_n
-    record.rollout = step.rollout(trainer.policy, trainer.encode, cfg, trainer.train_records, idx, G,
-                                  keys=row_keys(cfg.seed + 7, 0, np.arange(len(idx) * G)))
     record.before = weights(trainer.policy.model)
     with hooks(record, replay.batches if replay is not None else None):
         for _ in range(steps):
