@@ -53,29 +53,34 @@ MODEL = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2
 
 @dataclasses.dataclass(frozen=True)
 class Mode:
-    """A precision mode: config keys over the baseline's, the dtype its compute rounds to, the GPU it needs
-    (CUDA compute capability (major, minor)) and why. `reordered`: float32 kernels that sum in another order."""
+    """A precision mode: config keys over the baseline's, the dtype its compute rounds to, the GPU it needs (CUDA
+    compute capability (major, minor) and the CUDA version paddle was built with) and why. `reordered`: float32
+    kernels that sum in another order."""
     name: str
     config: Dict[str, Any]
     dtype: str
     needs: Tuple[int, int] = (0, 0)
     why: str = ""
     reordered: bool = False
+    cuda: Tuple[int, ...] = (0,)
 
 
-# paddle's own rule for AMP (paddle/amp/auto_cast.py, Paddle 3.x): bfloat16 from compute capability 8.0 (and CUDA 11),
-# float16 from 7.0; without it auto_cast switches itself off. Flash attention in paddle is FlashAttention-2, built for
-# compute capability 8.0 and up, and takes bfloat16/float16 inputs only (hence with bf16 O2). The fused RMSNorm and
-# rotary kernels have float32 versions: they run in float32 here, so that their own effect is what is compared.
-BF16 = ((8, 0), "bfloat16 needs compute capability >= 8.0")
-FP16 = ((7, 0), "float16 AMP needs compute capability >= 7.0")
+# paddle's own rule for AMP (paddle/amp/auto_cast.py, Paddle 3.x): bfloat16 from compute capability 8.0 and CUDA 11,
+# float16 from 7.0; without it auto_cast switches itself off. Flash attention in paddle is FlashAttention-2, built
+# only for compute capability 8.0 and up and CUDA 11.4 and up (paddle's nn/functional/sdpa.py, cmake/third_party.cmake),
+# and takes bfloat16/float16 inputs only (hence with bf16 O2). The fused RMSNorm and rotary kernels document no limit
+# and have float32 versions: they run in float32 here, so that their own effect is what is compared. These are the
+# rules the precision plan applies to a GPU too; a mode the plan then does not apply is a mismatch (plan_row).
+BF16 = dict(needs=(8, 0), cuda=(11,), why="bfloat16 needs compute capability >= 8.0 and CUDA >= 11")
+FP16 = dict(needs=(7, 0), why="float16 AMP needs compute capability >= 7.0")
 MODES = (
-    Mode("bf16 O1", {"bf16": True, "fp16_opt_level": "O1"}, "bfloat16", *BF16),
-    Mode("bf16 O2", {"bf16": True, "fp16_opt_level": "O2"}, "bfloat16", *BF16),
-    Mode("fp16 O1 + loss scale", {"fp16": True, "fp16_opt_level": "O1"}, "float16", *FP16),
-    Mode("fp16 O2 + loss scale", {"fp16": True, "fp16_opt_level": "O2"}, "float16", *FP16),
+    Mode("bf16 O1", {"bf16": True, "fp16_opt_level": "O1"}, "bfloat16", **BF16),
+    Mode("bf16 O2", {"bf16": True, "fp16_opt_level": "O2"}, "bfloat16", **BF16),
+    Mode("fp16 O1 + loss scale", {"fp16": True, "fp16_opt_level": "O1"}, "float16", **FP16),
+    Mode("fp16 O2 + loss scale", {"fp16": True, "fp16_opt_level": "O2"}, "float16", **FP16),
     Mode("bf16 O2 + flash attention", {"bf16": True, "fp16_opt_level": "O2", "use_flash_attention": True},
-         "bfloat16", (8, 0), "paddle's flash attention (FlashAttention-2) needs compute capability >= 8.0"),
+         "bfloat16", needs=(8, 0), cuda=(11, 4),
+         why="paddle's flash attention (FlashAttention-2) needs compute capability >= 8.0 and CUDA >= 11.4"),
     Mode("float32 + fused kernels", {"use_fused_rms_norm": True, "use_fused_rope": True}, "float32", reordered=True),
 )
 BASELINE = Mode("float32", {}, "float32")
@@ -86,12 +91,10 @@ REPEAT = Mode("float32 (again)", {}, "float32", reordered=True)
 
 def applicable(mode: Mode, capability: Tuple[int, int], cuda_version: Optional[str]) -> Optional[str]:
     """None when `mode` runs on a GPU of this compute capability and paddle CUDA version, else why not."""
-    if tuple(capability) < mode.needs:
-        return f"{mode.why} (this GPU: {capability[0]}.{capability[1]})"
-    if mode.dtype == "bfloat16":
-        major = (cuda_version or "").split(".")[0]
-        if not major.isdigit() or int(major) < 11:
-            return f"bfloat16 needs CUDA >= 11 (paddle built with CUDA {cuda_version})"
+    parts = (cuda_version or "").split(".")
+    cuda = tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else (0,)  # None / 'False': no CUDA
+    if tuple(capability) < mode.needs or cuda < mode.cuda:
+        return f"{mode.why} (this GPU: compute capability {capability[0]}.{capability[1]}, CUDA {cuda_version})"
     return None
 
 
