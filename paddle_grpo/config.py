@@ -59,8 +59,9 @@ DEFAULT_HEAD_CHUNK_SIZE = 512
 # positions, hidden 896, chunk 512; docs/PERFORMANCE.md), in process CPU seconds because the 2-core host was under
 # load 8: chunked / full time 2.1, 1.2, 1.3, 1.15, 0.81, 0.80, 0.77 and peak memory 1.0, 0.68, 0.60, 0.54, 0.63,
 # 0.46, 0.40 at V = 128, 1,024, 2,048, 4,096, 8,192, 32,768, 151,936. From 8,192 on the chunked head is faster and
-# smaller; below it the full logits are faster and small (175 MB at 4,096). Real vocabularies (Llama's 32,000, GPT-2's 50,257, Qwen's
-# 151,936) are above, the project's toy models (128 to 512 tokens, whose numbers stay bit for bit) below.
+# smaller; below it the full logits are faster and small (175 MB at 4,096). Real vocabularies (Llama's 32,000,
+# GPT-2's 50,257, Qwen's 151,936) are above, the project's toy models (128 to 512 tokens, whose numbers stay bit for
+# bit) below.
 HEAD_CHUNK_MIN_VOCAB = 8192
 
 
@@ -438,11 +439,12 @@ class KernelArguments:
               "Here this is the project's own chunked head, on every device, for the policy and the reference; it "
               "is not passed to the model config (PaddleNLP's fused head + loss returns a loss, not per-token "
               "log-probs). Unset (null), it is chosen from the policy's vocabulary: on from "
-              f"{HEAD_CHUNK_MIN_VOCAB:,} tokens (every real model's: Qwen's 151,936, Llama's 32,000), off below (the "
-              "quickstart's 300), where the full logits are faster and small (measured: tools/bench_head.py); "
-              "the start-up line `LM head: ...` says which and why. PaddleNLP's default is false; ours differs only when the "
-              "key is unset, because full logits at a real vocabulary cost GBs and time for the same numbers. An "
-              "explicit true or false (file or command line) always wins.", cpu=ON,
+              f"{HEAD_CHUNK_MIN_VOCAB:,} tokens (every real model's: Qwen's 151,936, Llama's 32,000), off below "
+              "(the quickstart's 300), where the full logits are faster and small (measured: "
+              "tools/bench_head.py); the start-up line `LM head: ...` says which and why. PaddleNLP's default is "
+              "false; ours differs only when the key is unset, because full logits at a real vocabulary cost GBs "
+              "and time for the same numbers. An explicit true or false (file or command line) always wins.",
+        cpu=ON,
         gpu=on("the same paddle ops as on CPU; verified only on CPU (tests/policy/test_head_wiring.py)"))
     fused_head_chunk_size: int = arg(DEFAULT_HEAD_CHUNK_SIZE,
                                      "(new) Positions (rows x completion tokens) per chunk of the chunked LM head "

@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> None:
             row[name] = json.loads(out.strip().splitlines()[-1])
         rows.append(row)
         print(f"V={vocab}: {row}", file=sys.stderr, flush=True)
-    print("| vocab | full logits s (CPU s) | chunked s (CPU s) | chunked / full, CPU | full peak MB | chunked peak MB |")
+    print("| vocab | full logits s (CPU s) | chunked s (CPU s) | chunked / full, CPU | full peak MB "
+          "| chunked peak MB |")
     print("|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         f, c = r["full"], r["chunked"]

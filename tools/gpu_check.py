@@ -11,8 +11,9 @@ the dtype, autocast, O2 decoration and loss scale, and whose load_policy applies
 
 Every mode replays the baseline's batches (step.collect is wrapped to return them), so that the only difference is
 precision; per mode it compares with float32:
-- rollout: a sampled rollout of the mode's policy (its decode path, KV cache and kernels), the sample log-probs it
-  reports against float32 log-probs of the same tokens (a float32 policy from the same directory);
+- rollout: the mode's own first rollout (sampled by the trainer's step.collect: its decode path, KV cache, kernels
+  and precision), the sample log-probs it reports against float32 log-probs of the same tokens (a float32 policy
+  loaded from the same directory);
 - reference: the reference log-probs of every step's batch (step.reference_logprobs; the reference never trains,
   so these differ by precision alone);
 - grad norm: the first update's gradient norm (same weights, same batch), relative;
@@ -52,29 +53,34 @@ MODEL = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2
 
 @dataclasses.dataclass(frozen=True)
 class Mode:
-    """A precision mode: config keys over the baseline's, the dtype its compute rounds to, the GPU it needs
-    (CUDA compute capability (major, minor)) and why. `reordered`: float32 kernels that sum in another order."""
+    """A precision mode: config keys over the baseline's, the dtype its compute rounds to, the GPU it needs (CUDA
+    compute capability (major, minor) and the CUDA version paddle was built with) and why. `reordered`: float32
+    kernels that sum in another order."""
     name: str
     config: Dict[str, Any]
     dtype: str
     needs: Tuple[int, int] = (0, 0)
     why: str = ""
     reordered: bool = False
+    cuda: Tuple[int, ...] = (0,)
 
 
-# paddle's own rule for AMP (paddle/amp/auto_cast.py, Paddle 3.x): bfloat16 from compute capability 8.0 (and CUDA 11),
-# float16 from 7.0; without it auto_cast switches itself off. Flash attention in paddle is FlashAttention-2, built for
-# compute capability 8.0 and up, and takes bfloat16/float16 inputs only (hence with bf16 O2). The fused RMSNorm and
-# rotary kernels have float32 versions: they run in float32 here, so that their own effect is what is compared.
-BF16 = ((8, 0), "bfloat16 needs compute capability >= 8.0")
-FP16 = ((7, 0), "float16 AMP needs compute capability >= 7.0")
+# paddle's own rule for AMP (paddle/amp/auto_cast.py, Paddle 3.x): bfloat16 from compute capability 8.0 and CUDA 11,
+# float16 from 7.0; without it auto_cast switches itself off. Flash attention in paddle is FlashAttention-2, built
+# only for compute capability 8.0 and up and CUDA 11.4 and up (paddle's nn/functional/sdpa.py, cmake/third_party.cmake),
+# and takes bfloat16/float16 inputs only (hence with bf16 O2). The fused RMSNorm and rotary kernels document no limit
+# and have float32 versions: they run in float32 here, so that their own effect is what is compared. These are the
+# rules the precision plan applies to a GPU too; a mode the plan then does not apply is a mismatch (plan_row).
+BF16 = dict(needs=(8, 0), cuda=(11,), why="bfloat16 needs compute capability >= 8.0 and CUDA >= 11")
+FP16 = dict(needs=(7, 0), why="float16 AMP needs compute capability >= 7.0")
 MODES = (
-    Mode("bf16 O1", {"bf16": True, "fp16_opt_level": "O1"}, "bfloat16", *BF16),
-    Mode("bf16 O2", {"bf16": True, "fp16_opt_level": "O2"}, "bfloat16", *BF16),
-    Mode("fp16 O1 + loss scale", {"fp16": True, "fp16_opt_level": "O1"}, "float16", *FP16),
-    Mode("fp16 O2 + loss scale", {"fp16": True, "fp16_opt_level": "O2"}, "float16", *FP16),
+    Mode("bf16 O1", {"bf16": True, "fp16_opt_level": "O1"}, "bfloat16", **BF16),
+    Mode("bf16 O2", {"bf16": True, "fp16_opt_level": "O2"}, "bfloat16", **BF16),
+    Mode("fp16 O1 + loss scale", {"fp16": True, "fp16_opt_level": "O1"}, "float16", **FP16),
+    Mode("fp16 O2 + loss scale", {"fp16": True, "fp16_opt_level": "O2"}, "float16", **FP16),
     Mode("bf16 O2 + flash attention", {"bf16": True, "fp16_opt_level": "O2", "use_flash_attention": True},
-         "bfloat16", (8, 0), "paddle's flash attention (FlashAttention-2) needs compute capability >= 8.0"),
+         "bfloat16", needs=(8, 0), cuda=(11, 4),
+         why="paddle's flash attention (FlashAttention-2) needs compute capability >= 8.0 and CUDA >= 11.4"),
     Mode("float32 + fused kernels", {"use_fused_rms_norm": True, "use_fused_rope": True}, "float32", reordered=True),
 )
 BASELINE = Mode("float32", {}, "float32")
@@ -85,12 +91,10 @@ REPEAT = Mode("float32 (again)", {}, "float32", reordered=True)
 
 def applicable(mode: Mode, capability: Tuple[int, int], cuda_version: Optional[str]) -> Optional[str]:
     """None when `mode` runs on a GPU of this compute capability and paddle CUDA version, else why not."""
-    if tuple(capability) < mode.needs:
-        return f"{mode.why} (this GPU: {capability[0]}.{capability[1]})"
-    if mode.dtype == "bfloat16":
-        major = (cuda_version or "").split(".")[0]
-        if not major.isdigit() or int(major) < 11:
-            return f"bfloat16 needs CUDA >= 11 (paddle built with CUDA {cuda_version})"
+    parts = (cuda_version or "").split(".")
+    cuda = tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else (0,)  # None / 'False': no CUDA
+    if tuple(capability) < mode.needs or cuda < mode.cuda:
+        return f"{mode.why} (this GPU: compute capability {capability[0]}.{capability[1]}, CUDA {cuda_version})"
     return None
 
 
@@ -233,6 +237,7 @@ def base_config(model_dir: str, data: str, workdir: str, steps: int, seed: int) 
                 max_dec_len=8, min_dec_len=8, max_length=24, temperature=1.0, top_p=1.0, global_batch_size=2,
                 rollout_n=4, rollout_max_num_seqs=8, per_device_train_batch_size=8,
                 per_device_logprob_batch_size=8, learning_rate=LEARNING_RATE, max_steps=steps, kl_coeff=0.0,
+                weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, lr_scheduler_type="constant",  # adam_bound's
                 kl_loss_coeff=0.05, entropy_coeff=0.0, rl_algorithm="grpo", use_fused_head_and_loss_fn=False)
 
 
@@ -252,15 +257,21 @@ class Record:
 
 @contextlib.contextmanager
 def hooks(record: Record, replay: Optional[Sequence[Any]]) -> Iterator[None]:
-    """Wrap step.collect (record the batch, or return the baseline's instead), step.reference_logprobs and
-    step.update (record their results) for the duration."""
+    """Wrap step.collect (record the batch, or return the baseline's instead; the first call also keeps the mode's
+    own batch as `record.rollout`), step.reference_logprobs and step.update (record their results) for the
+    duration."""
     from paddle_grpo import step
 
     names = ("collect", "reference_logprobs", "update")
     originals = {n: getattr(step, n) for n in names}
 
     def collect(*args: Any, **kwargs: Any) -> Any:
-        out = originals["collect"](*args, **kwargs) if replay is None else replay[len(record.batches)]
+        own = None
+        if replay is None or record.rollout is None:
+            own = originals["collect"](*args, **kwargs)
+            if record.rollout is None:  # the mode's own first rollout, as the trainer samples it
+                record.rollout = own[0]
+        out = own if replay is None else replay[len(record.batches)]
         record.batches.append(out)
         return out
 
@@ -289,21 +300,13 @@ def weights(model: Any) -> Dict[str, Any]:
 
 
 def run_mode(cfg_values: Dict[str, Any], steps: int, replay: Optional[Record]) -> Tuple[Record, Any]:
-    """Build the Trainer of `cfg_values`, sample one rollout of the first prompts (keyed), then train `steps` steps
-    (replaying `replay`'s batches when given). Returns (record, trainer)."""
-    import numpy as np
-
-    from paddle_grpo import step
+    """Build the Trainer of `cfg_values` and train `steps` steps, replaying `replay`'s batches when given (the
+    first step's own rollout is still sampled, by the trainer's step.collect, and kept). Returns (record, trainer)."""
     from paddle_grpo.config import config_from_dict
-    from paddle_grpo.sampling import row_keys
     from paddle_grpo.trainer import Trainer
 
-    cfg = config_from_dict(cfg_values)
-    trainer = Trainer(cfg)
+    trainer = Trainer(config_from_dict(cfg_values))
     record = Record(plan=trainer.precision.describe())
-    idx, G = [0, 1], cfg.rollout_n
-    record.rollout = step.rollout(trainer.policy, trainer.encode, cfg, trainer.train_records, idx, G,
-                                  keys=row_keys(cfg.seed + 7, 0, np.arange(len(idx) * G)))
     record.before = weights(trainer.policy.model)
     with hooks(record, replay.batches if replay is not None else None):
         for _ in range(steps):
@@ -414,6 +417,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
                     help="cpu: the float32 baseline against itself, to test this tool (no GPU check)")
     args = ap.parse_args(argv)
+    if args.steps < 1:
+        ap.error("--steps must be at least 1")
     if args.device == "gpu":
         reason = no_gpu_reason()
         if reason:

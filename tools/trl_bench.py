@@ -16,11 +16,12 @@ download:
   bench.py draws them.
 Then `warmup_steps + timed_steps` GRPO steps: each samples `group_size` completions of exactly `completion_len`
 tokens (min_new_tokens = max_new_tokens, so no EOS: bench.py's `fixed` lengths) for `prompts_per_step` prompts,
-scores them with bench.py's reward (share of vowels), and takes one optimizer step (AdamW, lr 1e-5, beta as
+scores them with bench.py's reward (share of vowels), and takes one optimizer step (AdamW, constant lr 1e-5, beta as
 the KL coefficient, all sequences of a step in one micro-batch unless SHAPE.json has `micro_batch_size`).
 
-Prints ONE JSON line (stdout; TRL's own logging goes to stderr) with tools/bench.py's names where they mean the same: `step_s_median` (wall seconds per step,
-median over the timed steps; TRL's step = rollout + reward + reference + update), `step_s_min`, `step_s_max`,
+Prints ONE JSON line (stdout; TRL's own logging goes to stderr) with tools/bench.py's names where they mean the
+same: `step_s_median` (wall seconds per step, median over the timed steps; TRL's step = rollout + reward + reference
++ update), `step_s_min`, `step_s_max`,
 `step_s_all`, `completion_tokens_per_step`, `completion_tokens_per_s` (completion tokens / step time),
 `completion_len_mean` (what TRL logged: checks the forced length), `peak_rss_mb` (the process's high-water mark,
 model building included), `threads`, `load_average`, `shape`; plus `peer`, `trl_version`, `torch_version`,
@@ -159,6 +160,7 @@ def run(shape: Dict[str, Any], threads: int, workdir: str, seed: int = 0) -> Dic
     args = GRPOConfig(
         output_dir=os.path.join(workdir, "out"), report_to="none", save_strategy="no", logging_steps=1,
         disable_tqdm=True, use_cpu=True, seed=seed, max_steps=steps, learning_rate=LEARNING_RATE,
+        lr_scheduler_type="constant",  # bench.py's (transformers' default decays linearly)
         per_device_train_batch_size=micro, gradient_accumulation_steps=n // micro, num_generations=G,
         max_completion_length=T, temperature=1.0, top_p=1.0, top_k=0, beta=shape["beta"], num_iterations=1,
         generation_kwargs={"min_new_tokens": T}, shuffle_dataset=False)

@@ -19,7 +19,8 @@ SMALL, LARGE = HEAD_CHUNK_MIN_VOCAB - 1, HEAD_CHUNK_MIN_VOCAB
 def test_unset_is_none_and_paddlenlps_false_stays_explicit(tmp_path):
     assert Config().use_fused_head_and_loss_fn is None
     path = tmp_path / "cfg.yaml"
-    for text, expected in (("use_fused_head_and_loss_fn: false\n", False), ("use_fused_head_and_loss_fn: true\n", True),
+    for text, expected in (("use_fused_head_and_loss_fn: false\n", False),
+                           ("use_fused_head_and_loss_fn: true\n", True),
                            ("use_fused_head_and_loss_fn: null\n", None), ("learning_rate: 1.0e-6\n", None)):
         path.write_text(text)
         assert load_config(path, warn=False).use_fused_head_and_loss_fn is expected, text
@@ -35,10 +36,12 @@ def test_the_decision(setting, vocab, chunked):
     assert chunk == ((cfg.fused_head_chunk_size if chunked else None))
     if setting is None:
         sign = ">=" if chunked else "<"
-        why = f"(use_fused_head_and_loss_fn unset, vocabulary {vocab:,} {sign} {HEAD_CHUNK_MIN_VOCAB:,} (set it to choose))"
+        why = (f"(use_fused_head_and_loss_fn unset, vocabulary {vocab:,} {sign} {HEAD_CHUNK_MIN_VOCAB:,} "
+               "(set it to choose))")
     else:
         why = f"(use_fused_head_and_loss_fn: {str(setting).lower()} in the config)"
-    what = f"chunked, {cfg.fused_head_chunk_size} positions at a time" if chunked else f"full [rows, T, {vocab}] logits"
+    what = (f"chunked, {cfg.fused_head_chunk_size} positions at a time" if chunked
+            else f"full [rows, T, {vocab}] logits")
     assert line == f"LM head: {what} {why}"
 
 
@@ -98,7 +101,8 @@ def test_trainer_at_a_large_vocabulary(tmp_path, tiny_policy_dir, caplog, settin
     cfg = config_from_dict(dict(
         actor_model_name_or_path=model, use_rm_server=False, reward_funcs=f"{tmp_path / 'rewards.py'}:reward",
         train_datasets=str(tmp_path / "train.jsonl"), output_dir=str(tmp_path / "out"),
-        logging_dir=str(tmp_path / "vdl"), max_prompt_len=16, max_dec_len=4, min_dec_len=1, max_length=20, global_batch_size=2,
+        logging_dir=str(tmp_path / "vdl"), max_prompt_len=16, max_dec_len=4, min_dec_len=1, max_length=20,
+        global_batch_size=2,
         rollout_n=2, per_device_train_batch_size=4, per_device_logprob_batch_size=4, max_steps=1,
         save_strategy="no", disable_tqdm=True, kl_loss_coeff=0.05, chat_template="none",
         **({} if setting is None else {"use_fused_head_and_loss_fn": setting})))

@@ -50,11 +50,33 @@ def test_which_modes_apply(gpu_check):
     assert skipped((7, 0), "11.2") == bf16                # V100
     assert skipped((6, 1), "11.2") == bf16 | fp16         # P40: neither AMP dtype; the fused kernels still run
     assert skipped((8, 6), "10.2") == bf16                # bfloat16 also needs CUDA 11
+    assert skipped((8, 0), "11.2") == {"bf16 O2 + flash attention"}  # flash attention: CUDA 11.4
+    assert skipped((8, 0), "11.4") == set()
     assert skipped((8, 0), None) == bf16
     why = gpu_check.applicable(by_name["bf16 O2 + flash attention"], (7, 5), "12.0")
-    assert why == "paddle's flash attention (FlashAttention-2) needs compute capability >= 8.0 (this GPU: 7.5)"
+    assert why == ("paddle's flash attention (FlashAttention-2) needs compute capability >= 8.0 and CUDA >= 11.4 "
+                   "(this GPU: compute capability 7.5, CUDA 12.0)")
     assert gpu_check.applicable(by_name["bf16 O1"], (8, 6), "10.2") == \
-        "bfloat16 needs CUDA >= 11 (paddle built with CUDA 10.2)"
+        "bfloat16 needs compute capability >= 8.0 and CUDA >= 11 (this GPU: compute capability 8.6, CUDA 10.2)"
+
+
+def test_the_same_rules_as_the_precision_plan(gpu_check):
+    """Where precision.py describes the GPU (GpuInfo: the plan's own rules, issue 22), a mode runs exactly when the
+    plan would apply all of its keys on that GPU."""
+    from paddle_grpo import precision
+
+    gpu_info = getattr(precision, "GpuInfo", None)
+    if gpu_info is None:
+        pytest.skip("this precision.py has no GpuInfo: the plan does not look at the GPU's capability")
+    dtypes = {"bf16": "bfloat16", "fp16": "float16"}
+    for capability in ((6, 1), (7, 0), (7, 5), (8, 0), (8, 6), (9, 0)):
+        for cuda in ("10.2", "11.2", "11.4", "12.4", None):
+            gpu = gpu_info("test GPU", capability, cuda)
+            for mode in gpu_check.MODES:
+                refused = [k for k in mode.config if k in dtypes and gpu.amp_unsupported(dtypes[k])] + \
+                    [k for k in mode.config if k.startswith("use_") and gpu.kernel_unsupported(k)]
+                assert (gpu_check.applicable(mode, capability, cuda) is None) == (not refused), \
+                    (mode.name, capability, cuda, refused)
 
 
 def test_tolerances_by_hand(gpu_check):
