@@ -6,8 +6,8 @@ import paddle
 import pytest
 
 from paddle_grpo.policy import load_tokenizer
-from paddle_grpo.policy.causal import completion_logprobs, load_causal_lm
-from paddle_grpo.rollout import top_p_filter, generate
+from paddle_grpo.policy.causal import completion_logprobs, generate, load_causal_lm
+from paddle_grpo.rollout import top_p_filter
 from paddle_grpo.sampling import row_keys
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_grpo.policy.chunk_kernels import shifted_statistics
+from paddle_grpo.kernels.chunk_kernels import shifted_statistics
 from paddle_grpo.rollout import decode, top_p_filter
 from paddle_grpo.sampling import candidates, row_keys, sample_with_uniforms, uniforms
 

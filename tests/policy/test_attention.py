@@ -1,12 +1,13 @@
-"""Blockwise attention (policy/attention.py) against the unblocked attention of the lean Qwen2 forward."""
+"""Blockwise attention (kernels/attention.py) against the unblocked attention of the lean Qwen2 forward."""
 import math
 
 import numpy as np
 import paddle
 import pytest
 
-from paddle_grpo.policy import attention, fast_qwen2
-from paddle_grpo.policy.attention import blockwise_attention, query_block
+from paddle_grpo.kernels import attention
+from paddle_grpo.kernels.attention import blockwise_attention, query_block
+from paddle_grpo.policy import fast_qwen2
 
 B, KV, G, D = 2, 2, 3, 8
 

@@ -1,12 +1,12 @@
-"""policy/chunk_kernels.py (with numpy_kernels.py): the numpy (CPU) and paddle-op kernels of the chunked head against
-a float64 numpy reference written from the formulas, for row counts that do and do not fill the threads' row
-groups."""
+"""kernels/chunk_kernels.py (with kernels/numpy_kernels.py): the numpy (CPU) and paddle-op kernels of the chunked
+head against a float64 numpy reference written from the formulas, for row counts that do and do not fill the
+threads' row groups."""
 import numpy as np
 import paddle
 import pytest
 
-from paddle_grpo import numpy_kernels
-from paddle_grpo.policy.chunk_kernels import chunk_gradient, shifted_statistics
+from paddle_grpo.kernels import numpy_kernels
+from paddle_grpo.kernels.chunk_kernels import chunk_gradient, shifted_statistics
 
 
 def _reference_statistics(z: np.ndarray, labels: np.ndarray):
@@ -99,7 +99,7 @@ def test_kernel_choice(monkeypatch):
 @pytest.mark.parametrize("transpose_y", [False, True])
 def test_weight_gradient_accumulates_in_place(kernels, monkeypatch, transpose_y):
     """dw += h^T dz (or dz^T h) over vocabulary blocks that do not divide V, into the same tensor."""
-    from paddle_grpo.policy import chunk_kernels
+    from paddle_grpo.kernels import chunk_kernels
 
     monkeypatch.setattr(chunk_kernels, "_VOCAB_BLOCK", 7)
     rng = np.random.default_rng(5)

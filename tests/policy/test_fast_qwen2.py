@@ -12,8 +12,7 @@ from batch_helpers import grouped_batch
 from paddlenlp.transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from paddle_grpo.policy import fast_qwen2
-from paddle_grpo.policy.causal import completion_logprobs
-from paddle_grpo.rollout import generate
+from paddle_grpo.policy.causal import completion_logprobs, generate
 from paddle_grpo.sampling import row_keys
 
 V = 96

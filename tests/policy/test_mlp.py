@@ -1,11 +1,12 @@
-"""policy/mlp.py: the blocked SwiGLU MLP (gu kept or recomputed) against autograd's path; and the lean Qwen2
+"""kernels/mlp.py: the blocked SwiGLU MLP (gu kept or recomputed) against autograd's path; and the lean Qwen2
 forward's log-probs and gradients with it on and off."""
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 import pytest
 
-from paddle_grpo.policy import fast_qwen2, mlp
+from paddle_grpo.kernels import mlp
+from paddle_grpo.policy import fast_qwen2
 
 
 def _reference(h, w_gu, w_down):
