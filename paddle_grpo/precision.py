@@ -321,6 +321,14 @@ class Amp:
         return True
 
 
+def full_precision() -> ContextManager:
+    """The context of the float32 maths after the model (log-softmax, entropy, the sampling maths): autocast switched
+    off when the update's AMP is active (under O2 it would cast float32 inputs back to bf16/fp16), else a no-op."""
+    import paddle
+
+    return paddle.amp.auto_cast(enable=False) if paddle.amp.is_autocast_enabled() else contextlib.nullcontext()
+
+
 # -------------------------------------------------------------------------------------------------------- the plan
 
 def normalize_device(device: str) -> str:

@@ -4,12 +4,13 @@ Each prompt is run through the model once (prefill) and its cache is shared by i
 prefilling `G` identical copies. Decoding stops as soon as every sequence has produced EOS. Rows are ordered prompt
 by prompt: rows `i*G .. i*G+G-1` are the samples of prompt `i`.
 
-The model runs through a "stepper" (prefill, then one token per step): for a plain float32 Qwen2 the lean forward
-of fast_qwen2.py with a preallocated KV cache, otherwise the model's own decoder with PaddleNLP's
-`past_key_values` and its LM head on the last position only (`fast_qwen2.enabled_for`; `PADDLE_GRPO_FAST=0` forces
-the latter). Both give the same logits up to float32 rounding, so greedy decoding is identical and keyed sampling
-(`row_keys`) draws the same tokens unless a uniform falls within rounding distance (~1e-6) of a cumulative-probability
-boundary.
+The model runs through a "stepper" (prefill, then one token per step), the interface the policy hands in: this
+module knows no model. For a decoder-only model policy/causal.py's `generate` passes the lean forward of
+fast_qwen2.py with a preallocated KV cache for a plain float32 Qwen2, otherwise the model's own decoder with
+PaddleNLP's `past_key_values` and its LM head on the last position only (`causal.stepper_for`; `PADDLE_GRPO_FAST=0`
+forces the latter); policy/seq2seq.py passes its encoder-decoder stepper. Both causal steppers give the same logits
+up to float32 rounding, so greedy decoding is identical and keyed sampling (`row_keys`) draws the same tokens unless
+a uniform falls within rounding distance (~1e-6) of a cumulative-probability boundary.
 
 Sampling: logits / temperature -> repetition penalty -> EOS masked until `min_new_tokens` -> top-k / top-p ->
 inverse CDF with the counter-based uniforms of `row_keys` (sampling.py), or without keys a multinomial draw
@@ -34,12 +35,10 @@ from typing import Callable, List, Optional, Protocol, Sequence, Tuple, Union
 import numpy as np
 import paddle
 
-from .data import pad_columns
-from . import numpy_kernels
-from .policy import fast_qwen2
-from .policy.base import full_precision
-from .policy.causal import position_ids_from_mask
 from .algorithms import gather_last
+from .data import pad_columns
+from .kernels import numpy_kernels
+from .precision import full_precision
 from .sampling import candidates, sample_with_uniforms, uniforms
 
 # The decode step's max / exp / sum take numpy kernels on CPU from this vocabulary size: at [8, 151,936] 1.8 ms
@@ -76,7 +75,7 @@ def generate(model: paddle.nn.Layer, prompt_ids: Union[paddle.Tensor, np.ndarray
              min_new_tokens: int = 0, eos_token_ids: Union[int, Sequence[int]] = (), pad_token_id: int = 0,
              temperature: float = 1.0, top_p: float = 1.0, repetition_penalty: float = 1.0, do_sample: bool = True,
              max_num_seqs: Optional[int] = None, row_keys: Optional[np.ndarray] = None,
-             stepper: Optional[Callable[[paddle.nn.Layer], Stepper]] = None, penalize_prompt: bool = True,
+             stepper: Callable[[paddle.nn.Layer], Stepper], penalize_prompt: bool = True,
              top_k: int = 0) -> Rollout:
     """Sample `num_samples` completions for each of the `B` prompts; returns a `Rollout` with `N = B * num_samples`.
 
@@ -84,9 +83,10 @@ def generate(model: paddle.nn.Layer, prompt_ids: Union[paddle.Tensor, np.ndarray
     once (rollout_max_num_seqs); larger rollouts are processed in chunks of whole prompts.
     `row_keys` ([B * num_samples] uint64, see sampling.row_keys): sample row i with the counter-based uniforms of
     its key, so the result does not depend on chunking or on which process samples which rows; None: paddle's
-    global generator (`paddle.multinomial`). `stepper`: a class `stepper(model)` with `start`/`step` (default: the
-    fast Qwen2 path when it applies, else PaddleNLP's forward; seq2seq.py passes its encoder-decoder stepper);
-    `penalize_prompt`: see `decode`. `top_k` (0: off) and `top_p` (1: off): `sampling.candidates`.
+    global generator (`paddle.multinomial`). `stepper`: a class `stepper(model)` with `start`/`step`, the model's
+    side of the loop (policy/causal.py's `generate` passes the causal one for the model, seq2seq.py its
+    encoder-decoder stepper); `penalize_prompt`: see `decode`. `top_k` (0: off) and `top_p` (1: off):
+    `sampling.candidates`.
     """
     prompt_ids = paddle.to_tensor(prompt_ids, dtype="int64")
     prompt_mask = paddle.to_tensor(prompt_mask, dtype="int64")
@@ -120,8 +120,7 @@ def generate(model: paddle.nn.Layer, prompt_ids: Union[paddle.Tensor, np.ndarray
 
 
 def _generate_chunk(model, prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id, temperature,
-                    top_p, repetition_penalty, do_sample, keys=None, stepper=None, penalize_prompt=True, top_k=0):
-    stepper = stepper or (_FastStepper if fast_qwen2.enabled_for(model) else _PaddleNLPStepper)
+                    top_p, repetition_penalty, do_sample, keys, stepper, penalize_prompt=True, top_k=0):
     return decode(stepper(model), prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id,
                   temperature, top_p, repetition_penalty, do_sample, keys, penalize_prompt, top_k)
 
@@ -177,65 +176,11 @@ def decode(stepper: Stepper, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tens
     return ids, paddle.stack(logps, axis=1), lengths, truncated
 
 
-class _PaddleNLPStepper:
-    """Decoding through the model's own decoder and LM head (any PaddleNLP causal LM, as causal.completion_logprobs
-    runs them): `past_key_values` grown by concat. The head runs on the last position only: at prefill the model's
-    forward would make [P, L, V] logits (GBs at a 152k vocabulary) to keep one row of each prompt."""
-
-    def __init__(self, model):
-        self.model = model
-        self.decoder, self.head = model.get_decoder(), model.get_output_embeddings()
-
-    def _next_logits(self, input_ids, attention_mask, position_ids, past_key_values=None):
-        """The decoder over `input_ids` [N, S] (self.cache updated), then the head on position S - 1: [N, V] float32
-        (full vocabulary: under tensor parallelism the head gathers, as the model's forward does)."""
-        out = self.decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                           past_key_values=past_key_values, use_cache=True, return_dict=True)
-        self.cache = out.past_key_values
-        return self.head(out.last_hidden_state[:, -1:, :])[:, -1, :].astype("float32")
-
-    def start(self, prompt_ids, prompt_mask, G, max_new_tokens):
-        """Prefill [P, L] once; returns the next-token logits [P * G, V] float32, each prompt's rows consecutive."""
-        position_ids = position_ids_from_mask(prompt_mask)
-        logits = self._next_logits(prompt_ids, prompt_mask, position_ids)
-        # Share each prompt's prefill among its G samples.
-        self.cache = _expand_cache(self.cache, G)
-        self.attention_mask = paddle.repeat_interleave(prompt_mask, G, axis=0)
-        self.next_pos = paddle.repeat_interleave(position_ids[:, -1:], G, axis=0) + 1
-        return paddle.repeat_interleave(logits, G, axis=0)
-
-    def step(self, token):
-        """token [N] -> next-token logits [N, V] float32."""
-        N = token.shape[0]
-        self.attention_mask = paddle.concat([self.attention_mask, paddle.ones([N, 1], dtype="int64")], axis=1)
-        logits = self._next_logits(token.unsqueeze(-1), self.attention_mask, self.next_pos, self.cache)
-        self.next_pos = self.next_pos + 1
-        return logits
-
-
-class _FastStepper:
-    """Decoding through fast_qwen2 (preallocated KV cache, lean ops); same interface as _PaddleNLPStepper."""
-
-    def __init__(self, model):
-        self.fast = fast_qwen2.Qwen2Fast(model)
-
-    def start(self, prompt_ids, prompt_mask, G, max_new_tokens):
-        return self.fast.start_decoding(prompt_ids, prompt_mask, G, max_new_tokens)
-
-    def step(self, token):
-        return self.fast.decode(token)
-
-
-def _expand_cache(past_key_values, G):
-    if G == 1:
-        return past_key_values
-    return tuple(tuple(paddle.repeat_interleave(t, G, axis=0) for t in layer) for layer in past_key_values)
-
-
 def _exp_and_logsumexp(z: paddle.Tensor) -> Tuple[paddle.Tensor, paddle.Tensor]:
     """exp(z - max) [N, V] (unnormalised probabilities) and logsumexp(z) [N], from one max / exp / sum pass
     (paddle's CPU `logsumexp` costs about as much as this and `softmax` together: tools/bench_ops.py). On CPU at a
-    vocabulary of at least NUMPY_FROM_VOCAB, numpy kernels over the tensors' memory (paddle_grpo/numpy_kernels.py)."""
+    vocabulary of at least NUMPY_FROM_VOCAB, numpy kernels over the tensors' memory
+    (paddle_grpo/kernels/numpy_kernels.py)."""
     if z.shape[-1] < NUMPY_FROM_VOCAB or not numpy_kernels.enabled(z):
         m = z.max(axis=-1, keepdim=True)
         e = paddle.exp(z - m)

@@ -10,7 +10,7 @@ import ast
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import FrozenSet, List, Set, Tuple
+from typing import Dict, FrozenSet, List, Set, Tuple
 
 import pytest
 
@@ -29,15 +29,31 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
-def imported_names(path: Path, root: Path) -> Set[str]:
+def _type_checking_nodes(tree: ast.AST) -> Set[int]:
+    """ids of the nodes inside `if TYPE_CHECKING:` blocks (imports for annotations only, never executed)."""
+    inside: Set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and (
+                (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+                or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")):
+            inside.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return inside
+
+
+def imported_names(path: Path, root: Path, *, type_checking: bool = True) -> Set[str]:
     """Absolute dotted names a module imports, relative imports resolved. `from M import n` gives `M.n` (n may be a
     submodule or an attribute; prefix matching treats both alike), `from M import *` gives `M`; an attribute
-    `paddle.distributed` gives `paddle.distributed`."""
+    `paddle.distributed` gives `paddle.distributed`. `type_checking=False` leaves out the imports of
+    `if TYPE_CHECKING:` blocks."""
     package = module_name(path, root).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
     names: Set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    skip = set() if type_checking else _type_checking_nodes(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -104,15 +120,19 @@ RULES = (
          allowed=frozenset({"paddle_grpo.algorithms", "paddle_grpo.precision"})),
     Rule("precision.py imports nothing of the package", "paddle_grpo.precision",
          allowed=frozenset({"paddle_grpo.precision"}), waits_for=("paddle_grpo/precision.py",)),
-    Rule("numpy_kernels.py imports nothing of the package", "paddle_grpo.numpy_kernels",
-         allowed=frozenset({"paddle_grpo.numpy_kernels"}), waits_for=("paddle_grpo/numpy_kernels.py",)),
-    Rule("parallel/ imports only config.py, algorithms/, numpy_kernels.py and policy/lm_head.py", "paddle_grpo.parallel",
-         allowed=frozenset({"paddle_grpo.config", "paddle_grpo.algorithms", "paddle_grpo.numpy_kernels",
-                            "paddle_grpo.policy.lm_head"}), waits_for=("paddle_grpo/parallel",)),
-    Rule("policy/ imports only algorithms/, parallel/, rollout, sampling, cpu_tuning, numpy_kernels", "paddle_grpo.policy",
-         allowed=frozenset({"paddle_grpo.algorithms", "paddle_grpo.parallel", "paddle_grpo.rollout",
-                            "paddle_grpo.sampling", "paddle_grpo.cpu_tuning", "paddle_grpo.numpy_kernels"}),
+    Rule("kernels/ imports only algorithms/", "paddle_grpo.kernels",
+         allowed=frozenset({"paddle_grpo.algorithms"}), waits_for=("paddle_grpo/kernels",)),
+    Rule("parallel/ imports only config.py, algorithms/ and kernels/", "paddle_grpo.parallel",
+         allowed=frozenset({"paddle_grpo.config", "paddle_grpo.algorithms", "paddle_grpo.kernels"}),
+         waits_for=("paddle_grpo/parallel",)),
+    Rule("policy/ imports only algorithms/, kernels/, parallel/, precision, rollout, sampling, cpu_tuning",
+         "paddle_grpo.policy",
+         allowed=frozenset({"paddle_grpo.algorithms", "paddle_grpo.kernels", "paddle_grpo.parallel",
+                            "paddle_grpo.precision", "paddle_grpo.rollout", "paddle_grpo.sampling",
+                            "paddle_grpo.cpu_tuning"}),
          waits_for=("paddle_grpo/policy",)),
+    Rule("rollout.py imports no model code (the policy hands it a stepper)", "paddle_grpo.rollout",
+         forbidden=frozenset({"paddle_grpo.policy"})),
     Rule("step.py imports neither trainer.py nor recipes/", "paddle_grpo.step",
          forbidden=frozenset({"paddle_grpo.trainer", "paddle_grpo.recipes"}), waits_for=("paddle_grpo/step.py",),
          why_waiting=AFTER_STEP),
@@ -170,8 +190,8 @@ def test_rules_report_violations(tmp_path: Path) -> None:
         "paddle_grpo/trainer.py": "def build():\n    from .recipes.quickstart import build\n",
         "paddle_grpo/recipes/quickstart.py": "from ..trainer import build\nimport paddle.distributed as dist\n",
         "paddle_grpo/parallel/context.py": "import paddle.distributed as dist\nfrom ..config import Config\n",
-        "paddle_grpo/parallel/vocab.py": "from ..policy.lm_head import _chunks\nfrom ..policy import causal\n",
-        "paddle_grpo/rollout.py": "from paddle.distributed import fleet\n",
+        "paddle_grpo/parallel/vocab.py": "from ..kernels.chunked_head import chunks\nfrom ..policy import causal\n",
+        "paddle_grpo/rollout.py": "from paddle.distributed import fleet\nfrom .policy.causal import f\n",
         "paddle_grpo/sampling.py": "import paddle\nrank = paddle.distributed.get_rank\n",
         "reward_server/__init__.py": "from paddle_grpo.rewards import RewardSet\nfrom paddle_grpo import trainer\n",
     })
@@ -184,10 +204,87 @@ def test_rules_report_violations(tmp_path: Path) -> None:
         "paddle_grpo/recipes/quickstart.py imports paddle.distributed",
         "paddle_grpo/rollout.py imports paddle.distributed.fleet",
         "paddle_grpo/sampling.py imports paddle.distributed"]
-    assert by_name["parallel/ imports only config.py, algorithms/, numpy_kernels.py and policy/lm_head.py"] == [
+    assert by_name["parallel/ imports only config.py, algorithms/ and kernels/"] == [
         "paddle_grpo/parallel/vocab.py imports paddle_grpo.policy.causal"]
+    assert by_name["rollout.py imports no model code (the policy hands it a stepper)"] == [
+        "paddle_grpo/rollout.py imports paddle_grpo.policy.causal.f"]
     assert by_name["reward_server/ imports only paddle_grpo.rewards"] == [
         "reward_server/__init__.py imports paddle_grpo.trainer"]
+
+
+# ---- no import cycles ------------------------------------------------------------------------------------------------
+
+# Type-only imports (`if TYPE_CHECKING:`) that may point back up: a part of the trainer (run_state.py, faults.py) takes
+# the Trainer it serves, a part of parallel/ (pipeline.py, storage.py) the ParallelContext that builds it. Any other
+# type-only import counts like a real one.
+TYPE_ONLY_BACK_EDGES = frozenset({"paddle_grpo.trainer", "paddle_grpo.parallel.context"})
+
+
+def import_graph(root: Path, package: str = "paddle_grpo") -> Dict[str, Set[str]]:
+    """{module: the package's modules it imports}, module-level and inside functions. An imported name maps to the
+    longest module prefix (`from ..policy.lm_head import x` -> policy.lm_head, `from ..parallel import X` -> the
+    parallel package's __init__). Type-only imports are left out when they point at TYPE_ONLY_BACK_EDGES."""
+    names = {name: path for name, path in modules(root) if under(name, package)}
+    graph: Dict[str, Set[str]] = {}
+    for name, path in names.items():
+        runtime = imported_names(path, root, type_checking=False)
+        type_only = imported_names(path, root) - runtime
+        deps = set()
+        for imported in runtime | type_only:
+            parts = imported.split(".")
+            while parts and ".".join(parts) not in names:
+                parts.pop()
+            target = ".".join(parts)
+            if target and target != name and not (imported in type_only and target in TYPE_ONLY_BACK_EDGES):
+                deps.add(target)
+        graph[name] = deps
+    return graph
+
+
+def import_cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """The strongly connected components of more than one module (each sorted), found from reachability."""
+    reach: Dict[str, Set[str]] = {}
+    for start in graph:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        reach[start] = seen
+    cycles, placed = [], set()
+    for module in sorted(graph):
+        if module in placed:
+            continue
+        component = sorted({module} | {m for m in reach[module] if module in reach[m]})
+        placed.update(component)
+        if len(component) > 1:
+            cycles.append(component)
+    return cycles
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    """docs/architecture.md: data flows one way. A cycle (a module that, through others, imports itself) is how the
+    floors mix: parallel/vocab.py taking helpers from policy/, rollout.py importing the policy that imports it."""
+    assert import_cycles(import_graph(ROOT)) == []
+
+
+def test_the_cycle_check_can_fail(tmp_path: Path) -> None:
+    _write(tmp_path, {
+        "paddle_grpo/__init__.py": "",
+        "paddle_grpo/rollout.py": "from .policy.causal import position_ids\n",
+        "paddle_grpo/policy/__init__.py": "from .causal import CausalPolicy\n",
+        "paddle_grpo/policy/causal.py": "def generate():\n    from .. import rollout\n",  # inside a function
+        "paddle_grpo/parallel/vocab.py": "from ..policy.lm_head import _chunks\n",
+        "paddle_grpo/policy/lm_head.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                         "    from ..parallel.vocab import V\n",  # type-only counts too
+        "paddle_grpo/trainer.py": "from . import run_state\n",
+        "paddle_grpo/run_state.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                    "    from .trainer import Trainer\n",  # an allowed back-edge
+    })
+    assert import_cycles(import_graph(tmp_path)) == [
+        ["paddle_grpo.parallel.vocab", "paddle_grpo.policy.lm_head"],
+        ["paddle_grpo.policy.causal", "paddle_grpo.rollout"]]
 
 
 # ---- citations of the docs ------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from paddle_grpo import numpy_kernels
+from paddle_grpo.kernels import numpy_kernels
 
 CHILD_LIMIT_S = 10  # the child's own alarm: a hang ends the child instead of the test run
 

@@ -185,7 +185,7 @@ def test_loading_takes_the_plans_dtype_and_kernel_flags(tiny_policy_dir):
 def test_the_maths_after_the_model_runs_outside_autocast(tiny_policy_dir, monkeypatch):
     """Under the update's autocast the log-softmax and entropy leave it (O2 would cast their float32 inputs down):
     each log-prob call opens paddle.amp.auto_cast(enable=False) once, and the numbers are the float32 ones."""
-    from paddle_grpo.policy.base import full_precision
+    from paddle_grpo.precision import full_precision
 
     assert isinstance(full_precision(), contextlib.nullcontext)  # no autocast active: nothing happens
     policy = load_policy(tiny_policy_dir, trainable=False)

@@ -7,8 +7,8 @@ import pytest
 from numerics import f32_sum_tol, tiny_lm_tol
 
 from paddle_grpo.policy import load_tokenizer
-from paddle_grpo.policy.causal import completion_logprobs, load_causal_lm
-from paddle_grpo.rollout import top_p_filter, generate
+from paddle_grpo.policy.causal import completion_logprobs, generate, load_causal_lm
+from paddle_grpo.rollout import top_p_filter
 from paddle_grpo.sampling import row_keys
 
 pytestmark = pytest.mark.numerics  # compares float results: CI reruns it on other CPU kernels

@@ -36,7 +36,7 @@ def test_numpy_and_paddle_decode_statistics_agree(monkeypatch, rows, threads):
 
 def test_small_vocabularies_keep_the_paddle_ops(monkeypatch):
     """Below NUMPY_FROM_VOCAB the numpy kernels are not used (the tiny models' samples stay as they were)."""
-    from paddle_grpo import numpy_kernels
+    from paddle_grpo.kernels import numpy_kernels
 
     used = []
     monkeypatch.setattr(numpy_kernels, "parallel_ranges", lambda *a: used.append(1))

@@ -1,4 +1,4 @@
-"""The PaddleNLP-forward rollout path (rollout._PaddleNLPStepper, any PaddleNLP causal LM; review defect 3): the prefill
+"""The PaddleNLP-forward rollout path (causal.PaddleNLPStepper, any PaddleNLP causal LM; review defect 3): the prefill
 applies the LM head to each prompt's last position only, never to every prompt position (at a 152k vocabulary,
 [P, L, V] float32 logits are GBs for one row of each prompt). Checked on a real tiny Qwen2 with a forward hook on
 its head, and against the model's own full forward at prefill (what the stepper did before) for the sampled tokens
@@ -9,6 +9,7 @@ import pytest
 
 from paddle_grpo import rollout
 from paddle_grpo.policy import load_tokenizer
+from paddle_grpo.policy import causal
 from paddle_grpo.policy.causal import load_causal_lm, position_ids_from_mask
 from paddle_grpo.sampling import row_keys
 
@@ -16,7 +17,7 @@ TEXTS = ["Zoey is a knight", "What is 12 + 35? The answer", "<|im_start|>user\nY
 G, NEW, TEMPERATURE = 3, 8, 0.7
 
 
-class FullForwardPrefill(rollout._PaddleNLPStepper):
+class FullForwardPrefill(causal.PaddleNLPStepper):
     """The reference: the prefill through the model's own forward (its LM head over every prompt position), keeping
     the last position's logits; decoding as the stepper under test."""
 
@@ -24,7 +25,7 @@ class FullForwardPrefill(rollout._PaddleNLPStepper):
         position_ids = position_ids_from_mask(prompt_mask)
         out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids,
                          use_cache=True, return_dict=True)
-        self.cache = rollout._expand_cache(out.past_key_values, G)
+        self.cache = causal._expand_cache(out.past_key_values, G)
         self.attention_mask = paddle.repeat_interleave(prompt_mask, G, axis=0)
         self.next_pos = paddle.repeat_interleave(position_ids[:, -1:], G, axis=0) + 1
         return paddle.repeat_interleave(out.logits[:, -1, :].astype("float32"), G, axis=0)
@@ -53,7 +54,7 @@ def test_the_prefill_applies_the_lm_head_to_the_last_position_only(model_and_pro
     hook = model.get_output_embeddings().register_forward_pre_hook(
         lambda layer, inputs: shapes.append(list(inputs[0].shape)))
     try:
-        out = sample(model, tok, pid, mask, rollout._PaddleNLPStepper, do_sample=False)
+        out = sample(model, tok, pid, mask, causal.PaddleNLPStepper, do_sample=False)
     finally:
         hook.remove()
     H = model.config.hidden_size
@@ -66,7 +67,7 @@ def test_the_prefill_applies_the_lm_head_to_the_last_position_only(model_and_pro
 @pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "keyed"])
 def test_the_samples_and_their_logprobs_are_those_of_the_full_forward(model_and_prompts, do_sample):
     model, tok, pid, mask = model_and_prompts
-    got = sample(model, tok, pid, mask, rollout._PaddleNLPStepper, do_sample)
+    got = sample(model, tok, pid, mask, causal.PaddleNLPStepper, do_sample)
     ref = sample(model, tok, pid, mask, FullForwardPrefill, do_sample)
     np.testing.assert_array_equal(got.completion_ids.numpy(), ref.completion_ids.numpy())
     np.testing.assert_array_equal(got.lengths, ref.lengths)

@@ -61,8 +61,7 @@ def test_sampled_frequencies_match_the_distribution():
 
 def test_keyed_rollout_does_not_depend_on_chunking_or_on_which_rows_are_sampled_together(tiny_policy_dir):
     from paddle_grpo.policy import load_tokenizer
-    from paddle_grpo.policy.causal import load_causal_lm
-    from paddle_grpo.rollout import generate
+    from paddle_grpo.policy.causal import generate, load_causal_lm
 
     model, tok = load_causal_lm(tiny_policy_dir), load_tokenizer(tiny_policy_dir)
     texts = ["Zoey is a knight", "What is", "You meet 2"]

@@ -6,7 +6,7 @@ import paddle
 import pytest
 from numerics import EPS32, f32_sum_tol
 
-from paddle_grpo.policy.chunk_kernels import shifted_statistics
+from paddle_grpo.kernels.chunk_kernels import shifted_statistics
 from paddle_grpo.rollout import decode, top_p_filter
 from paddle_grpo.sampling import candidates, row_keys, sample_with_uniforms, uniforms
 

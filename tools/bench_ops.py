@@ -10,8 +10,8 @@ superlinear in V), so each op of the hot paths is timed alone on its real shape:
   `put_along_axis` on the EOS columns, `take_along_axis` without its O(rows x V) default broadcast), plus the
   LM-head GEMV of one decode step;
 - update, on `rows * tokens` positions: the LM-head matmul `[rows*T, H] x [H, V]`, logsumexp, take_along_axis and exp
-  of the full logits, and the chunked head (`policy/lm_head.py`) forward and forward + backward per chunk size,
-  each with the numpy kernels and with paddle ops (`policy/chunk_kernels.py`), and one chunk's GEMM and statistics.
+  of the full logits, and the chunked head (`kernels/chunked_head.py`) forward and forward + backward per chunk size,
+  each with the numpy kernels and with paddle ops (`kernels/chunk_kernels.py`), and one chunk's GEMM and statistics.
 
 Prints a markdown table (op, shape, median ms over the runs, runs) and one JSON line. An op whose first call takes
 longer than `--slow` seconds is run once (`F.log_softmax` at V = 151,936 takes tens of seconds). Timings on a machine
@@ -133,8 +133,8 @@ def update_ops(V: int, rows: int, hidden: int, tokens: int, chunks: List[int], s
     logits are freed before the chunked head is timed (its point is not to hold them)."""
     import paddle
 
-    from paddle_grpo.policy.chunk_kernels import shifted_statistics
-    from paddle_grpo.policy.lm_head import chunked_logprobs_and_entropy
+    from paddle_grpo.kernels.chunk_kernels import shifted_statistics
+    from paddle_grpo.kernels.chunked_head import chunked_logprobs_and_entropy
     from paddle_grpo.algorithms import gather_last
 
     paddle.seed(seed)
@@ -169,7 +169,7 @@ def update_ops(V: int, rows: int, hidden: int, tokens: int, chunks: List[int], s
     for c in chunks:
         shape = f"[{rows}, {tokens}, {hidden}], chunk {c}"
         for kernels, flag in (("numpy kernels", "1"), ("paddle ops", "0")):
-            # policy/chunk_kernels.py's two implementations of the per-chunk elementwise work.
+            # kernels/chunk_kernels.py's two implementations of the per-chunk elementwise work.
             yield (f"one chunk: GEMM + statistics, chunk {c}, {kernels}", f"[{c}, {hidden}] x [{hidden}, {V}]",
                    _with_kernels(flag, lambda c=c: statistics(c)))
             yield (f"chunked head forward (log-probs + entropy), chunk {c}, {kernels}", shape,
@@ -181,7 +181,7 @@ def update_ops(V: int, rows: int, hidden: int, tokens: int, chunks: List[int], s
 
 
 def _with_kernels(flag: str, fn: Callable[[], object]) -> Callable[[], object]:
-    """`fn` run with PADDLE_GRPO_NUMPY_KERNELS=flag (1: numpy on CPU, 0: paddle ops; numpy_kernels.py)."""
+    """`fn` run with PADDLE_GRPO_NUMPY_KERNELS=flag (1: numpy on CPU, 0: paddle ops; kernels/numpy_kernels.py)."""
     def run():
         before = os.environ.get("PADDLE_GRPO_NUMPY_KERNELS")
         os.environ["PADDLE_GRPO_NUMPY_KERNELS"] = flag

@@ -204,7 +204,7 @@ def stop_token_ids(tokenizer, model):
 def generate_completions(model, tokenizer, prompts, *, batch_size, max_new_tokens, chat_template="auto",
                          log=None):
     """Greedy completions, decoded up to (not including) EOS as the trainer does; one dict per prompt."""
-    from paddle_grpo.rollout import generate
+    from paddle_grpo.policy.causal import generate
 
     token_ids = tokenize_prompts(tokenizer, [apply_chat_template(p, tokenizer, mode=chat_template) for p in prompts])
     # Longest first, so each batch holds prompts of similar length (less padding); results go back in file order.

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import paddle
 
-from .. import numpy_kernels
+from ..kernels import numpy_kernels
 from .collectives import all_reduce_sum
 
 # Gradients of at least this many elements get their squared norm from numpy's dot product on CPU: paddle's

@@ -6,9 +6,9 @@ from typing import Any
 import paddle
 import paddle.distributed as dist
 
-# The chunked LM head's maths (a module that imports nothing of the package, docs/architecture.md).
 from ..algorithms import gather_last
-from ..policy.lm_head import _as_f32, _chunk_logits, _ChunkedLMHead, _chunks, _flat_inputs, shifted_statistics
+# The chunked LM head's maths, the floor below policy/ and parallel/ (docs/architecture.md).
+from ..kernels.chunked_head import ChunkedLMHead, as_f32, chunk_logits, chunks, flat_inputs, shifted_statistics
 from .differentiable import AllReduce, Identity
 
 
@@ -58,8 +58,8 @@ class VocabParallel:
                                      temperature: float = 1.0, chunk_size: int = 1024,
                                      with_entropy: bool | str = True, transpose_y: bool = False
                                      ) -> tuple[paddle.Tensor, paddle.Tensor | None]:
-        """policy/lm_head.py's `chunked_logprobs_and_entropy` with the LM head split over the vocabulary: log-probs
-        and entropy of the full distribution from this rank's shard, O(chunk_size x V / tp) extra memory.
+        """kernels/chunked_head.py's `chunked_logprobs_and_entropy` with the LM head split over the vocabulary:
+        log-probs and entropy of the full distribution from this rank's shard, O(chunk_size x V / tp) extra memory.
 
         Args:
             hidden: `[n, T, H]` final hidden states, the same on every tensor-parallel rank.
@@ -67,7 +67,7 @@ class VocabParallel:
                 shards): `[H, V/tp]`, or `[V/tp, H]` with `transpose_y` (tied embeddings).
             labels: `[n, T]` GLOBAL token ids; negative ids (an ignore index) are read as id 0.
             temperature, chunk_size, with_entropy (True, False or "detached": no entropy gradient), transpose_y:
-                as policy/lm_head.py's.
+                as kernels/chunked_head.py's.
         Returns:
             `(logprobs [n, T] float32, entropy [n, T] float32 or None)`, the same on every rank.
 
@@ -75,7 +75,7 @@ class VocabParallel:
         in backward (the hidden states' gradient summed over the ranks: the head is column-parallel, so `hidden`
         enters through `differentiable.Identity`, as PaddleNLP's `parallel_matmul` does). The weight's gradient
         is this shard's own."""
-        flat_h, flat_labels = _flat_inputs(hidden, weight, labels, temperature, chunk_size, transpose_y)
+        flat_h, flat_labels = flat_inputs(hidden, weight, labels, temperature, chunk_size, transpose_y)
         shard = weight.shape[0] if transpose_y else weight.shape[1]
         local = flat_labels - self.rank * shard
         inside = ((local >= 0) & (local < shard)).astype("float32")
@@ -95,8 +95,8 @@ class VocabParallel:
         return paddle.stack(parts)
 
 
-class _VocabParallelHead(_ChunkedLMHead):
-    """policy/lm_head.py's `_ChunkedLMHead` on a vocabulary shard. Forward: each rank's per-position statistics of
+class _VocabParallelHead(ChunkedLMHead):
+    """kernels/chunked_head.py's `ChunkedLMHead` on a vocabulary shard. Forward: each rank's per-position statistics of
     its shard, chunk by chunk (`shifted_statistics`), then ONE all-gather of them and their combination into the
     full distribution's log-prob, log-sum-exp and entropy. Backward: the parent's, unchanged (it needs only the
     saved global log-sum-exp and entropy to recompute a chunk's softmax, see its derivation), with the one-hot
@@ -106,11 +106,11 @@ class _VocabParallelHead(_ChunkedLMHead):
     def forward(ctx, hidden: paddle.Tensor, weight: paddle.Tensor, labels: paddle.Tensor, inside: paddle.Tensor,
                 gather: Any, temperature: float, chunk_size: int, with_entropy: bool | str, transpose_y: bool
                 ) -> tuple[paddle.Tensor, paddle.Tensor]:
-        w = _as_f32(weight)
+        w = as_f32(weight)
         stats = []
-        for start, end in _chunks(hidden.shape[0], chunk_size):
-            m, picked, lse_s, mean_s = shifted_statistics(_chunk_logits(hidden[start:end], w, transpose_y,
-                                                                        temperature), labels[start:end],
+        for start, end in chunks(hidden.shape[0], chunk_size):
+            m, picked, lse_s, mean_s = shifted_statistics(chunk_logits(hidden[start:end], w, transpose_y,
+                                                                       temperature), labels[start:end],
                                                           with_entropy)
             stats.append(paddle.stack([m, lse_s, picked, inside[start:end],
                                        mean_s if with_entropy else paddle.zeros_like(m)], axis=-1))

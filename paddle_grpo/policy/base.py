@@ -143,12 +143,6 @@ def freeze(model: paddle.nn.Layer) -> paddle.nn.Layer:
     return model
 
 
-def full_precision() -> contextlib.AbstractContextManager:
-    """The context of the float32 maths after the model (log-softmax, entropy): autocast switched off when the
-    update's AMP is active (under O2 it would cast float32 inputs back to bf16/fp16), else a no-op."""
-    return paddle.amp.auto_cast(enable=False) if paddle.amp.is_autocast_enabled() else contextlib.nullcontext()
-
-
 def position_ids_from_mask(attention_mask: paddle.Tensor) -> paddle.Tensor:
     """Positions counted over real tokens only, so a left-padded prompt starts at position 0. [bs, L] int64."""
     return paddle.clip(paddle.cumsum(attention_mask.astype("int64"), axis=-1) - 1, min=0)

@@ -5,7 +5,8 @@ Log-probs are computed from the decoder's hidden states at the completion positi
 logits of the prompt positions are never materialised (with a 150k vocabulary they would dominate memory).
 For a plain Qwen2 model (no tensor parallelism) `completion_logprobs` runs the lean forward of fast_qwen2.py, which
 also computes each group's shared prompt once; other models use PaddleNLP's forward. `PADDLE_GRPO_FAST=0` forces
-PaddleNLP's forward everywhere. Sampling is rollout.py's decode loop (the causal stepper lives there).
+PaddleNLP's forward everywhere. Sampling (`generate`) is rollout.py's decode loop, run through this module's steppers
+(`stepper_for`): the rollout knows no model, the policy hands it the model's side of the loop.
 """
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import paddle
 
-from .. import cpu_tuning
+from .. import cpu_tuning, rollout
 from ..algorithms import logprobs_from_logits
+from ..precision import full_precision
+from ..rollout import Rollout, Stepper
 from . import fast_qwen2
-from .base import Policy, freeze, full_precision, position_ids_from_mask
+from .base import Policy, freeze, position_ids_from_mask
 from .hub import resolve_model_dir
 from .lm_head import LMHead, entropy, head_logprobs
 
@@ -25,7 +28,6 @@ if TYPE_CHECKING:
     from paddlenlp.transformers import PretrainedTokenizer
 
     from ..parallel import VocabParallel
-    from ..rollout import Rollout
 
 
 def load_causal_lm(path: str, *, trainable: bool = True, recompute: bool = False, tensor_parallel_degree: int = 1,
@@ -121,6 +123,84 @@ def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, promp
                          with_entropy=with_entropy, chunk_size=chunk_size)
 
 
+# ------------------------------------------------------------------------------------------------ sampling
+
+
+def generate(model: paddle.nn.Layer, prompt_ids: paddle.Tensor | np.ndarray, prompt_mask: paddle.Tensor | np.ndarray,
+             **kwargs: Any) -> Rollout:
+    """G completions per prompt from a decoder-only `model`: `rollout.generate` (same arguments, same `Rollout`)
+    with the model's stepper (`stepper_for`) unless `stepper` is given. prompt_ids/prompt_mask [P, L] left-padded."""
+    kwargs.setdefault("stepper", stepper_for(model))
+    return rollout.generate(model, prompt_ids, prompt_mask, **kwargs)
+
+
+def stepper_for(model: paddle.nn.Layer) -> type[Stepper]:
+    """The decode stepper class of `model` (rollout.Stepper): the lean Qwen2 path when it computes exactly what
+    the model's forward would (`fast_qwen2.enabled_for`), else the model's own decoder."""
+    return FastQwen2Stepper if fast_qwen2.enabled_for(model) else PaddleNLPStepper
+
+
+class PaddleNLPStepper:
+    """A `rollout.Stepper`: decoding through the model's own decoder and LM head (any PaddleNLP causal LM, as
+    completion_logprobs runs them): `past_key_values` grown by concat. The head runs on the last position only: at
+    prefill the model's forward would make [P, L, V] logits (GBs at a 152k vocabulary) to keep one row of each
+    prompt."""
+
+    def __init__(self, model: paddle.nn.Layer):
+        self.model = model
+        self.decoder, self.head = model.get_decoder(), model.get_output_embeddings()
+
+    def _next_logits(self, input_ids, attention_mask, position_ids, past_key_values=None):
+        """The decoder over `input_ids` [N, S] (self.cache updated), then the head on position S - 1: [N, V] float32
+        (full vocabulary: under tensor parallelism the head gathers, as the model's forward does)."""
+        out = self.decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                           past_key_values=past_key_values, use_cache=True, return_dict=True)
+        self.cache = out.past_key_values
+        return self.head(out.last_hidden_state[:, -1:, :])[:, -1, :].astype("float32")
+
+    def start(self, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, G: int,
+              max_new_tokens: int) -> paddle.Tensor:
+        """Prefill [P, L] once; returns the next-token logits [P * G, V] float32, each prompt's rows consecutive."""
+        position_ids = position_ids_from_mask(prompt_mask)
+        logits = self._next_logits(prompt_ids, prompt_mask, position_ids)
+        # Share each prompt's prefill among its G samples.
+        self.cache = _expand_cache(self.cache, G)
+        self.attention_mask = paddle.repeat_interleave(prompt_mask, G, axis=0)
+        self.next_pos = paddle.repeat_interleave(position_ids[:, -1:], G, axis=0) + 1
+        return paddle.repeat_interleave(logits, G, axis=0)
+
+    def step(self, token: paddle.Tensor) -> paddle.Tensor:
+        """token [N] -> next-token logits [N, V] float32."""
+        N = token.shape[0]
+        self.attention_mask = paddle.concat([self.attention_mask, paddle.ones([N, 1], dtype="int64")], axis=1)
+        logits = self._next_logits(token.unsqueeze(-1), self.attention_mask, self.next_pos, self.cache)
+        self.next_pos = self.next_pos + 1
+        return logits
+
+
+class FastQwen2Stepper:
+    """A `rollout.Stepper`: decoding through fast_qwen2 (preallocated KV cache, lean ops), for the models
+    `fast_qwen2.enabled_for` accepts."""
+
+    def __init__(self, model: paddle.nn.Layer):
+        self.fast = fast_qwen2.Qwen2Fast(model)
+
+    def start(self, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, G: int,
+              max_new_tokens: int) -> paddle.Tensor:
+        """Prefill [P, L]; the next-token logits [P * G, V] float32 (fast_qwen2.Qwen2Fast.start_decoding)."""
+        return self.fast.start_decoding(prompt_ids, prompt_mask, G, max_new_tokens)
+
+    def step(self, token: paddle.Tensor) -> paddle.Tensor:
+        """token [N] -> next-token logits [N, V] float32."""
+        return self.fast.decode(token)
+
+
+def _expand_cache(past_key_values, G):
+    if G == 1:
+        return past_key_values
+    return tuple(tuple(paddle.repeat_interleave(t, G, axis=0) for t in layer) for layer in past_key_values)
+
+
 def head_is_vocab_sharded(head: paddle.nn.Layer, vocab_size: int) -> bool:
     """Whether the LM head `head` holds a slice of the `vocab_size` outputs (tensor parallelism split it) rather
     than all of them. Its weight is `[H, V]`, or `[V, H]` with `transpose_y` (tied embeddings)."""
@@ -141,7 +221,7 @@ def logprobs_from_completion_logits(logits: paddle.Tensor, completion_ids: paddl
 
 
 class CausalPolicy(Policy):
-    """A decoder-only LM: the prompt is the decoder's prefix, completions continue it (rollout.generate)."""
+    """A decoder-only LM: the prompt is the decoder's prefix, completions continue it (`generate`)."""
 
     is_encoder_decoder = False
     load_model = staticmethod(load_causal_lm)
@@ -152,10 +232,9 @@ class CausalPolicy(Policy):
 
     def generate(self, prompt_ids: paddle.Tensor | np.ndarray, prompt_mask: paddle.Tensor | np.ndarray,
                  **kwargs: Any) -> Rollout:
-        """`rollout.generate(self.model, prompt_ids, prompt_mask, **kwargs)`."""
-        from .. import rollout  # at call time: rollout.py imports this module (position_ids_from_mask)
-
-        return rollout.generate(self.model, prompt_ids, prompt_mask, **kwargs)
+        """`generate(self.model, prompt_ids, prompt_mask, **kwargs)`: rollout.py's decode loop with this model's
+        stepper."""
+        return generate(self.model, prompt_ids, prompt_mask, **kwargs)
 
     def logprobs(self, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, completion_ids: paddle.Tensor,
                  completion_mask: paddle.Tensor, *, temperature: float = 1.0, with_entropy: bool | str = False,

@@ -42,8 +42,8 @@ import paddle
 import paddle.nn.functional as F
 
 from ..parallel.recompute import checkpoint, needs_grad
-from .attention import blockwise_attention, query_block
-from .mlp import mlp, mlp_plan
+from ..kernels.attention import blockwise_attention, query_block
+from ..kernels.mlp import mlp, mlp_plan
 
 if TYPE_CHECKING:
     from paddlenlp.transformers import Qwen2ForCausalLM
@@ -175,7 +175,7 @@ class Qwen2Fast:
 
     def attend_blocks(self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, bias: paddle.Tensor, block: int
                       ) -> paddle.Tensor:
-        """`attend` `block` queries at a time (attention.py: the scores never exist for all queries at once).
+        """`attend` `block` queries at a time (kernels/attention.py: the scores never exist for all queries at once).
 
         q [B, Sq, H, d]; k, v [B, KV, Sk, d]; bias [B, 1, 1, Sq, Sk] (the compact mask) -> [B * Sq, H * d]."""
         B, Sq = q.shape[0], q.shape[1]
@@ -198,7 +198,7 @@ class Qwen2Fast:
         plan = mlp_plan(h.shape[0], lw["wd"].shape[0])
         if plan is None:
             return x + paddle.matmul(F.swiglu(paddle.matmul(h, lw["wgu"])), lw["wd"])
-        return x + mlp(h, lw["wgu"], lw["wd"], *plan)  # a long sequence: in row blocks, less kept (mlp.py)
+        return x + mlp(h, lw["wgu"], lw["wd"], *plan)  # a long sequence: in row blocks, less kept (kernels/mlp.py)
 
     def final_hidden(self, h: paddle.Tensor) -> paddle.Tensor:
         """The final RMSNorm: [..., D] -> [..., D], what the LM head reads (lm_head.head_logprobs)."""

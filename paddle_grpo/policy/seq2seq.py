@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import paddle
 
-from ..algorithms import logprobs_from_logits
 from .. import rollout
-from .base import Policy, freeze, full_precision, is_encoder_decoder  # noqa: F401 (is_encoder_decoder: API)
+from ..algorithms import logprobs_from_logits
+from ..precision import full_precision
+from .base import Policy, freeze, is_encoder_decoder  # noqa: F401 (is_encoder_decoder: API)
 from .hub import resolve_model_dir
 from .lm_head import LMHead, entropy, head_logprobs
 

@@ -1,4 +1,4 @@
-"""Blockwise attention (policy/attention.py) against the unblocked attention of the lean Qwen2 forward.
+"""Blockwise attention (kernels/attention.py) against the unblocked attention of the lean Qwen2 forward.
 
 Tolerances (tests/numerics.py): q, k, v ~N(0, 1) (q / sqrt(D)): a score sums D = 8 terms (sum|terms| ~2.3), the
 softmax 9 positive terms, an output 9 terms p v (sum|terms| <= 3): f32_sum_tol(9, 3, depth=3) = 1e-5 against the
@@ -12,8 +12,9 @@ import paddle
 import pytest
 from numerics import tiny_lm_tol
 
-from paddle_grpo.policy import attention, fast_qwen2
-from paddle_grpo.policy.attention import blockwise_attention, query_block
+from paddle_grpo.kernels import attention
+from paddle_grpo.kernels.attention import blockwise_attention, query_block
+from paddle_grpo.policy import fast_qwen2
 
 pytestmark = pytest.mark.numerics  # compares float results: CI reruns it on other CPU kernels
 

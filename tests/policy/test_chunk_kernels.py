@@ -1,6 +1,6 @@
-"""policy/chunk_kernels.py (with numpy_kernels.py): the numpy (CPU) and paddle-op kernels of the chunked head against
-a float64 numpy reference written from the formulas, for row counts that do and do not fill the threads' row
-groups.
+"""kernels/chunk_kernels.py (with kernels/numpy_kernels.py): the numpy (CPU) and paddle-op kernels of the chunked
+head against a float64 numpy reference written from the formulas, for row counts that do and do not fill the
+threads' row groups.
 
 Tolerances (tests/numerics.py): the statistics of a row of 301 logits ~N(0, 4): the max is exact, the logsumexp is the
 log of a sum of 301 positive terms (relative error <= 301 u = 1.8e-5, absolute in the log: atol 2e-5), the mean
@@ -13,8 +13,8 @@ import paddle
 import pytest
 from numerics import f32_sum_tol
 
-from paddle_grpo import numpy_kernels
-from paddle_grpo.policy.chunk_kernels import chunk_gradient, shifted_statistics
+from paddle_grpo.kernels import numpy_kernels
+from paddle_grpo.kernels.chunk_kernels import chunk_gradient, shifted_statistics
 
 pytestmark = pytest.mark.numerics  # compares float results: CI reruns it on other CPU kernels
 
@@ -112,7 +112,7 @@ def test_kernel_choice(monkeypatch):
 @pytest.mark.parametrize("transpose_y", [False, True])
 def test_weight_gradient_accumulates_in_place(kernels, monkeypatch, transpose_y):
     """dw += h^T dz (or dz^T h) over vocabulary blocks that do not divide V, into the same tensor."""
-    from paddle_grpo.policy import chunk_kernels
+    from paddle_grpo.kernels import chunk_kernels
 
     monkeypatch.setattr(chunk_kernels, "_VOCAB_BLOCK", 7)
     rng = np.random.default_rng(5)

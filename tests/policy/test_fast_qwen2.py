@@ -15,8 +15,7 @@ from numerics import tiny_lm_tol
 from paddlenlp.transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from paddle_grpo.policy import fast_qwen2
-from paddle_grpo.policy.causal import completion_logprobs
-from paddle_grpo.rollout import generate
+from paddle_grpo.policy.causal import completion_logprobs, generate
 from paddle_grpo.sampling import row_keys
 
 pytestmark = pytest.mark.numerics  # compares float results: CI reruns it on other CPU kernels

@@ -1,4 +1,4 @@
-"""policy/lm_head.py: the chunked LM head against an unchunked reference (issue 15).
+"""The chunked LM head (kernels/chunked_head.py, through policy/lm_head.py) against an unchunked reference (issue 15).
 
 Values against full `[n, T, V]` float64 logits in numpy; gradients against paddle's autograd through a plain,
 unchunked float64 implementation. Then that the chunked path never materialises `[n * T, V]`: every paddle call the
@@ -23,7 +23,6 @@ import paddle
 import pytest
 from numerics import f32_sum_tol
 
-from paddle_grpo.policy import lm_head
 from paddle_grpo.policy.lm_head import chunked_logprobs_and_entropy, num_chunks
 
 pytestmark = pytest.mark.numerics  # compares float results: CI reruns it on other CPU kernels
@@ -209,8 +208,8 @@ def test_bad_arguments_are_refused():
 
 
 class _RecordingPaddle:
-    """Stands in for the `paddle` module inside lm_head: every call goes through, its tensor outputs' shapes and
-    the calls of `matmul` that are not row sums are recorded."""
+    """Stands in for the `paddle` module inside the chunked head's modules: every call goes through, its tensor
+    outputs' shapes and the calls of `matmul` that are not row sums are recorded."""
 
     def __init__(self, real):
         self._real, self.shapes, self.matmuls = real, [], 0
@@ -234,13 +233,13 @@ class _RecordingPaddle:
 
 @pytest.mark.parametrize("chunk_size", [1, 3, 7])
 def test_no_paddle_call_makes_a_tensor_of_all_positions_times_the_vocabulary(monkeypatch, chunk_size):
-    """With paddle's ops for the per-chunk work (the GPU path; chunk_kernels.py), every paddle call of the head is
-    recorded: none makes a [positions, V] tensor."""
-    from paddle_grpo.policy import chunk_kernels
+    """With paddle's ops for the per-chunk work (the GPU path; kernels/chunk_kernels.py), every paddle call of the
+    head (kernels/chunked_head.py) is recorded: none makes a [positions, V] tensor."""
+    from paddle_grpo.kernels import chunk_kernels, chunked_head
 
     monkeypatch.setenv("PADDLE_GRPO_NUMPY_KERNELS", "0")
     recorder = _RecordingPaddle(paddle)
-    monkeypatch.setattr(lm_head, "paddle", recorder)
+    monkeypatch.setattr(chunked_head, "paddle", recorder)
     monkeypatch.setattr(chunk_kernels, "paddle", recorder)
     hidden, weight, labels = _data(10, False)
     h, w, lab = _tensors(hidden, weight, labels, "float32")

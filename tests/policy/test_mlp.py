@@ -1,4 +1,4 @@
-"""policy/mlp.py: the blocked SwiGLU MLP (gu kept or recomputed) against autograd's path; and the lean Qwen2
+"""kernels/mlp.py: the blocked SwiGLU MLP (gu kept or recomputed) against autograd's path; and the lean Qwen2
 forward's log-probs and gradients with it on and off.
 
 Tolerances (tests/numerics.py): the blocks run other GEMM shapes, so other kernels. The unit cases multiply N(0, 1)
@@ -13,7 +13,8 @@ import paddle.nn.functional as F
 import pytest
 from numerics import f32_sum_tol, tiny_lm_tol
 
-from paddle_grpo.policy import fast_qwen2, mlp
+from paddle_grpo.kernels import mlp
+from paddle_grpo.policy import fast_qwen2
 
 pytestmark = pytest.mark.numerics  # compares float results: CI reruns it on other CPU kernels
 

@@ -111,7 +111,7 @@ def test_generate_equals_the_module_function(model_dir):
     kwargs = dict(num_samples=3, max_new_tokens=6, min_new_tokens=1, eos_token_ids=[eos], pad_token_id=0,
                   temperature=0.9, top_p=0.95, repetition_penalty=1.1, row_keys=row_keys(4, 0, np.arange(12)))
     got = policy.generate(prompt, prompt_mask, **kwargs)
-    generate = seq2seq.generate if policy.is_encoder_decoder else rollout.generate
+    generate = seq2seq.generate if policy.is_encoder_decoder else causal.generate
     want = generate(policy.model, prompt, prompt_mask, **kwargs)
     assert isinstance(got, rollout.Rollout) and got.completion_ids.shape[0] == 12
     for field in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "sample_logprobs"):

@@ -178,8 +178,7 @@ def test_end_to_end_handwritten_problems(ev, capsys, tiny_policy_dir, tmp_path):
 def test_completions_end_before_the_stop_token(ev, tiny_policy_dir, monkeypatch):
     from paddle_grpo.data import apply_chat_template, tokenize_prompts
     from paddle_grpo.policy import load_tokenizer
-    from paddle_grpo.policy.causal import load_causal_lm
-    from paddle_grpo.rollout import generate
+    from paddle_grpo.policy.causal import generate, load_causal_lm
 
     tok, model = load_tokenizer(tiny_policy_dir), load_causal_lm(tiny_policy_dir, trainable=False)
     assert ev.stop_token_ids(tok, model) == [tok.convert_tokens_to_ids("<|im_end|>")]  # the tiny model's EOS

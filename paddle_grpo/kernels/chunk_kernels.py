@@ -1,5 +1,5 @@
 """The elementwise work of the chunked LM head on one chunk's logits `z` [c, V]: its forward statistics and its
-backward gradient, in two implementations with the same maths (lm_head.py derives the formulas).
+backward gradient, in two implementations with the same maths (chunked_head.py derives the formulas).
 
 - numpy on CPU (numpy_kernels.py: a writable view of the logits' own memory, the rows split over the CPU threads,
   8 rows at a time so that a step's exp buffer stays in cache): one [512, 151,936] chunk's forward statistics add
@@ -12,7 +12,7 @@ import numpy as np
 import paddle
 
 from ..algorithms import gather_last, subtract_at
-from ..numpy_kernels import enabled, parallel_ranges, writable_view
+from .numpy_kernels import enabled, parallel_ranges, writable_view
 
 __all__ = ["accumulate_weight_gradient", "chunk_gradient", "shifted_statistics"]
 

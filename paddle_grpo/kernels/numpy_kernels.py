@@ -1,5 +1,5 @@
 """numpy kernels on paddle's own CPU memory, for the elementwise and row-reduction work that paddle's CPU kernels make
-slow: the chunked LM head (policy/chunk_kernels.py), blockwise attention (policy/attention.py), the decode step's
+slow: the chunked LM head (chunk_kernels.py), blockwise attention (attention.py), the decode step's
 max / exp / sum at a real vocabulary (rollout.py) and the squared norms of large gradients (parallel/gradients.py).
 
 Why: paddle's CPU elementwise and reduction kernels run on one thread, and at the sizes of a real model they cost as

@@ -1,0 +1,11 @@
+"""Numpy and paddle twins of the hot CPU work: tensors in, tensors out, no model code and no ranks.
+
+- numpy_kernels.py: numpy over paddle's own CPU memory (writable views, a thread per core) and the switch between
+  the numpy and paddle-op implementations;
+- chunk_kernels.py and chunked_head.py: the chunked LM head (per-chunk statistics and gradients; the
+  `paddle.autograd.PyLayer` that walks the positions a chunk at a time);
+- attention.py: attention over blocks of queries; mlp.py: the blocked SwiGLU MLP.
+
+The bottom floor of the package (docs/architecture.md): policy/ (the models) and parallel/ (the vocab-parallel head,
+gradient norms) both use it; it imports only algorithms/ (pure maths).
+"""
