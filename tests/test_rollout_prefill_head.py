@@ -13,6 +13,8 @@ from paddle_grpo.policy import causal
 from paddle_grpo.policy.causal import load_causal_lm, position_ids_from_mask
 from paddle_grpo.sampling import row_keys
 
+pytestmark = pytest.mark.numerics  # compares float results: CI reruns it on other CPU kernels
+
 TEXTS = ["Zoey is a knight", "What is 12 + 35? The answer", "<|im_start|>user\nYou meet 2 inhabitants"]
 G, NEW, TEMPERATURE = 3, 8, 0.7
 

@@ -243,7 +243,9 @@ def test_an_offline_miss_is_one_error_naming_the_id_and_the_cache(tmp_path, endp
         in out.stderr
     why = "did not answer within 10 s" if endpoint_kind == "silent" else "is unreachable (ConnectionError"
     assert why in out.stderr
-    assert elapsed < 30, elapsed
+    # One attempt, not a retry loop: the silent endpoint costs its 10 s read timeout once. The bound is wide because
+    # the process also imports paddle and paddlenlp (5-20 s on 2 loaded cores); several 10 s attempts would pass it.
+    assert elapsed < 60, elapsed
 
 
 def test_lora_adapters_record_the_hub_id_and_merge_through_the_cache(tmp_path, tiny_policy_dir, monkeypatch,
