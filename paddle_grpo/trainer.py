@@ -286,8 +286,9 @@ class Trainer:
             except Exception as failure:  # noqa: BLE001 - the original error is the one to report
                 note = f"the fault handling failed too ({type(failure).__name__}: {failure}); nothing saved"
                 logger.exception("saving after %s failed", type(error).__name__)
-            if hasattr(error, "add_note") and not isinstance(error, KeyboardInterrupt):
-                error.add_note(f"{type(error).__name__} at step {self.step}: {note}")
+            if not isinstance(error, KeyboardInterrupt):  # run_rl.py prints __notes__ (add_note is 3.11+)
+                said = f"{type(error).__name__} at step {self.step}: {note}"
+                error.__notes__ = [*getattr(error, "__notes__", ()), said]
             raise
         finally:
             guard.uninstall(previous)
