@@ -57,9 +57,21 @@ def test_readme_and_quickstart_doc_show_the_recorded_runs(load_tool, repo_root):
     # the README's wall-time range is the recorded one of the runs that built their own policy (not the controls)
     walls = [r["wall_s"] for r in results["runs"] if r["wall_s"] is not None and not r["learning_rate_0"]]
     assert f"{min(walls) / 60:.1f}-{max(walls) / 60:.1f} min" in readme
-    runs = [r for r in results["runs"] if not r["learning_rate_0"]]
+    # the second machine's runs (docs/results/quickstart_seeds_amd.json) and the ranges over both machines
+    with open(repo_root / "docs" / "results" / "quickstart_seeds_amd.json", encoding="utf-8") as f:
+        amd = json.load(f)
+    amd_line, amd_table = tool.tables(amd).split("\n", 1)
+    assert amd_line in doc and amd_table.strip() in doc and amd_line in readme
+    for claim in (readme, doc):
+        assert amd["machine"]["cpu"] in claim and f"{amd['machine']['cores']} cores" in claim
+        assert tool.combined([results, amd]).strip() in claim
+    runs = [r for res in (results, amd) for r in res["runs"] if not r["learning_rate_0"]]
+    controls = [r for res in (results, amd) for r in res["runs"] if r["learning_rate_0"]]
     gains = [100 * (r["eval_last"] - r["eval_first"]) for r in runs]
-    assert f"{min(gains):+.1f} to {max(gains):+.1f} points held-out accuracy over {len(runs)} seeds" in readme
+    control_gains = [100 * (r["eval_last"] - r["eval_first"]) for r in controls]
+    assert (f"{min(gains):+.1f} to {max(gains):+.1f} points held-out accuracy over {len(runs)} runs on two "
+            f"machines") in readme
+    assert f"`learning_rate: 0` {min(control_gains):+.1f} to {max(control_gains):+.1f}" in readme
 
 
 def test_tables_without_controls(load_tool):
