@@ -379,6 +379,8 @@ def dry_run(cfg: Config, argv: Sequence[str], device: str, script: str = "run_rl
     else:
         model_problems, config, tokenizer = inspect_model(cfg.actor_model_name_or_path, "actor_model_name_or_path")
         problems += model_problems
+        if config is not None:  # the LM head the run will use (chunked or full logits), as the run says it
+            print(f"  {cfg.lm_head_decision(int(config.vocab_size))[1]}")
         if tokenizer is not None and records:
             warnings += check_prompt_lengths(cfg, tokenizer, config, records)
     problems += check_rewards(cfg)

@@ -279,3 +279,15 @@ def test_prompts_longer_than_max_prompt_len_are_a_warning_with_the_numbers(base,
                                   limit, "--dry_run"], capsys)
     assert status == 0 and (f"  train_datasets: prompts of {counts[2]}-{counts[0]} tokens, none longer than "
                             f"max_prompt_len ({limit}) (a sample: 1 in 2 of 4)") in out
+
+
+def test_the_dry_run_says_which_lm_head_the_run_will_use(base, capsys):
+    """The same decision and line as the run's start-up (config.lm_head_decision at the model's vocabulary)."""
+    vocab = json.loads((pathlib.Path(base[1]) / "config.json").read_text())["vocab_size"]
+    status, out, _ = run_rl_main([*base, "--dry_run"], capsys)
+    assert status == 0
+    assert (f"  LM head: full [rows, T, {vocab}] logits (use_fused_head_and_loss_fn unset, vocabulary {vocab:,} "
+            "< 8,192 (set it to choose))\n") in out
+    status, out, _ = run_rl_main([*base, "--use_fused_head_and_loss_fn", "true", "--dry_run"], capsys)
+    assert status == 0
+    assert "  LM head: chunked, 512 positions at a time (use_fused_head_and_loss_fn: true in the config)\n" in out
