@@ -58,4 +58,9 @@ def test_a_reward_server_restarted_30_s_later_costs_time_not_the_run(tmp_path, t
     nominal = [min(0.5 * 2 ** k, 30.0) for k in range(len(delays))]
     assert all(0.8 * n - 0.05 <= d <= 1.2 * n + 0.05 for n, d in zip(nominal, delays)), delays
     assert sum(delays) >= OUTAGE_S - 5  # ~30 s of waiting, less the time the failed attempts themselves took
-    assert "Connection refused" in parsed[0].group(2)
+    # The kill may land while a request is in flight ("Connection aborted": the server closed it unanswered); every
+    # attempt during the outage itself is refused.
+    reasons = [m.group(2) for m in parsed]
+    assert all(r.startswith("ConnectionError: ") for r in reasons), reasons
+    assert all("Connection refused" in r for r in reasons[1:]), reasons
+    assert "Connection refused" in reasons[0] or "Connection aborted" in reasons[0], reasons
