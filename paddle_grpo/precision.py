@@ -98,8 +98,8 @@ class GpuInfo:
         if self.rocm:
             return None
         major, minor = self.capability
-        cuda_major = int(self.cuda_version.split(".")[0]) if (self.cuda_version or "").split(".")[0].isdigit() else 0
-        if dtype == "bfloat16" and major >= 8 and cuda_major >= 11 or dtype == "float16" and major >= 7:
+        if dtype == "bfloat16" and major >= 8 and _version(self.cuda_version) >= (11,) or \
+                dtype == "float16" and major >= 7:
             return None
         need = "compute capability >= 8.0 and CUDA >= 11" if dtype == "bfloat16" else "compute capability >= 7.0"
         return (f"{self.name} (compute capability {major}.{minor}, CUDA {self.cuda_version}) has no {dtype} AMP in "
