@@ -1,7 +1,7 @@
-"""Orchestration: build the run's parts from the config, then loop over steps (step.py), evaluate, save and log.
+"""Orchestration: build the run's parts from the config, then loop over steps (step/), evaluate, save and log.
 
 One `Trainer` serves one process. With several data-parallel processes each samples its share of the prompts; the
-phases of step.py gather what the global statistics need (docs/algorithms.md). What it deliberately leaves out:
+phases of step/ gather what the global statistics need (docs/algorithms.md). What it deliberately leaves out:
 reward *models* (rewards come from functions or a reward server) and a critic.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from .rewards.client import make_rewarder
 from .sampling import row_keys
 from .step import TrainingError
 
-__all__ = ["PolicyBuilder", "Trainer", "TrainingError", "train"]  # TrainingError: step.py's, caught by callers
+__all__ = ["PolicyBuilder", "Trainer", "TrainingError", "train"]  # TrainingError: step/'s, caught by callers
 
 logger = logging.getLogger("paddle_grpo.trainer")
 
@@ -137,7 +137,7 @@ class Trainer:
     # -------------------------------------------------------------------------------------------- the step
 
     def train_step(self) -> Dict[str, float]:
-        """One step of step.py's phases; returns its metrics (docs/algorithms.md section 7). The step's batch is
+        """One step of step/'s phases; returns its metrics (docs/algorithms.md section 7). The step's batch is
         kept as `self.batch`."""
         cfg, par, geo, amp = self.cfg, self.par, self.geometry, self.learner.amp  # amp: step.model_precision
         t_start = time.perf_counter()

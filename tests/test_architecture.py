@@ -110,7 +110,7 @@ class Rule:
         return out
 
 
-AFTER_STEP = "paddle_grpo/step.py (the trainer restructure of issue 13)"
+AFTER_STEP = "paddle_grpo/step/ (the trainer restructure of issue 13, a package since issue 23)"
 RULES = (
     Rule("algorithms/ imports nothing of the package outside itself", "paddle_grpo.algorithms",
          allowed=frozenset({"paddle_grpo.algorithms"}), waits_for=("paddle_grpo/algorithms",)),
@@ -133,11 +133,11 @@ RULES = (
          waits_for=("paddle_grpo/policy",)),
     Rule("rollout.py imports no model code (the policy hands it a stepper)", "paddle_grpo.rollout",
          forbidden=frozenset({"paddle_grpo.policy"})),
-    Rule("step.py imports neither trainer.py nor recipes/", "paddle_grpo.step",
-         forbidden=frozenset({"paddle_grpo.trainer", "paddle_grpo.recipes"}), waits_for=("paddle_grpo/step.py",),
+    Rule("step/ imports neither trainer.py nor recipes/", "paddle_grpo.step",
+         forbidden=frozenset({"paddle_grpo.trainer", "paddle_grpo.recipes"}), waits_for=("paddle_grpo/step",),
          why_waiting=AFTER_STEP),
     Rule("no core module imports recipes/", "paddle_grpo", forbidden=frozenset({"paddle_grpo.recipes"}),
-         exempt=frozenset({"paddle_grpo.recipes"}), waits_for=("paddle_grpo/step.py",),
+         exempt=frozenset({"paddle_grpo.recipes"}), waits_for=("paddle_grpo/step",),
          why_waiting=AFTER_STEP + ", which moves the quickstart build out of trainer.py"),
     Rule("only parallel/ imports paddle.distributed (package)", "paddle_grpo",
          forbidden=frozenset({"paddle.distributed"}), exempt=frozenset({"paddle_grpo.parallel"}),

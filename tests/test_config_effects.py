@@ -35,7 +35,7 @@ def consumed_keys():
     config_py = PACKAGE / "config.py"
     outside = "\n".join(text for path, text in sources.items() if path != config_py)
     found = {key for key in FIELDS if _read_pattern(key).search(outside)}
-    # Estimators' config_options: the step passes these keys by name (step.py: getattr(cfg, key)).
+    # Estimators' config_options: the step passes these keys by name (step/experience.py: getattr(cfg, key)).
     for options in re.findall(r"config_options=\(([^)]*)\)", outside):
         found |= set(re.findall(r"[\"'](\w+)[\"']", options)) & set(FIELDS)
     # config.py's helpers and derived properties (cfg.eps_low, sharding_options(cfg), ...) used outside it.

@@ -1,4 +1,4 @@
-"""step.py's typed Batch and phase functions, against independent numpy references (no model needed).
+"""step/'s typed Batch and phase functions, against independent numpy references (no model needed).
 
 The trainer-level tests (tests/test_trainer.py) run the phases end to end; these pin down each phase's own
 contract: how groups are kept and padded, what the one gather returns, how rewards are shaped and where the

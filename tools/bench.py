@@ -38,7 +38,7 @@ largest RSS figures of the runs.
 
 Peak RSS per phase (`peak_rss_mb_by_phase`, `rss_increase_mb_by_phase`): the kernel's high-water mark (VmHWM),
 read and reset at every phase boundary (`RssMonitor`; exact, no sampling thread). Phases are marked by wrapping,
-for the run, the step.py functions the trainer calls: `rollout` = step.rollout (generation only), `logprob` =
+for the run, the step/ functions the trainer calls: `rollout` = step.rollout (generation only), `logprob` =
 step.logprobs when the trainer calls it itself (the off-policy old log-probs; absent on-policy), `reference` =
 step.reference_logprobs, `update` = step.update, `step` = the whole train_step. For each: the largest RSS during
 the phase, and the largest increase over the RSS at the phase's start, both the maximum over all steps, warm-up
@@ -73,7 +73,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "prompt_len",
         "completion_len", "prompts_per_step", "group_size", "beta", "warmup_steps", "timed_steps")
 PHASES = ("rollout", "reward", "logprob", "reference", "update", "other")
-RSS_PHASES = ("rollout", "logprob", "reference", "update")  # step.py functions wrapped (module docstring)
+RSS_PHASES = ("rollout", "logprob", "reference", "update")  # step/ functions wrapped (module docstring)
 
 
 def char_reward(prompts, completions, **kwargs):
@@ -212,7 +212,7 @@ class RssMonitor:
 
 @contextlib.contextmanager
 def phase_hooks(monitor):
-    """Wrap the step.py functions of RSS_PHASES in `monitor.phase` for the duration (only the outermost of nested
+    """Wrap the step/ functions of RSS_PHASES in `monitor.phase` for the duration (only the outermost of nested
     calls counts: step.reference_logprobs calls step.logprobs); restored afterwards."""
     from paddle_grpo import step
 
@@ -232,13 +232,18 @@ def phase_hooks(monitor):
         return wrapped
 
     labels = {"rollout": "rollout", "logprobs": "logprob", "reference_logprobs": "reference", "update": "update"}
+    # Each function is replaced in the package (what the trainer calls) and in its own phase module (what the
+    # other phases call: collect calls rollout, reference_logprobs calls logprobs).
+    homes = [step] + [sys.modules[fn.__module__] for fn in originals.values()]
+    patched = [(home, name, fn) for name, fn in originals.items() for home in dict.fromkeys(homes)
+               if getattr(home, name, None) is fn]
     try:
-        for name, fn in originals.items():
-            setattr(step, name, wrap(labels[name], fn))
+        for home, name, fn in patched:
+            setattr(home, name, wrap(labels[name], fn))
         yield
     finally:
-        for name, fn in originals.items():
-            setattr(step, name, fn)
+        for home, name, fn in patched:
+            setattr(home, name, fn)
 
 
 def build(shape, workdir, seed=0):

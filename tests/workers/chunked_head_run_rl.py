@@ -4,20 +4,20 @@
 
 Set after the trainer is built, whatever the config says, so the test does not depend on how the config turns the
 chunked head on. Each rank writes OUTPUT_DIR/head_calls.rank{r}.json: how many times the update's pipeline loss
-called the chunked head (step.head_logprobs with a chunk size, on a head lm_head.lm_head_of can chunk: not the
-full-logits fallback), so the test knows the chunked path ran."""
+called the chunked head (head_logprobs of step/policy_update.py with a chunk size, on a head lm_head.lm_head_of can
+chunk: not the full-logits fallback), so the test knows the chunked path ran."""
 import json
 import os
 import sys
 
-from paddle_grpo import step
+from paddle_grpo.step import policy_update
 from paddle_grpo.config import parse_args
 from paddle_grpo.policy.lm_head import lm_head_of
 from paddle_grpo.trainer import Trainer
 
 chunk = int(sys.argv[1]) or None
 calls = []
-head_logprobs = step.head_logprobs
+head_logprobs = policy_update.head_logprobs
 
 
 def counted(hidden, head, labels, **kwargs):
@@ -26,7 +26,7 @@ def counted(hidden, head, labels, **kwargs):
     return head_logprobs(hidden, head, labels, **kwargs)
 
 
-step.head_logprobs = counted
+policy_update.head_logprobs = counted  # what step.pipeline_logprobs calls
 cfg = parse_args(sys.argv[2:])
 trainer = Trainer(cfg)
 trainer.learner.policy.head_chunk_size = chunk

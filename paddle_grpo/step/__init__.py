@@ -1,0 +1,34 @@
+"""One RL step as phase functions over a typed `Batch` (docs/architecture.md):
+
+    collect (rollout + score, DAPO dynamic sampling) -> [balance_batch: rows reassigned between ranks] -> log-probs
+    (reference, old) -> gather once over the data-parallel ranks -> shape rewards -> advantages -> update
+    (mini-batches of micro-batches; with use_remove_padding / a token budget sorted by length and trimmed)
+
+Each rank holds its own rows (`Batch`); the per-sequence data that group statistics, reward normalisation,
+REINFORCE++ whitening and the `token-mean` denominators need is gathered once per step (`gather`), so every batch
+statistic is over the global batch (docs/algorithms.md sections 1-5). Each phase returns a typed metrics record;
+`as_dict()` gives the metric names of docs/algorithms.md section 7.
+
+One module per phase: batch.py (the rows, the gather, balance_batch, micro-batches), collection.py (collect),
+experience.py (log-probs, rewards, advantages), policy_update.py (the update), metrics.py (the typed records).
+Everything is re-exported here: `from paddle_grpo import step; step.collect(...)`.
+"""
+from __future__ import annotations
+
+from .batch import (Batch, GlobalRows, gather, model_precision, balance, MicroBatch, removes_padding,
+    plan_micro_batches)
+from .metrics import (CollectMetrics, RewardMetrics, AdvantageMetrics, LengthMetrics, SHARE_KEYS, TOKEN_MEAN_KEYS,
+    LossSums, UpdateMetrics)
+from .collection import (PromptEncoder, rollout, completion_texts, score, collect)
+from .experience import (logprobs, reference_logprobs, reference_kl, shape_rewards, compute_advantages, local_rows)
+from .policy_update import (TrainingError, UpdateState, Learner, UpdateInputs, rl_loss, pipeline_logprobs,
+    clip_gradients, update, head_logprobs)
+
+__all__ = [
+    "AdvantageMetrics", "Batch", "CollectMetrics", "GlobalRows", "Learner", "LengthMetrics", "LossSums",
+    "MicroBatch", "PromptEncoder", "RewardMetrics", "SHARE_KEYS", "TOKEN_MEAN_KEYS", "TrainingError",
+    "UpdateInputs", "UpdateMetrics", "UpdateState", "balance", "clip_gradients", "collect", "completion_texts",
+    "compute_advantages", "gather", "head_logprobs", "local_rows", "logprobs", "model_precision",
+    "pipeline_logprobs", "plan_micro_batches", "reference_kl", "reference_logprobs", "removes_padding", "rl_loss",
+    "rollout", "score", "shape_rewards", "update"
+]

@@ -1,0 +1,129 @@
+"""The experience phase: old and reference log-probs, rewards shaped and advantages estimated over the global batch
+(docs/algorithms.md sections 1-3)."""
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import numpy as np
+import paddle
+
+from ..algorithms import (RunningRewardNormalizer, advantage_estimator_spec, clip_reward, kl_penalty,
+    normalize_advantage, overlong_penalty, scalar_to_token_level)
+from ..parallel import ParallelContext
+from ..policy import Policy
+from .batch import Batch, GlobalRows, _in_row_order, model_precision, plan_micro_batches
+from .metrics import AdvantageMetrics, RewardMetrics
+
+
+@paddle.no_grad()
+def logprobs(policy: Policy, batch: Batch, cfg: Any, vocab_parallel: Any = None, with_entropy: bool = False,
+             amp: Any = None) -> Tuple[paddle.Tensor, Optional[paddle.Tensor]]:
+    """Per-token log-probs [n, T] (and entropy) of the batch's completions under `policy`, in micro-batches of
+    per_device_logprob_batch_size rows (sorted by length and trimmed with use_remove_padding or
+    max_tokens_per_micro_batch: `plan_micro_batches`), in eval mode (no dropout), as the rollout that sampled them,
+    and at the update's precision (`model_precision(amp)`). Padding positions hold meaningless values (0 beyond a
+    trimmed micro-batch's width)."""
+    out, ent = [], []
+    n, T = batch.completion_ids.shape
+    plan = plan_micro_batches(batch.prompt_mask.numpy(), batch.completion_mask.numpy(), np.arange(n),
+                              cfg.per_device_logprob_batch_size, cfg)
+    model = policy.model
+    was_training = model.training
+    model.eval()
+    try:
+        for mb in plan:
+            with model_precision(amp):  # float32 log-probs out either way
+                lp, e = policy.logprobs(*mb.inputs(batch), temperature=cfg.temperature, with_entropy=with_entropy,
+                                        vocab_parallel=vocab_parallel)
+            out.append(lp)
+            ent.append(e)
+    finally:
+        if was_training:
+            model.train()
+    return _in_row_order(out, plan, T), (_in_row_order(ent, plan, T) if with_entropy else None)
+
+
+def reference_logprobs(policy: Policy, reference: Optional[Policy], batch: Batch, cfg: Any,
+                       vocab_parallel: Any = None, amp: Any = None) -> Optional[paddle.Tensor]:
+    """Log-probs under the reference model: the frozen copy, or under LoRA the policy with its adapters disabled
+    (the base model, exactly); None when no KL term needs them. At the update's precision (`model_precision`)."""
+    if reference is not None:
+        return logprobs(reference, batch, cfg, vocab_parallel, amp=amp)[0]
+    if cfg.lora and cfg.needs_reference_model:
+        with policy.adapters_disabled():
+            return logprobs(policy, batch, cfg, vocab_parallel, amp=amp)[0]
+    return None
+
+
+def reference_kl(par: ParallelContext, batch: Batch, ref_lp: paddle.Tensor) -> float:
+    """train/kl: the k3 estimate of KL(sampling policy || reference), token-mean over the global batch."""
+    k3 = kl_penalty(batch.sample_logprobs, ref_lp, "k3")
+    mask = batch.completion_mask.astype("float32")
+    kl_sum, tokens = par.all_reduce_sum([float((k3 * mask).sum()), float(mask.sum())])
+    return float(kl_sum / max(tokens, 1.0))
+
+
+# ------------------------------------------------------------------------------------ rewards, advantages
+
+def shape_rewards(rows: GlobalRows, cfg: Any, normalizer: Optional[RunningRewardNormalizer]
+                  ) -> Tuple[np.ndarray, RewardMetrics]:
+    """Global rewards [N] float32 after clipping, DAPO overlong shaping and running normalisation; rows no function
+    could judge get 0 (docs/algorithms.md section 1)."""
+    rewards, valid = rows.rewards, rows.valid
+    names = list(rows.scores_by_function[0]) if len(rows.scores_by_function[0]) > 1 else []
+    by_function = {}
+    for name in names:  # per function only with several: one function's mean would repeat train/reward
+        vals = [v for part in rows.scores_by_function for v in part[name] if v is not None]
+        if vals:
+            by_function[name] = float(np.mean(vals))
+    metrics = RewardMetrics(reward=float(rewards[valid].mean()) if valid.any() else 0.0,
+                            reward_std=float(rewards[valid].std(ddof=1)) if valid.sum() > 1 else 0.0,
+                            none_frac=float(1.0 - valid.mean()), by_function=by_function)
+    if cfg.clip_range_score > 0:
+        rewards = clip_reward(rewards, cfg.clip_range_score)
+    if cfg.enable_overlong_reward_buffer:
+        rewards = rewards + np.asarray(overlong_penalty(rows.lengths, cfg.max_dec_len, cfg.overlong_reward_buffer,
+                                                        cfg.overlong_penalty_factor), dtype=np.float64)
+    if normalizer is not None and valid.any():
+        normalizer.update(rewards[valid])
+        rewards = np.asarray(normalizer.normalize(rewards), dtype=np.float64)
+    rewards = np.where(valid, rewards, 0.0)
+    return rewards.astype(np.float32), metrics
+
+
+def compute_advantages(rows: GlobalRows, rewards: np.ndarray, cfg: Any) -> Tuple[np.ndarray, AdvantageMetrics]:
+    """Advantages [N, T_max] of the global batch from the shaped rewards [N] (docs/algorithms.md sections 2-3).
+    The reward's KL term (coefficient `cfg.reward_kl_coeff`: `kl_coeff` for the REINFORCE++ family, for the group
+    estimators only with `use_kl_in_reward`), when `rows` carries log-probs, goes where the estimator's spec says:
+    per token inside the estimator, or per sequence (`R - kl_coeff * sum_t KL_t`) before it."""
+    G = cfg.rollout_n
+    spec = advantage_estimator_spec(cfg.rl_algorithm)
+    mask = rows.mask * rows.valid[:, None]   # rows no function could judge take no part in any statistic
+    index = np.repeat(np.arange(len(rewards) // G), G)
+    options = {key: getattr(cfg, key) for key in spec.config_options}
+    seq_rewards = rewards.copy()
+    kl_coeff = cfg.reward_kl_coeff
+    if rows.old is not None and kl_coeff != 0:
+        if spec.kl_in_reward == "token":
+            options.update(kl_coeff=kl_coeff, old_log_probs=paddle.to_tensor(rows.old),
+                           ref_log_probs=paddle.to_tensor(rows.ref), kl_estimator=cfg.kl_estimator)
+        else:
+            kl = kl_penalty(paddle.to_tensor(rows.old), paddle.to_tensor(rows.ref), cfg.kl_estimator).numpy()
+            seq_rewards = rewards - kl_coeff * (kl * mask).sum(-1)
+    mask_t = paddle.to_tensor(mask.astype(np.float32))
+    token_rewards = scalar_to_token_level(paddle.to_tensor(seq_rewards.astype(np.float32)), mask_t)
+    adv, _ = spec.fn(token_rewards, mask_t, index, **options)
+    if cfg.advantage_normalization:  # normalize_advantage, off for grpo as in PaddleNLP
+        adv = normalize_advantage(adv, mask_t)
+    adv = adv.numpy()
+    m = mask.astype(bool)
+    metrics = AdvantageMetrics(mean=float(adv[m].mean()) if m.any() else 0.0,
+                               std=float(adv[m].std()) if m.any() else 0.0,
+                               frac_reward_zero_std=float((rewards.reshape(-1, G).std(axis=1) < 1e-6).mean()))
+    return adv, metrics
+
+
+def local_rows(rows: GlobalRows, values: np.ndarray, batch: Batch) -> np.ndarray:
+    """This rank's rows of a global [N, ...] array, cut to its own completion width."""
+    out = values[rows.offset:rows.offset + len(batch)] if rows.rows is None else values[rows.rows]
+    return out[:, :batch.completion_ids.shape[1]] if out.ndim == 2 else out

@@ -1,0 +1,238 @@
+"""The update phase: the policy's mini-batches of micro-batches, gradients summed over the data-parallel ranks,
+clipped with the global norm, one optimizer step each (docs/algorithms.md sections 4-5)."""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+import paddle
+
+from ..algorithms import aggregate_loss, compute_policy_loss, global_denominators, kl_penalty, masked_mean
+from ..parallel import ParallelContext
+from ..policy import Policy, position_ids_from_mask
+from ..policy.causal import logprobs_from_completion_logits
+from ..policy.lm_head import head_logprobs
+from .batch import Batch, MicroBatch, model_precision, plan_micro_batches
+from .metrics import LossSums, SHARE_KEYS, TOKEN_MEAN_KEYS, UpdateMetrics
+
+logger = logging.getLogger("paddle_grpo.step")
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (for example too many non-finite updates in a row)."""
+
+
+# ---------------------------------------------------------------------------------------------- the update
+
+@dataclass
+class UpdateState:
+    """The update's counters, kept in checkpoints."""
+    optimizer_steps: int = 0
+    nonfinite_total: int = 0
+    nonfinite_in_a_row: int = 0
+
+
+@dataclass
+class Learner:
+    """What the update phase trains: the policy (its full copy under pipeline parallelism, which then only
+    generates and scores), this rank's pipeline stage if any, the optimizer, its schedule and the counters.
+    `amp`: precision.Amp (autocast context, fp16 loss scale) of a run under AMP, None otherwise."""
+    policy: Policy
+    pipeline: Any
+    optimizer: Any
+    scheduler: Any
+    state: UpdateState = field(default_factory=UpdateState)
+    amp: Any = None
+
+    def parameters(self) -> list:
+        return (self.pipeline if self.pipeline is not None else self.policy.model).parameters()
+
+    def amp_state(self) -> Optional[Dict[str, float]]:
+        """The fp16 loss scale's state, kept in checkpoints (None without a loss scale)."""
+        return self.amp.state_dict() if self.amp else None
+
+    def load_amp_state(self, state: Optional[Dict[str, float]]) -> None:
+        """Restore a checkpoint's loss scale (precision.Amp.load_state_dict; a no-op without AMP)."""
+        if self.amp:
+            self.amp.load_state_dict(state)
+
+
+@dataclass
+class UpdateInputs:
+    """The tensors of one update: the batch, advantages [n, T], the loss mask [n, T] (completion mask times the
+    row's validity), old log-probs [n, T] (None on-policy: the detached current ones are used) and reference
+    log-probs [n, T] (None without KL loss)."""
+    batch: Batch
+    advantages: paddle.Tensor
+    loss_mask: paddle.Tensor
+    old_lp: Optional[paddle.Tensor]
+    ref_lp: Optional[paddle.Tensor]
+
+
+def rl_loss(cfg: Any, lp: paddle.Tensor, entropy: paddle.Tensor, old: paddle.Tensor, advantages: paddle.Tensor,
+            mask: paddle.Tensor, ref: Optional[paddle.Tensor], agg: Dict[str, Any]) -> Tuple[paddle.Tensor, np.ndarray]:
+    """A micro-batch's share of the mini-batch loss: policy loss + KL loss - entropy bonus with the global
+    denominators `agg` (docs/algorithms.md sections 4-5), and its LossSums values. All inputs [mb, T]; `ref` None
+    without KL loss."""
+    out = compute_policy_loss(lp, old, advantages, mask, clip_ratio_low=cfg.eps_low, clip_ratio_high=cfg.eps_high,
+                              clip_ratio_c=cfg.clip_ratio_c, importance_sampling_level=cfg.importance_sampling_level,
+                              loss_agg_mode=cfg.loss_agg_mode, **agg)
+    loss = cfg.pg_loss_coeff * out["pg_loss"]
+    kl_loss = paddle.zeros([])
+    if cfg.kl_loss_coeff > 0:
+        kl_loss = aggregate_loss(kl_penalty(lp, ref, cfg.kl_loss_estimator), mask, cfg.loss_agg_mode, **agg)
+        loss = loss + cfg.kl_loss_coeff * kl_loss
+    if cfg.entropy_coeff > 0:
+        loss = loss - cfg.entropy_coeff * aggregate_loss(entropy, mask, cfg.loss_agg_mode, **agg)
+    tokens = float(mask.astype("float32").sum())
+    token_means = (masked_mean(entropy.detach(), mask), out["clip_frac_low"], out["clip_frac_high"],
+                   out["clip_frac_dual"], out["approx_kl_old"])
+    sums = np.array([float(out["pg_loss"]), float(kl_loss)] + [float(v) * tokens for v in token_means] + [tokens])
+    return loss, sums
+
+
+def _micro_batch(learner: Learner, inputs: UpdateInputs, mb: MicroBatch, agg: Dict[str, Any], cfg: Any,
+                 vocab_parallel: Any) -> Tuple[np.ndarray, bool]:
+    """Forward + backward of one micro-batch (skipped backward when its loss is not finite). A trimmed micro-batch
+    loses only masked columns, which add nothing to the loss (global denominators: `agg`)."""
+    with model_precision(learner.amp):  # float32 log-probs out either way
+        # The entropy is logged every step; it takes a gradient only when the loss has an entropy bonus ("detached":
+        # no graph for it, and the chunked head's backward skips its term).
+        lp, entropy = learner.policy.logprobs(*mb.inputs(inputs.batch), temperature=cfg.temperature,
+                                              with_entropy=True if cfg.entropy_coeff > 0 else "detached",
+                                              vocab_parallel=vocab_parallel)
+    old = lp.detach() if inputs.old_lp is None else mb.completion(inputs.old_lp)
+    loss, sums = rl_loss(cfg, lp, entropy, old, mb.completion(inputs.advantages), mb.completion(inputs.loss_mask),
+                         mb.completion(inputs.ref_lp), agg)
+    finite = bool(paddle.isfinite(loss))
+    if finite:
+        (learner.amp.scale(loss) if learner.amp else loss).backward()
+    return sums, finite
+
+
+def pipeline_logprobs(out: paddle.Tensor, completion_ids: paddle.Tensor, cfg: Any, head: Any = None,
+                      chunk_size: Optional[int] = None) -> Tuple[paddle.Tensor, paddle.Tensor]:
+    """Log-probs and entropies [mb, T] of the completions from the pipeline's last-stage output `out`: the logits
+    [mb, S, V], or with `chunk_size` the final hidden states [mb, S, H] that `head` (the stage's LM head layer)
+    turns into log-probs chunk by chunk. S = L + T: the token at position L + t is predicted at L + t - 1."""
+    T = completion_ids.shape[1]
+    # As _micro_batch: the entropy takes a gradient only for an entropy bonus, else it is only logged ("detached").
+    with_entropy = True if cfg.entropy_coeff > 0 else "detached"
+    if chunk_size is None:
+        return logprobs_from_completion_logits(out[:, -T - 1:-1], completion_ids, cfg.temperature, with_entropy)
+    return head_logprobs(out[:, -T - 1:-1], head, completion_ids, temperature=cfg.temperature,
+                         with_entropy=with_entropy, chunk_size=chunk_size)
+
+
+def _pipeline_mini_batch(learner: Learner, inputs: UpdateInputs, sl: slice, agg: Dict[str, Any], cfg: Any,
+                         micro_batches: int) -> Tuple[np.ndarray, bool]:
+    """Forward + backward of the mini-batch rows `sl` through the pipeline (fleet splits them into the
+    micro-batches), the loss of `rl_loss` on the last stage; the summed LossSums values and whether every
+    micro-batch's loss was finite, on every stage. With the chunked LM head (`policy.head_chunk_size`) the last
+    stage hands the loss its final hidden states and the loss applies the stage's LM head chunk by chunk."""
+    b = inputs.batch
+    ids = paddle.concat([b.prompt_ids[sl], b.completion_ids[sl]], axis=1)
+    attention_mask = paddle.concat([b.prompt_mask[sl], b.completion_mask[sl]], axis=1).astype("int64")
+    rows = lambda t: None if t is None else t[sl]  # noqa: E731
+    labels = (b.completion_ids[sl], inputs.loss_mask[sl], inputs.advantages[sl], rows(inputs.old_lp),
+              rows(inputs.ref_lp))
+    micro = []
+    chunk_size = getattr(learner.policy, "head_chunk_size", None)
+
+    def loss_fn(out, labels):
+        completion_ids, mask, adv, old, ref = labels
+        # The stage's own head layer (chunked head): its weight's gradient reaches the pipeline optimizer.
+        lp, entropy = pipeline_logprobs(out, completion_ids, cfg,
+                                        learner.pipeline.lm_head if chunk_size is not None else None, chunk_size)
+        loss, sums = rl_loss(cfg, lp, entropy, lp.detach() if old is None else old, adv, mask, ref, agg)
+        micro.append(np.append(sums, float(bool(paddle.isfinite(loss)))))
+        return loss
+
+    learner.pipeline.forward_backward((ids, attention_mask, None, position_ids_from_mask(attention_mask)), labels,
+                                      loss_fn, final_hidden=chunk_size is not None)
+    out = learner.pipeline.from_last_stage(np.sum(micro, axis=0) if micro else
+                                           np.zeros(len(SHARE_KEYS) + len(TOKEN_MEAN_KEYS) + 2))
+    return out[:-1], bool(out[-1] == micro_batches)
+
+
+def clip_gradients(parameters: Sequence[Any], grad_norm: float, max_grad_norm: float) -> None:
+    """Scale gradients by max_grad_norm / norm when the norm exceeds it (as ClipGradByGlobalNorm, but with the
+    norm of the whole model under tensor parallelism, not of this rank's shard)."""
+    if max_grad_norm <= 0 or grad_norm <= max_grad_norm:
+        return
+    scale = max_grad_norm / grad_norm
+    with paddle.no_grad():
+        for p in parameters:
+            if p.grad is not None:
+                p.grad.scale_(scale)
+
+
+def update(par: ParallelContext, learner: Learner, inputs: UpdateInputs, cfg: Any, geometry: Any, step: int,
+           vocab_parallel: Any = None) -> UpdateMetrics:
+    """`update_iters` passes over the batch in mini-batches of `geometry.sequences_per_mini_batch` rows, one
+    optimizer step each, gradients accumulated over micro-batches of per_device_train_batch_size rows
+    (`plan_micro_batches`: by length and trimmed with use_remove_padding, by tokens with max_tokens_per_micro_batch)
+    and summed over the data-parallel ranks. A mini-batch whose loss or gradient is not finite on any rank is
+    skipped on all; `max_consecutive_nonfinite` skipped in a row raise TrainingError."""
+    n = inputs.batch.completion_ids.shape[0]
+    per_mini, mb = geometry.sequences_per_mini_batch, cfg.per_device_train_batch_size
+    per_mini_metrics = []
+    masks = (inputs.batch.prompt_mask.numpy(), inputs.batch.completion_mask.numpy())
+    state = learner.state
+    learner.policy.model.train()
+    params = learner.parameters()
+    for _ in range(cfg.update_iters):
+        for m0 in range(0, n, per_mini):
+            local = global_denominators(inputs.loss_mask[m0:m0 + per_mini], cfg.loss_agg_mode)
+            keys = sorted(local)
+            agg = dict(zip(keys, par.all_reduce_sum([local[k] for k in keys]).tolist()))
+            agg["max_dec_len"] = cfg.max_dec_len  # read by seq-mean-token-sum-norm only
+            sums, finite = LossSums().values, True
+            if learner.pipeline is not None:
+                sums, finite = _pipeline_mini_batch(learner, inputs, slice(m0, m0 + per_mini), agg, cfg,
+                                                    geometry.grad_accum_steps)
+            else:
+                for micro in plan_micro_batches(*masks, np.arange(m0, min(m0 + per_mini, n)), mb, cfg):
+                    micro_sums, micro_finite = _micro_batch(learner, inputs, micro, agg, cfg, vocab_parallel)
+                    sums += micro_sums
+                    finite = finite and micro_finite
+            per_mini_metrics.append(LossSums(par.all_reduce_sum(sums)).means())
+            # Every rank takes the same branch: a rank whose loss was not finite skipped its backward, so gradients
+            # are summed only when all ranks have them.
+            finite = par.all_true(finite)
+            if finite:
+                par.sum_gradients(params)
+                if learner.amp:  # the true gradients (fp16 loss scale divided out) before their norm and clipping
+                    learner.amp.unscale(params)
+            grad_norm = par.global_grad_norm(params) if finite else float("nan")
+            overflow = bool(learner.amp) and learner.amp.overflowed(finite, grad_norm)  # fp16: not a failure
+            finite = finite and math.isfinite(grad_norm)
+            if finite:
+                clip_gradients(params, grad_norm, cfg.max_grad_norm)
+            per_mini_metrics[-1]["train/grad_norm"] = grad_norm
+            if finite:
+                learner.optimizer.step()
+                state.nonfinite_in_a_row = 0
+            elif not overflow:
+                _count_nonfinite(state, step, cfg.max_consecutive_nonfinite)
+            learner.optimizer.clear_grad(set_to_zero=False)
+            learner.scheduler.step()
+            state.optimizer_steps += 1
+    if learner.pipeline is not None:  # the next rollout, log-probs and checkpoint use the full copy
+        learner.pipeline.copy_to(learner.policy.model)
+    return UpdateMetrics(per_mini_metrics, state.nonfinite_total, state.optimizer_steps, cfg.kl_loss_coeff != 0)
+
+
+def _count_nonfinite(state: UpdateState, step: int, limit: int) -> None:
+    state.nonfinite_total += 1
+    state.nonfinite_in_a_row += 1
+    logger.warning("step %d: non-finite loss or gradient, optimizer step skipped (%d in a row)", step + 1,
+                   state.nonfinite_in_a_row)
+    if state.nonfinite_in_a_row >= limit:
+        raise TrainingError(
+            f"{state.nonfinite_in_a_row} consecutive updates had a non-finite loss or gradient "
+            f"(max_consecutive_nonfinite = {limit}); stopping. Lower learning_rate, set max_grad_norm, or check "
+            "the rewards for inf/NaN.")
