@@ -261,16 +261,20 @@ def test_a_registered_estimator_gets_what_its_spec_asks_for():
 
 
 def test_loss_sums_means_divide_the_token_weighted_statistics_by_the_tokens():
-    sums = step.LossSums(np.array([0.5, 0.1, 2.0, 0.4, 0.2, 0.0, 1.0, 4.0]))
-    assert sums.means() == {"train/policy_loss": 0.5, "train/kl_loss": 0.1, "train/entropy": 0.5,
+    sums = step.LossSums(np.array([0.5, 0.1, 0.3, 2.0, 0.4, 0.2, 0.0, 1.0, 4.0]))
+    assert sums.means() == {"train/policy_loss": 0.5, "train/kl_loss": 0.1, "train/positive_lm_loss": 0.3,
+                            "train/entropy": 0.5,
                             "train/clip_frac_low": 0.1, "train/clip_frac_high": 0.05, "train/clip_frac_dual": 0.0,
                             "train/approx_kl_old": 0.25}
     assert step.LossSums().means()["train/entropy"] == 0.0  # no tokens: no division by zero
 
 
 def test_update_metrics_average_finite_mini_batches_and_drop_kl_loss_without_it():
-    per_mini = [{"train/policy_loss": 1.0, "train/kl_loss": 0.0, "train/grad_norm": 2.0},
-                {"train/policy_loss": 3.0, "train/kl_loss": 0.0, "train/grad_norm": float("nan")}]
+    per_mini = [{"train/policy_loss": 1.0, "train/kl_loss": 0.0, "train/positive_lm_loss": 0.5, "train/grad_norm": 2.0},
+                {"train/policy_loss": 3.0, "train/kl_loss": 0.0, "train/positive_lm_loss": 1.5,
+                 "train/grad_norm": float("nan")}]
     out = step.UpdateMetrics(per_mini, nonfinite_updates=1, optimizer_steps=2, with_kl_loss=False).as_dict()
     assert out == {"train/policy_loss": 2.0, "train/grad_norm": 2.0, "train/nonfinite_updates": 1.0,
                    "train/optimizer_steps": 2.0}
+    with_positive = step.UpdateMetrics(per_mini, 1, 2, with_kl_loss=False, with_positive_lm_loss=True).as_dict()
+    assert with_positive["train/positive_lm_loss"] == 1.0

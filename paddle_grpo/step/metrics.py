@@ -69,7 +69,7 @@ class LengthMetrics:
 
 # Sums over the micro-batches (and ranks) of one mini-batch: the loss shares add up to the mini-batch loss (global
 # denominators); the token-weighted statistics are divided by the mini-batch's token count at the end.
-SHARE_KEYS = ("train/policy_loss", "train/kl_loss")
+SHARE_KEYS = ("train/policy_loss", "train/kl_loss", "train/positive_lm_loss")
 TOKEN_MEAN_KEYS = ("train/entropy", "train/clip_frac_low", "train/clip_frac_high", "train/clip_frac_dual",
                    "train/approx_kl_old")
 
@@ -94,6 +94,7 @@ class UpdateMetrics:
     nonfinite_updates: int
     optimizer_steps: int
     with_kl_loss: bool
+    with_positive_lm_loss: bool = False
 
     def as_dict(self) -> Dict[str, float]:
         out = {}
@@ -102,6 +103,8 @@ class UpdateMetrics:
             out[k] = float(np.mean(values)) if values else float("nan")
         if not self.with_kl_loss:
             out.pop("train/kl_loss", None)
+        if not self.with_positive_lm_loss:
+            out.pop("train/positive_lm_loss", None)
         out["train/nonfinite_updates"] = float(self.nonfinite_updates)
         out["train/optimizer_steps"] = float(self.optimizer_steps)
         return out

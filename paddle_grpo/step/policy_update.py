@@ -64,19 +64,25 @@ class Learner:
 class UpdateInputs:
     """The tensors of one update: the batch, advantages [n, T], the loss mask [n, T] (completion mask times the
     row's validity), old log-probs [n, T] (None on-policy: the detached current ones are used) and reference
-    log-probs [n, T] (None without KL loss)."""
+    log-probs [n, T] (None without KL loss); `positive` [n, T] the loss mask of the rows VAPO's positive-example LM
+    loss trains on (None without it: positive_example_lm_coeff 0)."""
     batch: Batch
     advantages: paddle.Tensor
     loss_mask: paddle.Tensor
     old_lp: Optional[paddle.Tensor]
     ref_lp: Optional[paddle.Tensor]
+    positive: Optional[paddle.Tensor] = None
 
 
 def rl_loss(cfg: Any, lp: paddle.Tensor, entropy: paddle.Tensor, old: paddle.Tensor, advantages: paddle.Tensor,
-            mask: paddle.Tensor, ref: Optional[paddle.Tensor], agg: Dict[str, Any]) -> Tuple[paddle.Tensor, np.ndarray]:
-    """A micro-batch's share of the mini-batch loss: policy loss + KL loss - entropy bonus with the global
-    denominators `agg` (docs/algorithms.md sections 4-5), and its LossSums values. All inputs [mb, T]; `ref` None
-    without KL loss."""
+            mask: paddle.Tensor, ref: Optional[paddle.Tensor], agg: Dict[str, Any],
+            positive: Optional[paddle.Tensor] = None) -> Tuple[paddle.Tensor, np.ndarray]:
+    """A micro-batch's share of the mini-batch loss: policy loss + KL loss - entropy bonus (+ VAPO's
+    positive-example LM loss) with the global denominators `agg` (docs/algorithms.md sections 4-5), and its LossSums
+    values. All inputs [mb, T]; `ref` None without KL loss; `positive` None without the positive-example loss, else
+    the mask of its tokens, whose NLL is token-averaged over the mini-batch's `agg["positive_tokens"]` (all ranks)."""
+    positive_tokens = agg.get("positive_tokens", 0.0)
+    agg = {k: v for k, v in agg.items() if k != "positive_tokens"}
     out = compute_policy_loss(lp, old, advantages, mask, clip_ratio_low=cfg.eps_low, clip_ratio_high=cfg.eps_high,
                               clip_ratio_c=cfg.clip_ratio_c, importance_sampling_level=cfg.importance_sampling_level,
                               loss_agg_mode=cfg.loss_agg_mode, **agg)
@@ -87,10 +93,17 @@ def rl_loss(cfg: Any, lp: paddle.Tensor, entropy: paddle.Tensor, old: paddle.Ten
         loss = loss + cfg.kl_loss_coeff * kl_loss
     if cfg.entropy_coeff > 0:
         loss = loss - cfg.entropy_coeff * aggregate_loss(entropy, mask, cfg.loss_agg_mode, **agg)
+    positive_loss = paddle.zeros([])
+    if positive is not None:
+        # -sum log p over the positive rows' tokens / their count in the whole mini-batch (every rank): the shares
+        # of the micro-batches add up to the mini-batch's token-mean NLL, whatever the split.
+        positive_loss = -(lp * positive.astype(lp.dtype)).sum() / max(positive_tokens, 1.0)
+        loss = loss + cfg.positive_lm_coeff * positive_loss
     tokens = float(mask.astype("float32").sum())
     token_means = (masked_mean(entropy.detach(), mask), out["clip_frac_low"], out["clip_frac_high"],
                    out["clip_frac_dual"], out["approx_kl_old"])
-    sums = np.array([float(out["pg_loss"]), float(kl_loss)] + [float(v) * tokens for v in token_means] + [tokens])
+    sums = np.array([float(out["pg_loss"]), float(kl_loss), float(positive_loss)]
+                    + [float(v) * tokens for v in token_means] + [tokens])
     return loss, sums
 
 
@@ -106,7 +119,7 @@ def _micro_batch(learner: Learner, inputs: UpdateInputs, mb: MicroBatch, agg: Di
                                               vocab_parallel=vocab_parallel)
     old = lp.detach() if inputs.old_lp is None else mb.completion(inputs.old_lp)
     loss, sums = rl_loss(cfg, lp, entropy, old, mb.completion(inputs.advantages), mb.completion(inputs.loss_mask),
-                         mb.completion(inputs.ref_lp), agg)
+                         mb.completion(inputs.ref_lp), agg, mb.completion(inputs.positive))
     finite = bool(paddle.isfinite(loss))
     if finite:
         (learner.amp.scale(loss) if learner.amp else loss).backward()
@@ -138,16 +151,16 @@ def _pipeline_mini_batch(learner: Learner, inputs: UpdateInputs, sl: slice, agg:
     attention_mask = paddle.concat([b.prompt_mask[sl], b.completion_mask[sl]], axis=1).astype("int64")
     rows = lambda t: None if t is None else t[sl]  # noqa: E731
     labels = (b.completion_ids[sl], inputs.loss_mask[sl], inputs.advantages[sl], rows(inputs.old_lp),
-              rows(inputs.ref_lp))
+              rows(inputs.ref_lp), rows(inputs.positive))
     micro = []
     chunk_size = getattr(learner.policy, "head_chunk_size", None)
 
     def loss_fn(out, labels):
-        completion_ids, mask, adv, old, ref = labels
+        completion_ids, mask, adv, old, ref, positive = labels
         # The stage's own head layer (chunked head): its weight's gradient reaches the pipeline optimizer.
         lp, entropy = pipeline_logprobs(out, completion_ids, cfg,
                                         learner.pipeline.lm_head if chunk_size is not None else None, chunk_size)
-        loss, sums = rl_loss(cfg, lp, entropy, lp.detach() if old is None else old, adv, mask, ref, agg)
+        loss, sums = rl_loss(cfg, lp, entropy, lp.detach() if old is None else old, adv, mask, ref, agg, positive)
         micro.append(np.append(sums, float(bool(paddle.isfinite(loss)))))
         return loss
 
@@ -187,6 +200,8 @@ def update(par: ParallelContext, learner: Learner, inputs: UpdateInputs, cfg: An
     for _ in range(cfg.update_iters):
         for m0 in range(0, n, per_mini):
             local = global_denominators(inputs.loss_mask[m0:m0 + per_mini], cfg.loss_agg_mode)
+            if inputs.positive is not None:
+                local["positive_tokens"] = int(inputs.positive[m0:m0 + per_mini].astype("float32").sum())
             keys = sorted(local)
             agg = dict(zip(keys, par.all_reduce_sum([local[k] for k in keys]).tolist()))
             agg["max_dec_len"] = cfg.max_dec_len  # read by seq-mean-token-sum-norm only
@@ -200,30 +215,41 @@ def update(par: ParallelContext, learner: Learner, inputs: UpdateInputs, cfg: An
                     sums += micro_sums
                     finite = finite and micro_finite
             per_mini_metrics.append(LossSums(par.all_reduce_sum(sums)).means())
-            # Every rank takes the same branch: a rank whose loss was not finite skipped its backward, so gradients
-            # are summed only when all ranks have them.
-            finite = par.all_true(finite)
-            if finite:
-                par.sum_gradients(params)
-                if learner.amp:  # the true gradients (fp16 loss scale divided out) before their norm and clipping
-                    learner.amp.unscale(params)
-            grad_norm = par.global_grad_norm(params) if finite else float("nan")
-            overflow = bool(learner.amp) and learner.amp.overflowed(finite, grad_norm)  # fp16: not a failure
-            finite = finite and math.isfinite(grad_norm)
-            if finite:
-                clip_gradients(params, grad_norm, cfg.max_grad_norm)
-            per_mini_metrics[-1]["train/grad_norm"] = grad_norm
-            if finite:
-                learner.optimizer.step()
-                state.nonfinite_in_a_row = 0
-            elif not overflow:
-                _count_nonfinite(state, step, cfg.max_consecutive_nonfinite)
-            learner.optimizer.clear_grad(set_to_zero=False)
+            per_mini_metrics[-1]["train/grad_norm"] = apply_gradients(par, params, learner.optimizer, learner.amp,
+                                                                      state, finite, cfg, step)
             learner.scheduler.step()
             state.optimizer_steps += 1
     if learner.pipeline is not None:  # the next rollout, log-probs and checkpoint use the full copy
         learner.pipeline.copy_to(learner.policy.model)
-    return UpdateMetrics(per_mini_metrics, state.nonfinite_total, state.optimizer_steps, cfg.kl_loss_coeff != 0)
+    return UpdateMetrics(per_mini_metrics, state.nonfinite_total, state.optimizer_steps, cfg.kl_loss_coeff != 0,
+                         inputs.positive is not None)
+
+
+def apply_gradients(par: ParallelContext, params: list, optimizer: Any, amp: Any, state: UpdateState, finite: bool,
+                    cfg: Any, step: int) -> float:
+    """One optimizer step from the gradients the micro-batches accumulated (`finite`: every micro-batch's loss on
+    this rank was): summed over the data-parallel ranks, fp16 loss scale divided out, clipped at max_grad_norm by
+    the global norm, then the step; skipped on every rank when any rank's loss or the gradient is not finite
+    (`max_consecutive_nonfinite` in a row raise TrainingError). Gradients cleared. Returns the gradient norm
+    (nan when skipped for a non-finite loss)."""
+    # Every rank takes the same branch: a rank whose loss was not finite skipped its backward, so gradients are
+    # summed only when all ranks have them.
+    finite = par.all_true(finite)
+    if finite:
+        par.sum_gradients(params)
+        if amp:  # the true gradients (fp16 loss scale divided out) before their norm and clipping
+            amp.unscale(params)
+    grad_norm = par.global_grad_norm(params) if finite else float("nan")
+    overflow = bool(amp) and amp.overflowed(finite, grad_norm)  # fp16: not a failure
+    finite = finite and math.isfinite(grad_norm)
+    if finite:
+        clip_gradients(params, grad_norm, cfg.max_grad_norm)
+        optimizer.step()
+        state.nonfinite_in_a_row = 0
+    elif not overflow:
+        _count_nonfinite(state, step, cfg.max_consecutive_nonfinite)
+    optimizer.clear_grad(set_to_zero=False)
+    return grad_norm
 
 
 def _count_nonfinite(state: UpdateState, step: int, limit: int) -> None:
