@@ -1,17 +1,20 @@
 """The algorithm core: pure functions on paddle tensors (no I/O, no paddle.distributed, no model code).
 
   advantages.py     advantage estimators by name: grpo (+ Dr.GRPO), reinforce_plus_plus(_baseline), rloo
+  gae.py            critic estimators: ppo (GAE), vapo (decoupled, length-adaptive GAE); PaddleNLP's PPO reward
+                    with the per-token KL (kl_token_rewards)
+  value_loss.py     the critic's clipped value loss, explained variance, VAPO's positive-example rows
   kl.py             per-token KL estimators k1 / k2 / k3
   losses.py         clipped policy losses by name (token-level, GSPO; dual-clip), loss aggregation,
                     log-probs and entropy from logits
   normalization.py  running reward normalisation (Chan), advantage whitening
   shaping.py        reward clipping, DAPO overlong penalty (combining reward functions: rewards.RewardSet)
-  schedule.py       the learning-rate schedule (warm-up, constant / linear / cosine)
+  schedule.py       the learning-rate schedule (warm-up, constant / linear / cosine, decay floor)
   registry.py       the name -> spec registries: what each estimator / loss needs and where its KL goes
   _common.py        dtype / mask helpers, last-axis gathers that do not copy the whole tensor
 The config reads its choices from this package (rl_algorithm, importance_sampling_level from the registries;
 kl_estimator, kl_loss_estimator, loss_agg_mode from KL_ESTIMATORS, LOSS_AGG_MODES), so nothing else lists them.
-The formulas are those of docs/algorithms.md, sections 1-5. Every batch statistic is over the batch passed
+The formulas are those of docs/algorithms.md, sections 1-5 and 8. Every batch statistic is over the batch passed
 in, so the trainer passes the global (all-rank) batch.
 """
 from .advantages import (
@@ -23,6 +26,7 @@ from .advantages import (
     scalar_to_token_level,
     unregister_advantage_estimator,
 )
+from .gae import gae_advantage, kl_token_rewards, vapo_advantage, vapo_policy_lambda  # registers ppo, vapo
 from .kl import KL_ESTIMATORS, kl_penalty
 from .losses import (
     LOSS_AGG_MODES,
@@ -44,15 +48,17 @@ from .schedule import lr_lambda
 from .normalization import RunningRewardNormalizer, normalize_advantage
 from .registry import EstimatorSpec, PolicyLossSpec, UnknownNameError
 from .shaping import clip_reward, overlong_penalty
+from .value_loss import explained_variance, positive_example_mask, value_loss
 
 __all__ = [
     "EstimatorSpec", "KL_ESTIMATORS", "LOSS_AGG_MODES", "PolicyLossSpec", "RunningRewardNormalizer",
     "UnknownNameError",
     "advantage_estimator_spec", "aggregate_loss", "available_advantage_estimators", "available_policy_losses",
-    "clip_reward", "compute_policy_loss", "entropy_from_logits", "gather_last", "get_advantage_estimator",
-    "get_policy_loss",
-    "global_denominators", "importance_sampling_levels", "kl_penalty", "logprobs_from_logits", "lr_lambda",
-    "masked_mean", "normalize_advantage", "overlong_penalty", "policy_loss_spec", "register_advantage_estimator",
+    "clip_reward", "compute_policy_loss", "entropy_from_logits", "explained_variance", "gae_advantage",
+    "gather_last", "get_advantage_estimator", "get_policy_loss",
+    "global_denominators", "importance_sampling_levels", "kl_penalty", "kl_token_rewards", "logprobs_from_logits",
+    "lr_lambda", "masked_mean", "normalize_advantage", "overlong_penalty", "policy_loss_spec",
+    "positive_example_mask", "register_advantage_estimator",
     "register_policy_loss", "reward_kl_coeff", "scalar_to_token_level", "unregister_advantage_estimator",
-    "subtract_at", "unregister_policy_loss",
+    "subtract_at", "unregister_policy_loss", "value_loss", "vapo_advantage", "vapo_policy_lambda",
 ]

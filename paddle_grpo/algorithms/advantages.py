@@ -14,7 +14,7 @@ mask row the trainer zeroed) take no part in any statistic and get advantage 0.
 Options an estimator does not know raise `TypeError`: an option meant for another estimator (say `kl_coeff` for
 `grpo`) is a config error, not something to ignore silently.
 """
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
 import paddle
@@ -26,15 +26,17 @@ from .registry import EstimatorSpec, Registry, unknown_name
 _ESTIMATORS = Registry("advantage estimator", EstimatorSpec)
 
 
-def register_advantage_estimator(name: str, *, kl_in_reward: str = "sequence", config_options: Sequence[str] = (),
+def register_advantage_estimator(name: str, *, kl_in_reward: str = "sequence", config_options: Sequence[Any] = (),
                                  min_group_size: int = 1, uses_groups: bool = True,
-                                 normalization_keys: bool = True) -> Callable[[Callable], Callable]:
+                                 normalization_keys: bool = True, needs_values: bool = False,
+                                 key_defaults: Sequence[Tuple[str, Any]] = ()) -> Callable[[Callable], Callable]:
     """Decorator registering an estimator under `name` with its `EstimatorSpec` fields (see there); the defaults
     fit a group-relative estimator of outcome rewards, so `@register_advantage_estimator("mine")` is enough for
     one. The name becomes a valid `rl_algorithm`."""
     return _ESTIMATORS.register(name, kl_in_reward=kl_in_reward, config_options=config_options,
                                 min_group_size=min_group_size, uses_groups=uses_groups,
-                                normalization_keys=normalization_keys)
+                                normalization_keys=normalization_keys, needs_values=needs_values,
+                                key_defaults=key_defaults)
 
 
 def unregister_advantage_estimator(name: str) -> None:
@@ -61,14 +63,14 @@ def available_advantage_estimators() -> Tuple[str, ...]:
 def reward_kl_coeff(rl_algorithm: str, kl_coeff: float, use_kl_in_reward: bool) -> float:
     """The coefficient of the reference KL inside the reward for `rl_algorithm` (0.0: no KL in the reward).
 
-    Estimators whose spec takes the KL per token (`kl_in_reward == "token"`, the REINFORCE++ family) use
-    `kl_coeff`, as PaddleNLP's REINFORCE++ does. The group estimators (`"sequence"`: grpo, rloo) ignore it, as
+    Estimators whose spec takes the KL per token (`kl_in_reward` "token", the REINFORCE++ family, or
+    "token_rewards", ppo / vapo) use `kl_coeff`, as PaddleNLP's REINFORCE++ and PPO do. The group estimators (`"sequence"`: grpo, rloo) ignore it, as
     PaddleNLP's GRPO does (its reference KL is only in the loss, `kl_loss_coeff`), unless `use_kl_in_reward`
     (verl's name) asks for `R_i - kl_coeff * sum_t KL_t`. The one place this is decided: the trainer, the step and
     the config's notes all call it (docs/algorithms.md section 3).
     """
     spec = advantage_estimator_spec(rl_algorithm)
-    return float(kl_coeff) if spec.kl_in_reward == "token" or use_kl_in_reward else 0.0
+    return float(kl_coeff) if spec.reward_kl_per_token or use_kl_in_reward else 0.0
 
 
 # ---- helpers --------------------------------------------------------------------------------------------------------

@@ -8,9 +8,10 @@ An unknown name raises `UnknownNameError`, a `ValueError` (and `KeyError`) whose
 typo in a config fails at the first lookup with the fix in the message.
 """
 import dataclasses
-from typing import Callable, Dict, Generic, Iterable, Optional, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, Generic, Iterable, Optional, Tuple, Type, TypeVar, Union
 
-KL_IN_REWARD = ("token", "sequence")
+KL_IN_REWARD = ("token", "sequence", "token_rewards")
+ConfigOption = Union[str, Tuple[str, str]]
 
 
 class UnknownNameError(ValueError, KeyError):
@@ -32,22 +33,33 @@ class EstimatorSpec:
     fn: `fn(token_level_rewards [bs, T], response_mask [bs, T], index [bs], **options) -> (advantages, returns)`.
     kl_in_reward: where the KL penalty of the reward (`kl_coeff`) goes. "token": the estimator takes it per token
         and needs `kl_coeff=`, `old_log_probs=`, `ref_log_probs=` `[bs, T]` and `kl_estimator=` (REINFORCE++).
-        "sequence": the caller subtracts `kl_coeff * sum_t m_t KL_t` from each sequence's scalar reward first,
-        and only when `use_kl_in_reward` asks for it (`reward_kl_coeff`: PaddleNLP's GRPO ignores kl_coeff).
-    config_options: config keys passed to `fn` as keyword options of the same name (grpo: `norm_adv_by_std`).
+        "token_rewards": the caller builds `token_level_rewards` with `kl_token_rewards(...)` (PaddleNLP's PPO
+        reward, `-kl_coeff * KL_t` per token plus the score at the end) and the estimator takes no KL option
+        (ppo, vapo). "sequence": the caller subtracts `kl_coeff * sum_t m_t KL_t` from each sequence's scalar
+        reward first, and only when `use_kl_in_reward` asks for it (`reward_kl_coeff`: PaddleNLP's GRPO ignores
+        kl_coeff).
+    config_options: config keys passed to `fn` as keyword options, each `"key"` (an option of the same name; grpo:
+        `norm_adv_by_std`) or `("config_key", "option")` (vapo: `("vapo_alpha", "alpha")`). `options(cfg)`
+        resolves them; `config_keys` lists the config keys.
     min_group_size: samples per prompt (`rollout_n`) the estimator needs (rloo: 2, its baseline is the others).
     uses_groups: whether `index` (which prompt each sample answers) changes the result.
     normalization_keys: whether the config keys `normalize_reward` / `normalize_advantage` apply. False for grpo:
         PaddleNLP's RL config sets both to False for GRPO whatever the file says (`paddlenlp/rl/utils/
         config_utils.py`, `TrainingArguments.__post_init__`), so a PaddleNLP GRPO config trains the same here.
+    needs_values: the estimator takes `values=[bs, T]` (the critic's value of each completion token) and the run
+        trains a critic (ppo, vapo); the config's `needs_critic`.
+    key_defaults: `(("config_key", default), ...)`: defaults of config keys that depend on the estimator, used when
+        the key is left at None (vapo: `positive_example_lm_coeff` 0.1, the paper's recipe).
     """
     name: str
     fn: Callable
     kl_in_reward: str = "sequence"
-    config_options: Tuple[str, ...] = ()
+    config_options: Tuple[ConfigOption, ...] = ()
     min_group_size: int = 1
     uses_groups: bool = True
     normalization_keys: bool = True
+    needs_values: bool = False
+    key_defaults: Tuple[Tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.kl_in_reward not in KL_IN_REWARD:
@@ -58,7 +70,46 @@ class EstimatorSpec:
                              f"got {self.min_group_size!r}")
         if isinstance(self.config_options, str):  # ("norm_adv_by_std") without the comma
             raise TypeError(f"advantage estimator {self.name!r}: config_options must be a tuple of key names")
-        object.__setattr__(self, "config_options", tuple(self.config_options))
+        options = tuple(tuple(o) if isinstance(o, list) else o for o in self.config_options)
+        for option in options:
+            pair = isinstance(option, tuple) and len(option) == 2 and all(isinstance(x, str) for x in option)
+            if not (isinstance(option, str) or pair):
+                raise TypeError(f"advantage estimator {self.name!r}: each config_options entry must be a key name "
+                                f"or a (config_key, option) pair, got {option!r}")
+        object.__setattr__(self, "config_options", options)
+        defaults = tuple(tuple(d) for d in self.key_defaults)
+        if any(len(d) != 2 or not isinstance(d[0], str) for d in defaults):
+            raise TypeError(f"advantage estimator {self.name!r}: key_defaults must be (config_key, default) pairs, "
+                            f"got {self.key_defaults!r}")
+        object.__setattr__(self, "key_defaults", defaults)
+
+    @property
+    def _option_pairs(self) -> Tuple[Tuple[str, str], ...]:
+        return tuple((o, o) if isinstance(o, str) else o for o in self.config_options)
+
+    @property
+    def config_keys(self) -> Tuple[str, ...]:
+        """The config keys the estimator reads (the first of each `(config_key, option)` pair)."""
+        return tuple(key for key, _ in self._option_pairs)
+
+    @property
+    def option_names(self) -> Tuple[str, ...]:
+        """The keyword options `fn` takes from the config, in `config_options` order."""
+        return tuple(option for _, option in self._option_pairs)
+
+    @property
+    def reward_kl_per_token(self) -> bool:
+        """Whether `kl_coeff`'s KL always goes into the reward per token ("token", "token_rewards"), whatever
+        `use_kl_in_reward` says."""
+        return self.kl_in_reward in ("token", "token_rewards")
+
+    def options(self, cfg: Any) -> Dict[str, Any]:
+        """`{option: cfg.<config_key>}` for `fn`, from any object with the config keys as attributes."""
+        return {option: getattr(cfg, key) for key, option in self._option_pairs}
+
+    def key_default(self, key: str, fallback: Any = None) -> Any:
+        """The estimator's default for config key `key` (`key_defaults`), else `fallback`."""
+        return dict(self.key_defaults).get(key, fallback)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,13 +26,16 @@ from paddle_grpo.algorithms import (
     unregister_policy_loss,
 )
 
-# name: (kl_in_reward, config_options, min_group_size, uses_groups), from docs/algorithms.md section 2.
+# name: (kl_in_reward, config_options, min_group_size, uses_groups), from docs/algorithms.md sections 2 and 8.
 BUILT_IN_ESTIMATORS = {
     "grpo": ("sequence", ("norm_adv_by_std",), 1, True),
     "reinforce_plus_plus": ("token", (), 1, False),
     "reinforce_plus_plus_baseline": ("token", (), 1, True),
     "rloo": ("sequence", (), 2, True),
+    "ppo": ("token_rewards", ("gamma", "lam"), 1, False),
+    "vapo": ("token_rewards", ("gamma", "lam_critic", ("vapo_alpha", "alpha")), 1, False),
 }
+CRITIC_ESTIMATORS = {"ppo", "vapo"}  # needs_values
 KL_OPTIONS = ("kl_coeff", "old_log_probs", "ref_log_probs", "kl_estimator")
 
 
@@ -63,25 +66,46 @@ def test_built_in_estimator_specs():
         spec = advantage_estimator_spec(name)
         assert (spec.name, spec.kl_in_reward, spec.config_options, spec.min_group_size, spec.uses_groups) == \
             (name, kl_in_reward, options, min_group, uses_groups)
+        assert spec.needs_values == (name in CRITIC_ESTIMATORS)
         assert spec.fn is get_advantage_estimator(name)
+    assert advantage_estimator_spec("vapo").key_defaults == (("positive_example_lm_coeff", 0.1),)
+    assert all(advantage_estimator_spec(n).key_defaults == () for n in BUILT_IN_ESTIMATORS if n != "vapo")
+
+
+def test_options_resolve_config_keys_to_option_names():
+    class Cfg:
+        gamma, lam, lam_critic, vapo_alpha, norm_adv_by_std = 0.9, 0.8, 0.7, 0.25, False
+
+    vapo = advantage_estimator_spec("vapo")
+    assert vapo.config_keys == ("gamma", "lam_critic", "vapo_alpha")
+    assert vapo.option_names == ("gamma", "lam_critic", "alpha")
+    assert vapo.options(Cfg()) == {"gamma": 0.9, "lam_critic": 0.7, "alpha": 0.25}
+    assert advantage_estimator_spec("ppo").options(Cfg()) == {"gamma": 0.9, "lam": 0.8}
+    assert advantage_estimator_spec("grpo").options(Cfg()) == {"norm_adv_by_std": False}
+    assert vapo.key_default("positive_example_lm_coeff", 0.0) == 0.1
+    assert advantage_estimator_spec("ppo").key_default("positive_example_lm_coeff", 0.0) == 0.0
 
 
 @pytest.mark.parametrize("name", list(BUILT_IN_ESTIMATORS))
 def test_estimator_signature_matches_its_spec(name):
     spec = advantage_estimator_spec(name)
     params = inspect.signature(spec.fn).parameters
-    for option in spec.config_options:
+    for option in spec.option_names:
         assert option in params, option
-    # "token": the estimator takes the KL itself; "sequence": it must refuse the KL options (the caller shapes R).
+    # "token": the estimator takes the KL itself; "sequence" / "token_rewards": it must refuse the KL options (the
+    # caller shapes R).
     takes_kl = [option in params for option in KL_OPTIONS]
     assert takes_kl == [spec.kl_in_reward == "token"] * len(KL_OPTIONS)
+    assert ("values" in params) == spec.needs_values
 
 
 @pytest.mark.parametrize("name", list(BUILT_IN_ESTIMATORS))
 def test_uses_groups_says_whether_index_matters(name):
     rewards, mask = random_batch(0)
-    by_pairs, _ = get_advantage_estimator(name)(rewards, mask, np.repeat(np.arange(4), 2))
-    by_quads, _ = get_advantage_estimator(name)(rewards, mask, np.repeat(np.arange(2), 4))
+    extra = {"values": paddle.to_tensor(np.random.default_rng(1).normal(size=mask.shape).astype(np.float32))} \
+        if advantage_estimator_spec(name).needs_values else {}
+    by_pairs, _ = get_advantage_estimator(name)(rewards, mask, np.repeat(np.arange(4), 2), **extra)
+    by_quads, _ = get_advantage_estimator(name)(rewards, mask, np.repeat(np.arange(2), 4), **extra)
     assert (not np.array_equal(by_pairs.numpy(), by_quads.numpy())) == advantage_estimator_spec(name).uses_groups
 
 
@@ -92,7 +116,8 @@ def test_one_line_registration_gets_the_defaults_and_unregisters():
 
     spec = advantage_estimator_spec("test_mask_as_advantage")
     assert spec == EstimatorSpec("test_mask_as_advantage", mask_as_advantage, kl_in_reward="sequence",
-                                 config_options=(), min_group_size=1, uses_groups=True)
+                                 config_options=(), min_group_size=1, uses_groups=True, needs_values=False,
+                                 key_defaults=())
     assert available_advantage_estimators()[-1] == "test_mask_as_advantage"
     register_advantage_estimator("test_mask_as_advantage")(mask_as_advantage)  # same spec again: harmless
     unregister_advantage_estimator("test_mask_as_advantage")
@@ -116,6 +141,9 @@ def test_replacing_a_registration_is_rejected():
     ({"kl_in_reward": "prompt"}, "kl_in_reward must be one of"),
     ({"min_group_size": 0}, "min_group_size must be an int >= 1"),
     ({"config_options": "norm_adv_by_std"}, "config_options must be a tuple"),
+    ({"config_options": (("vapo_alpha",),)}, "a key name or a .config_key, option. pair"),
+    ({"config_options": (("a", "b", "c"),)}, "a key name or a .config_key, option. pair"),
+    ({"key_defaults": (("positive_example_lm_coeff",),)}, "key_defaults must be .config_key, default. pairs"),
 ])
 def test_bad_spec_fields_are_rejected(fields, message):
     with pytest.raises((ValueError, TypeError), match=message):
