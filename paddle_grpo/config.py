@@ -29,7 +29,6 @@ logger = logging.getLogger("paddle_grpo.config")
 
 LR_SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
 REPORT_TO = ("visualdl", "all", "wandb", "tensorboard", "none")
-CRITIC_ALGORITHMS = ("ppo", "vapo")  # PaddleNLP's algorithms with a value model
 VISUALDL_STANDS_IN = ("wandb", "tensorboard")  # PaddleNLP's other loggers: VisualDL records the metrics instead
 
 # Older PaddleNLP configs used these names; they load as the key they became.
@@ -47,7 +46,6 @@ ALIASES = {
 SECRET_KEYS = ("reward_server_token",)  # never printed or written out
 
 # Effect statements shared by several keys.
-NO_CRITIC = "needs a critic (value model): rl_algorithm ppo/vapo are not supported"
 CPU_FLOAT32 = ("CPU runs compute in float32 (paddle's CPU kernels have no bfloat16 matmul, docs/platform.md)")
 HOST_MEMORY = "on a CPU run everything is already in host memory"
 # fused_head_chunk_size's default: at V = 151,936 the chunked head's forward + backward over 8 x 128 positions took
@@ -190,9 +188,11 @@ class ModelArguments:
                                          "batch): a sample whose call runs over it gets reward None with the "
                                          "reason, as when the function fails (train/reward_none_frac). 0: no "
                                          "limit. Raise it for a large reward model on a slow device.")
-    use_rule_reward: bool = arg(False, "PaddleNLP's switch for its built-in rule reward (GSM8K) in PPO configs.",
-                                **nowhere("in-process rule rewards are chosen with reward_funcs (use_rm_server: "
-                                          "false), e.g. reward_funcs: gsm8k"))
+    use_rule_reward: bool = arg(False, "PaddleNLP's built-in rule reward (GSM8K) of its PPO configs: true scores "
+                                       "completions in-process with the gsm8k reward function "
+                                       "(paddle_grpo/rewards/gsm8k.py), as `reward_funcs: gsm8k` does (the start-up "
+                                       "log says so). It needs use_rm_server: false (PaddleNLP's own note) and "
+                                       "reward_funcs empty or gsm8k.")
 
 
 @dataclass
@@ -305,8 +305,11 @@ class TrainingArguments:
     per_device_logprob_batch_size: int = arg(8, "Sequences per forward pass when computing log-probs.")
     per_device_reward_batch_size: int = arg(8, "Sequences per reward-model forward pass (reward_model_name_or_path "
                                                "in-process; reward functions score whole batches).")
-    per_device_value_batch_size: int = arg(8, "Sequences per critic forward pass.",
-                                           **nowhere(NO_CRITIC))
+    per_device_value_batch_size: int = arg(8, "Sequences per forward pass of the critic when it computes the values "
+                                              "of a rollout (ppo, vapo), as per_device_logprob_batch_size for the "
+                                              "log-probs: any number of rows, the last pass takes the remainder. "
+                                              "The critic's update uses the policy's micro-batches "
+                                              "(per_device_train_batch_size).")
     per_device_train_batch_size: int = arg(8, "Sequences per micro-batch of the policy update.")
     num_train_epochs: float = arg(6.0, "Epochs over the training prompts; max_steps > 0 overrides it (as in "
                                        "PaddleNLP, where -1 with max_steps is common).")
@@ -315,8 +318,10 @@ class TrainingArguments:
                           **nowhere("only checked: a sequence is at most max_prompt_len + max_dec_len tokens, "
                                     "which bound every buffer here"))
     learning_rate: float = arg(5e-7, "Peak learning rate of AdamW.")
-    min_learning_rate: float = arg(0.0, "PaddleNLP's floor of the actor's learning-rate decay (PPO configs).",
-                                   **nowhere("the linear and cosine schedules here decay to 0"))
+    min_learning_rate: float = arg(0.0, "Floor of the policy's learning-rate decay: after warm-up the linear and "
+                                        "cosine schedules go from learning_rate down to min_learning_rate, as "
+                                        "PaddleNLP's LinearAnnealingWithWarmupDecay / CosineAnnealingWithWarmupDecay "
+                                        "do; at most learning_rate. No effect with a constant schedule.")
     lr_scheduler_type: str = arg("constant", "Learning-rate schedule after warm-up.", choices=LR_SCHEDULERS)
     warmup_steps: int = arg(0, "Linear warm-up steps (optimizer steps).")
     warmup_ratio: float = arg(0.0, "Warm-up as a fraction of all optimizer steps (used when warmup_steps is 0).")
@@ -368,7 +373,22 @@ class AlgorithmArguments:
     loss_agg_mode: str = arg("token-mean", "(new) How per-token losses are averaged.",
                              choices=_from_algorithms("LOSS_AGG_MODES"))
     clip_range_score: float = arg(10.0, "Rewards are clipped to [-c, c] (0: no clipping).")
-    clip_range_value: float = arg(5.0, "Value clip range.", **nowhere(NO_CRITIC))
+    clip_range_value: float = arg(5.0, "Critic (ppo, vapo): the value loss's clip range, PaddleNLP's "
+                                       "RLHFValueLoss: 0.5 * token-mean of max((V - R)^2, (V_old + clip(V - V_old, "
+                                       "-c, c) - R)^2), V_old the critic's values at the rollout.")
+    gamma: float = arg(1.0, "Discount factor of GAE (ppo, vapo), in [0, 1]; PaddleNLP hard-codes 1.0.")
+    lam: float = arg(0.95, "GAE's lambda of ppo's advantages and returns, in [0, 1]; PaddleNLP hard-codes 0.95.")
+    lam_critic: float = arg(1.0, "(new) vapo: GAE's lambda of the critic's returns (decoupled GAE, VAPO arXiv "
+                                 "2504.05118), in [0, 1]. The advantages use the length-adaptive lambda of "
+                                 "vapo_alpha.")
+    vapo_alpha: float = arg(0.05, "(new) vapo: alpha of the length-adaptive GAE lambda of the advantages, "
+                                  "lam_policy = max(0, 1 - 1 / (vapo_alpha * l)) per completion of l tokens (the "
+                                  "paper's formula is negative below 1 / vapo_alpha tokens, hence the 0). > 0.")
+    positive_example_lm_coeff: Optional[float] = arg(
+        None, "(new) Coefficient of VAPO's positive-example LM loss: the NLL of the completions with their group's "
+              "highest reward (in groups whose rewards are not all equal), added to the policy loss. Unset "
+              "(null): the estimator's default, 0.1 for rl_algorithm vapo (the paper's recipe), else 0 (off). "
+              "Needs rollout_n > 1: a group of one has no positive example.")
     normalize_reward: bool = arg(False, "Normalise rewards with running statistics. No effect with rl_algorithm "
                                         "grpo, as in PaddleNLP (which forces it off for GRPO).")
     normalize_advantage: bool = arg(False, "Whiten advantages over the global batch. No effect with rl_algorithm "
@@ -491,14 +511,23 @@ class KernelArguments:
 
 @dataclass
 class CriticArguments:
-    """PaddleNLP's PPO / VAPO keys: they load, so that such a config is refused by its rl_algorithm, not by a key."""
-    critic_model_name_or_path: str = arg("", "The critic (value) model.", **nowhere(NO_CRITIC))
-    critic_learning_rate: float = arg(5e-7, "Critic learning rate.", **nowhere(NO_CRITIC))
-    critic_min_learning_rate: float = arg(0.0, "Floor of the critic's learning-rate decay.", **nowhere(NO_CRITIC))
-    critic_lr_scheduler_type: str = arg("constant", "Critic learning-rate schedule.", **nowhere(NO_CRITIC))
-    critic_weight_decay: float = arg(0.01, "Critic AdamW weight decay.", **nowhere(NO_CRITIC))
-    critic_warmup_ratio: float = arg(0.0, "Critic warm-up as a fraction of its optimizer steps.", **nowhere(NO_CRITIC))
-    pretrain_critic_steps: int = arg(0, "VAPO: steps that train only the critic first.", **nowhere(NO_CRITIC))
+    """PaddleNLP's PPO / VAPO keys: the critic (value model) of the estimators that need values (rl_algorithm ppo,
+    vapo). With another rl_algorithm they have no effect, and each key set says so in one line."""
+    critic_model_name_or_path: str = arg("", "The critic (value model): a local directory or a hub ID, resolved as "
+                                             "actor_model_name_or_path is. A PaddleNLP score / critic checkpoint "
+                                             "loads with its value head, a reward model directory with its score "
+                                             "head, a causal LM with a new value head (the start-up log says which). "
+                                             "It must share the policy's vocabulary (it reads the policy's token "
+                                             "ids). Required by rl_algorithm ppo and vapo.")
+    critic_learning_rate: float = arg(5e-7, "Peak learning rate of the critic's AdamW.")
+    critic_min_learning_rate: float = arg(0.0, "Floor of the critic's learning-rate decay (linear, cosine), as "
+                                               "min_learning_rate for the policy; at most critic_learning_rate.")
+    critic_lr_scheduler_type: str = arg("constant", "The critic's learning-rate schedule after warm-up.",
+                                        choices=LR_SCHEDULERS)
+    critic_weight_decay: float = arg(0.01, "The critic's AdamW weight decay.")
+    critic_warmup_ratio: float = arg(0.0, "The critic's linear warm-up, as a fraction of its optimizer steps.")
+    pretrain_critic_steps: int = arg(0, "VAPO's value pretraining: for the first this many steps only the critic "
+                                        "is updated (the policy keeps its weights).")
 
 
 def yaml_value(value: Any) -> str:
@@ -591,6 +620,41 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
         if on:
             return chunk, f"LM head: chunked, {chunk} positions at a time ({why})"
         return None, f"LM head: full [rows, T, {vocab_size}] logits ({why})"
+
+    # The estimator's needs (EstimatorSpec): a critic, its options, key defaults that depend on it.
+    @property
+    def needs_critic(self) -> bool:
+        """Whether this run trains a critic (value model): the estimator takes values (EstimatorSpec.needs_values;
+        ppo, vapo)."""
+        return bool(self._estimator.needs_values)
+
+    @property
+    def positive_lm_coeff(self) -> float:
+        """The coefficient of the positive-example LM loss: positive_example_lm_coeff, or when it is unset the
+        estimator's default (EstimatorSpec.key_defaults: 0.1 for vapo), else 0."""
+        return float(self.estimator_default("positive_example_lm_coeff", 0.0))
+
+    def estimator_default(self, key: str, fallback: Any) -> Any:
+        """Config key `key` as set, or when it is left at None the estimator's default for it (its spec's
+        key_defaults), or `fallback`."""
+        value = getattr(self, key)
+        return dict(self._estimator.key_defaults).get(key, fallback) if value is None else value
+
+    @property
+    def min_lr_ratio(self) -> float:
+        """min_learning_rate / learning_rate: where the policy's linear / cosine decay ends (lr_lambda's min_ratio);
+        0 when learning_rate is 0."""
+        return self.min_learning_rate / self.learning_rate if self.learning_rate else 0.0
+
+    @property
+    def critic_min_lr_ratio(self) -> float:
+        """critic_min_learning_rate / critic_learning_rate (lr_lambda's min_ratio for the critic)."""
+        return self.critic_min_learning_rate / self.critic_learning_rate if self.critic_learning_rate else 0.0
+
+    @property
+    def _estimator(self) -> Any:
+        from .algorithms import advantage_estimator_spec  # paddle: see _from_algorithms
+        return advantage_estimator_spec(self.rl_algorithm)
 
     @property
     def needs_reference_model(self) -> bool:
@@ -834,6 +898,7 @@ def load_config(path: Union[str, os.PathLike, None] = None, overrides: Sequence[
     _apply(_parse_overrides(list(overrides)), _Source(), values, given)
     _follow_output_dir(values, dirs_before, command_line)
     cfg = Config(**values)
+    resolve_rule_reward(cfg, given)
     validate(cfg, given)
     cfg._given = dict(given)  # given_keys
     if warn:
@@ -902,7 +967,7 @@ def inert_key_messages(cfg: Config, given: Dict[str, str], device: str) -> List[
     defaults = Config()
     out = []
     for key, where in given.items():
-        effect = key_effect(key, device)
+        effect = run_key_effect(cfg, key, device)
         if not effect.active and getattr(cfg, key) != getattr(defaults, key):
             out.append(f"{where}: key '{key}' has no effect here: {effect.note}")
     if cfg.report_to in VISUALDL_STANDS_IN:
@@ -927,13 +992,69 @@ def inert_key_messages(cfg: Config, given: Dict[str, str], device: str) -> List[
     return out
 
 
+# The critic's keys: they have an effect only when the estimator takes values (Config.needs_critic).
+CRITIC_KEYS = ("critic_model_name_or_path", "critic_learning_rate", "critic_min_learning_rate",
+               "critic_lr_scheduler_type", "critic_weight_decay", "critic_warmup_ratio", "pretrain_critic_steps",
+               "per_device_value_batch_size", "clip_range_value")
+CONSTANT_SCHEDULES = ("constant", "constant_with_warmup")
+
+
+def option_keys(spec: Any) -> Tuple[str, ...]:
+    """The config keys an estimator spec's `config_options` read: an entry is a key passed as the option of the same
+    name, or a (config key, option name) pair."""
+    return tuple(o if isinstance(o, str) else o[0] for o in spec.config_options)
+
+
+def run_key_notes(cfg: Config) -> Dict[str, str]:
+    """Key -> why it has no effect in this run, whatever the device: the critic's keys when the estimator trains no
+    critic, an estimator option (gamma, lam, norm_adv_by_std, ...) the chosen estimator does not take, a decay floor
+    under a schedule that does not decay, the positive-example LM loss with groups of one sample. Read from the
+    estimator registry's specs, not from algorithm names."""
+    from .algorithms import advantage_estimator_spec, available_advantage_estimators  # paddle: see _from_algorithms
+    specs = [advantage_estimator_spec(name) for name in available_advantage_estimators()]
+    algorithm, notes = repr(cfg.rl_algorithm), {}
+    users: Dict[str, List[str]] = {}
+    for spec in specs:
+        for key in option_keys(spec):
+            users.setdefault(key, []).append(spec.name)
+    mine = option_keys(cfg._estimator)
+    for key, names in users.items():
+        if key not in mine:
+            notes[key] = f"rl_algorithm {algorithm} does not take it (an option of rl_algorithm {', '.join(names)})"
+    if not cfg.needs_critic:
+        with_critic = ", ".join(spec.name for spec in specs if spec.needs_values)
+        for key in CRITIC_KEYS:
+            notes[key] = (f"rl_algorithm {algorithm} trains no critic (value model): its advantages need no values "
+                          f"(rl_algorithm {with_critic} train one)")
+    elif cfg.critic_lr_scheduler_type in CONSTANT_SCHEDULES:
+        notes["critic_min_learning_rate"] = (f"critic_lr_scheduler_type {cfg.critic_lr_scheduler_type!r} does not "
+                                             "decay (linear and cosine decay to it)")
+    if cfg.lr_scheduler_type in CONSTANT_SCHEDULES:
+        notes["min_learning_rate"] = (f"lr_scheduler_type {cfg.lr_scheduler_type!r} does not decay (linear and "
+                                      "cosine decay to it)")
+    if cfg.rollout_n == 1:
+        notes["positive_example_lm_coeff"] = ("rollout_n is 1: a group of one sample has no positive example (the "
+                                              "loss takes the best-rewarded samples of groups whose rewards differ)")
+    return notes
+
+
+def run_key_effect(cfg: Config, key: str, device: str) -> Effect:
+    """The effect of `key` in the run `cfg` configures on `device`: its device statement (key_effect) when that
+    says no effect, else off with run_key_notes' reason when it has one, else the device statement."""
+    effect = key_effect(key, device)
+    if not effect.active:
+        return effect
+    note = run_key_notes(cfg).get(key)
+    return off(note) if note else effect
+
+
 def reward_kl_notes(cfg: Config, given: Dict[str, str]) -> List[str]:
     """One line for each of `kl_coeff` / `use_kl_in_reward` set (file or command line) where it has no effect on
     the reward: `kl_coeff` with a group estimator (grpo, rloo) without `use_kl_in_reward`, as in PaddleNLP's GRPO;
     `use_kl_in_reward` with an estimator that always takes the KL per token, or with `kl_coeff` 0."""
     from .algorithms import advantage_estimator_spec  # paddle: see _from_algorithms
     out = []
-    per_token = advantage_estimator_spec(cfg.rl_algorithm).kl_in_reward == "token"
+    per_token = advantage_estimator_spec(cfg.rl_algorithm).kl_in_reward != "sequence"  # "token", "token_rewards"
     if "kl_coeff" in given and cfg.kl_coeff != 0 and cfg.reward_kl_coeff == 0:
         out.append(f"{given['kl_coeff']}: key 'kl_coeff' has no effect here: rl_algorithm {cfg.rl_algorithm!r} "
                    "keeps the reference KL out of the reward, as PaddleNLP's GRPO does (its KL is kl_loss_coeff); "
@@ -956,12 +1077,10 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
         prefix = f"{where}: " if where else ""
         raise ConfigError(f"{prefix}key '{key}' = {getattr(cfg, key)!r}: {msg}")
 
-    # First: a config for an algorithm this trainer does not have (PaddleNLP's ppo/vapo) says so before anything else.
+    # First: a config for an algorithm this trainer does not have says so before anything else.
     algorithms = field_choices(FIELDS["rl_algorithm"])
     if cfg.rl_algorithm not in algorithms:
-        critic = " needs a critic (value model), which paddle_grpo does not have;" \
-            if cfg.rl_algorithm in CRITIC_ALGORITHMS else ""
-        fail("rl_algorithm", f"is not supported:{critic} the supported algorithms are {', '.join(algorithms)}")
+        fail("rl_algorithm", f"is not supported: the supported algorithms are {', '.join(algorithms)}")
 
     for key, f in FIELDS.items():
         choices = field_choices(f)
@@ -975,16 +1094,19 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
                 "per_device_train_batch_size", "per_device_eval_batch_size", "max_prompt_len", "max_dec_len",
                 "rollout_max_num_seqs", "logging_steps", "tensor_parallel_degree", "pipeline_parallel_degree",
                 "virtual_pp_degree", "max_gen_batches", "max_consecutive_nonfinite", "ref_model_sync_steps",
-                "overlong_reward_buffer", "max_length", "lora_rank", "fused_head_chunk_size")
+                "overlong_reward_buffer", "max_length", "lora_rank", "fused_head_chunk_size",
+                "per_device_value_batch_size")
     for key in positive:
         if getattr(cfg, key) < 1:
             fail(key, "must be at least 1")
     non_negative = ("learning_rate", "weight_decay", "max_grad_norm", "clip_range_ratio", "clip_range_score",
                     "kl_coeff", "kl_loss_coeff", "pg_loss_coeff", "entropy_coeff", "min_dec_len", "warmup_steps",
                     "overlong_penalty_factor", "adam_epsilon", "reward_server_timeout",
-                    "reward_server_max_wait_s", "reward_timeout_s", "seed", "max_tokens_per_micro_batch")
+                    "reward_server_max_wait_s", "reward_timeout_s", "seed", "max_tokens_per_micro_batch",
+                    "min_learning_rate", "critic_learning_rate", "critic_min_learning_rate", "critic_weight_decay",
+                    "pretrain_critic_steps", "clip_range_value", "positive_example_lm_coeff")
     for key in non_negative:
-        if getattr(cfg, key) < 0:
+        if getattr(cfg, key) is not None and getattr(cfg, key) < 0:
             fail(key, "must not be negative")
     if cfg.reward_server_max_retries < -1:
         fail("reward_server_max_retries", "must be -1 (no limit: reward_server_max_wait_s ends the retries) or >= 0")
@@ -1007,8 +1129,19 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
     for key in ("adam_beta1", "adam_beta2"):
         if not 0 <= getattr(cfg, key) < 1:
             fail(key, "must be in [0, 1)")
-    if not 0 <= cfg.warmup_ratio < 1:
-        fail("warmup_ratio", "must be in [0, 1)")
+    for key in ("warmup_ratio", "critic_warmup_ratio"):
+        if not 0 <= getattr(cfg, key) < 1:
+            fail(key, "must be in [0, 1)")
+    for key in ("gamma", "lam", "lam_critic"):
+        if not 0 <= getattr(cfg, key) <= 1:
+            fail(key, "must be in [0, 1]")
+    if cfg.vapo_alpha <= 0:
+        fail("vapo_alpha", "must be greater than 0 (lam_policy = 1 - 1 / (vapo_alpha * length))")
+    for floor, peak, schedule in (("min_learning_rate", "learning_rate", "lr_scheduler_type"),
+                                  ("critic_min_learning_rate", "critic_learning_rate", "critic_lr_scheduler_type")):
+        if getattr(cfg, schedule) not in CONSTANT_SCHEDULES and getattr(cfg, floor) > getattr(cfg, peak):
+            fail(floor, f"must not exceed {peak} ({getattr(cfg, peak)}): the {getattr(cfg, schedule)} schedule "
+                        f"({schedule}) decays from {peak} down to it")
     if not 0 <= cfg.ref_model_mixup_alpha <= 1:
         fail("ref_model_mixup_alpha", "must be in [0, 1]")
     for key in ("global_mini_batch_size", "global_gen_batch_size", "sharding_parallel_degree",
@@ -1044,9 +1177,12 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
     if cfg.rollout_n < estimator.min_group_size:
         fail("rollout_n", f"{cfg.rl_algorithm} needs at least {estimator.min_group_size} samples per prompt (its "
                           "advantage compares each sample with the others of its group)")
-    unknown_options = [k for k in estimator.config_options if k not in FIELDS]
+    unknown_options = [k for k in option_keys(estimator) if k not in FIELDS]
+    unknown_options += [k for k, _ in estimator.key_defaults if k not in FIELDS]
     if unknown_options:
         fail("rl_algorithm", f"the estimator takes config option {unknown_options[0]!r}, which is not a config key")
+    if estimator.needs_values:
+        critic_refusals(cfg, fail)
     has_rm = bool(cfg.reward_model_name_or_path.strip())
     if has_rm and cfg.use_rm_server:
         fail("reward_model_name_or_path", "is set while use_rm_server is true: the reward server hosts the reward "
@@ -1091,6 +1227,56 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
     return cfg
 
 
+def critic_refusals(cfg: Config, fail: Callable[[str, str], None]) -> None:
+    """The layouts a critic run (Config.needs_critic) refuses, each naming its keys: no critic model, pipeline
+    stages (the critic is built whole on each rank: policy/critic.py has no pipeline layers). An encoder-decoder
+    policy is refused by `encoder_decoder_refusal` where the policy's config.json is read (dry run, start-up)."""
+    algorithm = f"rl_algorithm {cfg.rl_algorithm!r} trains a critic (value model)"
+    if not cfg.critic_model_name_or_path.strip():
+        fail("critic_model_name_or_path", f"is empty: {algorithm}; name its directory or hub ID (PaddleNLP's "
+                                          "configs use the policy's, e.g. Qwen/Qwen2.5-1.5B-Instruct)")
+    if cfg.pipeline_parallel_degree > 1:
+        fail("pipeline_parallel_degree", f"must be 1: {algorithm}, and the critic is not built for pipeline stages; "
+                                         "use tensor_parallel_degree and sharding instead (critic_model_name_or_path "
+                                         f"{cfg.critic_model_name_or_path!r})")
+
+
+def encoder_decoder_refusal(cfg: Config, is_encoder_decoder: bool) -> Optional[str]:
+    """The refusal (a message naming the keys) of a critic run whose policy is an encoder-decoder model, or None.
+    The critic is a decoder backbone reading prompt + completion as one sequence; an encoder-decoder policy's
+    completions have no such decoder states to value."""
+    if not (cfg.needs_critic and is_encoder_decoder):
+        return None
+    return (f"actor_model_name_or_path: '{cfg.actor_model_name_or_path}' is an encoder-decoder model, and "
+            f"rl_algorithm {cfg.rl_algorithm!r} trains a critic (critic_model_name_or_path), which is a decoder "
+            "backbone valuing the policy's prompt + completion as one sequence: not supported for encoder-decoder "
+            "policies (use a decoder-only policy, or an estimator without a critic)")
+
+
+def resolve_rule_reward(cfg: Config, given: Dict[str, str]) -> None:
+    """PaddleNLP's `use_rule_reward: true` (its PPO configs' GSM8K rule reward, scored in-process) becomes
+    `reward_funcs: gsm8k`, logged; combinations PaddleNLP would resolve by ignoring a key are refused, naming both."""
+    if not cfg.use_rule_reward:
+        return
+    where = given.get("use_rule_reward")
+    prefix = f"{where}: " if where else ""
+    if cfg.use_rm_server:
+        raise ConfigError(f"{prefix}key 'use_rule_reward' = True: scores in-process with the GSM8K rule reward, "
+                          "while use_rm_server is true (the reward server would be ignored); set use_rm_server: "
+                          "false, or use_rule_reward: false to score with the server")
+    if cfg.reward_funcs.strip() not in ("", "gsm8k"):
+        raise ConfigError(f"{prefix}key 'use_rule_reward' = True: means reward_funcs: gsm8k, while reward_funcs is "
+                          f"{cfg.reward_funcs!r}; set one of the two")
+    if cfg.reward_model_name_or_path.strip():
+        raise ConfigError(f"{prefix}key 'use_rule_reward' = True: scores with the GSM8K rule reward, while "
+                          f"reward_model_name_or_path is {cfg.reward_model_name_or_path!r} (it would be ignored, as "
+                          "in PaddleNLP); set one of the two")
+    if not cfg.reward_funcs.strip():
+        cfg.reward_funcs = "gsm8k"
+        logger.info("%suse_rule_reward: true: completions are scored in-process with PaddleNLP's GSM8K rule reward, "
+                    "reward_funcs: gsm8k", prefix)
+
+
 def parse_args(argv: Sequence[str]) -> Config:
     """`[CONFIG.yaml|CONFIG.json] [--key value ...]` -> Config (PaddleNLP's run_rl.py convention)."""
     argv = list(argv)
@@ -1103,6 +1289,7 @@ def config_from_dict(values: Dict[str, Any], **kwargs: Any) -> Config:
     cfg_values, given = {}, {}
     _apply(values, _Source("<dict>"), cfg_values, given)
     cfg = Config(**cfg_values)
+    resolve_rule_reward(cfg, given)
     validate(cfg, given)
     cfg._given = dict(given)  # given_keys
     return cfg

@@ -3,7 +3,8 @@
 Checks, each reporting every problem it finds (not only the first): the data files (read as the trainer reads them:
 line-numbered errors), the model and tokenizer directories (config.json and the tokenizer files load with PaddleNLP's
 Auto classes; the weight files must be there but are never read), the reward functions (a `reward_model:<dir or ID>`
-entry like a model: never loaded, never downloaded) or the reward server's `/health`, the prompts' token counts
+entry like a model: never loaded, never downloaded) or the reward server's `/health`, the critic of a critic run
+(rl_algorithm ppo, vapo: critic_model_name_or_path like a model, its config.json only), the prompts' token counts
 against max_prompt_len (a warning with the numbers: see `check_prompt_lengths`), and the parallel layout against the
 processes it implies. Prints the keys that differ from the defaults (the whole resolved configuration goes to a file
 it names), a table of the keys the file or command line sets that have no effect on this device (with where and
@@ -16,12 +17,14 @@ directory or a missing data file is reported by its key there too, not by Paddle
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import tempfile
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .config import FIELDS, GROUPS, Config, ConfigError, dump_config, given_keys, key_effect, yaml_value
+from .config import (FIELDS, GROUPS, Config, ConfigError, dump_config, encoder_decoder_refusal, given_keys,
+                     run_key_effect, yaml_value)
 
 MAX_PROCESSES = 1024  # the launch sizes tried, as multiples of the model-parallel ranks
 MAX_LENGTH_CHECKS = 20000  # prompts tokenized per data key (about a minute); beyond, an even sample of this many
@@ -91,11 +94,13 @@ def keys_without_effect(cfg: Config, device: str, given: Optional[Mapping[str, s
                         ) -> List[Tuple[str, str, str, str]]:
     """(key, value, where it was set, reason) of every key set in the file or on the command line (`given`: key ->
     'file:line' or 'command line'; default: what `cfg` was loaded from) that has no effect on `device`, in the
-    documentation's order. Keys left at their defaults are not listed: they ask for nothing."""
+    documentation's order. The effect is the key's in this run (config.run_key_effect: the device's statement, or
+    why the configured algorithm or schedule does not use it, e.g. the critic's keys with rl_algorithm grpo)."""
     given = given_keys(cfg) if given is None else given
-    return [(f.name, yaml_value(getattr(cfg, f.name)), given[f.name], key_effect(f.name, device).note)
+    effects = {name: run_key_effect(cfg, name, device) for name in given if name in FIELDS}
+    return [(f.name, yaml_value(getattr(cfg, f.name)), given[f.name], effects[f.name].note)
             for group in GROUPS for f in group.__dataclass_fields__.values()
-            if f.name in FIELDS and f.name in given and not key_effect(f.name, device).active]
+            if f.name in effects and not effects[f.name].active]
 
 
 def _keyed(key: str, message: str) -> str:
@@ -257,8 +262,9 @@ def check_rewards(cfg: Config, get: Optional[Callable] = None) -> List[str]:
 def preflight(cfg: Config) -> List[str]:
     """What a real run checks at its start, before loading anything (run_rl.py; exit 2 with these lines): every
     data file exists (named with its key), and every local model directory holds config.json, tokenizer_config.json
-    and its weight files, so that a missing file is reported by its key, not by PaddleNLP's loader. File names only:
-    nothing is read, no hub ID is looked up (the run resolves and downloads those itself, with its own message)."""
+    and its weight files, so that a missing file is reported by its key, not by PaddleNLP's loader. File names only
+    (and, for a critic run, a local policy's config.json: an encoder-decoder policy is refused): no weights are read,
+    no hub ID is looked up (the run resolves and downloads those itself, with its own message)."""
     from .policy import hub
 
     problems = [] if cfg.train_datasets.replace(",", "").strip() else \
@@ -266,13 +272,102 @@ def preflight(cfg: Config) -> List[str]:
     problems += [f"{key}: {path}: file not found" for key, path in data_files(cfg) if not os.path.isfile(path)]
     models = [] if cfg.build_actor_if_missing and not os.path.isdir(cfg.actor_model_name_or_path) else \
         [("actor_model_name_or_path", cfg.actor_model_name_or_path)]
-    for key, name in models + reward_model_specs(cfg):
+    for key, name in models + reward_model_specs(cfg) + critic_spec(cfg):
         if os.path.isdir(name):
-            problems += model_dir_problems(name, key)
+            problems += (critic_dir_problems if key == CRITIC_KEY else model_dir_problems)(name, key)
         elif not hub.looks_like_hub_id(name):
             problems.append(f"{key}: '{name}' is not a local model directory (nor a hub ID such as "
                             "'Qwen/Qwen2.5-1.5B-Instruct'); point it at a directory written by save_pretrained")
+    actor = cfg.actor_model_name_or_path
+    if cfg.needs_critic and os.path.isfile(os.path.join(actor, "config.json")):  # a hub ID: the trainer checks it
+        with open(os.path.join(actor, "config.json"), encoding="utf-8") as f:
+            refusal = encoder_decoder_refusal(cfg, bool(json.load(f).get("is_encoder_decoder", False)))
+        problems += [refusal] if refusal else []
     return problems
+
+
+CRITIC_KEY = "critic_model_name_or_path"
+
+
+def critic_spec(cfg: Config) -> List[Tuple[str, str]]:
+    """[(critic_model_name_or_path, name)] when the run trains a critic and it is not the policy that
+    build_actor_if_missing builds first (checked with it); else []."""
+    name = cfg.critic_model_name_or_path.strip()
+    if not cfg.needs_critic or critic_is_built_actor(cfg):
+        return []
+    return [(CRITIC_KEY, name)]
+
+
+def critic_is_built_actor(cfg: Config) -> bool:
+    """The critic starts from the policy that build_actor_if_missing builds at start-up (quickstart_ppo.yaml)."""
+    return bool(cfg.build_actor_if_missing) and not os.path.isdir(cfg.actor_model_name_or_path) and \
+        os.path.normpath(cfg.critic_model_name_or_path.strip()) == os.path.normpath(cfg.actor_model_name_or_path)
+
+
+def critic_dir_problems(path: str, key: str = CRITIC_KEY) -> List[str]:
+    """What a local critic directory lacks: config.json and its weight files. No tokenizer: the critic reads the
+    policy's token ids (a critic checkpoint need not hold one)."""
+    from .policy import hub
+
+    missing = [m for m in hub.missing_files(path) if m != hub.TOKENIZER_CONFIG_FILE]
+    if not missing:
+        return []
+    held = sorted(os.listdir(path))
+    return [f"{key}: '{path}' is not a whole model directory: it lacks {', '.join(missing)} (it holds "
+            f"{', '.join(held[:8]) + (', ...' if len(held) > 8 else '') or 'nothing'})"]
+
+
+def critic_kind(config: Any) -> str:
+    """What the critic starts from, by its config.json (no weights read): a model with a one-label score head
+    (a PaddleNLP critic / score checkpoint or a reward model: its backbone and head), or a causal LM (its backbone
+    and a new value head)."""
+    architectures = list(getattr(config, "architectures", None) or [])
+    if any(a.endswith("ForCausalLM") for a in architectures) or not architectures:
+        return "a causal LM: its backbone with a new value head"
+    if getattr(config, "num_labels", None) == 1:
+        return f"a score model ({architectures[0]}, one label): its backbone and its score head"
+    return f"{architectures[0]}: its backbone with a new value head"
+
+
+def check_critic(cfg: Config, policy_vocab: Optional[int]) -> List[str]:
+    """Problems with the critic of a critic run (nothing for other runs): critic_model_name_or_path resolves as the
+    policy's does (a local directory with config.json and weights, or a hub ID in PaddleNLP's cache; never
+    downloaded), its config.json loads, and its vocabulary covers the policy's token ids (`policy_vocab`: the
+    policy tokenizer's size, None when unknown). Prints one line about the critic."""
+    if not cfg.needs_critic:
+        return []
+    name = cfg.critic_model_name_or_path.strip()
+    if critic_is_built_actor(cfg):
+        print(f"  {CRITIC_KEY}: the policy '{name}', built first by the '{cfg.build_actor_if_missing}' recipe: "
+              "the critic is its backbone with a new value head")
+        return []
+    try:
+        path, note = resolve_model(name, CRITIC_KEY)
+    except (OSError, ValueError, ConfigError) as e:
+        return [_keyed(CRITIC_KEY, str(e))]
+    if path is None:
+        print(f"  note: {note}")
+        return []
+    problems = critic_dir_problems(path)
+    if problems:
+        return problems
+    from paddlenlp.transformers import AutoConfig
+
+    from .policy import quiet_paddlenlp
+
+    quiet_paddlenlp()
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001  PaddleNLP raises many types; the message is what the user needs
+        return [f"{CRITIC_KEY}: '{path}' does not load with PaddleNLP's AutoConfig: {type(e).__name__}: {e}"]
+    vocab = getattr(config, "vocab_size", None)
+    if policy_vocab is not None and vocab is not None and vocab < policy_vocab:
+        return [f"{CRITIC_KEY}: '{path}' has a vocabulary of {vocab} tokens, the policy's tokenizer {policy_vocab}: "
+                "the critic reads the policy's token ids, so it needs the policy's vocabulary"]
+    if getattr(config, "is_encoder_decoder", False):
+        return [f"{CRITIC_KEY}: '{path}' is an encoder-decoder model; the critic is a decoder backbone"]
+    print(f"  {CRITIC_KEY}: {path} ({type(config).__name__}, vocabulary {vocab}): {critic_kind(config)}")
+    return []
 
 
 def _record_places(path: str) -> List[str]:
@@ -373,6 +468,7 @@ def dry_run(cfg: Config, argv: Sequence[str], device: str, script: str = "run_rl
     records: Dict[Tuple[str, str], list] = {}
     problems = check_data(cfg, records)
     warnings: List[str] = []
+    tokenizer = None
     if cfg.build_actor_if_missing and not os.path.isdir(cfg.actor_model_name_or_path):
         print(f"  actor_model_name_or_path: '{cfg.actor_model_name_or_path}' will be built first by the "
               f"'{cfg.build_actor_if_missing}' recipe (prompt lengths not checked: its tokenizer is built with it)")
@@ -381,8 +477,11 @@ def dry_run(cfg: Config, argv: Sequence[str], device: str, script: str = "run_rl
         problems += model_problems
         if config is not None:  # the LM head the run will use (chunked or full logits), as the run says it
             print(f"  {cfg.lm_head_decision(int(config.vocab_size))[1]}")
+            refusal = encoder_decoder_refusal(cfg, bool(getattr(config, "is_encoder_decoder", False)))
+            problems += [refusal] if refusal else []
         if tokenizer is not None and records:
             warnings += check_prompt_lengths(cfg, tokenizer, config, records)
+    problems += check_critic(cfg, len(tokenizer) if tokenizer is not None else None)
     problems += check_rewards(cfg)
     layout_problems, n = check_layout(cfg)
     problems += layout_problems
