@@ -4,7 +4,9 @@ Contents: the policy in `save_pretrained` format (loadable by `AutoModelForCausa
 adapters only, in paddlenlp.peft's format with the base model's path in lora_config.json: tools/merge_lora.py makes
 a full model of them) and its tokenizer, and unless
 `ignore_save_lr_and_optim`, `optimizer.pdopt`, `trainer_state.json` (step, data position, running reward statistics,
-counters, scheduler state, the fp16 loss scale: run_state.trainer_state) and `rng_state.pkl` (paddle, numpy and python generators). A crash while saving leaves
+counters, scheduler state, the fp16 loss scale: run_state.trainer_state) and `rng_state.pkl` (paddle, numpy and python
+generators). PPO / VAPO add `critic/`: the critic (`Critic.save`, loadable by `load_critic`) and, unless
+`ignore_save_lr_and_optim`, its optimizer state (`critic/optimizer*.pdopt`). A crash while saving leaves
 only a `.tmp-*` directory behind; a save that fails (no space left) removes its own; the previous checkpoint stays
 intact and `latest_checkpoint` never picks a partial one. Checkpoints beyond `save_total_limit` are renamed aside
 before they are deleted, so a kill during the deletion never leaves a checkpoint with some of its files.
@@ -30,6 +32,7 @@ STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pdopt"
 RNG_FILE = "rng_state.pkl"
 REFERENCE_DIR = "reference"
+CRITIC_DIR = "critic"   # PPO / VAPO: the critic (Critic.save) and its optimizer state (run_state.py)
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -48,7 +51,8 @@ def save_checkpoint(output_dir: str, step: int, model: paddle.nn.Layer, tokenize
                     full: bool = True, total_limit: Optional[int] = -1, writer: bool = True, participant: bool = True,
                     tp_world: int = 1, pp_world: int = 1, optimizer_shard: Optional[Dict[str, int]] = None,
                     saves_optimizer: bool = True, optimizer_model: Optional[paddle.nn.Layer] = None,
-                    sync: Callable[[], None] = lambda: None) -> str:
+                    sync: Callable[[], None] = lambda: None,
+                    extra: Optional[Callable[[str], None]] = None) -> str:
     """Write checkpoint-<step> atomically; returns its path. `full=False` saves only model and tokenizer.
 
     Called by every rank: `writer` (global rank 0) writes the files; `participant`s (the tensor-parallel ranks of
@@ -56,7 +60,8 @@ def save_checkpoint(output_dir: str, step: int, model: paddle.nn.Layer, tokenize
     the optimizer state it holds, `optimizer_shard` ({axis: rank}, see `optimizer_file`), keyed by the parameter
     names of `optimizer_model` (default `model`); `sync` is a barrier over all ranks. Under pipeline parallelism
     (`pp_world > 1`) `model` is the full copy, which the writer alone saves, and `optimizer_model` the stage's
-    pipeline layers."""
+    pipeline layers. `extra(directory)`: called on every rank with the checkpoint's directory while it is written
+    (more parts of the trainer's state: run_state.py's critic)."""
     final = os.path.join(output_dir, f"checkpoint-{step}")
     tmp = os.path.join(output_dir, f".tmp-checkpoint-{step}")
     if writer:
@@ -71,8 +76,9 @@ def save_checkpoint(output_dir: str, step: int, model: paddle.nn.Layer, tokenize
             if reference is not None:
                 _unwrap(reference).save_pretrained(os.path.join(tmp, REFERENCE_DIR), is_main_process=writer, **merge)
         if full and saves_optimizer:
-            paddle.save(_rename_optimizer_state(optimizer.state_dict(), _param_names(optimizer_model or model)),
-                        os.path.join(tmp, optimizer_file(optimizer_shard)))
+            save_optimizer(tmp, optimizer, optimizer_model or model, optimizer_shard)
+        if extra is not None:
+            extra(tmp)
         if writer:
             tokenizer.save_pretrained(tmp)
             if full:
@@ -99,6 +105,14 @@ def save_checkpoint(output_dir: str, step: int, model: paddle.nn.Layer, tokenize
             shutil.rmtree(aside, ignore_errors=True)
     sync()
     return final
+
+
+def save_optimizer(directory: str, optimizer: Any, model: paddle.nn.Layer,
+                   shard: Optional[Dict[str, int]] = None) -> None:
+    """Write this rank's part of the optimizer state (`shard`, see `optimizer_file`) into `directory`, keyed by the
+    structured parameter names of `model` (`load_optimizer` reads it back in another process)."""
+    paddle.save(_rename_optimizer_state(optimizer.state_dict(), _param_names(model)),
+                os.path.join(directory, optimizer_file(shard)))
 
 
 def optimizer_file(shard: Optional[Dict[str, int]] = None) -> str:
@@ -164,15 +178,21 @@ def load_optimizer_and_rng(path: str, optimizer: Any, model: paddle.nn.Layer, sh
                            ) -> None:
     """Restore this rank's part of the optimizer state (`shard`, as saved; keyed by `model`'s parameter names) and
     the random generators."""
-    file = os.path.join(path, optimizer_file(shard))
+    load_optimizer(path, optimizer, model, shard)
+    with open(os.path.join(path, RNG_FILE), "rb") as f:
+        set_rng_state(pickle.load(f))
+
+
+def load_optimizer(directory: str, optimizer: Any, model: paddle.nn.Layer,
+                   shard: Optional[Dict[str, int]] = None) -> None:
+    """Restore this rank's part of the optimizer state from `directory` (what `save_optimizer` wrote)."""
+    file = os.path.join(directory, optimizer_file(shard))
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{file} not found: the checkpoint was saved with another tensor_parallel_degree, "
                                 "pipeline_parallel_degree or sharding degree than this run's; resume with the same "
                                 "degrees, or start a new run from its weights")
     inverse = {v: k for k, v in _param_names(model).items()}
     optimizer.set_state_dict(_rename_optimizer_state(paddle.load(file), inverse))
-    with open(os.path.join(path, RNG_FILE), "rb") as f:
-        set_rng_state(pickle.load(f))
 
 
 def load_weights(model: paddle.nn.Layer, path: str, **shard: int) -> None:

@@ -57,6 +57,7 @@ class Snapshot:
     counters: Any
     rng: Dict[str, Any]
     loss_scale: Any
+    critic: Optional[Dict[str, Any]] = None   # PPO / VAPO: the critic's schedule, counters, loss scale
 
 
 def jsonable(value: Any) -> Any:
@@ -76,10 +77,15 @@ class StepGuard:
         self.deferred = False        # an interrupt waiting for the update or a save to end
         self.snapshot: Optional[Snapshot] = None
         self.unlogged: Optional[Dict[str, Any]] = None
-        optimizer = trainer.learner.optimizer
+        critic = getattr(trainer, "critic_learner", None)
+        for optimizer in [trainer.learner.optimizer] + ([critic.optimizer] if critic is not None else []):
+            self._count_steps(optimizer)
+
+    def _count_steps(self, optimizer: Any) -> None:
         apply = optimizer.step
 
-        def counted_step(*args: Any, **kwargs: Any) -> Any:  # the one call that changes the weights (step.update)
+        # The calls that change the weights (step.update; step.update_critic for the critic's optimizer).
+        def counted_step(*args: Any, **kwargs: Any) -> Any:
             self.applied += 1
             return apply(*args, **kwargs)
 
@@ -94,7 +100,7 @@ class StepGuard:
             t.step, copy.deepcopy(t.sampler.state_dict()),
             t.normalizer.state_dict() if t.normalizer is not None else None,
             copy.deepcopy(t.learner.scheduler.state_dict()), copy.copy(t.learner.state), ckpt.rng_state(),
-            copy.deepcopy(scale))
+            copy.deepcopy(scale), copy.deepcopy(t.critic_learner.state_dict()) if self._critic() else None)
         self.applied, self.phase = 0, "step"
 
     def stepped(self, metrics: Dict[str, Any], samples: Optional[List[dict]]) -> None:
@@ -119,7 +125,12 @@ class StepGuard:
         ckpt.set_rng_state(s.rng)
         if s.loss_scale is not None:
             t.learner.amp.loss_scale = s.loss_scale
+        if s.critic is not None:
+            t.critic_learner.set_state_dict(s.critic)
         self.phase = "idle"
+
+    def _critic(self) -> bool:
+        return getattr(self.t, "critic_learner", None) is not None
 
     # --------------------------------------------------------------------------------------------- signals
 

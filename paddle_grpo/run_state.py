@@ -13,6 +13,7 @@ import paddle
 
 from . import checkpoint as ckpt
 from . import step
+from .policy import load_critic
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -27,7 +28,8 @@ def trainer_state(t: Trainer) -> Dict[str, Any]:
             "normalizer": t.normalizer.state_dict() if t.normalizer is not None else None,
             "scheduler": t.learner.scheduler.state_dict(), "nonfinite_total": counters.nonfinite_total,
             "nonfinite_in_a_row": counters.nonfinite_in_a_row, "optimizer_steps": counters.optimizer_steps,
-            "loss_scale": t.learner.amp_state()}
+            "loss_scale": t.learner.amp_state(),
+            **({"critic": t.critic_learner.state_dict()} if t.critic_learner is not None else {})}
 
 
 def save(t: Trainer, unlogged: Optional[Dict[str, Any]] = None, solo: bool = False) -> None:
@@ -50,10 +52,43 @@ def save(t: Trainer, unlogged: Optional[Dict[str, Any]] = None, solo: bool = Fal
         reference=t.reference.model if (t.reference is not None and cfg.sync_ref_model and full) else None,
         writer=writer, participant=writer or par.dp_rank == 0, tp_world=par.tp_world, pp_world=par.pp_world,
         optimizer_shard=shard, saves_optimizer=saves or writer, optimizer_model=optimizer_model(t),
-        sync=(lambda: None) if solo else par.barrier)
+        sync=(lambda: None) if solo else par.barrier,
+        extra=None if t.critic_learner is None else lambda tmp: save_critic(t, tmp, writer, saves or writer, full))
     t.last_checkpoint = path
     if writer:  # one line per copy written: once per shared file system
         logger.info("saved %s", path)
+
+
+def save_critic(t: Trainer, directory: str, writer: bool, saves_optimizer: bool, full: bool) -> None:
+    """The critic's part of checkpoint `directory` (checkpoint.CRITIC_DIR): its weights as a critic checkpoint
+    (Critic.save; the tensor-parallel shards merged, a collective of data-parallel rank 0's TP group, as for the
+    policy) and this rank's part of its optimizer state (as the policy's)."""
+    learner, par = t.critic_learner, t.par
+    out = os.path.join(directory, ckpt.CRITIC_DIR)
+    if writer or saves_optimizer:
+        os.makedirs(out, exist_ok=True)
+    if (writer or par.dp_rank == 0) and (writer or par.tp_world > 1):
+        merge = {"merge_tensor_parallel": True} if par.tp_world > 1 else {}
+        learner.critic.save(out, is_main_process=writer, **merge)
+    if full and saves_optimizer:
+        ckpt.save_optimizer(out, learner.optimizer, learner.critic.model, par.optimizer_shard()[0])
+
+
+def restore_critic(t: Trainer, path: str, state: Dict[str, Any]) -> None:
+    """Load the critic's weights, optimizer state, schedule and counters of checkpoint `path` (save_critic)."""
+    learner = t.critic_learner
+    directory = os.path.join(path, ckpt.CRITIC_DIR)
+    if "critic" not in state or not os.path.isdir(directory):
+        raise FileNotFoundError(f"{path} holds no critic ({ckpt.CRITIC_DIR}/ and trainer_state.json's 'critic'): it "
+                                f"was saved by a run without one; rl_algorithm {t.cfg.rl_algorithm!r} cannot resume "
+                                "from it (start a new run from its weights instead)")
+    saved = load_critic(directory, trainable=False, **t.par.model_load_kwargs()).model.state_dict()
+    own = {k: v.dtype for k, v in learner.critic.model.state_dict().items()}  # O2: the model's own dtype
+    learner.critic.model.set_state_dict({k: v if own.get(k, v.dtype) == v.dtype else v.astype(own[k])
+                                         for k, v in saved.items()})
+    ckpt.load_optimizer(directory, t.par.inner_optimizer(learner.optimizer), learner.critic.model,
+                        t.par.optimizer_shard()[0])
+    learner.set_state_dict(state["critic"])
 
 
 def optimizer_model(t: Trainer) -> paddle.nn.Layer:
@@ -73,6 +108,8 @@ def restore(t: Trainer, path: str) -> None:
         ckpt.load_weights(t.reference.model, os.path.join(path, ckpt.REFERENCE_DIR), **shard)
     if t.learner.pipeline is not None:
         t.learner.pipeline.load_from(t.policy.model)
+    if t.critic_learner is not None:  # before the generators are restored: building a model draws from them
+        restore_critic(t, path, state)
     ckpt.load_optimizer_and_rng(path, t.par.inner_optimizer(t.learner.optimizer), optimizer_model(t),
                                 shard=t.par.optimizer_shard()[0])
     t.learner.scheduler.set_state_dict(state["scheduler"])

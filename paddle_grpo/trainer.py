@@ -1,8 +1,8 @@
 """Orchestration: build the run's parts from the config, then loop over steps (step/), evaluate, save and log.
 
 One `Trainer` serves one process. With several data-parallel processes each samples its share of the prompts; the
-phases of step/ gather what the global statistics need (docs/algorithms.md). What it deliberately leaves out:
-reward *models* (rewards come from functions or a reward server) and a critic.
+phases of step/ gather what the global statistics need (docs/algorithms.md). PPO / VAPO (an estimator that takes
+values) add a critic, built and updated by step/critic_update.py.
 """
 from __future__ import annotations
 
@@ -108,8 +108,8 @@ class Trainer:
 
         total_opt_steps = self.max_steps * self.geometry.optimizer_steps_per_step
         warmup = cfg.warmup_steps or int(cfg.warmup_ratio * total_opt_steps)
-        scheduler = paddle.optimizer.lr.LambdaDecay(cfg.learning_rate,
-                                                    lr_lambda(cfg.lr_scheduler_type, warmup, total_opt_steps))
+        scheduler = paddle.optimizer.lr.LambdaDecay(cfg.learning_rate, lr_lambda(cfg.lr_scheduler_type, warmup,
+                                                                                 total_opt_steps, cfg.min_lr_ratio))
         trained = pipeline.layers if pipeline is not None else self.policy.model
         decay = parameters_by_decay(trained)
         optimizer = par.wrap_optimizer(self.precision.decorate(trained, paddle.optimizer.AdamW(
@@ -118,6 +118,8 @@ class Trainer:
             weight_decay=cfg.weight_decay, beta1=cfg.adam_beta1, beta2=cfg.adam_beta2, epsilon=cfg.adam_epsilon,
             apply_decay_param_fun=lambda name: name in decay)))  # clipping: step.clip_gradients (TP-aware norm)
         self.learner = step.Learner(self.policy, pipeline, optimizer, scheduler, amp=self.precision.runtime())
+        self.critic_learner = step.build_critic_learner(cfg, par, self.precision, load, total_opt_steps,
+                                                        self.policy.is_encoder_decoder)  # None: no critic
 
         self.step, self.unlogged = 0, None
         self.guard = StepGuard(self)  # the state at each step's start, signals, saving on a fault (faults.py)
@@ -157,22 +159,25 @@ class Trainer:
         if cfg.reward_kl_coeff > 0 and ref_lp is not None:
             old_for_reward = old_lp if old_lp is not None else batch.sample_logprobs
         logprob_s = time.perf_counter() - t0
+        critic, t0 = self.critic_learner, time.perf_counter()
+        values = step.values(critic.critic, batch, cfg, critic.amp) if critic is not None else None
+        critic_metrics = {"perf/value_s": time.perf_counter() - t0} if critic is not None else {}
 
-        rows = step.gather(par, batch, old_for_reward, ref_lp)
+        rows = step.gather(par, batch, old_for_reward, ref_lp, values)
         rewards, reward_metrics = step.shape_rewards(rows, cfg, self.normalizer)
-        advantages, advantage_metrics = step.compute_advantages(rows, rewards, cfg)
-        # Rows no reward function could judge are left out of every loss (advantage 0 and masked).
-        valid = paddle.to_tensor(step.local_rows(rows, rows.valid, batch).astype("int64"))
-        inputs = step.UpdateInputs(batch, paddle.to_tensor(step.local_rows(rows, advantages, batch)),
-                                   batch.completion_mask * valid[:, None], old_lp, ref_lp)
+        estimate = step.estimate_advantages(rows, rewards, cfg)
+        inputs, critic_inputs = step.update_inputs(rows, estimate, batch, old_lp, ref_lp, values, cfg)
         metrics = {**collected.as_dict(), **reward_metrics.as_dict(), "perf/logprob_s": logprob_s,
-                   "perf/reference_s": reference_s,
-                   **advantage_metrics.as_dict()}
+                   "perf/reference_s": reference_s, **estimate.metrics.as_dict(), **critic_metrics,
+                   **(estimate.value_metrics.as_dict() if critic is not None else {})}
         if ref_lp is not None:
             metrics["train/kl"] = step.reference_kl(par, batch, ref_lp)
 
         t0 = time.perf_counter()
-        metrics.update(step.update(par, self.learner, inputs, cfg, geo, self.step, par.vocab_parallel).as_dict())
+        if self.step >= cfg.pretrain_critic_steps:  # VAPO's value pretraining: the first steps train the critic only
+            metrics.update(step.update(par, self.learner, inputs, cfg, geo, self.step, par.vocab_parallel).as_dict())
+        if critic is not None:
+            metrics.update(step.update_critic(critic, critic_inputs, cfg, geo, self.step).as_dict())
         metrics["perf/update_s"] = time.perf_counter() - t0
         metrics.update(step.LengthMetrics.of(rows).as_dict())
         metrics["train/lr"] = float(self.learner.optimizer.get_lr())

@@ -17,6 +17,8 @@ On CPU the shims of cpu_shims.py stand in for the paddle internals gloo lacks.
 """
 from __future__ import annotations
 
+import copy
+
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -154,16 +156,26 @@ class ParallelContext:
 
     # ----------------------------------------------------------------------------- optimizer and gradients
 
-    def wrap_optimizer(self, optimizer: Any) -> Any:
+    def wrap_optimizer(self, optimizer: Any, main: bool = True) -> Any:
         """`optimizer` itself, or under sharding fleet's `DygraphShardingOptimizer` around it: this rank then keeps
         the AdamW states of its partition of the parameters only, and `step()` updates that partition and
         broadcasts it. The trainer drives the phases (`sum_gradients`, `global_grad_norm`, clipping, `step`) itself
         instead of through fleet's `HybridParallelOptimizer.step`, so the gradient norm is logged and non-finite
-        steps are skipped."""
+        steps are skipped. `main`: the policy's, which this context's gradient collectives follow; a second
+        model's (the critic's, `main=False`) gets its own context from `for_optimizer`."""
         if self.sharding_world == 1:
             return optimizer
-        self.sharding_optimizer = gradients.sharding_optimizer(optimizer, self.hcg)
-        return self.sharding_optimizer
+        wrapped = gradients.sharding_optimizer(optimizer, self.hcg)
+        if main:
+            self.sharding_optimizer = wrapped
+        return wrapped
+
+    def for_optimizer(self, optimizer: Any) -> ParallelContext:
+        """This context (same ranks and groups) with the gradient collectives (`sum_gradients`, `global_grad_norm`)
+        of `optimizer`, what `wrap_optimizer(..., main=False)` returned: under sharding its own partition."""
+        other = copy.copy(self)
+        other.sharding_optimizer = optimizer if self.sharding_world > 1 else None
+        return other
 
     @staticmethod
     def inner_optimizer(optimizer: Any) -> Any:

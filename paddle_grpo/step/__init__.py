@@ -10,25 +10,30 @@ statistic is over the global batch (docs/algorithms.md sections 1-5). Each phase
 `as_dict()` gives the metric names of docs/algorithms.md section 7.
 
 One module per phase: batch.py (the rows, the gather, balance_batch, micro-batches), collection.py (collect),
-experience.py (log-probs, rewards, advantages), policy_update.py (the update), metrics.py (the typed records).
+experience.py (log-probs, the critic's values, rewards, advantages and returns), policy_update.py (the policy's
+update), critic_update.py (the critic of PPO / VAPO and its update), metrics.py (the typed records).
 Everything is re-exported here: `from paddle_grpo import step; step.collect(...)`.
 """
 from __future__ import annotations
 
 from .batch import (Batch, GlobalRows, gather, model_precision, balance, MicroBatch, removes_padding,
     plan_micro_batches)
-from .metrics import (CollectMetrics, RewardMetrics, AdvantageMetrics, LengthMetrics, SHARE_KEYS, TOKEN_MEAN_KEYS,
-    LossSums, UpdateMetrics)
+from .metrics import (CollectMetrics, RewardMetrics, AdvantageMetrics, ValueMetrics, CriticMetrics, LengthMetrics,
+    SHARE_KEYS, TOKEN_MEAN_KEYS, LossSums, UpdateMetrics)
 from .collection import (PromptEncoder, rollout, completion_texts, score, collect)
-from .experience import (logprobs, reference_logprobs, reference_kl, shape_rewards, compute_advantages, local_rows)
+from .experience import (logprobs, reference_logprobs, reference_kl, shape_rewards, Estimate, estimate_advantages,
+    compute_advantages, positive_rows, values, local_rows, update_inputs)
 from .policy_update import (TrainingError, UpdateState, Learner, UpdateInputs, rl_loss, pipeline_logprobs,
-    clip_gradients, update, head_logprobs)
+    clip_gradients, update, apply_gradients, head_logprobs)
+from .critic_update import (CriticLearner, build_critic_learner, CriticInputs, update_critic)
 
 __all__ = [
-    "AdvantageMetrics", "Batch", "CollectMetrics", "GlobalRows", "Learner", "LengthMetrics", "LossSums",
-    "MicroBatch", "PromptEncoder", "RewardMetrics", "SHARE_KEYS", "TOKEN_MEAN_KEYS", "TrainingError",
-    "UpdateInputs", "UpdateMetrics", "UpdateState", "balance", "clip_gradients", "collect", "completion_texts",
-    "compute_advantages", "gather", "head_logprobs", "local_rows", "logprobs", "model_precision",
-    "pipeline_logprobs", "plan_micro_batches", "reference_kl", "reference_logprobs", "removes_padding", "rl_loss",
-    "rollout", "score", "shape_rewards", "update"
+    "AdvantageMetrics", "Batch", "CollectMetrics", "CriticInputs", "CriticLearner", "CriticMetrics", "Estimate",
+    "GlobalRows", "Learner", "LengthMetrics", "LossSums", "MicroBatch", "PromptEncoder", "RewardMetrics",
+    "SHARE_KEYS", "TOKEN_MEAN_KEYS", "TrainingError", "UpdateInputs", "UpdateMetrics", "UpdateState",
+    "ValueMetrics", "apply_gradients", "balance", "build_critic_learner", "clip_gradients", "collect",
+    "completion_texts", "compute_advantages", "estimate_advantages", "gather", "head_logprobs", "local_rows",
+    "logprobs", "model_precision", "pipeline_logprobs", "plan_micro_batches", "positive_rows", "reference_kl",
+    "reference_logprobs", "removes_padding", "rl_loss", "rollout", "score", "shape_rewards", "update",
+    "update_critic", "update_inputs", "values"
 ]

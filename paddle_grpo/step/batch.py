@@ -120,7 +120,8 @@ class GlobalRows:
     """Per-sequence data of the whole step: every data-parallel rank's rows, in rank order ([N] or [N, T_max],
     completions right-padded to the widest rank's). `offset` is this rank's first row; `rows` [n] this rank's
     rows when balance_batch moved rows between ranks (None: offset .. offset + n - 1). `old`/`ref` (the sampling
-    and reference log-probs) only when the reward carries a KL term."""
+    and reference log-probs) only when the reward carries a KL term; `values` [N, T_max] the critic's values of the
+    completion tokens (experience.values) when the estimator takes values (EstimatorSpec.needs_values)."""
     rewards: np.ndarray
     valid: np.ndarray
     lengths: np.ndarray
@@ -131,16 +132,19 @@ class GlobalRows:
     ref: Optional[np.ndarray]
     offset: int
     rows: Optional[np.ndarray] = None
+    values: Optional[np.ndarray] = None
 
 
 def gather(par: ParallelContext, batch: Batch, old_for_reward: Optional[paddle.Tensor],
-           ref_lp: Optional[paddle.Tensor]) -> GlobalRows:
+           ref_lp: Optional[paddle.Tensor], values: Optional[paddle.Tensor] = None) -> GlobalRows:
     """The step's one gather over the data-parallel ranks. Rows that `balance` moved between ranks are put back in
-    rank order (prompt groups consecutive, as the advantages need)."""
+    rank order (prompt groups consecutive, as the advantages need). `values` [n, T]: the critic's, gathered too."""
     local = {"rewards": batch.rewards, "valid": batch.valid, "lengths": batch.lengths, "truncated": batch.truncated,
              "by_function": batch.scores_by_function, "mask": batch.completion_mask.numpy(), "row_ids": batch.row_ids}
     if old_for_reward is not None:
         local["old"], local["ref"] = old_for_reward.numpy(), ref_lp.numpy()
+    if values is not None:
+        local["values"] = values.numpy()
     parts = par.all_gather_object(local)
     T = max(p["mask"].shape[1] for p in parts)
     order = None if batch.row_ids is None else np.argsort(np.concatenate([p["row_ids"] for p in parts]))
@@ -153,7 +157,8 @@ def gather(par: ParallelContext, batch: Batch, old_for_reward: Optional[paddle.T
                       truncated=stack("truncated"), scores_by_function=[p["by_function"] for p in parts],
                       mask=stack("mask", T), old=stack("old", T) if old_for_reward is not None else None,
                       ref=stack("ref", T) if old_for_reward is not None else None,
-                      offset=par.dp_rank * len(batch), rows=batch.row_ids)
+                      offset=par.dp_rank * len(batch), rows=batch.row_ids,
+                      values=stack("values", T) if values is not None else None)
 
 
 

@@ -1,18 +1,22 @@
-"""The experience phase: old and reference log-probs, rewards shaped and advantages estimated over the global batch
-(docs/algorithms.md sections 1-3)."""
+"""The experience phase: old and reference log-probs, the critic's values, rewards shaped and advantages (and the
+critic's returns) estimated over the global batch (docs/algorithms.md sections 1-3)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
 import numpy as np
 import paddle
 
-from ..algorithms import (RunningRewardNormalizer, advantage_estimator_spec, clip_reward, kl_penalty,
-    normalize_advantage, overlong_penalty, scalar_to_token_level)
+from ..algorithms import (RunningRewardNormalizer, advantage_estimator_spec, clip_reward, explained_variance,
+                          kl_penalty, kl_token_rewards, normalize_advantage, overlong_penalty, positive_example_mask,
+                          scalar_to_token_level)
 from ..parallel import ParallelContext
-from ..policy import Policy
+from ..policy import Critic, Policy
 from .batch import Batch, GlobalRows, _in_row_order, model_precision, plan_micro_batches
-from .metrics import AdvantageMetrics, RewardMetrics
+from .critic_update import CriticInputs
+from .metrics import AdvantageMetrics, RewardMetrics, ValueMetrics
+from .policy_update import UpdateInputs
 
 
 @paddle.no_grad()
@@ -91,28 +95,48 @@ def shape_rewards(rows: GlobalRows, cfg: Any, normalizer: Optional[RunningReward
     return rewards.astype(np.float32), metrics
 
 
-def compute_advantages(rows: GlobalRows, rewards: np.ndarray, cfg: Any) -> Tuple[np.ndarray, AdvantageMetrics]:
+@dataclass
+class Estimate:
+    """The advantages of the global batch: `advantages` [N, T_max] (normalised when normalize_advantage applies),
+    `returns` [N, T_max] the critic's targets (None without a critic), their metrics records."""
+    advantages: np.ndarray
+    returns: Optional[np.ndarray]
+    metrics: AdvantageMetrics
+    value_metrics: Optional[ValueMetrics] = None
+
+
+def estimate_advantages(rows: GlobalRows, rewards: np.ndarray, cfg: Any) -> Estimate:
     """Advantages [N, T_max] of the global batch from the shaped rewards [N] (docs/algorithms.md sections 2-3).
-    The reward's KL term (coefficient `cfg.reward_kl_coeff`: `kl_coeff` for the REINFORCE++ family, for the group
-    estimators only with `use_kl_in_reward`), when `rows` carries log-probs, goes where the estimator's spec says:
-    per token inside the estimator, or per sequence (`R - kl_coeff * sum_t KL_t`) before it."""
+    The reward's KL term (coefficient `cfg.reward_kl_coeff`: `kl_coeff` for the REINFORCE++ family and the critic
+    estimators, for the group estimators only with `use_kl_in_reward`), when `rows` carries log-probs, goes where
+    the estimator's spec says: per token inside the estimator ("token"), per token in the rewards it is given
+    ("token_rewards": `kl_token_rewards`, PaddleNLP's PPO reward), or per sequence (`R - kl_coeff * sum_t KL_t`)
+    before it. An estimator that takes values (`needs_values`) gets the critic's `rows.values` and gives the
+    returns the critic learns."""
     G = cfg.rollout_n
     spec = advantage_estimator_spec(cfg.rl_algorithm)
     mask = rows.mask * rows.valid[:, None]   # rows no function could judge take no part in any statistic
     index = np.repeat(np.arange(len(rewards) // G), G)
-    options = {key: getattr(cfg, key) for key in spec.config_options}
+    options = spec.options(cfg)
     seq_rewards = rewards.copy()
     kl_coeff = cfg.reward_kl_coeff
-    if rows.old is not None and kl_coeff != 0:
-        if spec.kl_in_reward == "token":
+    mask_t = paddle.to_tensor(mask.astype(np.float32))
+    with_kl = rows.old is not None and kl_coeff != 0
+    if spec.kl_in_reward == "token_rewards":
+        old, ref = (paddle.to_tensor(rows.old), paddle.to_tensor(rows.ref)) if with_kl else (None, None)
+        token_rewards = kl_token_rewards(paddle.to_tensor(seq_rewards.astype(np.float32)), mask_t, old, ref,
+                                         kl_coeff if with_kl else 0.0, cfg.kl_estimator)
+    else:
+        if with_kl and spec.kl_in_reward == "token":
             options.update(kl_coeff=kl_coeff, old_log_probs=paddle.to_tensor(rows.old),
                            ref_log_probs=paddle.to_tensor(rows.ref), kl_estimator=cfg.kl_estimator)
-        else:
+        elif with_kl:
             kl = kl_penalty(paddle.to_tensor(rows.old), paddle.to_tensor(rows.ref), cfg.kl_estimator).numpy()
             seq_rewards = rewards - kl_coeff * (kl * mask).sum(-1)
-    mask_t = paddle.to_tensor(mask.astype(np.float32))
-    token_rewards = scalar_to_token_level(paddle.to_tensor(seq_rewards.astype(np.float32)), mask_t)
-    adv, _ = spec.fn(token_rewards, mask_t, index, **options)
+        token_rewards = scalar_to_token_level(paddle.to_tensor(seq_rewards.astype(np.float32)), mask_t)
+    if spec.needs_values:
+        options["values"] = paddle.to_tensor((rows.values * mask).astype(np.float32))
+    adv, returns = spec.fn(token_rewards, mask_t, index, **options)
     if cfg.advantage_normalization:  # normalize_advantage, off for grpo as in PaddleNLP
         adv = normalize_advantage(adv, mask_t)
     adv = adv.numpy()
@@ -120,10 +144,72 @@ def compute_advantages(rows: GlobalRows, rewards: np.ndarray, cfg: Any) -> Tuple
     metrics = AdvantageMetrics(mean=float(adv[m].mean()) if m.any() else 0.0,
                                std=float(adv[m].std()) if m.any() else 0.0,
                                frac_reward_zero_std=float((rewards.reshape(-1, G).std(axis=1) < 1e-6).mean()))
-    return adv, metrics
+    if not spec.needs_values:
+        return Estimate(adv, None, metrics)
+    returns = returns.numpy()
+    value_metrics = ValueMetrics(values_mean=float(rows.values[m].mean()) if m.any() else 0.0,
+                                 returns_mean=float(returns[m].mean()) if m.any() else 0.0,
+                                 explained_variance=explained_variance(rows.values, returns, m))
+    return Estimate(adv, returns, metrics, value_metrics)
+
+
+def compute_advantages(rows: GlobalRows, rewards: np.ndarray, cfg: Any) -> Tuple[np.ndarray, AdvantageMetrics]:
+    """`estimate_advantages`' advantages [N, T_max] and their metrics."""
+    out = estimate_advantages(rows, rewards, cfg)
+    return out.advantages, out.metrics
+
+
+def positive_rows(rows: GlobalRows, cfg: Any) -> Optional[np.ndarray]:
+    """[N] bool: the rows VAPO's positive-example LM loss trains on (`positive_example_mask`: the best-rewarded
+    rows of groups whose judged rewards differ, by the combined reward before shaping), or None when the loss is
+    off (`positive_lm_coeff` 0)."""
+    if cfg.positive_lm_coeff <= 0:
+        return None
+    index = np.repeat(np.arange(len(rows.rewards) // cfg.rollout_n), cfg.rollout_n)
+    return positive_example_mask(rows.rewards, index, rows.valid)
+
+
+@paddle.no_grad()
+def values(critic: Critic, batch: Batch, cfg: Any, amp: Any = None) -> paddle.Tensor:
+    """The critic's values [n, T] float32 of the batch's completion tokens (Critic.values), without gradient, in
+    micro-batches of per_device_value_batch_size rows (sorted and trimmed as the log-prob passes:
+    `plan_micro_batches`), in eval mode and at the update's precision (`model_precision(amp)`). Padding positions
+    hold meaningless values (0 beyond a trimmed micro-batch's width)."""
+    n, T = batch.completion_ids.shape
+    plan = plan_micro_batches(batch.prompt_mask.numpy(), batch.completion_mask.numpy(), np.arange(n),
+                              cfg.per_device_value_batch_size, cfg)
+    model = critic.model
+    was_training = model.training
+    model.eval()
+    out = []
+    try:
+        for mb in plan:
+            with model_precision(amp):
+                out.append(critic.values(*mb.inputs(batch)).astype("float32"))
+    finally:
+        if was_training:
+            model.train()
+    return _in_row_order(out, plan, T)
 
 
 def local_rows(rows: GlobalRows, values: np.ndarray, batch: Batch) -> np.ndarray:
     """This rank's rows of a global [N, ...] array, cut to its own completion width."""
     out = values[rows.offset:rows.offset + len(batch)] if rows.rows is None else values[rows.rows]
     return out[:, :batch.completion_ids.shape[1]] if out.ndim == 2 else out
+
+
+def update_inputs(rows: GlobalRows, estimate: Estimate, batch: Batch, old_lp: Optional[paddle.Tensor],
+                  ref_lp: Optional[paddle.Tensor], values: Optional[paddle.Tensor], cfg: Any
+                  ) -> Tuple[UpdateInputs, Optional[CriticInputs]]:
+    """This rank's rows of the experience: the policy update's inputs, and the critic's (None without a critic).
+    Rows no reward function could judge are left out of every loss (masked; their advantage is 0)."""
+    valid = paddle.to_tensor(local_rows(rows, rows.valid, batch).astype("int64"))
+    loss_mask = batch.completion_mask * valid[:, None]
+    positive = positive_rows(rows, cfg)
+    if positive is not None:
+        positive = loss_mask * paddle.to_tensor(local_rows(rows, positive, batch).astype("int64"))[:, None]
+    inputs = UpdateInputs(batch, paddle.to_tensor(local_rows(rows, estimate.advantages, batch)), loss_mask, old_lp,
+                          ref_lp, positive)
+    if estimate.returns is None:
+        return inputs, None
+    return inputs, CriticInputs(batch, values, paddle.to_tensor(local_rows(rows, estimate.returns, batch)), loss_mask)

@@ -51,6 +51,36 @@ class AdvantageMetrics:
 
 
 @dataclass
+class ValueMetrics:
+    """The critic's values and returns of the experience, token means over the global batch's valid tokens, and
+    the explained variance `1 - Var(R - V) / Var(R)` (algorithms.explained_variance)."""
+    values_mean: float
+    returns_mean: float
+    explained_variance: float
+
+    def as_dict(self) -> Dict[str, float]:
+        return {"train/values_mean": self.values_mean, "train/returns_mean": self.returns_mean,
+                "train/explained_variance": self.explained_variance}
+
+
+@dataclass
+class CriticMetrics:
+    """The critic's update: per mini-batch the value loss, the share of valid tokens where the clipped term of the
+    value loss was the larger (both over the whole mini-batch, every rank) and the gradient norm (nan: skipped);
+    the learning rate after the update. `as_dict` averages the finite mini-batch values."""
+    per_mini_batch: List[Dict[str, float]]
+    lr: float
+
+    def as_dict(self) -> Dict[str, float]:
+        out = {}
+        for k in ("train/value_loss", "train/value_clip_frac", "train/critic_grad_norm"):
+            finite = [m[k] for m in self.per_mini_batch if math.isfinite(m[k])]
+            out[k] = float(np.mean(finite)) if finite else float("nan")
+        out["train/critic_lr"] = self.lr
+        return out
+
+
+@dataclass
 class LengthMetrics:
     mean: float
     max: float
