@@ -208,7 +208,7 @@ def test_values_do_not_depend_on_the_batch(reward_critic):
 def test_gradient_flows_to_head_and_backbone(tiny_reward_model_dir):
     critic = load_critic(tiny_reward_model_dir)
     args = _tensors(*_batch())
-    coeff = np.random.default_rng(1).normal(size=(3, 4)).astype("float32") * _batch()[3]
+    coeff = (np.random.default_rng(1).normal(size=(3, 4)) * _batch()[3]).astype("float32")
     (critic.values(*args) * paddle.to_tensor(coeff)).sum().backward()
     # d/dw sum_t c_t h_t . w = sum_t c_t h_t, with the hidden states of the same forward (same kernels)
     prompt_ids, prompt_mask, completion_ids, completion_mask = _batch()
@@ -219,12 +219,45 @@ def test_gradient_flows_to_head_and_backbone(tiny_reward_model_dir):
                                  position_ids=paddle.to_tensor(np.maximum(np.cumsum(mask, axis=1) - 1, 0)),
                                  return_dict=True).last_hidden_state.numpy()[:, 4:-1]
     expected = np.einsum("kt,kth->h", coeff, hidden)
-    # a sum of 12 nonzero products per element, rounded in float32 by either side
+    # values ran the lean Qwen2 path, `hidden` PaddleNLP's forward: each hidden state within _value_tol's bound of the
+    # other's, weighted by sum|c|; then a sum of 12 products per element, rounded in float32 by either side
+    bound = np.abs(coeff).sum() * np.abs(hidden).max()
     np.testing.assert_allclose(critic.head.weight.grad.numpy()[:, 0], expected, rtol=0,
-                               atol=f32_sum_tol(12, np.abs(coeff).sum() * np.abs(hidden).max()))
+                               atol=f32_sum_tol(64, 1.0, depth=19) * bound + f32_sum_tol(12, bound))
     grads = {n: p.grad for n, p in critic.backbone.named_parameters()}
     assert all(g is not None and np.abs(g.numpy()).max() > 0 for g in grads.values()), \
         [n for n, g in grads.items() if g is None or not np.any(g.numpy())]
+
+
+def test_the_lean_qwen2_path_equals_paddlenlps_forward(tiny_reward_model_dir, monkeypatch):
+    """A plain Qwen2 critic runs fast_qwen2 (prompts shared by identical rows); PADDLE_GRPO_FAST=0 runs PaddleNLP's
+    forward. Rows 0-2 share one prompt (a group of 3 samples), row 3 has another."""
+    from paddle_grpo.policy import fast_qwen2
+
+    prompt_ids, prompt_mask, completion_ids, completion_mask = _batch()
+    group = (np.repeat(prompt_ids[:1], 3, 0), np.repeat(prompt_mask[:1], 3, 0))
+    args = (np.concatenate([group[0], prompt_ids[2:]]), np.concatenate([group[1], prompt_mask[2:]]),
+            np.concatenate([completion_ids, completion_ids[:1]]), np.concatenate([completion_mask,
+                                                                                  completion_mask[:1]]))
+    coeff = (np.random.default_rng(2).normal(size=args[3].shape) * args[3]).astype("float32")
+    results = []
+    for switch in ("1", "0"):
+        monkeypatch.setenv(fast_qwen2.ENV_SWITCH, switch)
+        critic = load_critic(tiny_reward_model_dir)
+        assert fast_qwen2.enabled_for(critic.model) is (switch == "1")
+        values = critic.values(*_tensors(*args))
+        (values * paddle.to_tensor(coeff)).sum().backward()
+        results.append((values.numpy(), {n: p.grad.numpy() for n, p in critic.model.named_parameters()}))
+    (fast, fast_grads), (slow, slow_grads) = results
+    m = args[3].astype(bool)
+    hidden_max = _hidden_abs_max(critic, args[0], args[2])
+    np.testing.assert_allclose(fast[m], slow[m], rtol=0, atol=_value_tol(hidden_max, critic.head.weight.numpy()))
+    # gradients: the backward pass doubles the depth; each element sums the contributions of the 14 weighted
+    # positions, whose absolute values add up to at most 14 times the largest (taken as the gradient's largest)
+    for name, grad in slow_grads.items():
+        scale = np.abs(grad).max()
+        np.testing.assert_allclose(fast_grads[name], grad, rtol=0, atol=2 * f32_sum_tol(64, 1.0, depth=19) * 14
+                                   * max(scale, 1e-30), err_msg=name)
 
 
 def test_recompute_and_low_precision_load_as_for_the_policy(tiny_reward_model_dir):
