@@ -109,6 +109,21 @@ class Critic:
         """Load a state dict of `.model` (as `state_dict` returns it)."""
         return self.model.set_state_dict(state_dict)
 
+    def load_weights(self, directory: str, *, tensor_parallel_degree: int = 1, tensor_parallel_rank: int = 0) -> None:
+        """Load the weights of a critic directory (`save`'s, or any kind `load_critic` takes) into `.model` in place,
+        keeping its parameters (the optimizer's) and their dtype; tensor_parallel_*: this rank's shard, as loaded."""
+        loaded = load_critic(directory, trainable=False, tensor_parallel_degree=tensor_parallel_degree,
+                             tensor_parallel_rank=tensor_parallel_rank)
+        own = self.model.state_dict()
+        state = loaded.model.state_dict()
+        # paddle's set_state_dict skips a mismatched tensor with a warning only: another model's weights are an error
+        misfit = sorted(set(own) ^ set(state)) or [k for k in own if own[k].shape != state[k].shape]
+        if misfit:
+            raise ValueError(f"critic weights in {directory} do not fit this critic (names or shapes differ: "
+                             f"{misfit[:5]})")
+        self.model.set_state_dict({k: v if v.dtype == own[k].dtype else v.astype(own[k].dtype)
+                                   for k, v in state.items()})
+
     def save(self, out_dir: str, **save_pretrained_kwargs: Any) -> str:
         """Write a critic checkpoint `load_critic` loads back exactly: `.model.save_pretrained(out_dir, ...)` (a
         sequence-classification model, one label, config `score_type: critic`; `merge_tensor_parallel=True` under

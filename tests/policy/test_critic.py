@@ -133,6 +133,25 @@ def test_a_saved_critic_loads_as_a_critic_checkpoint_with_bit_identical_values(r
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=k)
 
 
+def test_load_weights_restores_a_saved_critic_in_place(tiny_reward_model_dir, tiny_policy_dir, tmp_path):
+    critic = load_critic(tiny_reward_model_dir)
+    args = _tensors(*_batch())
+    with paddle.no_grad():
+        before = critic.values(*args).numpy()
+    critic.save(str(tmp_path / "c"))
+    params = [id(p) for p in critic.trainable_parameters()]
+    opt = paddle.optimizer.SGD(learning_rate=0.1, parameters=critic.trainable_parameters())
+    critic.values(*args).sum().backward()
+    opt.step()
+    with paddle.no_grad():
+        assert np.abs(critic.values(*args).numpy() - before).max() > 1e-3
+        critic.load_weights(str(tmp_path / "c"))
+        np.testing.assert_array_equal(critic.values(*args).numpy(), before)
+    assert [id(p) for p in critic.trainable_parameters()] == params  # the optimizer's parameters, updated in place
+    with pytest.raises(ValueError, match="do not fit this critic"):  # hidden 64 vs 32: another model's weights
+        critic.load_weights(tiny_policy_dir)
+
+
 def test_a_causal_lm_critic_saves_and_loads_as_a_critic(tiny_policy_dir, tmp_path):
     out = load_critic(tiny_policy_dir).save(str(tmp_path / "c"))
     again = load_critic(out)
@@ -311,9 +330,15 @@ def test_tensor_parallel_2_values_and_gradients_equal_one_process(tiny_reward_mo
     np.savez(tmp_path / "r_inputs.npz", prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
              completion_mask=completion_mask, coeff=coeff)
     run(launch(os.path.join(REPO, "tests", "workers", "tp_critic_worker.py"), tiny_reward_model_dir,
-               tmp_path / "r.npz", log_dir=tmp_path / "log"), REPO)
+               tmp_path / "r.npz", tmp_path / "saved", log_dir=tmp_path / "log"), REPO)
     got = np.load(tmp_path / "r.npz")
     assert int(got["tp"]) == 2
+    # the merged save holds the whole model, exactly the reward model's weights (split and merged, no arithmetic)
+    saved, source = _file_state(tmp_path / "saved"), _file_state(tiny_reward_model_dir)
+    assert set(saved) == set(source)
+    for name, value in source.items():
+        np.testing.assert_array_equal(saved[name], value, err_msg=name)
+    assert json.loads((tmp_path / "saved" / "config.json").read_text()).get("tensor_parallel_degree", 1) == 1
     critic = load_critic(tiny_reward_model_dir)
     args = _tensors(prompt_ids, prompt_mask, completion_ids, completion_mask)
     values = critic.values(*args)
