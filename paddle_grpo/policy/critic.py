@@ -29,7 +29,9 @@ apply to it. Attention mask and position ids are the policy's (causal.completion
 positions counted over real tokens). Under tensor parallelism the backbone is this rank's shard (PaddleNLP splits
 the checkpoint) and its final hidden state is replicated on every rank; the value head is a plain replicated Linear,
 so its gradient, computed from the same hidden states and loss on each rank, is identical on every rank.
-Recompute, dtype and kernel flags are set as for the policy (causal.model_config).
+Recompute, dtype and kernel flags are set as for the policy (causal.model_config). A plain float32 Qwen2 critic
+runs the policy's lean forward (fast_qwen2.py: each group's shared prompt computed once, the same numbers); other
+models, tensor parallelism, AMP and `PADDLE_GRPO_FAST=0` run PaddleNLP's.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from typing import Any
 
 import paddle
 
+from . import fast_qwen2
 from .base import is_encoder_decoder, position_ids_from_mask
 from .causal import model_config, prepare_loaded
 from .hub import resolve_model_dir
@@ -80,13 +83,19 @@ class Critic:
         Column t is the head applied to the backbone's final hidden state (after the final norm) at position
         L + t - 1 of prompt + completion, the position whose output predicts completion token t (as in
         causal.completion_logprobs). Positions where completion_mask is 0 hold meaningless values."""
-        input_ids = paddle.concat([prompt_ids, completion_ids], axis=1)
-        attention_mask = paddle.concat([prompt_mask, completion_mask], axis=1).astype("int64")
-        L = prompt_ids.shape[1]
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                               position_ids=position_ids_from_mask(attention_mask), use_cache=False,
-                               return_dict=True).last_hidden_state
-        return self.head(hidden[:, L - 1:-1]).squeeze(-1).astype("float32")
+        if fast_qwen2.enabled_for(self.model):
+            # The policy's lean Qwen2 forward, each group's shared prompt computed once; same numbers.
+            fast = fast_qwen2.Qwen2Fast(self.model)
+            hidden = fast.final_hidden(fast.prompt_completion_hidden(prompt_ids, prompt_mask, completion_ids,
+                                                                     completion_mask))
+        else:
+            input_ids = paddle.concat([prompt_ids, completion_ids], axis=1)
+            attention_mask = paddle.concat([prompt_mask, completion_mask], axis=1).astype("int64")
+            L = prompt_ids.shape[1]
+            hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+                                   position_ids=position_ids_from_mask(attention_mask), use_cache=False,
+                                   return_dict=True).last_hidden_state[:, L - 1:-1]
+        return self.head(hidden).squeeze(-1).astype("float32")
 
     def trainable_parameters(self) -> list:
         """What the critic's optimizer updates: every parameter of `.model` (backbone and head)."""
@@ -99,6 +108,21 @@ class Critic:
     def set_state_dict(self, state_dict: dict[str, Any]) -> Any:
         """Load a state dict of `.model` (as `state_dict` returns it)."""
         return self.model.set_state_dict(state_dict)
+
+    def load_weights(self, directory: str, *, tensor_parallel_degree: int = 1, tensor_parallel_rank: int = 0) -> None:
+        """Load the weights of a critic directory (`save`'s, or any kind `load_critic` takes) into `.model` in place,
+        keeping its parameters (the optimizer's) and their dtype; tensor_parallel_*: this rank's shard, as loaded."""
+        loaded = load_critic(directory, trainable=False, tensor_parallel_degree=tensor_parallel_degree,
+                             tensor_parallel_rank=tensor_parallel_rank)
+        own = self.model.state_dict()
+        state = loaded.model.state_dict()
+        # paddle's set_state_dict skips a mismatched tensor with a warning only: another model's weights are an error
+        misfit = sorted(set(own) ^ set(state)) or [k for k in own if own[k].shape != state[k].shape]
+        if misfit:
+            raise ValueError(f"critic weights in {directory} do not fit this critic (names or shapes differ: "
+                             f"{misfit[:5]})")
+        self.model.set_state_dict({k: v if v.dtype == own[k].dtype else v.astype(own[k].dtype)
+                                   for k, v in state.items()})
 
     def save(self, out_dir: str, **save_pretrained_kwargs: Any) -> str:
         """Write a critic checkpoint `load_critic` loads back exactly: `.model.save_pretrained(out_dir, ...)` (a
