@@ -45,9 +45,25 @@ def load_causal_lm(path: str, *, trainable: bool = True, recompute: bool = False
     With `tensor_parallel_degree > 1` this rank's shard is loaded (PaddleNLP splits the full checkpoint); its
     forward then returns full-vocabulary logits (gathered), which generation needs, while `completion_logprobs`
     asks the LM head for the vocab-parallel shard and reduces it without gathering (distributed.VocabParallel)."""
-    from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
+    from paddlenlp.transformers import AutoModelForCausalLM
 
     path = resolve_model_dir(path)
+    config = model_config(path, trainable=trainable, recompute=recompute,
+                          tensor_parallel_degree=tensor_parallel_degree, tensor_parallel_rank=tensor_parallel_rank,
+                          config_overrides=config_overrides, recompute_granularity=recompute_granularity,
+                          recompute_use_reentrant=recompute_use_reentrant)
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype)
+    return prepare_loaded(model, trainable)
+
+
+def model_config(path: str, *, trainable: bool = True, recompute: bool = False, tensor_parallel_degree: int = 1,
+                 tensor_parallel_rank: int = 0, config_overrides: dict[str, Any] | None = None,
+                 recompute_granularity: str = "full", recompute_use_reentrant: bool = True) -> Any:
+    """The PaddleNLP config of the model in the local directory `path`, set up as `load_causal_lm` describes
+    (recompute of a trainable model, this rank's tensor-parallel shard, `config_overrides`); shared with the critic
+    (critic.py), whose backbone loads the same way."""
+    from paddlenlp.transformers import AutoConfig
+
     cpu_tuning.apply()  # CPU runs only: MKL's AVX2 path on AMD, no page fault per tensor; before any forward
     config = AutoConfig.from_pretrained(path)
     config.recompute = bool(recompute and trainable)
@@ -63,8 +79,13 @@ def load_causal_lm(path: str, *, trainable: bool = True, recompute: bool = False
         config.tensor_parallel_output = False
     for key, value in (config_overrides or {}).items():
         setattr(config, key, value)
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype)
-    if config.recompute:
+    return config
+
+
+def prepare_loaded(model: paddle.nn.Layer, trainable: bool) -> paddle.nn.Layer:
+    """A model just loaded with `model_config`'s config: recompute switched on when the config asks for it, then
+    train mode, or frozen (eval, no gradients) unless `trainable`. Returns `model`."""
+    if model.config.recompute:
         # The config field alone is inert: PaddleNLP's layers recompute only once `enable_recompute` is set, which
         # its Trainer does for `--recompute` (this is the model's own method for it).
         model.recompute_enable()
