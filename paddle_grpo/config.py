@@ -514,9 +514,11 @@ class CriticArguments:
     """PaddleNLP's PPO / VAPO keys: the critic (value model) of the estimators that need values (rl_algorithm ppo,
     vapo). With another rl_algorithm they have no effect, and each key set says so in one line."""
     critic_model_name_or_path: str = arg("", "The critic (value model): a local directory or a hub ID, resolved as "
-                                             "actor_model_name_or_path is. A PaddleNLP score / critic checkpoint "
-                                             "loads with its value head, a reward model directory with its score "
-                                             "head, a causal LM with a new value head (the start-up log says which). "
+                                             "actor_model_name_or_path is. A critic checkpoint (a run's "
+                                             "checkpoint-N/critic) or PaddleNLP score model loads with its head, a "
+                                             "reward model directory with its score head as the value head, a "
+                                             "causal LM with a new value head initialised to zeros (policy/"
+                                             "critic.py; the start-up log and --dry_run say which). "
                                              "It must share the policy's vocabulary (it reads the policy's token "
                                              "ids). Required by rl_algorithm ppo and vapo.")
     critic_learning_rate: float = arg(5e-7, "Peak learning rate of the critic's AdamW.")

@@ -318,7 +318,7 @@ def test_a_critic_run_checks_the_critic_and_says_what_it_loads(base, tiny_policy
     assert status == 0, out + err
     (line,) = [x for x in out.splitlines() if x.startswith("  critic_model_name_or_path:")]
     assert line == (f"  critic_model_name_or_path: {tiny_policy_dir} (Qwen2Config, vocabulary 320): a causal LM: "
-                    "its backbone with a new value head")
+                    "its backbone with a new value head initialised to zeros")
     # The critic's keys have their effect here: only max_length is in the table of keys without effect.
     assert "\nkeys set here that have no effect on this device (cpu): 1\n  max_length " in out
 
@@ -326,8 +326,8 @@ def test_a_critic_run_checks_the_critic_and_says_what_it_loads(base, tiny_policy
 def test_a_reward_model_as_critic_keeps_its_score_head(base, tiny_reward_model_dir, capsys):
     status, out, err = run_rl_main([*critic_args(base, tiny_reward_model_dir), "--dry_run"], capsys)
     assert status == 0, out + err
-    assert (f"  critic_model_name_or_path: {tiny_reward_model_dir} (Qwen2Config, vocabulary 320): a score model "
-            "(Qwen2ForSequenceClassification, one label): its backbone and its score head\n") in out
+    assert (f"  critic_model_name_or_path: {tiny_reward_model_dir} (Qwen2Config, vocabulary 320): a reward model: "
+            "its one-label score head is the value head\n") in out
 
 
 def test_a_critic_directory_needs_no_tokenizer_but_its_weights(base, tiny_policy_dir, tmp_path, capsys):
@@ -389,8 +389,8 @@ def test_a_critic_started_from_the_policy_the_recipe_builds(base, tmp_path, caps
     args = [*critic_args(base, policy), "--actor_model_name_or_path", policy, "--build_actor_if_missing", "quickstart"]
     status, out, err = run_rl_main([*args, "--dry_run"], capsys)
     assert status == 0, out + err
-    assert (f"  critic_model_name_or_path: the policy '{policy}', built first by the 'quickstart' recipe: the critic "
-            "is its backbone with a new value head\n") in out
+    assert (f"  critic_model_name_or_path: the policy '{policy}', built first by the 'quickstart' recipe: a causal "
+            "LM: its backbone with a new value head initialised to zeros\n") in out
     assert not policy.exists()
 
 
@@ -402,3 +402,19 @@ def test_critic_keys_of_a_run_without_a_critic_are_in_the_table_with_the_reason(
     for key in ("per_device_value_batch_size", "critic_learning_rate"):
         assert re.match(rf"  {key} +\S+ +command line +rl_algorithm 'grpo' trains no critic \(value model\): its "
                         r"advantages need no values \(rl_algorithm ppo, vapo train one\)$", rows[key]), rows[key]
+
+
+def test_a_critic_checkpoint_and_a_two_label_classifier(base, tiny_policy_dir, tmp_path, capsys):
+    from paddle_grpo.policy import load_critic
+
+    saved = load_critic(tiny_policy_dir).save(str(tmp_path / "critic"))  # what a run's checkpoint holds
+    status, out, err = run_rl_main([*critic_args(base, saved), "--dry_run"], capsys)
+    assert status == 0, out + err
+    assert (f"  critic_model_name_or_path: {saved} (Qwen2Config, vocabulary 320): a critic checkpoint: backbone and "
+            "value head as saved\n") in out
+    two = copy_model(saved, tmp_path / "two_labels", config={"id2label": {"0": "LABEL_0", "1": "LABEL_1"},
+                                                             "label2id": {"LABEL_0": 0, "LABEL_1": 1}})
+    status, out, _ = run_rl_main([*critic_args(base, two), "--dry_run"], capsys)
+    assert status == 2
+    assert (f"  - critic_model_name_or_path: '{two}' is a sequence classifier with 2 labels in its config.json; a "
+            "critic or reward model has one output (num_labels 1)") in out
