@@ -1,8 +1,8 @@
 """PPO with a critic on several CPU processes (gloo) against one process: 2 data-parallel ranks, tensor parallel
-2, sharding stage1 (and its exact resume). The same global batch and seed: sampling is keyed by global row, the values are gathered with the
-other per-row data so GAE runs on the global batch, and the critic's value loss takes the mini-batch's global token
-count, so metrics, the policy and the critic must agree up to float32 rounding of other summation orders
-(launch_helpers' tolerances, derived there for these tiny runs)."""
+2, sharding stage1 (and its exact resume). The same global batch and seed: sampling is keyed by global row, the
+values are gathered with the other per-row data so GAE runs on the global batch, and the critic's value loss takes
+the mini-batch's global token count, so metrics, the policy and the critic must agree up to float32 rounding of
+other summation orders (launch_helpers' tolerances, derived there for these tiny runs)."""
 import json
 import sys
 from pathlib import Path
