@@ -253,3 +253,55 @@ def test_the_critic_metrics_reach_metrics_jsonl_and_visualdl(workdir, tiny_polic
         # VisualDL keeps float32: one rounding, relative 2^-24
         assert [s for s, _ in got] == [1, 2], key
         assert [v for _, v in got] == pytest.approx([r[key] for r in rows], rel=1e-7, abs=1e-30), key
+
+
+def test_a_failing_step_rewinds_and_saves_the_critic_and_the_resumed_run_is_exact(workdir, tiny_policy_dir,
+                                                                                   tmp_path, monkeypatch):
+    """Step 3 fails in the experience phase (the critic's values), after its prompts and random numbers were drawn
+    and before any optimizer step: faults.StepGuard rewinds to the end of step 2 and saves it with the critic
+    (weights, optimizer, schedule, counters); the same command then resumes to the uninterrupted run's history and
+    weights, bit for bit."""
+    common = dict(rl_algorithm="vapo", max_steps=4, global_mini_batch_size=2, critic_lr_scheduler_type="linear",
+                  save_strategy="steps", save_steps=10)
+    reference = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "ref", **common))
+    reference.train()
+
+    values = step.values
+
+    def failing(*args, **kwargs):
+        if trainer.step == 2:
+            raise OSError("the critic's values failed")
+        return values(*args, **kwargs)
+
+    trainer = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "out", **common))
+    monkeypatch.setattr(step, "values", failing)
+    with pytest.raises(OSError, match="values failed") as info:
+        trainer.train()
+    assert "saved a checkpoint of the last completed step" in info.value.__notes__[0]
+    state = json.loads((tmp_path / "out" / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["step"] == 2 and state["critic"]["optimizer_steps"] == 4
+    monkeypatch.setattr(step, "values", values)
+    resumed = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "out", **common))
+    resumed.train()
+    a, b = read_metrics(tmp_path / "ref"), read_metrics(tmp_path / "out")
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    for x, y in zip(a, b):
+        assert {k: v for k, v in x.items() if not k.startswith("perf/")} == \
+            {k: v for k, v in y.items() if not k.startswith("perf/")}
+    for get in (lambda t: t.policy.model, lambda t: t.critic_learner.critic.model):
+        pa, pb = params(get(reference)), params(get(resumed))
+        assert all(np.array_equal(pa[k], pb[k]) for k in pa)
+
+
+def test_the_step_guard_rewinds_the_critics_schedule_counters_and_loss_scale(workdir, tiny_policy_dir, tmp_path):
+    trainer = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "out", critic_lr_scheduler_type="linear"))
+    critic = trainer.critic_learner
+    before = json.dumps(critic.state_dict(), sort_keys=True)
+    trainer.guard.begin()
+    critic.scheduler.step()
+    critic.state.nonfinite_total += 1
+    critic.state.optimizer_steps += 1
+    assert json.dumps(critic.state_dict(), sort_keys=True) != before
+    trainer.guard.restore()
+    assert json.dumps(critic.state_dict(), sort_keys=True) == before
+    assert critic.optimizer.get_lr() == 1e-2
