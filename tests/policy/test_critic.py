@@ -24,7 +24,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 HUB_ID = "tiny-org/tiny-critic"
 # Opt-in, as the slow multi-process tests of tests/launch_helpers.py: a second 2-process launch for another family.
 SLOW_DIST = pytest.mark.skipif(os.environ.get("PADDLE_GRPO_SLOW_DIST") != "1",
-                               reason="a second 2-process launch (the Llama ValueModel); PADDLE_GRPO_SLOW_DIST=1 runs it")
+                               reason="a second 2-process launch (the Llama ValueModel); "
+                                      "PADDLE_GRPO_SLOW_DIST=1 runs it")
 
 
 def _file_state(model_dir):
