@@ -186,6 +186,49 @@ class Critic:
         return out_dir
 
 
+VALUE_MODEL_NOTE = "as a ValueModel"
+
+
+def critic_plan(config: Any, path: str, *, key: str = "critic_model_name_or_path") -> tuple[str, str]:
+    """(kind, what load_critic makes of it) for the PaddleNLP config of the local model directory `path`, without
+    reading weights: the kind (CRITIC, SCORE_MODEL, REWARD_MODEL, CAUSAL_LM) and the text of load_critic's start-up
+    line after the name ("a reward model (Qwen2ForSequenceClassification): its one-label score head is the value
+    head"). Raises ValueError / FileNotFoundError, naming `key` and the file, for what load_critic refuses: a
+    classifier with other than one label, an AutoModelForScore checkpoint without PaddleNLP's class, a ValueModel
+    critic without its head file. --dry_run reports the same (dry_run.py)."""
+    kind = critic_kind(config)
+    arch = ", ".join(getattr(config, "architectures", None) or ["no architectures"])
+    classifier = any(a.endswith("ForSequenceClassification") for a in getattr(config, "architectures", None) or [])
+    if classifier and int(getattr(config, "num_labels", 1)) != 1:
+        raise ValueError(f"{key}: {path}/config.json describes a sequence classifier with {config.num_labels} "
+                         "labels; a critic or reward model has one output (num_labels 1)")
+    if kind == SCORE_MODEL:
+        try:
+            import paddlenlp.rl.models.score_model  # noqa: F401  (what _load_score_model loads it with)
+        except ImportError as exc:
+            import paddlenlp
+
+            raise ValueError(
+                f"{key}: {path} is a PaddleNLP AutoModelForScore checkpoint (config.json architectures {arch}), and "
+                f"the installed PaddleNLP {paddlenlp.__version__} has no AutoModelForScore "
+                "(paddlenlp.rl.models.score_model) to load it. Use a PaddleNLP that has it, or point the key at the "
+                "causal LM it was trained from (a new value head), a one-label reward model, or a critic saved by "
+                "paddle_grpo") from exc
+        return kind, (f"a {kind} ({arch}): its score_head is the value head (PaddleNLP's AutoModelForScore, "
+                      f"score_type {CRITIC_SCORE_TYPE}, no normalisation)")
+    what = {CRITIC: "backbone and value head as saved",
+            REWARD_MODEL: "its one-label score head is the value head",
+            CAUSAL_LM: "its backbone with a new value head initialised to zeros (every value starts at 0; the LM "
+                       "head's weights are dropped)"}[kind]
+    if kind in (CRITIC, CAUSAL_LM) and sequence_classifier_class(config) is None:
+        head_file = os.path.join(path, VALUE_HEAD_FILE)
+        if kind == CRITIC and not os.path.isfile(head_file):
+            raise FileNotFoundError(f"{key}: {path} is a critic checkpoint ({path}/config.json: score_type "
+                                    f"{CRITIC_SCORE_TYPE}, architectures {arch}) without its value head {head_file}")
+        what += f", {VALUE_MODEL_NOTE} (PaddleNLP has no sequence classifier for this family)"
+    return kind, f"a {kind} ({arch}): {what}"
+
+
 def load_critic(name_or_path: str, *, trainable: bool = True, recompute: bool = False,
                 recompute_granularity: str = "full", recompute_use_reentrant: bool = False, dtype: str = "float32",
                 config_overrides: dict[str, Any] | None = None, tensor_parallel_degree: int = 1,
@@ -204,23 +247,16 @@ def load_critic(name_or_path: str, *, trainable: bool = True, recompute: bool = 
                           tensor_parallel_degree=tensor_parallel_degree, tensor_parallel_rank=tensor_parallel_rank,
                           config_overrides=config_overrides, recompute_granularity=recompute_granularity,
                           recompute_use_reentrant=recompute_use_reentrant)
-    kind = critic_kind(config)
-    arch = ", ".join(getattr(config, "architectures", None) or ["no architectures"])
+    kind, line = critic_plan(config, path, key=key)
     if kind == SCORE_MODEL:
-        model, backbone, head = _load_score_model(path, config, dtype, key)
-        line = f"its score_head is the value head (PaddleNLP's AutoModelForScore, score_type {CRITIC_SCORE_TYPE})"
+        model, backbone, head = _load_score_model(path, config, dtype)
+    elif isinstance(line, str) and VALUE_MODEL_NOTE in line:
+        model, backbone, head = _load_value_model(path, config, dtype, key, kind)
     else:
-        if sequence_classifier_class(config) is None and kind in (CRITIC, CAUSAL_LM):
-            model, backbone, head = _load_value_model(path, config, dtype, key, kind)
-        else:
-            model, backbone, head = _load_sequence_classifier(path, config, dtype, key, kind)
-        line = {CRITIC: "backbone and value head as saved",
-                REWARD_MODEL: "its one-label score head is the value head",
-                CAUSAL_LM: "its backbone with a new value head initialised to zeros (every value starts at 0; the "
-                           "LM head's weights are dropped)"}[kind]
+        model, backbone, head = _load_sequence_classifier(path, config, dtype, key, kind)
     model.config.score_type = CRITIC_SCORE_TYPE
     prepare_loaded(model, trainable)
-    logger.info(f"critic: {name_or_path} is a {kind} ({arch}): {line}")
+    logger.info(f"critic: {name_or_path} is {line}")
     return Critic(model, backbone, head, kind, source=path)
 
 
@@ -229,9 +265,6 @@ def _load_sequence_classifier(path: str, config: Any, dtype: str, key: str, kind
     checkpoint or a reward model as saved, or a causal LM's backbone with a zero head."""
     from paddlenlp.transformers import AutoModelForSequenceClassification
 
-    if kind != CAUSAL_LM and int(getattr(config, "num_labels", 1)) != 1:
-        raise ValueError(f"{key}: {path}/config.json describes a sequence classifier with {config.num_labels} "
-                         "labels; a critic or reward model has one output (num_labels 1)")
     config.num_labels = 1
     try:
         model = AutoModelForSequenceClassification.from_pretrained(path, config=config, dtype=dtype)
@@ -254,11 +287,7 @@ def _load_value_model(path: str, config: Any, dtype: str, key: str, kind: str):
     or a saved ValueModel's) and its saved head, or a new zero head for a causal LM."""
     from paddlenlp.transformers import AutoModel
 
-    head_file = os.path.join(path, VALUE_HEAD_FILE)
-    if kind == CRITIC and not os.path.isfile(head_file):
-        raise FileNotFoundError(f"{key}: {path} is a critic checkpoint ({path}/config.json: score_type "
-                                f"{CRITIC_SCORE_TYPE}, architectures {config.architectures}) without its value head "
-                                f"{head_file}")
+    head_file = os.path.join(path, VALUE_HEAD_FILE)  # there for a CRITIC (critic_plan checked)
     try:
         backbone = AutoModel.from_pretrained(path, config=config, dtype=dtype)
     except Exception as exc:  # noqa: BLE001 PaddleNLP raises many kinds; name the model and the cause
@@ -278,20 +307,11 @@ def _load_value_model(path: str, config: Any, dtype: str, key: str, kind: str):
     return ValueModel(backbone, head), backbone, head
 
 
-def _load_score_model(path: str, config: Any, dtype: str, key: str):
+def _load_score_model(path: str, config: Any, dtype: str):
     """(model, backbone, head) of PaddleNLP's AutoModelForScore from `path`, loaded as PaddleNLP's trainer loads a
-    critic; refused when the installed PaddleNLP lacks the class."""
-    try:
-        from paddlenlp.rl.models.score_model import AutoModelForScore
-    except ImportError as exc:
-        import paddlenlp
+    critic (critic_plan checked that the installed PaddleNLP has the class)."""
+    from paddlenlp.rl.models.score_model import AutoModelForScore
 
-        raise ValueError(
-            f"{key}: {path} is a PaddleNLP AutoModelForScore checkpoint (config.json architectures "
-            f"{config.architectures}), and the installed PaddleNLP {paddlenlp.__version__} has no AutoModelForScore "
-            "(paddlenlp.rl.models.score_model) to load it. Use a PaddleNLP that has it, or point the key at the "
-            "causal LM it was trained from (a new value head), a one-label reward model, or a critic saved by "
-            "paddle_grpo") from exc
     model = AutoModelForScore.from_pretrained(path, config=config, dtype=dtype, score_type=CRITIC_SCORE_TYPE,
                                               do_normalize=False)
     return model, model.model, model.score_head

@@ -184,6 +184,22 @@ def test_wrong_kinds_are_refused_naming_the_file(tiny_policy_dir, tiny_reward_mo
         load_critic(str(tmp_path / "nope"))
 
 
+def test_the_plan_reads_config_json_only(tiny_reward_model_dir, tiny_policy_dir, tmp_path):
+    """critic_plan (what --dry_run reports) from config.json alone: the same kind and text as load_critic's line."""
+    from paddlenlp.transformers import AutoConfig
+
+    from paddle_grpo.policy.critic import critic_plan
+
+    for name, source in (("rm", tiny_reward_model_dir), ("lm", tiny_policy_dir)):
+        (tmp_path / name).mkdir()
+        shutil.copy(os.path.join(source, "config.json"), tmp_path / name)
+    plans = {n: critic_plan(AutoConfig.from_pretrained(str(tmp_path / n)), str(tmp_path / n)) for n in ("rm", "lm")}
+    assert plans["rm"] == (REWARD_MODEL, "a reward model (Qwen2ForSequenceClassification): its one-label score head "
+                                         "is the value head")
+    assert plans["lm"][0] == CAUSAL_LM and plans["lm"][1].startswith("a causal LM (Qwen2ForCausalLM): its backbone "
+                                                                     "with a new value head initialised to zeros")
+
+
 # ----------------------------------------------------------------------------------------------------- values
 
 def test_values_are_the_backbone_hidden_states_times_the_head(reward_critic, tiny_reward_model_dir):
@@ -404,6 +420,7 @@ def test_a_llama_critic_is_a_value_model_that_saves_and_loads(tiny_llama_dir, tm
         critic = load_critic(tiny_llama_dir)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("critic:")]
     assert len(lines) == 1 and "is a causal LM (LlamaForCausalLM)" in lines[0] and "zeros" in lines[0], lines
+    assert "as a ValueModel (PaddleNLP has no sequence classifier for this family)" in lines[0]
     assert sequence_classifier_class(critic.model.config) is None and isinstance(critic.model, ValueModel)
     assert critic.kind == CAUSAL_LM and not np.any(critic.head.weight.numpy())
     assert set(critic.state_dict()) == {"llama." + k for k in critic.backbone.state_dict()} | {"score.weight"}
