@@ -22,6 +22,10 @@ from paddle_grpo.policy.critic import CAUSAL_LM, CRITIC, REWARD_MODEL
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HUB_ID = "tiny-org/tiny-critic"
+# Opt-in, as the slow multi-process tests of tests/launch_helpers.py: a second 2-process launch for another family.
+SLOW_DIST = pytest.mark.skipif(os.environ.get("PADDLE_GRPO_SLOW_DIST") != "1",
+                               reason="a second 2-process launch (the Llama ValueModel); "
+                                      "PADDLE_GRPO_SLOW_DIST=1 runs it")
 
 
 def _file_state(model_dir):
@@ -180,6 +184,22 @@ def test_wrong_kinds_are_refused_naming_the_file(tiny_policy_dir, tiny_reward_mo
         load_critic(str(tmp_path / "nope"))
 
 
+def test_the_plan_reads_config_json_only(tiny_reward_model_dir, tiny_policy_dir, tmp_path):
+    """critic_plan (what --dry_run reports) from config.json alone: the same kind and text as load_critic's line."""
+    from paddlenlp.transformers import AutoConfig
+
+    from paddle_grpo.policy.critic import critic_plan
+
+    for name, source in (("rm", tiny_reward_model_dir), ("lm", tiny_policy_dir)):
+        (tmp_path / name).mkdir()
+        shutil.copy(os.path.join(source, "config.json"), tmp_path / name)
+    plans = {n: critic_plan(AutoConfig.from_pretrained(str(tmp_path / n)), str(tmp_path / n)) for n in ("rm", "lm")}
+    assert plans["rm"] == (REWARD_MODEL, "a reward model (Qwen2ForSequenceClassification): its one-label score head "
+                                         "is the value head")
+    assert plans["lm"][0] == CAUSAL_LM and plans["lm"][1].startswith("a causal LM (Qwen2ForCausalLM): its backbone "
+                                                                     "with a new value head initialised to zeros")
+
+
 # ----------------------------------------------------------------------------------------------------- values
 
 def test_values_are_the_backbone_hidden_states_times_the_head(reward_critic, tiny_reward_model_dir):
@@ -321,9 +341,21 @@ def test_a_hub_id_loads_from_a_populated_cache(reward_critic, tmp_path):
     assert result == {"kind": CRITIC, "source": str(home / "models" / HUB_ID), "same": True}
 
 
+@pytest.fixture(scope="module")
+def llama_critic_dir(tiny_llama_dir, tmp_path_factory):
+    """The tiny Llama as a saved ValueModel critic with a random (nonzero) head."""
+    critic = load_critic(tiny_llama_dir)
+    critic.head.weight.set_value(np.random.default_rng(4).normal(0, 0.1, size=(32, 1)).astype("float32"))
+    return critic.save(str(tmp_path_factory.mktemp("llama_critic")))
+
+
 @pytest.mark.e2e
-def test_tensor_parallel_2_values_and_gradients_equal_one_process(tiny_reward_model_dir, tmp_path):
-    """2 gloo ranks (each half of every layer) against one process. About 15 s here under load."""
+@pytest.mark.parametrize("family", ["qwen2_sequence_classifier", pytest.param("llama_value_model", marks=SLOW_DIST)])
+def test_tensor_parallel_2_values_and_gradients_equal_one_process(family, request, tmp_path):
+    """2 gloo ranks (each half of every layer) against one process: 15-20 s each on 2 idle cores, 50 s while other
+    test suites load them; the second family (the ValueModel path) is opt-in (PADDLE_GRPO_SLOW_DIST=1)."""
+    tiny_reward_model_dir = request.getfixturevalue("tiny_reward_model_dir" if family.startswith("qwen2")
+                                                    else "llama_critic_dir")
     rng = np.random.default_rng(0)
     prompt_ids, prompt_mask, completion_ids, completion_mask = _batch()
     coeff = rng.normal(size=completion_mask.shape).astype("float32")
@@ -360,3 +392,64 @@ def test_tensor_parallel_2_values_and_gradients_equal_one_process(tiny_reward_mo
     np.testing.assert_allclose(got["norm_grad"], norm_grad, rtol=0,
                                atol=2 * f32_sum_tol(64, 1.0, depth=19) * term_bound)
     assert np.abs(norm_grad).max() > 1e-3
+
+
+# ------------------------------------------------------------------------- a family without a sequence classifier
+
+@pytest.fixture(scope="module")
+def tiny_llama_dir(tmp_path_factory, tiny_policy_dir):
+    """A tiny random LlamaForCausalLM (PaddleNLP 3.0.0b4 has no LlamaForSequenceClassification) with the tiny
+    policy's tokenizer, saved with save_pretrained."""
+    from paddlenlp.transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    path = str(tmp_path_factory.mktemp("tiny_llama"))
+    paddle.seed(0)
+    config = LlamaConfig(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    LlamaForCausalLM(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(tiny_policy_dir).save_pretrained(path)
+    return path
+
+
+def test_a_llama_critic_is_a_value_model_that_saves_and_loads(tiny_llama_dir, tmp_path, caplog):
+    from paddlenlp.transformers import AutoModel
+
+    from paddle_grpo.policy.critic import VALUE_HEAD_FILE, ValueModel, sequence_classifier_class
+
+    with caplog.at_level(logging.INFO, logger="paddle_grpo.policy"):
+        critic = load_critic(tiny_llama_dir)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("critic:")]
+    assert len(lines) == 1 and "is a causal LM (LlamaForCausalLM)" in lines[0] and "zeros" in lines[0], lines
+    assert "as a ValueModel (PaddleNLP has no sequence classifier for this family)" in lines[0]
+    assert sequence_classifier_class(critic.model.config) is None and isinstance(critic.model, ValueModel)
+    assert critic.kind == CAUSAL_LM and not np.any(critic.head.weight.numpy())
+    assert set(critic.state_dict()) == {"llama." + k for k in critic.backbone.state_dict()} | {"score.weight"}
+    # a nonzero head, so that the values test something: against LlamaModel called directly on each unpadded row
+    head = np.random.default_rng(3).normal(0, 0.1, size=(32, 1)).astype("float32")
+    critic.head.weight.set_value(head)
+    prompt_ids, prompt_mask, completion_ids, completion_mask = _batch()
+    with paddle.no_grad():
+        got = critic.values(*_tensors(prompt_ids, prompt_mask, completion_ids, completion_mask)).numpy()
+    reference = AutoModel.from_pretrained(tiny_llama_dir, dtype="float32")
+    reference.eval()
+    for i in range(3):
+        prompt, completion = prompt_ids[i][prompt_mask[i] == 1], completion_ids[i][completion_mask[i] == 1]
+        with paddle.no_grad():
+            hidden = reference(input_ids=paddle.to_tensor(np.concatenate([prompt, completion])[None]),
+                               return_dict=True).last_hidden_state.numpy()[0]
+        expected = hidden[len(prompt) - 1:len(prompt) - 1 + len(completion)] @ head[:, 0]
+        np.testing.assert_allclose(got[i, :len(completion)], expected, rtol=0,
+                                   atol=_value_tol(np.abs(hidden).max(), head))
+    out = critic.save(str(tmp_path / "llama_critic"))
+    assert (tmp_path / "llama_critic" / VALUE_HEAD_FILE).is_file()
+    assert (tmp_path / "llama_critic" / "tokenizer_config.json").is_file()
+    again = load_critic(out)
+    assert again.kind == CRITIC and isinstance(again.model, ValueModel)
+    with paddle.no_grad():
+        np.testing.assert_array_equal(again.values(*_tensors(prompt_ids, prompt_mask, completion_ids,
+                                                             completion_mask)).numpy(), got)
+    again.values(*_tensors(prompt_ids, prompt_mask, completion_ids, completion_mask)).sum().backward()
+    assert all(p.grad is not None and np.any(p.grad.numpy()) for p in again.trainable_parameters())
+    os.remove(tmp_path / "llama_critic" / VALUE_HEAD_FILE)
+    with pytest.raises(FileNotFoundError, match="without its value head"):
+        load_critic(out)

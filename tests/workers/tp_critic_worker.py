@@ -1,8 +1,9 @@
-"""Run under `paddle.distributed.launch --nproc_per_node 2`: a tensor-parallel-2 critic (load_critic of MODEL_DIR),
-its values of the inputs in OUT_inputs.npz and the gradient of sum(coeff * values) w.r.t. the value head and the final
-norm, written by rank 0 to OUT.npz (after a save merged
-from both ranks into SAVED and a load_weights of it) for tests/policy/test_critic.py to compare with one process. The head's gradient
-of both ranks is gathered: it must be the same on each (the head is replicated)."""
+"""Run under `paddle.distributed.launch --nproc_per_node 2`: `python tp_critic_worker.py MODEL_DIR OUT.npz SAVED`.
+
+A tensor-parallel-2 critic (load_critic of MODEL_DIR) is saved merged from both ranks into SAVED and loaded back in
+place (load_weights); then its values of the inputs in OUT_inputs.npz and the gradient of sum(coeff * values) w.r.t.
+the value head and the final norm are written by rank 0 to OUT.npz, for tests/policy/test_critic.py to compare with
+one process. The head's gradient of both ranks is gathered: it must be the same on each (the head is replicated)."""
 import sys
 
 import numpy as np
