@@ -191,6 +191,10 @@ def test_paddlenlp_reinforce_plus_plus_yaml_loads(tmp_path):
     ("rl_algorithm: grpo\nkl_coeff: 0.0\nuse_kl_in_reward: true", ["use_kl_in_reward"]),
     ("rl_algorithm: reinforce_plus_plus\nkl_coeff: 0.001", []),
     ("rl_algorithm: reinforce_plus_plus\nkl_coeff: 0.001\nuse_kl_in_reward: true", ["use_kl_in_reward"]),
+    # ppo / vapo: PaddleNLP's per-token KL reward (kl_token_rewards) always takes kl_coeff
+    ("rl_algorithm: ppo\ncritic_model_name_or_path: c\nkl_coeff: 0.001", []),
+    ("rl_algorithm: vapo\ncritic_model_name_or_path: c\nkl_coeff: 0.001\nuse_kl_in_reward: true",
+     ["use_kl_in_reward"]),
 ])
 def test_a_reward_kl_key_without_effect_gets_a_one_line_note(tmp_path, caplog, lines, noted):
     text = "actor_model_name_or_path: m\ntrain_datasets: d\nuse_rm_server: false\nreward_funcs: kk\n" + lines
