@@ -317,30 +317,6 @@ def critic_dir_problems(path: str, key: str = CRITIC_KEY) -> List[str]:
             f"{', '.join(held[:8]) + (', ...' if len(held) > 8 else '') or 'nothing'})"]
 
 
-def critic_start(config: Any, path: str) -> Tuple[Optional[str], Optional[str]]:
-    """(what the critic starts from, problem) for a critic directory's config.json, by policy/critic.py's own
-    classification (critic_kind; no weights read): the kinds load_critic accepts, said as its start-up line says
-    them, or why it would refuse the directory."""
-    from .policy.critic import CAUSAL_LM, CRITIC, REWARD_MODEL, SCORE_MODEL, critic_kind
-
-    kind = critic_kind(config)
-    if kind in (CRITIC, REWARD_MODEL) and int(getattr(config, "num_labels", 1)) != 1:
-        return None, (f"{CRITIC_KEY}: '{path}' is a sequence classifier with {config.num_labels} labels in its "
-                      "config.json; a critic or reward model has one output (num_labels 1)")
-    if kind == SCORE_MODEL:
-        try:
-            import paddlenlp.rl.models.score_model  # noqa: F401  (what load_critic loads it with)
-        except ImportError:
-            import paddlenlp
-
-            return None, (f"{CRITIC_KEY}: '{path}' is a PaddleNLP AutoModelForScore checkpoint, and the installed "
-                          f"PaddleNLP {paddlenlp.__version__} has no AutoModelForScore to load it (policy/critic.py)")
-    what = {CRITIC: "backbone and value head as saved", SCORE_MODEL: "backbone and score head as saved",
-            REWARD_MODEL: "its one-label score head is the value head",
-            CAUSAL_LM: "its backbone with a new value head initialised to zeros"}[kind]
-    return f"a {kind}: {what}", None
-
-
 def check_critic(cfg: Config, policy_vocab: Optional[int]) -> List[str]:
     """Problems with the critic of a critic run (nothing for other runs): critic_model_name_or_path resolves as the
     policy's does (a local directory with config.json and weights, or a hub ID in PaddleNLP's cache; never
@@ -378,9 +354,12 @@ def check_critic(cfg: Config, policy_vocab: Optional[int]) -> List[str]:
                 "the critic reads the policy's token ids, so it needs the policy's vocabulary"]
     if getattr(config, "is_encoder_decoder", False):
         return [f"{CRITIC_KEY}: '{path}' is an encoder-decoder model; the critic is a decoder backbone"]
-    start, problem = critic_start(config, path)
-    if problem:
-        return [problem]
+    from .policy.critic import critic_plan  # load_critic's own kind, start-up text and refusals
+
+    try:
+        _, start = critic_plan(config, path, key=CRITIC_KEY)
+    except (ValueError, FileNotFoundError) as e:
+        return [_keyed(CRITIC_KEY, str(e))]
     print(f"  {CRITIC_KEY}: {path} ({type(config).__name__}, vocabulary {vocab}): {start}")
     return []
 

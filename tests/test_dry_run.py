@@ -317,8 +317,9 @@ def test_a_critic_run_checks_the_critic_and_says_what_it_loads(base, tiny_policy
                                     "3", "--clip_range_value", "0.5", "--dry_run"], capsys)
     assert status == 0, out + err
     (line,) = [x for x in out.splitlines() if x.startswith("  critic_model_name_or_path:")]
-    assert line == (f"  critic_model_name_or_path: {tiny_policy_dir} (Qwen2Config, vocabulary 320): a causal LM: "
-                    "its backbone with a new value head initialised to zeros")
+    assert line == (f"  critic_model_name_or_path: {tiny_policy_dir} (Qwen2Config, vocabulary 320): a causal LM "
+                    "(Qwen2ForCausalLM): its backbone with a new value head initialised to zeros (every value starts "
+                    "at 0; the LM head's weights are dropped)")
     # The critic's keys have their effect here: only max_length is in the table of keys without effect.
     assert "\nkeys set here that have no effect on this device (cpu): 1\n  max_length " in out
 
@@ -326,8 +327,8 @@ def test_a_critic_run_checks_the_critic_and_says_what_it_loads(base, tiny_policy
 def test_a_reward_model_as_critic_keeps_its_score_head(base, tiny_reward_model_dir, capsys):
     status, out, err = run_rl_main([*critic_args(base, tiny_reward_model_dir), "--dry_run"], capsys)
     assert status == 0, out + err
-    assert (f"  critic_model_name_or_path: {tiny_reward_model_dir} (Qwen2Config, vocabulary 320): a reward model: "
-            "its one-label score head is the value head\n") in out
+    assert (f"  critic_model_name_or_path: {tiny_reward_model_dir} (Qwen2Config, vocabulary 320): a reward model "
+            "(Qwen2ForSequenceClassification): its one-label score head is the value head\n") in out
 
 
 def test_a_critic_directory_needs_no_tokenizer_but_its_weights(base, tiny_policy_dir, tmp_path, capsys):
@@ -410,11 +411,11 @@ def test_a_critic_checkpoint_and_a_two_label_classifier(base, tiny_policy_dir, t
     saved = load_critic(tiny_policy_dir).save(str(tmp_path / "critic"))  # what a run's checkpoint holds
     status, out, err = run_rl_main([*critic_args(base, saved), "--dry_run"], capsys)
     assert status == 0, out + err
-    assert (f"  critic_model_name_or_path: {saved} (Qwen2Config, vocabulary 320): a critic checkpoint: backbone and "
-            "value head as saved\n") in out
+    assert (f"  critic_model_name_or_path: {saved} (Qwen2Config, vocabulary 320): a critic checkpoint "
+            "(Qwen2ForSequenceClassification): backbone and value head as saved\n") in out
     two = copy_model(saved, tmp_path / "two_labels", config={"id2label": {"0": "LABEL_0", "1": "LABEL_1"},
                                                              "label2id": {"LABEL_0": 0, "LABEL_1": 1}})
     status, out, _ = run_rl_main([*critic_args(base, two), "--dry_run"], capsys)
     assert status == 2
-    assert (f"  - critic_model_name_or_path: '{two}' is a sequence classifier with 2 labels in its config.json; a "
+    assert (f"  - critic_model_name_or_path: {two}/config.json describes a sequence classifier with 2 labels; a "
             "critic or reward model has one output (num_labels 1)") in out

@@ -139,8 +139,9 @@ def test_published_config_passes_the_dry_run(name, overrides, tiny_policy_dir, c
     value_rows = re.search(rf"^  per_device_value_batch_size +\d+ +{re.escape(str(path))}:\d+ +(.*)$", table, re.M)
     if raw["rl_algorithm"] in CRITIC:
         # The critic is checked as a model and said in one line; its keys have their effect.
-        assert (f"  critic_model_name_or_path: {tiny_policy_dir} (Qwen2Config, vocabulary 320): a causal LM: its "
-                "backbone with a new value head initialised to zeros\n") in out
+        assert (f"  critic_model_name_or_path: {tiny_policy_dir} (Qwen2Config, vocabulary 320): a causal LM "
+                "(Qwen2ForCausalLM): its backbone with a new value head initialised to zeros (every value starts at "
+                "0; the LM head's weights are dropped)\n") in out
         assert value_rows is None and "critic_learning_rate" not in table
         # lr_scheduler_type constant: min_learning_rate (set to the peak rate in these files) does not decay to.
         assert re.search(rf"^  min_learning_rate +\S+ +{re.escape(str(path))}:\d+ +lr_scheduler_type "
