@@ -81,7 +81,7 @@ def sequence_classifier_class(config: Any) -> type | None:
     import paddlenlp.transformers as transformers
 
     for arch in getattr(config, "architectures", None) or []:
-        for suffix in ("ForCausalLM", "ForSequenceClassification", "Model"):
+        for suffix in ("ForCausalLM", "ForSequenceClassification"):
             if arch.endswith(suffix) and arch != suffix:
                 found = getattr(transformers, arch[:-len(suffix)] + "ForSequenceClassification", None)
                 if found is not None:
@@ -220,7 +220,8 @@ def critic_plan(config: Any, path: str, *, key: str = "critic_model_name_or_path
             REWARD_MODEL: "its one-label score head is the value head",
             CAUSAL_LM: "its backbone with a new value head initialised to zeros (every value starts at 0; the LM "
                        "head's weights are dropped)"}[kind]
-    if kind in (CRITIC, CAUSAL_LM) and sequence_classifier_class(config) is None:
+    # A saved ValueModel stays one even where a later PaddleNLP gains a sequence classifier for its family.
+    if (kind == CRITIC and not classifier) or (kind == CAUSAL_LM and sequence_classifier_class(config) is None):
         head_file = os.path.join(path, VALUE_HEAD_FILE)
         if kind == CRITIC and not os.path.isfile(head_file):
             raise FileNotFoundError(f"{key}: {path} is a critic checkpoint ({path}/config.json: score_type "

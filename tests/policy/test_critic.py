@@ -453,3 +453,20 @@ def test_a_llama_critic_is_a_value_model_that_saves_and_loads(tiny_llama_dir, tm
     os.remove(tmp_path / "llama_critic" / VALUE_HEAD_FILE)
     with pytest.raises(FileNotFoundError, match="without its value head"):
         load_critic(out)
+
+
+def test_a_saved_value_model_stays_one_where_a_sequence_classifier_exists(tiny_policy_dir, tmp_path):
+    """A ValueModel critic of a family that has (or later gains) a PaddleNLP sequence classifier (here Qwen2) loads
+    as the ValueModel it is, with its saved head, never as a classifier with a fresh `score`."""
+    from paddlenlp.transformers import AutoModel
+
+    from paddle_grpo.policy.critic import ValueModel
+
+    head = paddle.nn.Linear(64, 1, bias_attr=False)
+    head.weight.set_value(np.random.default_rng(5).normal(0, 0.1, size=(64, 1)).astype("float32"))
+    model = ValueModel(AutoModel.from_pretrained(tiny_policy_dir, dtype="float32"), head)
+    model.config.score_type = "critic"
+    model.save_pretrained(str(tmp_path / "vm"))
+    critic = load_critic(str(tmp_path / "vm"))
+    assert critic.kind == CRITIC and isinstance(critic.model, ValueModel)
+    np.testing.assert_array_equal(critic.head.weight.numpy(), head.weight.numpy())
