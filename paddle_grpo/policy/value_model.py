@@ -121,19 +121,26 @@ def read_weights(path: str) -> dict[str, np.ndarray]:
 
 def load_score_layout(path: str, config: Any, dtype: str, what: str) -> ValueModel:
     """A ValueModel of PaddleNLP's AutoModelForScore checkpoint in `path`, read without PaddleNLP's class:
-    `model.*` is the backbone (split for this rank by the family's own tensor-parallel mappings when the config
+    `model.*` (`<base_model_prefix>.*` in PaddleNLP's older LlamaModelForScore) is the backbone (split for this rank
+    by the family's own tensor-parallel mappings when the config asks for it), `score_head` the value head (one
+    output: score_dim 1); `normalizer.*` is dropped, as PaddleNLP itself loads a critic (score_type critic: identity
+    normalisation). Anything else is an error naming it."""A ValueModel of PaddleNLP's AutoModelForScore checkpoint in `path`, read without PaddleNLP's class:
+    `model.*` (or `<base_model_prefix>.*`, PaddleNLP's older LlamaModelForScore) is the backbone (split for this rank by the family's own tensor-parallel mappings when the config
     asks for it), `score_head` the value head (one output: score_dim 1); `normalizer.*` is dropped, as PaddleNLP
     itself loads a critic (score_type critic: identity normalisation). Anything else is an error naming it."""
     state = read_weights(path)
-    unknown = sorted(k for k in state if not k.startswith((SCORE_BACKBONE, SCORE_HEAD, SCORE_NORMALIZER)))
+    cls = backbone_class(config)
+    # AutoModelForScore keeps its backbone in `model`; PaddleNLP's older per-family classes (LlamaModelForScore) in
+    # the family's own attribute (`llama`)
+    prefix = SCORE_BACKBONE if any(k.startswith(SCORE_BACKBONE) for k in state) else cls.base_model_prefix + "."
+    unknown = sorted(k for k in state if not k.startswith((prefix, SCORE_HEAD, SCORE_NORMALIZER)))
     weight, bias = state.get(SCORE_HEAD + "weight"), state.get(SCORE_HEAD + "bias")
     if unknown or weight is None or weight.shape != (config.hidden_size, 1):
-        raise ValueError(f"{what}: not an AutoModelForScore checkpoint with one score (model.*, score_head.weight "
+        raise ValueError(f"{what}: not an AutoModelForScore checkpoint with one score ({prefix}*, score_head.weight "
                          f"[{config.hidden_size}, 1]): score_head.weight is "
                          f"{None if weight is None else list(weight.shape)}; unexpected keys {unknown[:5]}")
-    cls = backbone_class(config)
     config.architectures = [cls.__name__]  # the mappings' names then carry no prefix, as the backbone's own
-    backbone_state = {k[len(SCORE_BACKBONE):]: v for k, v in state.items() if k.startswith(SCORE_BACKBONE)}
+    backbone_state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
     if int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1:
         for name, split in cls._get_tensor_parallel_mappings(config, is_split=True).items():
             if name in backbone_state:

@@ -190,12 +190,13 @@ def test_the_plan_reads_config_json_only(tiny_reward_model_dir, tiny_policy_dir,
                                                                      "with a new value head initialised to zeros")
 
 
-def _score_layout(reward_dir, out, safetensors=False):
+def _score_layout(reward_dir, out, safetensors=False, backbone="model."):
     """The reward model's weights in PaddleNLP's AutoModelForScore layout (llm/alignment/ppo/models/score_model.py:
     `model` = AutoModel backbone, `score_head` Linear(hidden, score_dim), `normalizer` buffers mean/var/count;
-    save_pretrained writes architectures ["AutoModelForScore"] and the score config fields) in directory `out`."""
+    save_pretrained writes architectures ["AutoModelForScore"] and the score config fields) in directory `out`.
+    `backbone="qwen2."`: the older per-family classes' layout (LlamaModelForScore keeps its LlamaModel in `llama`)."""
     state = _file_state(reward_dir)
-    layout = {("model." + k[len("qwen2."):] if k.startswith("qwen2.") else "score_head.weight"): v
+    layout = {(backbone + k[len("qwen2."):] if k.startswith("qwen2.") else "score_head.weight"): v
               for k, v in state.items()}
     assert set(state) - {k for k in state if k.startswith("qwen2.")} == {"score.weight"}
     layout.update({"normalizer.mean": np.zeros([1], "float32"), "normalizer.var": np.ones([1], "float32"),
@@ -219,16 +220,16 @@ def _score_layout(reward_dir, out, safetensors=False):
     return str(out)
 
 
-@pytest.mark.parametrize("safetensors", [False, True])
+@pytest.mark.parametrize("safetensors, backbone", [(False, "model."), (True, "model."), (False, "qwen2.")])
 def test_a_paddlenlp_score_model_loads_with_its_score_head(tiny_reward_model_dir, tmp_path, caplog, monkeypatch,
-                                                          safetensors):
+                                                          safetensors, backbone):
     """PaddleNLP's AutoModelForScore checkpoint: with PaddleNLP's class when installed, else read into a ValueModel;
     the same weights as the reward model it was made of, so the same values bit for bit (PaddleNLP's forward on
     both sides: PADDLE_GRPO_FAST=0)."""
     from paddle_grpo.policy.critic import SCORE_MODEL, paddlenlp_score_model
 
     monkeypatch.setenv("PADDLE_GRPO_FAST", "0")
-    path = _score_layout(tiny_reward_model_dir, tmp_path / "score", safetensors)
+    path = _score_layout(tiny_reward_model_dir, tmp_path / "score", safetensors, backbone)
     with caplog.at_level(logging.INFO, logger="paddle_grpo.policy"):
         critic = load_critic(path)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("critic:")]
