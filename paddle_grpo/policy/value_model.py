@@ -124,10 +124,7 @@ def load_score_layout(path: str, config: Any, dtype: str, what: str) -> ValueMod
     `model.*` (`<base_model_prefix>.*` in PaddleNLP's older LlamaModelForScore) is the backbone (split for this rank
     by the family's own tensor-parallel mappings when the config asks for it), `score_head` the value head (one
     output: score_dim 1); `normalizer.*` is dropped, as PaddleNLP itself loads a critic (score_type critic: identity
-    normalisation). Anything else is an error naming it."""A ValueModel of PaddleNLP's AutoModelForScore checkpoint in `path`, read without PaddleNLP's class:
-    `model.*` (or `<base_model_prefix>.*`, PaddleNLP's older LlamaModelForScore) is the backbone (split for this rank by the family's own tensor-parallel mappings when the config
-    asks for it), `score_head` the value head (one output: score_dim 1); `normalizer.*` is dropped, as PaddleNLP
-    itself loads a critic (score_type critic: identity normalisation). Anything else is an error naming it."""
+    normalisation). Anything else is an error naming it."""
     state = read_weights(path)
     cls = backbone_class(config)
     # AutoModelForScore keeps its backbone in `model`; PaddleNLP's older per-family classes (LlamaModelForScore) in
