@@ -305,3 +305,28 @@ def test_the_step_guard_rewinds_the_critics_schedule_counters_and_loss_scale(wor
     trainer.guard.restore()
     assert json.dumps(critic.state_dict(), sort_keys=True) == before
     assert critic.optimizer.get_lr() == 1e-2
+
+
+def test_the_positive_example_lm_loss_is_the_nll_of_the_best_rows_of_each_group(workdir, tiny_policy_dir, tmp_path,
+                                                                               monkeypatch):
+    """VAPO, one mini-batch: train/positive_lm_loss is the mean of -log p over the tokens of the rows whose reward is
+    their group's highest, in groups whose rewards differ (numpy, from the rollout's own log-probs: the update's
+    first forward is the sampling policy)."""
+    from numerics import tiny_lm_tol
+
+    trainer = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "out", rl_algorithm="vapo", max_steps=1))
+    seen = {}
+    update = step.update
+    monkeypatch.setattr(step, "update", lambda par, learner, inputs, *a: seen.update(inputs=inputs) or
+                        update(par, learner, inputs, *a))
+    metrics = trainer.train_step()
+    b = seen["inputs"].batch
+    rewards = b.rewards.reshape(-1, 4)  # rollout_n 4: a group per row
+    best = (rewards == rewards.max(1, keepdims=True)) & (rewards.max(1) > rewards.min(1))[:, None]
+    assert 0 < best.sum() < len(b)
+    mask = b.completion_mask.numpy().astype(bool) & best.reshape(-1)[:, None]
+    lp = b.sample_logprobs.numpy().astype(np.float64)
+    want = -lp[mask].mean()
+    np.testing.assert_array_equal(seen["inputs"].positive.numpy().astype(bool), mask)
+    # the rollout's log-probs against the update's forward: another code path of the tiny policy (numerics)
+    assert metrics["train/positive_lm_loss"] == pytest.approx(want, abs=tiny_lm_tol(128, 2, 320) + 1e-6 * want)
