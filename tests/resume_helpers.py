@@ -1,5 +1,19 @@
-"""Shared by the in-process resume tests (tests/test_trainer.py, tests/policy/test_lora.py)."""
+"""Shared by the in-process trainer tests (tests/test_trainer.py, tests/test_ppo.py, tests/policy/test_lora.py, ...)."""
+import json
+import os
+
 from paddle_grpo.trainer import Trainer
+
+
+def params(model):
+    """{name: numpy copy} of a model's parameters (a snapshot: later updates do not change it)."""
+    return {n: p.numpy().copy() for n, p in model.named_parameters()}
+
+
+def read_metrics(out):
+    """The rows of a run's metrics.jsonl, in order."""
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
 
 
 def full_and_resumed(make_cfg, out_dir, steps_before_stop, **common):

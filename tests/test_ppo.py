@@ -19,7 +19,7 @@ from numerics import f32_sum_tol
 from paddle_grpo import step
 from paddle_grpo.config import config_from_dict
 from paddle_grpo.trainer import Trainer
-from resume_helpers import full_and_resumed
+from resume_helpers import full_and_resumed, params, read_metrics
 
 NAMES = ["Ann", "Bob", "Cid", "Dan", "Eve", "Fay", "Gus", "Hal"]
 # 1 for a completion naming the prompt's person, plus a length term: rewards vary within and across groups.
@@ -51,15 +51,6 @@ def make_cfg(workdir, policy_dir, out, **overrides):
                   disable_tqdm=True, seed=7, temperature=1.0)
     values.update(overrides)
     return config_from_dict(values)
-
-
-def params(model):
-    return {n: p.numpy().copy() for n, p in model.named_parameters()}
-
-
-def read_metrics(out):
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 @pytest.mark.parametrize("algorithm", ["ppo", "vapo"])

@@ -17,6 +17,7 @@ from paddle_grpo.config import FIELDS, Config, config_from_dict
 from paddle_grpo.policy import load_policy
 from paddle_grpo.precision import (CPU_REASONS, GPU_EFFECT, NOT_IMPLEMENTED, Amp, LossScale, PrecisionPlan,
                                    plan_for_run, precision_plan)
+from resume_helpers import params
 
 FLAGS = ("use_flash_attention", "use_fused_rms_norm", "use_fused_rope", "use_fused_linear")
 
@@ -270,10 +271,6 @@ def make_trainer(files, policy_dir, out, **overrides):
                   kl_coeff=0.0, save_strategy="no", disable_tqdm=True, seed=3, temperature=1.0)
     values.update(overrides)
     return Trainer(config_from_dict(values))
-
-
-def params(model):
-    return {n: p.numpy().copy() for n, p in model.named_parameters()}
 
 
 def test_on_cpu_bf16_is_reported_and_the_step_is_exactly_the_float32_one(trainer_files, tiny_policy_dir, tmp_path,

@@ -20,7 +20,7 @@ from paddle_grpo import step
 from paddle_grpo.config import config_from_dict
 from paddle_grpo.rewards.client import RewardServerError
 from paddle_grpo.trainer import Trainer, TrainingError
-from resume_helpers import full_and_resumed
+from resume_helpers import full_and_resumed, params, read_metrics
 
 NAMES = ["Ann", "Bob", "Cid", "Dan", "Eve", "Fay", "Gus", "Hal", "Ivy", "Jon", "Kim", "Lea"]
 
@@ -63,15 +63,6 @@ def make_cfg(workdir, tiny_policy_dir, out, **overrides):
                   save_strategy="no", disable_tqdm=True, seed=7, temperature=1.0)
     values.update(overrides)
     return config_from_dict(values)
-
-
-def params(model):
-    return {n: p.numpy().copy() for n, p in model.named_parameters()}
-
-
-def read_metrics(out):
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 EXPECTED_TRAIN_METRICS = {

@@ -3,7 +3,7 @@ critic's returns) estimated over the global batch (docs/algorithms.md sections 1
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -13,10 +13,30 @@ from ..algorithms import (RunningRewardNormalizer, advantage_estimator_spec, cli
                           scalar_to_token_level)
 from ..parallel import ParallelContext
 from ..policy import Critic, Policy
-from .batch import Batch, GlobalRows, _in_row_order, model_precision, plan_micro_batches
+from .batch import Batch, GlobalRows, MicroBatch, _in_row_order, model_precision, plan_micro_batches
 from .critic_update import CriticInputs
 from .metrics import AdvantageMetrics, RewardMetrics, ValueMetrics
 from .policy_update import UpdateInputs
+
+
+def _eval_passes(model: paddle.nn.Layer, batch: Batch, rows_per_pass: int, cfg: Any,
+                 forward: Callable[[MicroBatch], Any], amp: Any) -> Tuple[List[MicroBatch], list]:
+    """`forward(mb)` of each micro-batch of `rows_per_pass` rows (`plan_micro_batches`: sorted by length and trimmed
+    with use_remove_padding or max_tokens_per_micro_batch), with `model` in eval mode (no dropout, as the rollout
+    that sampled the rows) and at the update's precision (`model_precision(amp)`); the plan and the results."""
+    plan = plan_micro_batches(batch.prompt_mask.numpy(), batch.completion_mask.numpy(),
+                              np.arange(batch.completion_ids.shape[0]), rows_per_pass, cfg)
+    was_training = model.training
+    model.eval()
+    out = []
+    try:
+        for mb in plan:
+            with model_precision(amp):
+                out.append(forward(mb))
+    finally:
+        if was_training:
+            model.train()
+    return plan, out
 
 
 @paddle.no_grad()
@@ -27,23 +47,12 @@ def logprobs(policy: Policy, batch: Batch, cfg: Any, vocab_parallel: Any = None,
     max_tokens_per_micro_batch: `plan_micro_batches`), in eval mode (no dropout), as the rollout that sampled them,
     and at the update's precision (`model_precision(amp)`). Padding positions hold meaningless values (0 beyond a
     trimmed micro-batch's width)."""
-    out, ent = [], []
     n, T = batch.completion_ids.shape
-    plan = plan_micro_batches(batch.prompt_mask.numpy(), batch.completion_mask.numpy(), np.arange(n),
-                              cfg.per_device_logprob_batch_size, cfg)
-    model = policy.model
-    was_training = model.training
-    model.eval()
-    try:
-        for mb in plan:
-            with model_precision(amp):  # float32 log-probs out either way
-                lp, e = policy.logprobs(*mb.inputs(batch), temperature=cfg.temperature, with_entropy=with_entropy,
-                                        vocab_parallel=vocab_parallel)
-            out.append(lp)
-            ent.append(e)
-    finally:
-        if was_training:
-            model.train()
+    plan, parts = _eval_passes(policy.model, batch, cfg.per_device_logprob_batch_size, cfg,
+                               lambda mb: policy.logprobs(*mb.inputs(batch), temperature=cfg.temperature,
+                                                          with_entropy=with_entropy, vocab_parallel=vocab_parallel),
+                               amp)  # float32 log-probs out either way
+    out, ent = [lp for lp, _ in parts], [e for _, e in parts]
     return _in_row_order(out, plan, T), (_in_row_order(ent, plan, T) if with_entropy else None)
 
 
@@ -178,19 +187,8 @@ def values(critic: Critic, batch: Batch, cfg: Any, amp: Any = None) -> paddle.Te
     `plan_micro_batches`), in eval mode and at the update's precision (`model_precision(amp)`). Padding positions
     hold meaningless values (0 beyond a trimmed micro-batch's width)."""
     n, T = batch.completion_ids.shape
-    plan = plan_micro_batches(batch.prompt_mask.numpy(), batch.completion_mask.numpy(), np.arange(n),
-                              cfg.per_device_value_batch_size, cfg)
-    model = critic.model
-    was_training = model.training
-    model.eval()
-    out = []
-    try:
-        for mb in plan:
-            with model_precision(amp):
-                out.append(critic.values(*mb.inputs(batch)).astype("float32"))
-    finally:
-        if was_training:
-            model.train()
+    plan, out = _eval_passes(critic.model, batch, cfg.per_device_value_batch_size, cfg,
+                             lambda mb: critic.values(*mb.inputs(batch)).astype("float32"), amp)
     return _in_row_order(out, plan, T)
 
 
