@@ -174,7 +174,7 @@ class Trainer:
             metrics["train/kl"] = step.reference_kl(par, batch, ref_lp)
 
         t0 = time.perf_counter()
-        if self.step >= cfg.pretrain_critic_steps:  # VAPO's value pretraining: the first steps train the critic only
+        if critic is None or self.step >= cfg.pretrain_critic_steps:  # VAPO's value pretraining: critic only first
             metrics.update(step.update(par, self.learner, inputs, cfg, geo, self.step, par.vocab_parallel).as_dict())
         if critic is not None:
             metrics.update(step.update_critic(critic, critic_inputs, cfg, geo, self.step).as_dict())

@@ -190,6 +190,18 @@ def test_pretrain_critic_steps_train_the_critic_alone_first(workdir, tiny_policy
     assert trainer.critic_learner.state.optimizer_steps == 2
 
 
+def test_pretrain_critic_steps_without_a_critic_leave_the_policy_update_alone(workdir, tiny_policy_dir, tmp_path):
+    """The key has no effect without a critic (config notes say so): a GRPO step still updates the policy."""
+    trainer = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "out", rl_algorithm="grpo",
+                               pretrain_critic_steps=2))
+    assert trainer.critic_learner is None
+    before = params(trainer.policy.model)
+    first = trainer.train_step()
+    after = params(trainer.policy.model)
+    assert "train/policy_loss" in first and trainer.learner.state.optimizer_steps == 1
+    assert any(not np.array_equal(before[k], after[k]) for k in before)
+
+
 def test_a_resumed_run_continues_exactly_with_the_critic(workdir, tiny_policy_dir, tmp_path):
     """VAPO with value pretraining, a decaying critic schedule with warm-up and 2 mini-batches: stopped and resumed
     at step 2, steps 3-4 and both models equal the uninterrupted run's bit for bit."""
