@@ -39,6 +39,7 @@ from typing import Any
 
 import paddle
 
+from . import fast_qwen2
 from .base import is_encoder_decoder, position_ids_from_mask
 from .causal import model_config, prepare_loaded
 from .hub import resolve_model_dir
@@ -80,6 +81,13 @@ class Critic:
         Column t is the head applied to the backbone's final hidden state (after the final norm) at position
         L + t - 1 of prompt + completion, the position whose output predicts completion token t (as in
         causal.completion_logprobs). Positions where completion_mask is 0 hold meaningless values."""
+        if fast_qwen2.enabled_for_backbone(self.model):
+            # The policy's lean Qwen2 forward (shared prompts, fused projections): the same hidden states, at the
+            # cost of one policy pass without its LM head (tests/policy/test_critic_fast.py).
+            fast = fast_qwen2.Qwen2Fast(self.model)
+            hidden = fast.final_hidden(fast.prompt_completion_hidden(prompt_ids, prompt_mask, completion_ids,
+                                                                     completion_mask))
+            return self.head(hidden).squeeze(-1).astype("float32")
         input_ids = paddle.concat([prompt_ids, completion_ids], axis=1)
         attention_mask = paddle.concat([prompt_mask, completion_mask], axis=1).astype("int64")
         L = prompt_ids.shape[1]

@@ -53,13 +53,27 @@ ENV_SWITCH = "PADDLE_GRPO_FAST"
 
 def enabled_for(model: paddle.nn.Layer) -> bool:
     """Whether the lean path computes exactly what `model`'s own forward would (see the module docstring)."""
-    if os.environ.get(ENV_SWITCH, "1") == "0":
-        return False
     try:
         from paddlenlp.transformers import Qwen2ForCausalLM
     except ImportError:
         return False
-    if type(model) is not Qwen2ForCausalLM:
+    return type(model) is Qwen2ForCausalLM and _plain_qwen2(model)
+
+
+def enabled_for_backbone(model: paddle.nn.Layer) -> bool:
+    """Whether `prompt_completion_hidden` computes exactly what the decoder `model.qwen2` of a one-label
+    `Qwen2ForSequenceClassification` (the critic, policy/critic.py) would: the same conditions as `enabled_for`.
+    Such a Qwen2Fast has no LM head (`logits` is unavailable; `final_hidden` is)."""
+    try:
+        from paddlenlp.transformers import Qwen2ForSequenceClassification
+    except ImportError:
+        return False
+    return type(model) is Qwen2ForSequenceClassification and _plain_qwen2(model)
+
+
+def _plain_qwen2(model: paddle.nn.Layer) -> bool:
+    """The conditions of `enabled_for` on the decoder `model.qwen2` and the config."""
+    if os.environ.get(ENV_SWITCH, "1") == "0":
         return False
     c = model.config
     # Plain nn.Linear projections only: a LoRA (or quantised) layer put inside the model has extra weights that
@@ -110,7 +124,8 @@ class Qwen2Fast:
         decoder = model.qwen2
         self.embed = decoder.embed_tokens.weight
         self.final_norm = decoder.norm.weight
-        self.head, self.head_t = model.lm_head.weight, model.lm_head.transpose_y
+        head = getattr(model, "lm_head", None)  # None: a critic's backbone (enabled_for_backbone)
+        self.head, self.head_t = (head.weight, head.transpose_y) if head is not None else (None, False)
         self.layers = []
         for layer in decoder.layers:
             a, m = layer.self_attn, layer.mlp
