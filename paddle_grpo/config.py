@@ -514,9 +514,11 @@ class CriticArguments:
     """PaddleNLP's PPO / VAPO keys: the critic (value model) of the estimators that need values (rl_algorithm ppo,
     vapo). With another rl_algorithm they have no effect, and each key set says so in one line."""
     critic_model_name_or_path: str = arg("", "The critic (value model): a local directory or a hub ID, resolved as "
-                                             "actor_model_name_or_path is. A PaddleNLP score / critic checkpoint "
-                                             "loads with its value head, a reward model directory with its score "
-                                             "head, a causal LM with a new value head (the start-up log says which). "
+                                             "actor_model_name_or_path is. A critic checkpoint (a run's "
+                                             "checkpoint-N/critic) or PaddleNLP score model loads with its head, a "
+                                             "reward model directory with its score head as the value head, a "
+                                             "causal LM with a new value head initialised to zeros (policy/"
+                                             "critic.py; the start-up log and --dry_run say which). "
                                              "It must share the policy's vocabulary (it reads the policy's token "
                                              "ids). Required by rl_algorithm ppo and vapo.")
     critic_learning_rate: float = arg(5e-7, "Peak learning rate of the critic's AdamW.")
@@ -638,7 +640,7 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
         """Config key `key` as set, or when it is left at None the estimator's default for it (its spec's
         key_defaults), or `fallback`."""
         value = getattr(self, key)
-        return dict(self._estimator.key_defaults).get(key, fallback) if value is None else value
+        return self._estimator.key_default(key, fallback) if value is None else value
 
     @property
     def min_lr_ratio(self) -> float:
@@ -999,12 +1001,6 @@ CRITIC_KEYS = ("critic_model_name_or_path", "critic_learning_rate", "critic_min_
 CONSTANT_SCHEDULES = ("constant", "constant_with_warmup")
 
 
-def option_keys(spec: Any) -> Tuple[str, ...]:
-    """The config keys an estimator spec's `config_options` read: an entry is a key passed as the option of the same
-    name, or a (config key, option name) pair."""
-    return tuple(o if isinstance(o, str) else o[0] for o in spec.config_options)
-
-
 def run_key_notes(cfg: Config) -> Dict[str, str]:
     """Key -> why it has no effect in this run, whatever the device: the critic's keys when the estimator trains no
     critic, an estimator option (gamma, lam, norm_adv_by_std, ...) the chosen estimator does not take, a decay floor
@@ -1015,9 +1011,9 @@ def run_key_notes(cfg: Config) -> Dict[str, str]:
     algorithm, notes = repr(cfg.rl_algorithm), {}
     users: Dict[str, List[str]] = {}
     for spec in specs:
-        for key in option_keys(spec):
+        for key in spec.config_keys:
             users.setdefault(key, []).append(spec.name)
-    mine = option_keys(cfg._estimator)
+    mine = cfg._estimator.config_keys
     for key, names in users.items():
         if key not in mine:
             notes[key] = f"rl_algorithm {algorithm} does not take it (an option of rl_algorithm {', '.join(names)})"
@@ -1054,7 +1050,7 @@ def reward_kl_notes(cfg: Config, given: Dict[str, str]) -> List[str]:
     `use_kl_in_reward` with an estimator that always takes the KL per token, or with `kl_coeff` 0."""
     from .algorithms import advantage_estimator_spec  # paddle: see _from_algorithms
     out = []
-    per_token = advantage_estimator_spec(cfg.rl_algorithm).kl_in_reward != "sequence"  # "token", "token_rewards"
+    per_token = advantage_estimator_spec(cfg.rl_algorithm).reward_kl_per_token
     if "kl_coeff" in given and cfg.kl_coeff != 0 and cfg.reward_kl_coeff == 0:
         out.append(f"{given['kl_coeff']}: key 'kl_coeff' has no effect here: rl_algorithm {cfg.rl_algorithm!r} "
                    "keeps the reference KL out of the reward, as PaddleNLP's GRPO does (its KL is kl_loss_coeff); "
@@ -1177,12 +1173,12 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
     if cfg.rollout_n < estimator.min_group_size:
         fail("rollout_n", f"{cfg.rl_algorithm} needs at least {estimator.min_group_size} samples per prompt (its "
                           "advantage compares each sample with the others of its group)")
-    unknown_options = [k for k in option_keys(estimator) if k not in FIELDS]
+    unknown_options = [k for k in estimator.config_keys if k not in FIELDS]
     unknown_options += [k for k, _ in estimator.key_defaults if k not in FIELDS]
     if unknown_options:
         fail("rl_algorithm", f"the estimator takes config option {unknown_options[0]!r}, which is not a config key")
     if estimator.needs_values:
-        critic_refusals(cfg, fail)
+        critic_refusals(cfg, given)
     has_rm = bool(cfg.reward_model_name_or_path.strip())
     if has_rm and cfg.use_rm_server:
         fail("reward_model_name_or_path", "is set while use_rm_server is true: the reward server hosts the reward "
@@ -1194,7 +1190,8 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
         fail("reward_server", "is empty while use_rm_server is true")
     if not cfg.use_rm_server and not cfg.reward_funcs.strip() and not has_rm:
         fail("reward_funcs", "is empty while use_rm_server is false: name the reward functions to run in-process "
-                             "(for example reward_funcs: kk), or set reward_model_name_or_path")
+                             "(for example reward_funcs: kk), or set reward_model_name_or_path (or "
+                             "use_rule_reward: true, PaddleNLP's GSM8K rule reward)")
     if cfg.reward_weights is not None:
         n_funcs = len([r for r in cfg.reward_funcs.split(",") if r.strip()]) + has_rm
         listed = f"{cfg.reward_funcs}, then the reward model, whose weight comes last" if has_rm else cfg.reward_funcs
@@ -1227,18 +1224,23 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
     return cfg
 
 
-def critic_refusals(cfg: Config, fail: Callable[[str, str], None]) -> None:
-    """The layouts a critic run (Config.needs_critic) refuses, each naming its keys: no critic model, pipeline
-    stages (the critic is built whole on each rank: policy/critic.py has no pipeline layers). An encoder-decoder
-    policy is refused by `encoder_decoder_refusal` where the policy's config.json is read (dry run, start-up)."""
+def critic_refusals(cfg: Config, given: Dict[str, str]) -> None:
+    """Raise ConfigError for what a critic run (Config.needs_critic) refuses, naming the keys and where they were
+    set: no critic model, pipeline stages (the critic is built whole on each rank: policy/critic.py has no pipeline
+    layers). An encoder-decoder policy is refused by `encoder_decoder_refusal` where the policy's config.json is
+    read (dry run, start-up)."""
     algorithm = f"rl_algorithm {cfg.rl_algorithm!r} trains a critic (value model)"
+    place = given.get("critic_model_name_or_path") or given.get("rl_algorithm")
     if not cfg.critic_model_name_or_path.strip():
-        fail("critic_model_name_or_path", f"is empty: {algorithm}; name its directory or hub ID (PaddleNLP's "
-                                          "configs use the policy's, e.g. Qwen/Qwen2.5-1.5B-Instruct)")
+        raise ConfigError(f"{place + ': ' if place else ''}key 'critic_model_name_or_path' is empty: {algorithm} "
+                          f"(rl_algorithm: {cfg.rl_algorithm}); name its directory or hub ID (PaddleNLP's configs "
+                          "use the policy's, e.g. Qwen/Qwen2.5-1.5B-Instruct)")
     if cfg.pipeline_parallel_degree > 1:
-        fail("pipeline_parallel_degree", f"must be 1: {algorithm}, and the critic is not built for pipeline stages; "
-                                         "use tensor_parallel_degree and sharding instead (critic_model_name_or_path "
-                                         f"{cfg.critic_model_name_or_path!r})")
+        place = given.get("pipeline_parallel_degree")
+        raise ConfigError(f"{place + ': ' if place else ''}key 'pipeline_parallel_degree' = "
+                          f"{cfg.pipeline_parallel_degree}: must be 1: {algorithm}, and the critic is not built for "
+                          "pipeline stages; use tensor_parallel_degree and sharding instead "
+                          f"(critic_model_name_or_path {cfg.critic_model_name_or_path!r})")
 
 
 def encoder_decoder_refusal(cfg: Config, is_encoder_decoder: bool) -> Optional[str]:

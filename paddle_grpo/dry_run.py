@@ -317,16 +317,28 @@ def critic_dir_problems(path: str, key: str = CRITIC_KEY) -> List[str]:
             f"{', '.join(held[:8]) + (', ...' if len(held) > 8 else '') or 'nothing'})"]
 
 
-def critic_kind(config: Any) -> str:
-    """What the critic starts from, by its config.json (no weights read): a model with a one-label score head
-    (a PaddleNLP critic / score checkpoint or a reward model: its backbone and head), or a causal LM (its backbone
-    and a new value head)."""
-    architectures = list(getattr(config, "architectures", None) or [])
-    if any(a.endswith("ForCausalLM") for a in architectures) or not architectures:
-        return "a causal LM: its backbone with a new value head"
-    if getattr(config, "num_labels", None) == 1:
-        return f"a score model ({architectures[0]}, one label): its backbone and its score head"
-    return f"{architectures[0]}: its backbone with a new value head"
+def critic_start(config: Any, path: str) -> Tuple[Optional[str], Optional[str]]:
+    """(what the critic starts from, problem) for a critic directory's config.json, by policy/critic.py's own
+    classification (critic_kind; no weights read): the kinds load_critic accepts, said as its start-up line says
+    them, or why it would refuse the directory."""
+    from .policy.critic import CAUSAL_LM, CRITIC, REWARD_MODEL, SCORE_MODEL, critic_kind
+
+    kind = critic_kind(config)
+    if kind in (CRITIC, REWARD_MODEL) and int(getattr(config, "num_labels", 1)) != 1:
+        return None, (f"{CRITIC_KEY}: '{path}' is a sequence classifier with {config.num_labels} labels in its "
+                      "config.json; a critic or reward model has one output (num_labels 1)")
+    if kind == SCORE_MODEL:
+        try:
+            import paddlenlp.rl.models.score_model  # noqa: F401  (what load_critic loads it with)
+        except ImportError:
+            import paddlenlp
+
+            return None, (f"{CRITIC_KEY}: '{path}' is a PaddleNLP AutoModelForScore checkpoint, and the installed "
+                          f"PaddleNLP {paddlenlp.__version__} has no AutoModelForScore to load it (policy/critic.py)")
+    what = {CRITIC: "backbone and value head as saved", SCORE_MODEL: "backbone and score head as saved",
+            REWARD_MODEL: "its one-label score head is the value head",
+            CAUSAL_LM: "its backbone with a new value head initialised to zeros"}[kind]
+    return f"a {kind}: {what}", None
 
 
 def check_critic(cfg: Config, policy_vocab: Optional[int]) -> List[str]:
@@ -339,7 +351,7 @@ def check_critic(cfg: Config, policy_vocab: Optional[int]) -> List[str]:
     name = cfg.critic_model_name_or_path.strip()
     if critic_is_built_actor(cfg):
         print(f"  {CRITIC_KEY}: the policy '{name}', built first by the '{cfg.build_actor_if_missing}' recipe: "
-              "the critic is its backbone with a new value head")
+              "a causal LM: its backbone with a new value head initialised to zeros")
         return []
     try:
         path, note = resolve_model(name, CRITIC_KEY)
@@ -366,7 +378,10 @@ def check_critic(cfg: Config, policy_vocab: Optional[int]) -> List[str]:
                 "the critic reads the policy's token ids, so it needs the policy's vocabulary"]
     if getattr(config, "is_encoder_decoder", False):
         return [f"{CRITIC_KEY}: '{path}' is an encoder-decoder model; the critic is a decoder backbone"]
-    print(f"  {CRITIC_KEY}: {path} ({type(config).__name__}, vocabulary {vocab}): {critic_kind(config)}")
+    start, problem = critic_start(config, path)
+    if problem:
+        return [problem]
+    print(f"  {CRITIC_KEY}: {path} ({type(config).__name__}, vocabulary {vocab}): {start}")
     return []
 
 

@@ -13,7 +13,6 @@ import paddle
 
 from . import checkpoint as ckpt
 from . import step
-from .policy import load_critic
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -82,10 +81,7 @@ def restore_critic(t: Trainer, path: str, state: Dict[str, Any]) -> None:
         raise FileNotFoundError(f"{path} holds no critic ({ckpt.CRITIC_DIR}/ and trainer_state.json's 'critic'): it "
                                 f"was saved by a run without one; rl_algorithm {t.cfg.rl_algorithm!r} cannot resume "
                                 "from it (start a new run from its weights instead)")
-    saved = load_critic(directory, trainable=False, **t.par.model_load_kwargs()).model.state_dict()
-    own = {k: v.dtype for k, v in learner.critic.model.state_dict().items()}  # O2: the model's own dtype
-    learner.critic.model.set_state_dict({k: v if own.get(k, v.dtype) == v.dtype else v.astype(own[k])
-                                         for k, v in saved.items()})
+    learner.critic.load_weights(directory, **t.par.model_load_kwargs())  # in place: the optimizer's parameters
     ckpt.load_optimizer(directory, t.par.inner_optimizer(learner.optimizer), learner.critic.model,
                         t.par.optimizer_shard()[0])
     learner.set_state_dict(state["critic"])

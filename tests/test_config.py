@@ -313,9 +313,18 @@ def test_wrong_type_names_key_and_value(tmp_path, line, expected):
     ("top_k: -1", "key 'top_k' = -1: must not be negative"),
     ("temperature: 0", "key 'temperature' = 0.0: must be greater than 0"),
     ("kl_coeff: -0.1", "key 'kl_coeff' = -0.1: must not be negative"),
-    ("rl_algorithm: ppo", "key 'rl_algorithm' = 'ppo': is not supported: needs a critic (value model), which "
-                          "paddle_grpo does not have; the supported algorithms are grpo, reinforce_plus_plus, "
-                          "reinforce_plus_plus_baseline, rloo"),
+    ("rl_algorithm: ppo", "key 'critic_model_name_or_path' is empty: rl_algorithm 'ppo' trains a critic (value "
+                          "model) (rl_algorithm: ppo); name its directory or hub ID"),
+    ("gamma: 1.5", "key 'gamma' = 1.5: must be in [0, 1]"),
+    ("lam: -0.1", "key 'lam' = -0.1: must be in [0, 1]"),
+    ("lam_critic: 2", "key 'lam_critic' = 2.0: must be in [0, 1]"),
+    ("vapo_alpha: 0", "key 'vapo_alpha' = 0.0: must be greater than 0"),
+    ("positive_example_lm_coeff: -0.1", "key 'positive_example_lm_coeff' = -0.1: must not be negative"),
+    ("per_device_value_batch_size: 0", "key 'per_device_value_batch_size' = 0: must be at least 1"),
+    ("pretrain_critic_steps: -1", "key 'pretrain_critic_steps' = -1: must not be negative"),
+    ("critic_warmup_ratio: 1", "key 'critic_warmup_ratio' = 1.0: must be in [0, 1)"),
+    ("clip_range_value: -1", "key 'clip_range_value' = -1.0: must not be negative"),
+    ("critic_lr_scheduler_type: step", "key 'critic_lr_scheduler_type' = 'step': must be one of 'constant'"),
     ("rl_algorithm: dpo", "key 'rl_algorithm' = 'dpo': is not supported: the supported algorithms are grpo, "),
     ("num_train_epochs: -1", "key 'num_train_epochs' = -1.0: must not be negative unless max_steps"),
     ("loss_agg_mode: mean", "key 'loss_agg_mode' = 'mean': must be one of 'token-mean'"),
@@ -548,17 +557,146 @@ def test_sharding_stage2_runs_as_stage1_with_a_warning_on_every_device(tmp_path,
         assert "not implemented here" in line
 
 
-def test_critic_configs_stop_on_rl_algorithm_first(tmp_path):
-    # Every critic key loads; the first error is rl_algorithm, even when another key would also be refused.
-    text = ("critic_model_name_or_path: Qwen/Qwen2.5-1.5B-Instruct\ncritic_learning_rate: 1e-5\n"
-            "critic_min_learning_rate: 1e-5\ncritic_lr_scheduler_type: constant\ncritic_weight_decay: 1e-2\n"
-            "critic_warmup_ratio: 0.0\npretrain_critic_steps: 50\nuse_rule_reward: true\nmin_learning_rate: 1e-6\n"
-            "use_rm_server: false\nrl_algorithm: vapo\ntop_p: 7\n")
-    with pytest.raises(ConfigError) as e:
-        load_config(write(tmp_path, text), device="cpu")
-    assert str(e.value) == (f"{tmp_path / 'cfg.yaml'}:11: key 'rl_algorithm' = 'vapo': is not supported: needs a "
-                            "critic (value model), which paddle_grpo does not have; the supported algorithms are "
-                            "grpo, reinforce_plus_plus, reinforce_plus_plus_baseline, rloo")
+CRITIC_KEYS_TEXT = ("rl_algorithm: vapo\ncritic_model_name_or_path: Qwen/Qwen2.5-1.5B-Instruct\n"
+                    "critic_learning_rate: 1e-5\ncritic_min_learning_rate: 1e-5\ncritic_lr_scheduler_type: constant\n"
+                    "critic_weight_decay: 1e-2\ncritic_warmup_ratio: 0.0\npretrain_critic_steps: 50\n"
+                    "clip_range_value: 0.5\nper_device_value_batch_size: 2\n")
+
+
+def test_paddlenlp_critic_keys_load_with_their_values():
+    # PaddleNLP's VAPO file's critic keys (5e-7 written without a dot is a string to YAML: a float here too).
+    cfg = load_config(None, [f"--{k}={v}" for k, v in yaml.safe_load(CRITIC_KEYS_TEXT).items()], device="cpu")
+    assert (cfg.rl_algorithm, cfg.needs_critic, cfg.critic_model_name_or_path) == \
+        ("vapo", True, "Qwen/Qwen2.5-1.5B-Instruct")
+    assert (cfg.critic_learning_rate, cfg.critic_min_learning_rate, cfg.critic_weight_decay) == (1e-5, 1e-5, 1e-2)
+    assert (cfg.pretrain_critic_steps, cfg.clip_range_value, cfg.per_device_value_batch_size) == (50, 0.5, 2)
+    # The new keys' defaults: PaddleNLP's hard-coded gamma 1, lambda 0.95; VAPO's lam_critic 1, alpha 0.05.
+    assert (cfg.gamma, cfg.lam, cfg.lam_critic, cfg.vapo_alpha, cfg.positive_example_lm_coeff) == \
+        (1.0, 0.95, 1.0, 0.05, None)
+
+
+@pytest.mark.parametrize("values, needs_critic, coeff", [
+    ({}, False, 0.0),                                                    # grpo: no positive-example loss
+    ({"positive_example_lm_coeff": 0.3}, False, 0.3),                    # any estimator, when set
+    ({"rl_algorithm": "ppo"}, True, 0.0),
+    ({"rl_algorithm": "vapo"}, True, 0.1),                               # VAPO's recipe: the estimator's default
+    ({"rl_algorithm": "vapo", "positive_example_lm_coeff": 0.0}, True, 0.0),  # an explicit 0 wins
+    ({"rl_algorithm": "vapo", "positive_example_lm_coeff": 0.5}, True, 0.5),
+    ({"rl_algorithm": "reinforce_plus_plus"}, False, 0.0),
+])
+def test_needs_critic_and_the_resolved_positive_lm_coeff(values, needs_critic, coeff):
+    critic = {"critic_model_name_or_path": "m"} if values.get("rl_algorithm") in ("ppo", "vapo") else {}
+    cfg = config_from_dict({**values, **critic})
+    assert cfg.needs_critic is needs_critic
+    assert cfg.positive_lm_coeff == coeff and isinstance(cfg.positive_lm_coeff, float)
+
+
+def test_min_learning_rate_ratios_and_their_bound():
+    cfg = config_from_dict({"learning_rate": 1e-6, "min_learning_rate": 2.5e-7, "lr_scheduler_type": "cosine",
+                            "critic_learning_rate": 4e-6, "critic_min_learning_rate": 1e-6})
+    # One float64 division of two correctly rounded decimals: within a few ulps of 0.25 (2^-52 ~ 2.2e-16 each).
+    assert cfg.min_lr_ratio == pytest.approx(0.25, rel=1e-15)
+    assert cfg.critic_min_lr_ratio == pytest.approx(0.25, rel=1e-15)
+    assert config_from_dict({"learning_rate": 0.0}).min_lr_ratio == 0.0
+    with pytest.raises(ConfigError, match=r"key 'min_learning_rate' = 2e-06: must not exceed learning_rate \(1e-06\): "
+                                          r"the linear schedule \(lr_scheduler_type\) decays"):
+        config_from_dict({"learning_rate": 1e-6, "min_learning_rate": 2e-6, "lr_scheduler_type": "linear"})
+    # A constant schedule never reaches the floor: PaddleNLP's files set it above or equal, and they load.
+    assert config_from_dict({"learning_rate": 1e-6, "min_learning_rate": 2e-6}).min_learning_rate == 2e-6
+    with pytest.raises(ConfigError, match="key 'critic_min_learning_rate' = 1.0: must not exceed critic_learning_rate"):
+        config_from_dict({"critic_min_learning_rate": 1.0, "critic_lr_scheduler_type": "cosine"})
+
+
+def test_a_critic_run_refuses_pipeline_stages_naming_the_keys(tmp_path):
+    text = CRITIC_KEYS_TEXT + "pipeline_parallel_degree: 2\n"
+    assert error_of(tmp_path, text) == (
+        f"{tmp_path / 'cfg.yaml'}:11: key 'pipeline_parallel_degree' = 2: must be 1: rl_algorithm 'vapo' trains a "
+        "critic (value model), and the critic is not built for pipeline stages; use tensor_parallel_degree and "
+        "sharding instead (critic_model_name_or_path 'Qwen/Qwen2.5-1.5B-Instruct')")
+    # The same layout without a critic loads.
+    assert load_config(write(tmp_path, "pipeline_parallel_degree: 2\n"), device="cpu").pipeline_parallel_degree == 2
+
+
+def test_a_critic_run_without_a_critic_model_is_refused_where_it_was_asked_for(tmp_path):
+    assert error_of(tmp_path, "seed: 1\nrl_algorithm: ppo\n") == (
+        f"{tmp_path / 'cfg.yaml'}:2: key 'critic_model_name_or_path' is empty: rl_algorithm 'ppo' trains a critic "
+        "(value model) (rl_algorithm: ppo); name its directory or hub ID (PaddleNLP's configs use the policy's, e.g. "
+        "Qwen/Qwen2.5-1.5B-Instruct)")
+    assert error_of(tmp_path, "rl_algorithm: ppo\ncritic_model_name_or_path: ' '\n").startswith(
+        f"{tmp_path / 'cfg.yaml'}:2: key 'critic_model_name_or_path' is empty")
+
+
+def test_an_encoder_decoder_policy_is_refused_only_for_a_critic_run():
+    from paddle_grpo.config import encoder_decoder_refusal
+
+    ppo = config_from_dict({"rl_algorithm": "ppo", "critic_model_name_or_path": "c", "actor_model_name_or_path": "t5"})
+    assert encoder_decoder_refusal(ppo, False) is None
+    assert encoder_decoder_refusal(config_from_dict({}), True) is None
+    message = encoder_decoder_refusal(ppo, True)
+    assert message.startswith("actor_model_name_or_path: 't5' is an encoder-decoder model, and rl_algorithm 'ppo' "
+                              "trains a critic (critic_model_name_or_path)")
+
+
+NO_CRITIC_NOTE = ("trains no critic (value model): its advantages need no values (rl_algorithm ppo, vapo train "
+                  "one)")
+
+
+# Whether a key has an effect depends on the run: the critic's keys on the estimator's spec (needs_values), the
+# estimator options on the spec's config_options, the decay floors on the schedule. One line per key set.
+@pytest.mark.parametrize("lines, notes", [
+    ("critic_learning_rate: 1e-5\nclip_range_value: 0.5\npretrain_critic_steps: 50",
+     {"critic_learning_rate": f"rl_algorithm 'grpo' {NO_CRITIC_NOTE}", "clip_range_value":
+      f"rl_algorithm 'grpo' {NO_CRITIC_NOTE}", "pretrain_critic_steps": f"rl_algorithm 'grpo' {NO_CRITIC_NOTE}"}),
+    ("rl_algorithm: rloo\nper_device_value_batch_size: 2\ngamma: 0.99",
+     {"per_device_value_batch_size": f"rl_algorithm 'rloo' {NO_CRITIC_NOTE}",
+      "gamma": "rl_algorithm 'rloo' does not take it (an option of rl_algorithm ppo, vapo)"}),
+    ("rl_algorithm: ppo\ncritic_model_name_or_path: m\nlam: 0.9\ngamma: 0.99\nvapo_alpha: 0.1\nclip_range_value: 1",
+     {"vapo_alpha": "rl_algorithm 'ppo' does not take it (an option of rl_algorithm vapo)"}),
+    ("rl_algorithm: vapo\ncritic_model_name_or_path: m\nlam: 0.9\nlam_critic: 0.9\nvapo_alpha: 0.1",
+     {"lam": "rl_algorithm 'vapo' does not take it (an option of rl_algorithm ppo)"}),
+    ("rl_algorithm: ppo\ncritic_model_name_or_path: m\nnorm_adv_by_std: false",
+     {"norm_adv_by_std": "rl_algorithm 'ppo' does not take it (an option of rl_algorithm grpo)"}),
+    ("min_learning_rate: 1e-7", {"min_learning_rate": "lr_scheduler_type 'constant' does not decay (linear and "
+                                                      "cosine decay to it)"}),
+    ("min_learning_rate: 1e-7\nlr_scheduler_type: cosine\nlearning_rate: 1e-6", {}),
+    ("rl_algorithm: vapo\ncritic_model_name_or_path: m\ncritic_min_learning_rate: 1e-7",
+     {"critic_min_learning_rate": "critic_lr_scheduler_type 'constant' does not decay (linear and cosine decay to "
+                                  "it)"}),
+    ("rl_algorithm: vapo\ncritic_model_name_or_path: m\ncritic_min_learning_rate: 1e-7\n"
+     "critic_lr_scheduler_type: linear\ncritic_learning_rate: 1e-6", {}),
+    ("rollout_n: 1\npositive_example_lm_coeff: 0.1\nrl_algorithm: reinforce_plus_plus",
+     {"positive_example_lm_coeff": "rollout_n is 1: a group of one sample has no positive example (the loss takes "
+                                   "the best-rewarded samples of groups whose rewards differ)"}),
+    ("rl_algorithm: vapo\ncritic_model_name_or_path: m\nper_device_value_batch_size: 2\n"
+     "positive_example_lm_coeff: 0.2\ngamma: 0.99", {}),
+])
+def test_a_key_without_effect_in_this_run_gets_a_one_line_note(tmp_path, caplog, lines, notes):
+    text = "use_rm_server: false\nreward_funcs: kk\nkl_coeff: 0\n" + lines + "\n"
+    path = write(tmp_path, text)
+    for device in ("cpu", "gpu"):  # whatever the device
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="paddle_grpo.config"):
+            load_config(path, device=device)
+        messages = [r.getMessage() for r in caplog.records if r.name == "paddle_grpo.config"]
+        assert len(messages) == len(notes)
+        for key, note in notes.items():
+            line = text.splitlines().index(next(x for x in text.splitlines() if x.startswith(f"{key}:"))) + 1
+            assert f"{path}:{line}: key '{key}' has no effect here: {note}" in messages
+
+
+def test_use_rule_reward_is_paddlenlps_gsm8k_rule_reward(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="paddle_grpo.config"):
+        cfg = load_config(write(tmp_path, "use_rm_server: false\nuse_rule_reward: true\n"), device="cpu")
+    assert cfg.reward_funcs == "gsm8k" and not cfg.use_rm_server
+    assert any("use_rule_reward: true: completions are scored in-process with PaddleNLP's GSM8K rule reward" in
+               r.getMessage() for r in caplog.records)
+    assert config_from_dict({"use_rm_server": False, "use_rule_reward": True,
+                             "reward_funcs": "gsm8k"}).reward_funcs == "gsm8k"
+    # What PaddleNLP would resolve by ignoring a key is refused, naming both.
+    for extra, other in (("", "use_rm_server is true"), ("use_rm_server: false\nreward_funcs: kk\n", "reward_funcs is 'kk'"),
+                         ("use_rm_server: false\nreward_model_name_or_path: rm\n", "reward_model_name_or_path is 'rm'")):
+        message = error_of(tmp_path, "use_rule_reward: true\n" + extra)
+        assert message.startswith(f"{tmp_path / 'cfg.yaml'}:1: key 'use_rule_reward' = True: ") and other in message
 
 
 def test_reward_model_is_accepted_as_the_in_process_scorer():

@@ -18,7 +18,16 @@ PENDING_CONSUMERS = {
     "bf16", "fp16", "fp16_opt_level", "amp_master_grad", "amp_custom_black_list", "amp_custom_white_list",
     "use_flash_attention", "use_fused_rms_norm", "use_fused_rope", "use_fused_linear",
     "sequence_parallel",
+    # Issue 23: the critic's keys, the decay floor and the positive-example LM loss are read by the step / trainer
+    # of branch ppo_step (cfg.critic_*, cfg.min_lr_ratio, cfg.positive_lm_coeff, ...); the lead removes them from
+    # this set when it is merged.
+    "critic_learning_rate", "critic_min_learning_rate", "critic_lr_scheduler_type", "critic_weight_decay",
+    "critic_warmup_ratio", "pretrain_critic_steps", "clip_range_value", "per_device_value_batch_size",
+    "positive_example_lm_coeff", "min_learning_rate",
 }
+# Keys config.py resolves into another key when it loads a file (the consumer reads that key): PaddleNLP's
+# use_rule_reward becomes reward_funcs gsm8k (config.resolve_rule_reward); tested below.
+RESOLVED_AT_LOAD = {"use_rule_reward": ({"use_rm_server": False, "use_rule_reward": True}, "reward_funcs", "gsm8k")}
 
 
 def _sources():
@@ -35,9 +44,12 @@ def consumed_keys():
     config_py = PACKAGE / "config.py"
     outside = "\n".join(text for path, text in sources.items() if path != config_py)
     found = {key for key in FIELDS if _read_pattern(key).search(outside)}
-    # Estimators' config_options: the step passes these keys by name (step/experience.py: getattr(cfg, key)).
-    for options in re.findall(r"config_options=\(([^)]*)\)", outside):
-        found |= set(re.findall(r"[\"'](\w+)[\"']", options)) & set(FIELDS)
+    # Estimators' config_options: the step passes these keys (EstimatorSpec.options(cfg)), read from the registry.
+    from paddle_grpo.algorithms import advantage_estimator_spec, available_advantage_estimators
+
+    for name in available_advantage_estimators():
+        found |= set(advantage_estimator_spec(name).config_keys) & set(FIELDS)
+    found |= {key for key, (_, into, _) in RESOLVED_AT_LOAD.items() if into in found}
     # config.py's helpers and derived properties (cfg.eps_low, sharding_options(cfg), ...) used outside it.
     for node in ast.walk(ast.parse(sources[config_py])):
         if isinstance(node, ast.FunctionDef) and re.search(rf"\b{node.name}\b", outside):
@@ -71,3 +83,11 @@ def test_keys_stated_without_effect_are_really_unread():
     stale = [key for key, f in FIELDS.items()
              if all(not f.metadata["effect"][d].active for d in DEVICES) and key in found]
     assert stale == []
+
+
+def test_keys_resolved_at_load_set_the_key_they_become():
+    from paddle_grpo.config import Config, config_from_dict
+
+    for key, (values, into, expected) in RESOLVED_AT_LOAD.items():
+        assert getattr(Config(), into) != expected  # the value comes from the key, not the default
+        assert getattr(config_from_dict(values), into) == expected, key

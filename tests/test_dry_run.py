@@ -291,3 +291,130 @@ def test_the_dry_run_says_which_lm_head_the_run_will_use(base, capsys):
     status, out, _ = run_rl_main([*base, "--use_fused_head_and_loss_fn", "true", "--dry_run"], capsys)
     assert status == 0
     assert "  LM head: chunked, 512 positions at a time (use_fused_head_and_loss_fn: true in the config)\n" in out
+
+
+# ------------------------------------------------------------------------------------------- critic runs (ppo, vapo)
+
+def critic_args(base, critic, algorithm="ppo"):
+    return [*base, "--rl_algorithm", algorithm, "--critic_model_name_or_path", critic]
+
+
+def copy_model(src, dst, drop=(), config=None):
+    """A copy of model directory `src` at `dst` without the files named in `drop`, its config.json updated with
+    `config`; returns dst."""
+    import shutil
+
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(*drop))
+    if config:
+        path = pathlib.Path(dst) / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **config}), encoding="utf-8")
+    return dst
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "vapo"])
+def test_a_critic_run_checks_the_critic_and_says_what_it_loads(base, tiny_policy_dir, algorithm, capsys):
+    status, out, err = run_rl_main([*critic_args(base, tiny_policy_dir, algorithm), "--per_device_value_batch_size",
+                                    "3", "--clip_range_value", "0.5", "--dry_run"], capsys)
+    assert status == 0, out + err
+    (line,) = [x for x in out.splitlines() if x.startswith("  critic_model_name_or_path:")]
+    assert line == (f"  critic_model_name_or_path: {tiny_policy_dir} (Qwen2Config, vocabulary 320): a causal LM: "
+                    "its backbone with a new value head initialised to zeros")
+    # The critic's keys have their effect here: only max_length is in the table of keys without effect.
+    assert "\nkeys set here that have no effect on this device (cpu): 1\n  max_length " in out
+
+
+def test_a_reward_model_as_critic_keeps_its_score_head(base, tiny_reward_model_dir, capsys):
+    status, out, err = run_rl_main([*critic_args(base, tiny_reward_model_dir), "--dry_run"], capsys)
+    assert status == 0, out + err
+    assert (f"  critic_model_name_or_path: {tiny_reward_model_dir} (Qwen2Config, vocabulary 320): a reward model: "
+            "its one-label score head is the value head\n") in out
+
+
+def test_a_critic_directory_needs_no_tokenizer_but_its_weights(base, tiny_policy_dir, tmp_path, capsys):
+    # A critic reads the policy's token ids: a checkpoint without tokenizer files passes; one without weights not.
+    no_tokenizer = copy_model(tiny_policy_dir, tmp_path / "critic", drop=("tokenizer*", "vocab.json", "merges.txt",
+                                                                          "special_tokens_map.json", "added_tokens.json"))
+    status, out, err = run_rl_main([*critic_args(base, no_tokenizer), "--dry_run"], capsys)
+    assert status == 0, out + err
+    no_weights = copy_model(tiny_policy_dir, tmp_path / "critic2", drop=("model_state*", "model*.safetensors*"))
+    status, out, _ = run_rl_main([*critic_args(base, no_weights), "--dry_run"], capsys)
+    assert status == 2
+    (line,) = [x for x in out.splitlines() if x.startswith("  - critic_model_name_or_path")]
+    assert line.startswith(f"  - critic_model_name_or_path: '{no_weights}' is not a whole model directory: it "
+                           "lacks model.safetensors.index.json or ")
+    # A real run stops at its start with the same key named (run_rl.py's preflight), before loading anything.
+    status, _, err = run_rl_main(critic_args(base, no_weights), capsys)
+    assert status == 2 and f"run_rl.py: error: critic_model_name_or_path: '{no_weights}' is not a whole" in err
+
+
+def test_a_critic_with_a_smaller_vocabulary_than_the_policy_is_a_problem(base, tiny_policy_dir, tmp_path, capsys):
+    # Only config.json is read (the weights, now the wrong shape, are not).
+    small = copy_model(tiny_policy_dir, tmp_path / "critic", config={"vocab_size": 100})
+    status, out, _ = run_rl_main([*critic_args(base, small), "--dry_run"], capsys)
+    assert status == 2
+    assert (f"  - critic_model_name_or_path: '{small}' has a vocabulary of 100 tokens, the policy's tokenizer 320: "
+            "the critic reads the policy's token ids, so it needs the policy's vocabulary") in out
+
+
+def test_a_critic_hub_id_is_never_downloaded(base, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("PPNLP_HOME", str(tmp_path / "empty_cache"))  # never a real cache, never a download
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    status, out, _ = run_rl_main([*critic_args(base, "Qwen/No-Such-Critic-0B"), "--dry_run"], capsys)
+    assert status == 2
+    (line,) = [x for x in out.splitlines() if x.startswith("  - critic_model_name_or_path")]
+    assert line.startswith("  - critic_model_name_or_path: 'Qwen/No-Such-Critic-0B' is neither a local directory nor "
+                           "in PaddleNLP's cache ("), line
+
+
+def test_a_critic_run_with_an_encoder_decoder_policy_is_refused(base, tmp_path, tiny_policy_dir, capsys):
+    from conftest import TINY_CORPUS
+    from paddle_grpo.recipes.seq2seq import build_tiny_seq2seq
+
+    t5 = tmp_path / "t5"
+    build_tiny_seq2seq(str(t5), TINY_CORPUS, vocab_size=300, d_model=16, ffn_dim=32, num_layers=1, num_heads=2)
+    args = [*critic_args(base, tiny_policy_dir), "--actor_model_name_or_path", t5]
+    expected = (f"actor_model_name_or_path: '{t5}' is an encoder-decoder model, and rl_algorithm 'ppo' trains a "
+                "critic (critic_model_name_or_path), which is a decoder backbone")
+    status, out, _ = run_rl_main([*args, "--dry_run"], capsys)
+    assert status == 2 and f"  - {expected}" in out
+    status, _, err = run_rl_main(args, capsys)  # the run's start: refused before anything is loaded
+    assert status == 2 and f"run_rl.py: error: {expected}" in err
+    # Without a critic the same policy passes the dry run.
+    status, out, err = run_rl_main([*base, "--actor_model_name_or_path", t5, "--dry_run"], capsys)
+    assert status == 0, out + err
+
+
+def test_a_critic_started_from_the_policy_the_recipe_builds(base, tmp_path, capsys):
+    policy = tmp_path / "built_policy"  # does not exist yet: build_actor_if_missing builds it at start-up
+    args = [*critic_args(base, policy), "--actor_model_name_or_path", policy, "--build_actor_if_missing", "quickstart"]
+    status, out, err = run_rl_main([*args, "--dry_run"], capsys)
+    assert status == 0, out + err
+    assert (f"  critic_model_name_or_path: the policy '{policy}', built first by the 'quickstart' recipe: a causal "
+            "LM: its backbone with a new value head initialised to zeros\n") in out
+    assert not policy.exists()
+
+
+def test_critic_keys_of_a_run_without_a_critic_are_in_the_table_with_the_reason(base, tmp_path, capsys):
+    status, out, _ = run_rl_main([*base, "--per_device_value_batch_size", "2", "--critic_learning_rate", "1e-5",
+                                  "--dry_run"], capsys)
+    assert status == 0
+    rows = {x.split()[0]: x for x in out.split("no effect on this device (cpu): ")[1].split("\n\n")[0].splitlines()[1:]}
+    for key in ("per_device_value_batch_size", "critic_learning_rate"):
+        assert re.match(rf"  {key} +\S+ +command line +rl_algorithm 'grpo' trains no critic \(value model\): its "
+                        r"advantages need no values \(rl_algorithm ppo, vapo train one\)$", rows[key]), rows[key]
+
+
+def test_a_critic_checkpoint_and_a_two_label_classifier(base, tiny_policy_dir, tmp_path, capsys):
+    from paddle_grpo.policy import load_critic
+
+    saved = load_critic(tiny_policy_dir).save(str(tmp_path / "critic"))  # what a run's checkpoint holds
+    status, out, err = run_rl_main([*critic_args(base, saved), "--dry_run"], capsys)
+    assert status == 0, out + err
+    assert (f"  critic_model_name_or_path: {saved} (Qwen2Config, vocabulary 320): a critic checkpoint: backbone and "
+            "value head as saved\n") in out
+    two = copy_model(saved, tmp_path / "two_labels", config={"id2label": {"0": "LABEL_0", "1": "LABEL_1"},
+                                                             "label2id": {"LABEL_0": 0, "LABEL_1": 1}})
+    status, out, _ = run_rl_main([*critic_args(base, two), "--dry_run"], capsys)
+    assert status == 2
+    assert (f"  - critic_model_name_or_path: '{two}' is a sequence classifier with 2 labels in its config.json; a "
+            "critic or reward model has one output (num_labels 1)") in out

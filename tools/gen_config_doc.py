@@ -19,7 +19,7 @@ TITLES = {
     "ParallelArguments": "Parallelism",
     "RolloutArguments": "Rollout (generation)", "TrainingArguments": "Training", "AlgorithmArguments": "RL algorithm",
     "EvalArguments": "Evaluation", "LoggingArguments": "Logging and outputs",
-    "KernelArguments": "Memory, precision and kernels", "CriticArguments": "Critic (PPO / VAPO: not supported)",
+    "KernelArguments": "Memory, precision and kernels", "CriticArguments": "Critic (PPO / VAPO)",
 }
 
 HEADER = """# Configuration reference

@@ -94,11 +94,11 @@ def gae_advantage(token_level_rewards: TensorLike, response_mask: TensorLike, in
 
 
 def vapo_policy_lambda(lengths: np.ndarray, alpha: float) -> np.ndarray:
-    """VAPO's length-adaptive `lam_policy = 1 - 1 / (alpha l)` per row (arXiv 2504.05118, eq. 8), clamped at 0.
+    """VAPO's length-adaptive `lam_policy = 1 - 1 / (alpha l)` per row (arXiv 2504.05118, section 3.2), clamped at 0.
 
-    The paper's formula is negative for `l < 1 / alpha` tokens (below 20 with its alpha 0.05), where a negative
-    lambda would make the advantage alternate in sign along the completion; the clamp gives the one-step TD
-    advantage `r_t + gamma V_{t+1} - V_t` there. Rows with no valid token get 0 (they have no advantage anyway).
+    The paper's formula is negative for `l < 1 / alpha` tokens (below 20 with its alpha 0.05), where the weights
+    `(gamma lam)^j` of the later TD errors would alternate in sign; the clamp gives the one-step TD advantage
+    `r_t + gamma V_{t+1} - V_t` there. Rows with no valid token get 0 (they have no advantage anyway).
     """
     lengths = np.asarray(lengths, dtype=np.float64)
     with np.errstate(divide="ignore"):

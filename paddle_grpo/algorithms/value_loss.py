@@ -31,12 +31,16 @@ def value_loss(values: TensorLike, old_values: TensorLike, returns: TensorLike, 
     The max picks one branch per token (`where`), so the gradient is exactly that branch's.
     """
     dtype = compute_dtype(values, old_values, returns)
-    v = as_float(values, dtype)
-    v_old = as_float(old_values, dtype).detach()
-    r = as_float(returns, dtype).detach()
     m = as_mask(mask, dtype)
+    v, v_old, r = (as_float(x, dtype) for x in (values, old_values, returns))
     check_same_shape(values=v, old_values=v_old, returns=r, mask=m)
-    v_clipped = v_old + paddle.clip(v - v_old, -clip_range_value, clip_range_value)
+    # Padding zeroed BEFORE the arithmetic: garbage there (inf / NaN from the critic's padded positions) would
+    # otherwise give NaN gradients through the unselected branch (0 * inf).
+    v, v_old, r = masked(v, m), masked(v_old, m).detach(), masked(r, m).detach()
+    # min(max(V, V_old - c), V_old + c): V itself, bit for bit, inside the range. `V_old + clip(V - V_old)` rounds
+    # there (V - V_old is inexact when V and V_old are not within a factor 2), and the clipped term then wins by an
+    # ulp on about 2 % of the tokens: clip_frac counted rounding, which differs between 1 process and 2 ranks.
+    v_clipped = paddle.minimum(paddle.maximum(v, v_old - clip_range_value), v_old + clip_range_value)
     unclipped = paddle.square(v - r)
     clipped = paddle.square(v_clipped - r)
     clip_active = clipped > unclipped

@@ -18,7 +18,8 @@ fewer and cheaper paddle ops, and it shares work between the G samples of a prom
 Numbers equal PaddleNLP's forward up to float32 rounding (tests/policy/test_fast_qwen2.py compares logits, log-probs,
 greedy generations and gradients against `Qwen2ForCausalLM.forward`).
 
-Switch: `enabled_for(model)` is True for a plain float32 `Qwen2ForCausalLM` (exact type: not a `paddle.DataParallel`
+Switch: `enabled_for(model)` is True for a plain float32 `Qwen2ForCausalLM` or the critic's
+`Qwen2ForSequenceClassification` (critic.py: hidden states only, no LM head) (exact type: not a `paddle.DataParallel`
 or LoRA wrapper) whose projections are all `nn.Linear` (no LoRA/quantised layers inside), without tensor/sequence
 parallelism, fused-qkv/ffn layouts, refined recompute, attention dropout, GPU kernel flags or an active autocast,
 unless the environment sets `PADDLE_GRPO_FAST=0`. Everything else uses PaddleNLP's forward (modeling.py / rollout.py).
@@ -53,27 +54,13 @@ ENV_SWITCH = "PADDLE_GRPO_FAST"
 
 def enabled_for(model: paddle.nn.Layer) -> bool:
     """Whether the lean path computes exactly what `model`'s own forward would (see the module docstring)."""
-    try:
-        from paddlenlp.transformers import Qwen2ForCausalLM
-    except ImportError:
-        return False
-    return type(model) is Qwen2ForCausalLM and _plain_qwen2(model)
-
-
-def enabled_for_backbone(model: paddle.nn.Layer) -> bool:
-    """Whether `prompt_completion_hidden` computes exactly what the decoder `model.qwen2` of a one-label
-    `Qwen2ForSequenceClassification` (the critic, policy/critic.py) would: the same conditions as `enabled_for`.
-    Such a Qwen2Fast has no LM head (`logits` is unavailable; `final_hidden` is)."""
-    try:
-        from paddlenlp.transformers import Qwen2ForSequenceClassification
-    except ImportError:
-        return False
-    return type(model) is Qwen2ForSequenceClassification and _plain_qwen2(model)
-
-
-def _plain_qwen2(model: paddle.nn.Layer) -> bool:
-    """The conditions of `enabled_for` on the decoder `model.qwen2` and the config."""
     if os.environ.get(ENV_SWITCH, "1") == "0":
+        return False
+    try:
+        from paddlenlp.transformers import Qwen2ForCausalLM, Qwen2ForSequenceClassification
+    except ImportError:
+        return False
+    if type(model) not in (Qwen2ForCausalLM, Qwen2ForSequenceClassification):  # the latter: the critic (no LM head)
         return False
     c = model.config
     # Plain nn.Linear projections only: a LoRA (or quantised) layer put inside the model has extra weights that
@@ -124,7 +111,7 @@ class Qwen2Fast:
         decoder = model.qwen2
         self.embed = decoder.embed_tokens.weight
         self.final_norm = decoder.norm.weight
-        head = getattr(model, "lm_head", None)  # None: a critic's backbone (enabled_for_backbone)
+        head = getattr(model, "lm_head", None)  # none in the critic (critic.py), which reads final_hidden only
         self.head, self.head_t = (head.weight, head.transpose_y) if head is not None else (None, False)
         self.layers = []
         for layer in decoder.layers:

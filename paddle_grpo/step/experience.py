@@ -135,6 +135,8 @@ def estimate_advantages(rows: GlobalRows, rewards: np.ndarray, cfg: Any) -> Esti
             seq_rewards = rewards - kl_coeff * (kl * mask).sum(-1)
         token_rewards = scalar_to_token_level(paddle.to_tensor(seq_rewards.astype(np.float32)), mask_t)
     if spec.needs_values:
+        if rows.values is None:
+            raise ValueError(f"rl_algorithm {cfg.rl_algorithm!r} needs the critic's values: pass them to gather")
         options["values"] = paddle.to_tensor((rows.values * mask).astype(np.float32))
     adv, returns = spec.fn(token_rewards, mask_t, index, **options)
     if cfg.advantage_normalization:  # normalize_advantage, off for grpo as in PaddleNLP
