@@ -318,8 +318,8 @@ def flops(shape, shared, critic=False):
     included, as they are computed). `shared`: the fast path, which runs each group's prompt once and does not feed
     the last completion token; else PaddleNLP's forward over all `N x (L + T)` tokens. The update is counted as 3x
     its forward (backward = input and weight gradients). Elementwise ops and softmax are left out. `critic`: also
-    the critic's values pass (`value`, the backbone over all `N x (L + T)` tokens: policy/critic.py runs PaddleNLP's
-    forward) and its update (`critic_update`, 3x that).
+    the critic's values pass (`value`: the policy's backbone pass, shared or not as the policy's, then a [D, 1]
+    head instead of the LM head; policy/critic.py) and its update (`critic_update`, 3x that).
     """
     D, I, V, layers = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"], shape["num_layers"]
     H, KV = shape["num_heads"], shape["num_kv_heads"]
@@ -330,16 +330,17 @@ def flops(shape, shared, critic=False):
     attn = 4 * layers * H * d                                             # per (query, key) pair
     head = 2 * D * V                                                      # per predicted token
     if shared:
-        fwd = (P * L + N * (T - 1)) * dense + (P * L * L + N * (T - 1) * (L + T - 1)) * attn + N * T * head
+        body = (P * L + N * (T - 1)) * dense + (P * L * L + N * (T - 1) * (L + T - 1)) * attn
     else:
-        fwd = N * (L + T) * dense + N * (L + T) ** 2 * attn + N * T * head
+        body = N * (L + T) * dense + N * (L + T) ** 2 * attn
+    fwd = body + N * T * head
     # Rollout: prefill the P prompts once, then T - 1 decode steps of N rows (the fast path's preallocated cache
     # attends to all L + T slots; PaddleNLP's to the L + t filled ones).
     decode_keys = (T - 1) * (L + T) if shared else sum(L + t for t in range(1, T))
     rollout = P * L * dense + P * L * L * attn + P * head + N * ((T - 1) * (dense + head) + decode_keys * attn)
     out = {"rollout": rollout / 1e9, "reference": fwd / 1e9 if shape["beta"] > 0 else 0.0, "update": 3 * fwd / 1e9}
-    if critic:  # PaddleNLP's backbone forward over all N x (L + T) tokens, then a [D, 1] head on the T positions
-        value = N * (L + T) * dense + N * (L + T) ** 2 * attn + N * T * 2 * D
+    if critic:  # the same backbone pass (the critic takes the lean path when the policy does), a [D, 1] head
+        value = body + N * T * 2 * D
         out.update(value=value / 1e9, critic_update=3 * value / 1e9)
     return out
 
