@@ -634,7 +634,8 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
     def positive_lm_coeff(self) -> float:
         """The coefficient of the positive-example LM loss: positive_example_lm_coeff, or when it is unset the
         estimator's default (EstimatorSpec.key_defaults: 0.1 for vapo), else 0."""
-        return float(self.estimator_default("positive_example_lm_coeff", 0.0))
+        coeff = self.positive_example_lm_coeff
+        return float(self._estimator.key_default("positive_example_lm_coeff", 0.0) if coeff is None else coeff)
 
     def estimator_default(self, key: str, fallback: Any) -> Any:
         """Config key `key` as set, or when it is left at None the estimator's default for it (its spec's

@@ -18,12 +18,6 @@ PENDING_CONSUMERS = {
     "bf16", "fp16", "fp16_opt_level", "amp_master_grad", "amp_custom_black_list", "amp_custom_white_list",
     "use_flash_attention", "use_fused_rms_norm", "use_fused_rope", "use_fused_linear",
     "sequence_parallel",
-    # Issue 23: the critic's keys, the decay floor and the positive-example LM loss are read by the step / trainer
-    # of branch ppo_step (cfg.critic_*, cfg.min_lr_ratio, cfg.positive_lm_coeff, ...); the lead removes them from
-    # this set when it is merged.
-    "critic_learning_rate", "critic_min_learning_rate", "critic_lr_scheduler_type", "critic_weight_decay",
-    "critic_warmup_ratio", "pretrain_critic_steps", "clip_range_value", "per_device_value_batch_size",
-    "positive_example_lm_coeff", "min_learning_rate",
 }
 # Keys config.py resolves into another key when it loads a file (the consumer reads that key): PaddleNLP's
 # use_rule_reward becomes reward_funcs gsm8k (config.resolve_rule_reward); tested below.

@@ -190,7 +190,7 @@ def test_balance_then_gather_gives_the_unbalanced_global_rows_and_balanced_share
         try:
             par = ranks.context(r)
             mine = step.balance(par, batches[r], cfg, per_mini, pad_id=0)
-            rows = step.gather(par, mine, mine.sample_logprobs, mine.sample_logprobs * 2)
+            rows = step.gather(par, mine, mine.sample_logprobs, mine.sample_logprobs * 2, mine.sample_logprobs * 4)
             out[r] = (mine, rows)
         except Exception as e:  # noqa: BLE001 (reported below)
             errors.append(e)
@@ -218,6 +218,9 @@ def test_balance_then_gather_gives_the_unbalanced_global_rows_and_balanced_share
         # values moved between rows, no arithmetic (2 * x is exact): numpy's default rtol 1e-7 holds exactly
         np.testing.assert_allclose(step.local_rows(rows, rows.old, mine), mine.sample_logprobs.numpy())
         np.testing.assert_allclose(rows.ref, 2 * rows.old)
+        # the critic's values (PPO / VAPO) travel with the other per-row data, back in rank order
+        np.testing.assert_allclose(rows.values, 4 * rows.old)
+        np.testing.assert_allclose(step.local_rows(rows, rows.values, mine), 4 * mine.sample_logprobs.numpy())
         # The rows a rank now holds are exactly some rows of the original batches (ids and masks), trimmed.
         assert mine.prompt_mask.numpy()[:, 0].any() and mine.completion_mask.numpy()[:, -1].any()
     held = np.sort(np.concatenate([o[0].row_ids for o in out]))

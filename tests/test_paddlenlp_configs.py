@@ -13,12 +13,13 @@ import os
 import pathlib
 import re
 import shlex
+import shutil
 import sys
 
 import pytest
 import yaml
 
-from dry_run_helpers import REPO, run_rl_main, write_kk_data
+from dry_run_helpers import REPO, run_rl_main
 from paddle_grpo.config import ALIASES, FIELDS
 from reward_server import create_app
 
@@ -64,13 +65,27 @@ def write_gsm8k_data(directory, n=16):
     return paths
 
 
+def write_kk_train_data(directory, n=16):
+    """train.jsonl and eval.jsonl of `n` Knights-and-Knaves records whose reference the kk reward reads."""
+    paths = []
+    for name in ("train", "eval"):
+        rows = [{"src": f"<|im_start|>user\nIsland {i}: Zoey says Ethan is a knave. Who is who?<|im_end|>\n"
+                        "<|im_start|>assistant\n<think>",
+                 "tgt": "(1) Zoey is a knight\n(2) Ethan is a knave" if i % 2 else
+                        "(1) Zoey is a knave\n(2) Ethan is a knight"} for i in range(n)]
+        path = pathlib.Path(directory) / f"kk_{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        paths.append(path)
+    return paths
+
+
 def path_overrides(path, tmp_path, model_dir, server_url, records=16):
     """The command-line overrides that point `path`'s paths at local things: every model key the file sets at
     `model_dir`; the data at small local files (GSM8K-style for the files that score with PaddleNLP's GSM8K rule
     reward, use_rule_reward, else Knights-and-Knaves), `records` prompts each; the reward server at `server_url`;
     output_dir and logging_dir under `tmp_path`."""
     raw = _raw(path)
-    write = write_gsm8k_data if raw.get("use_rule_reward") else write_kk_data
+    write = write_gsm8k_data if raw.get("use_rule_reward") else write_kk_train_data
     train, evaluation = write(tmp_path, n=records)
     models = [a for key in MODEL_KEYS if raw.get(key) for a in (f"--{key}", model_dir)]
     return [*models, "--train_datasets", train, "--eval_datasets", evaluation, "--reward_server", server_url,
@@ -176,8 +191,8 @@ def tp4_policy_dir(tmp_path_factory):
 @pytest.mark.parametrize("name", [p.name for p in FILES] or ["(none)"])
 def test_published_config_trains_one_step(name, tmp_path, tp4_policy_dir, serve, capsys):
     """The launch command the dry run prints (2 or 4 gloo processes), plus `--max_steps 1 --max_dec_len 32`,
-    trains one step: metrics.jsonl has step 1 with a finite policy loss and reward (and the critic's value loss
-    for ppo and vapo)."""
+    trains one step: metrics.jsonl has step 1 with a reward for every sample, a finite policy loss (none during
+    VAPO's pretrain_critic_steps, which update only the critic) and for ppo and vapo the critic's value loss."""
     _skip_without_configs()
     from launch_helpers import run_once
 
@@ -195,12 +210,21 @@ def test_published_config_trains_one_step(name, tmp_path, tp4_policy_dir, serve,
     script = next(i for i, a in enumerate(launch) if a.endswith("run_rl.py"))
     cmd = [sys.executable, *launch[1:script], str(REPO / "run_rl.py"), *launch[script + 1:],
            "--max_steps", "1", "--max_dec_len", "32"]
-    done = run_once(cmd, tmp_path, timeout=1800)
-    logs = "".join(p.read_text(errors="replace")[-2000:] for p in sorted((tmp_path / "log").glob("workerlog.*")))
+    for attempt in (1, 2):
+        done = run_once(cmd, tmp_path, timeout=1800)
+        # A gloo worker killed by a signal (SIGABRT under an overloaded 2-core machine, as launch_helpers.run
+        # retries: the launcher exits -6, status 250) is retried once; a real error fails the second attempt too.
+        signalled = "Exit code -" in done.stdout + done.stderr or (done.returncode or 0) >= 128
+        if done.returncode == 0 or not signalled or attempt == 2:
+            break
+        print(f"retrying after a worker died by a signal (status {done.returncode})")
+        shutil.rmtree(tmp_path / "out", ignore_errors=True)
+    logs = "".join(p.read_text(errors="replace")[-4000:] for p in sorted((tmp_path / "log").glob("workerlog.*")))
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:], logs)
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
-    (row,) = [r for r in rows if r["step"] == 1 and "train/policy_loss" in r]
-    for key in ("train/policy_loss", "train/reward"):
+    (row,) = [r for r in rows if r["step"] == 1 and "train/reward" in r]
+    assert row["train/reward_none_frac"] == 0 and math.isfinite(row["train/reward"]), row
+    keys = ["train/value_loss"] if raw["rl_algorithm"] in CRITIC else []
+    keys += ["train/policy_loss"] if raw.get("pretrain_critic_steps", 0) < 1 else []
+    for key in keys:
         assert math.isfinite(row[key]), (key, row)
-    if raw["rl_algorithm"] in CRITIC:
-        assert math.isfinite(row["train/value_loss"]), row

@@ -13,11 +13,13 @@ its config.json, and logs one start-up line that says which it found:
   for which PaddleNLP has no sequence classifier (Llama in 3.0.0b4) is a `ValueModel` instead: the backbone saved
   as PaddleNLP saves a base model (`AutoModel`, e.g. LlamaModel, config `score_type: critic`) and the head in
   `value_head.pdparams`.
-- a PaddleNLP score model (`AutoModelForScore`, PaddleNLP's own critic / reward checkpoints: `model.*` backbone and
-  `score_head` keys). Loaded with PaddleNLP's class, as its trainer does (score_type "critic", no normalisation), when
-  the installed PaddleNLP has it (`paddlenlp.rl.models.score_model`, PaddleNLP 3.0 after beta 4); otherwise refused
-  with a message naming the file. PaddleNLP 3.0.0b4, the version verified here, has no such class, so `Critic.save`
-  writes the layouts above, which every PaddleNLP 3 loads (AutoModelForSequenceClassification / AutoModel).
+- a PaddleNLP score model (`AutoModelForScore`, PaddleNLP's own critic / reward checkpoints: `model.*` backbone,
+  `score_head`, `normalizer.*` keys). Loaded with PaddleNLP's class, as its trainer does (score_type "critic", no
+  normalisation), when the installed PaddleNLP has it (`paddlenlp.rl.models.score_model`, PaddleNLP 3.0 after beta
+  4). Otherwise (PaddleNLP 3.0.0b4, the version verified here) its files are read into a ValueModel
+  (value_model.load_score_layout: the same weights, `normalizer.*` dropped as PaddleNLP drops it for critics), and
+  `Critic.save` writes the layouts above, which every PaddleNLP 3 loads (AutoModelForSequenceClassification /
+  AutoModel).
 - a reward model directory (sequence classification, one label; reward_model.py loads the same kind): its score
   head becomes the value head.
 - a plain causal LM (`AutoModelForCausalLM`, e.g. the policy itself): its backbone (the LM head's weights are
@@ -49,13 +51,15 @@ from . import fast_qwen2
 from .base import is_encoder_decoder, position_ids_from_mask
 from .causal import model_config, prepare_loaded
 from .hub import resolve_model_dir
+from .value_model import VALUE_HEAD_FILE, ValueModel, load_score_layout, load_value_model
 
 logger = logging.getLogger("paddle_grpo.policy")
 
+__all__ = ["CAUSAL_LM", "CRITIC", "REWARD_MODEL", "SCORE_MODEL", "VALUE_HEAD_FILE", "Critic", "ValueModel",
+           "critic_kind", "critic_plan", "load_critic", "paddlenlp_score_model", "sequence_classifier_class"]
+
 # What config.json's score_type says in a critic checkpoint (PaddleNLP's AutoModelForScore field and value).
 CRITIC_SCORE_TYPE = "critic"
-# The value head's weights beside a ValueModel's backbone (families without a PaddleNLP sequence classifier).
-VALUE_HEAD_FILE = "value_head.pdparams"
 # Critic.kind values, one per kind load_critic accepts.
 CRITIC, SCORE_MODEL, REWARD_MODEL, CAUSAL_LM = "critic checkpoint", "PaddleNLP score model", "reward model", "causal LM"
 
@@ -81,36 +85,12 @@ def sequence_classifier_class(config: Any) -> type | None:
     import paddlenlp.transformers as transformers
 
     for arch in getattr(config, "architectures", None) or []:
-        for suffix in ("ForCausalLM", "ForSequenceClassification", "Model"):
+        for suffix in ("ForCausalLM", "ForSequenceClassification"):
             if arch.endswith(suffix) and arch != suffix:
                 found = getattr(transformers, arch[:-len(suffix)] + "ForSequenceClassification", None)
                 if found is not None:
                     return found
     return None
-
-
-class ValueModel(paddle.nn.Layer):
-    """Backbone + value head for a model family without a PaddleNLP sequence classifier: the same state-dict names
-    as one (`<base_model_prefix>.*`, `score.weight`), and `save_pretrained` writes the backbone as PaddleNLP saves a
-    base model (config.json with `score_type: critic`, its weights; `merge_tensor_parallel` etc. passed on) plus the
-    head in VALUE_HEAD_FILE."""
-
-    def __init__(self, backbone: paddle.nn.Layer, head: paddle.nn.Layer):
-        super().__init__()
-        self.base_model_prefix = backbone.base_model_prefix
-        self.add_sublayer(self.base_model_prefix, backbone)
-        self.score = head
-        self.config = backbone.config
-
-    def recompute_enable(self) -> None:
-        """The backbone's recompute switch (PaddleNLP's `recompute_enable`)."""
-        getattr(self, self.base_model_prefix).recompute_enable()
-
-    def save_pretrained(self, out_dir: str, **kwargs: Any) -> None:
-        """The backbone's `save_pretrained(out_dir, **kwargs)` and the head's weights in VALUE_HEAD_FILE."""
-        getattr(self, self.base_model_prefix).save_pretrained(out_dir, **kwargs)
-        if kwargs.get("is_main_process", True):
-            paddle.save(self.score.state_dict(), os.path.join(out_dir, VALUE_HEAD_FILE))
 
 
 class Critic:
@@ -174,8 +154,9 @@ class Critic:
 
     def save(self, out_dir: str, **save_pretrained_kwargs: Any) -> str:
         """Write a critic checkpoint `load_critic` loads back exactly: `.model.save_pretrained(out_dir, ...)` (a
-        sequence-classification model, one label, config `score_type: critic`; `merge_tensor_parallel=True` under
-        tensor parallelism, as checkpoint.py passes) and the source's tokenizer, when it has one. Returns out_dir."""
+        one-label sequence classifier, or a ValueModel's backbone + value_head.pdparams, config `score_type:
+        critic`; pass `merge_tensor_parallel=True` on every rank under tensor parallelism, as checkpoint.py does for
+        the policy) and the source's tokenizer, when it has one. Returns out_dir."""
         self.model.config.score_type = CRITIC_SCORE_TYPE
         self.model.save_pretrained(out_dir, **save_pretrained_kwargs)
         if save_pretrained_kwargs.get("is_main_process", True) and self.source is not None and \
@@ -194,8 +175,8 @@ def critic_plan(config: Any, path: str, *, key: str = "critic_model_name_or_path
     reading weights: the kind (CRITIC, SCORE_MODEL, REWARD_MODEL, CAUSAL_LM) and the text of load_critic's start-up
     line after the name ("a reward model (Qwen2ForSequenceClassification): its one-label score head is the value
     head"). Raises ValueError / FileNotFoundError, naming `key` and the file, for what load_critic refuses: a
-    classifier with other than one label, an AutoModelForScore checkpoint without PaddleNLP's class, a ValueModel
-    critic without its head file. --dry_run reports the same (dry_run.py)."""
+    classifier with other than one label, a ValueModel critic without its head file. --dry_run reports the same
+    (dry_run.py)."""
     kind = critic_kind(config)
     arch = ", ".join(getattr(config, "architectures", None) or ["no architectures"])
     classifier = any(a.endswith("ForSequenceClassification") for a in getattr(config, "architectures", None) or [])
@@ -203,24 +184,18 @@ def critic_plan(config: Any, path: str, *, key: str = "critic_model_name_or_path
         raise ValueError(f"{key}: {path}/config.json describes a sequence classifier with {config.num_labels} "
                          "labels; a critic or reward model has one output (num_labels 1)")
     if kind == SCORE_MODEL:
-        try:
-            import paddlenlp.rl.models.score_model  # noqa: F401  (what _load_score_model loads it with)
-        except ImportError as exc:
-            import paddlenlp
-
-            raise ValueError(
-                f"{key}: {path} is a PaddleNLP AutoModelForScore checkpoint (config.json architectures {arch}), and "
-                f"the installed PaddleNLP {paddlenlp.__version__} has no AutoModelForScore "
-                "(paddlenlp.rl.models.score_model) to load it. Use a PaddleNLP that has it, or point the key at the "
-                "causal LM it was trained from (a new value head), a one-label reward model, or a critic saved by "
-                "paddle_grpo") from exc
-        return kind, (f"a {kind} ({arch}): its score_head is the value head (PaddleNLP's AutoModelForScore, "
-                      f"score_type {CRITIC_SCORE_TYPE}, no normalisation)")
+        if paddlenlp_score_model() is not None:
+            return kind, (f"a {kind} ({arch}): its score_head is the value head (PaddleNLP's AutoModelForScore, "
+                          f"score_type {CRITIC_SCORE_TYPE}, no normalisation)")
+        return kind, (f"a {kind} ({arch}): its score_head is the value head, {VALUE_MODEL_NOTE} (AutoModelForScore's "
+                      "files read without PaddleNLP's class, which this PaddleNLP lacks: model.* the backbone, "
+                      "normalizer.* dropped as for PaddleNLP's critics)")
     what = {CRITIC: "backbone and value head as saved",
             REWARD_MODEL: "its one-label score head is the value head",
             CAUSAL_LM: "its backbone with a new value head initialised to zeros (every value starts at 0; the LM "
                        "head's weights are dropped)"}[kind]
-    if kind in (CRITIC, CAUSAL_LM) and sequence_classifier_class(config) is None:
+    # A saved ValueModel stays one even where a later PaddleNLP gains a sequence classifier for its family.
+    if (kind == CRITIC and not classifier) or (kind == CAUSAL_LM and sequence_classifier_class(config) is None):
         head_file = os.path.join(path, VALUE_HEAD_FILE)
         if kind == CRITIC and not os.path.isfile(head_file):
             raise FileNotFoundError(f"{key}: {path} is a critic checkpoint ({path}/config.json: score_type "
@@ -248,10 +223,17 @@ def load_critic(name_or_path: str, *, trainable: bool = True, recompute: bool = 
                           config_overrides=config_overrides, recompute_granularity=recompute_granularity,
                           recompute_use_reentrant=recompute_use_reentrant)
     kind, line = critic_plan(config, path, key=key)
-    if kind == SCORE_MODEL:
-        model, backbone, head = _load_score_model(path, config, dtype)
-    elif isinstance(line, str) and VALUE_MODEL_NOTE in line:
-        model, backbone, head = _load_value_model(path, config, dtype, key, kind)
+    what = f"{key}: {path} ({kind})"
+    if kind == SCORE_MODEL and VALUE_MODEL_NOTE not in line:
+        model = paddlenlp_score_model().from_pretrained(path, config=config, dtype=dtype,
+                                                        score_type=CRITIC_SCORE_TYPE, do_normalize=False)
+        backbone, head = model.model, model.score_head
+    elif kind == SCORE_MODEL:
+        model = load_score_layout(path, config, dtype, what)
+        backbone, head = getattr(model, model.base_model_prefix), model.score
+    elif VALUE_MODEL_NOTE in line:
+        model = load_value_model(path, config, dtype, saved_head=kind == CRITIC, what=what)
+        backbone, head = getattr(model, model.base_model_prefix), model.score
     else:
         model, backbone, head = _load_sequence_classifier(path, config, dtype, key, kind)
     model.config.score_type = CRITIC_SCORE_TYPE
@@ -282,36 +264,11 @@ def _load_sequence_classifier(path: str, config: Any, dtype: str, key: str, kind
     return model, backbone, head
 
 
-def _load_value_model(path: str, config: Any, dtype: str, key: str, kind: str):
-    """(model, backbone, head) of a ValueModel: PaddleNLP's `AutoModel` backbone of `path` (a causal LM's decoder,
-    or a saved ValueModel's) and its saved head, or a new zero head for a causal LM."""
-    from paddlenlp.transformers import AutoModel
-
-    head_file = os.path.join(path, VALUE_HEAD_FILE)  # there for a CRITIC (critic_plan checked)
+def paddlenlp_score_model() -> type | None:
+    """PaddleNLP's AutoModelForScore class (paddlenlp.rl.models.score_model), or None when the installed PaddleNLP
+    has none (3.0.0b4)."""
     try:
-        backbone = AutoModel.from_pretrained(path, config=config, dtype=dtype)
-    except Exception as exc:  # noqa: BLE001 PaddleNLP raises many kinds; name the model and the cause
-        raise OSError(f"{key}: {path} ({kind}) could not be loaded with AutoModel (the critic's backbone): "
-                      f"{type(exc).__name__}: {str(exc)[:500]}") from exc
-    head = paddle.nn.Linear(config.hidden_size, 1, bias_attr=False)
-    with paddle.no_grad():
-        if kind == CRITIC:
-            saved = paddle.load(head_file)
-            if set(saved) != {"weight"} or tuple(saved["weight"].shape) != (config.hidden_size, 1):
-                raise ValueError(f"{key}: {head_file} holds {({k: v.shape for k, v in saved.items()})}, not the "
-                                 f"value head's weight [{config.hidden_size}, 1]")
-            head.weight.set_value(saved["weight"].astype(head.weight.dtype))
-        else:
-            head.weight.set_value(paddle.zeros_like(head.weight))
-    head.to(dtype=backbone.parameters()[0].dtype)
-    return ValueModel(backbone, head), backbone, head
-
-
-def _load_score_model(path: str, config: Any, dtype: str):
-    """(model, backbone, head) of PaddleNLP's AutoModelForScore from `path`, loaded as PaddleNLP's trainer loads a
-    critic (critic_plan checked that the installed PaddleNLP has the class)."""
-    from paddlenlp.rl.models.score_model import AutoModelForScore
-
-    model = AutoModelForScore.from_pretrained(path, config=config, dtype=dtype, score_type=CRITIC_SCORE_TYPE,
-                                              do_normalize=False)
-    return model, model.model, model.score_head
+        from paddlenlp.rl.models.score_model import AutoModelForScore
+    except ImportError:
+        return None
+    return AutoModelForScore

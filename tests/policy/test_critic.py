@@ -170,16 +170,6 @@ def test_wrong_kinds_are_refused_naming_the_file(tiny_policy_dir, tiny_reward_mo
     (two / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=f"{two}/config.json describes a sequence classifier with 2 labels"):
         load_critic(str(two))
-    score = tmp_path / "score_model"  # PaddleNLP's AutoModelForScore layout; this PaddleNLP has no such class
-    shutil.copytree(tiny_policy_dir, score)
-    config = json.loads((score / "config.json").read_text())
-    config.update(architectures=["AutoModelForScore"], score_type="critic")
-    (score / "config.json").write_text(json.dumps(config))
-    try:
-        import paddlenlp.rl.models.score_model  # noqa: F401
-    except ImportError:
-        with pytest.raises(ValueError, match=f"critic_model_name_or_path: {score} is a PaddleNLP AutoModelForScore"):
-            load_critic(str(score))
     with pytest.raises(FileNotFoundError, match="critic_model_name_or_path: .*nope"):
         load_critic(str(tmp_path / "nope"))
 
@@ -198,6 +188,80 @@ def test_the_plan_reads_config_json_only(tiny_reward_model_dir, tiny_policy_dir,
                                          "is the value head")
     assert plans["lm"][0] == CAUSAL_LM and plans["lm"][1].startswith("a causal LM (Qwen2ForCausalLM): its backbone "
                                                                      "with a new value head initialised to zeros")
+
+
+def _score_layout(reward_dir, out, safetensors=False, backbone="model."):
+    """The reward model's weights in PaddleNLP's AutoModelForScore layout (llm/alignment/ppo/models/score_model.py:
+    `model` = AutoModel backbone, `score_head` Linear(hidden, score_dim), `normalizer` buffers mean/var/count;
+    save_pretrained writes architectures ["AutoModelForScore"] and the score config fields) in directory `out`.
+    `backbone="qwen2."`: the older per-family classes' layout (LlamaModelForScore keeps its LlamaModel in `llama`)."""
+    state = _file_state(reward_dir)
+    layout = {(backbone + k[len("qwen2."):] if k.startswith("qwen2.") else "score_head.weight"): v
+              for k, v in state.items()}
+    assert set(state) - {k for k in state if k.startswith("qwen2.")} == {"score.weight"}
+    layout.update({"normalizer.mean": np.zeros([1], "float32"), "normalizer.var": np.ones([1], "float32"),
+                   "normalizer.count": np.array([7], "int64")})
+    os.makedirs(out)
+    for name in os.listdir(reward_dir):
+        if name != "model_state.pdparams":
+            shutil.copy(os.path.join(reward_dir, name), out)
+    config = json.loads(open(os.path.join(out, "config.json")).read())
+    config.update(architectures=["AutoModelForScore"], score_type="reward", score_dim=1, bias=False,
+                  do_normalize=True, normalizer_type="RunningMeanStd")
+    for key in ("id2label", "label2id"):
+        config.pop(key)
+    open(os.path.join(out, "config.json"), "w").write(json.dumps(config))
+    if safetensors:
+        from safetensors.numpy import save_file
+
+        save_file(layout, os.path.join(out, "model.safetensors"))
+    else:
+        paddle.save({k: paddle.to_tensor(v) for k, v in layout.items()}, os.path.join(out, "model_state.pdparams"))
+    return str(out)
+
+
+@pytest.mark.parametrize("safetensors, backbone", [(False, "model."), (True, "model."), (False, "qwen2.")])
+def test_a_paddlenlp_score_model_loads_with_its_score_head(tiny_reward_model_dir, tmp_path, caplog, monkeypatch,
+                                                          safetensors, backbone):
+    """PaddleNLP's AutoModelForScore checkpoint: with PaddleNLP's class when installed, else read into a ValueModel;
+    the same weights as the reward model it was made of, so the same values bit for bit (PaddleNLP's forward on
+    both sides: PADDLE_GRPO_FAST=0)."""
+    from paddle_grpo.policy.critic import SCORE_MODEL, paddlenlp_score_model
+
+    monkeypatch.setenv("PADDLE_GRPO_FAST", "0")
+    path = _score_layout(tiny_reward_model_dir, tmp_path / "score", safetensors, backbone)
+    with caplog.at_level(logging.INFO, logger="paddle_grpo.policy"):
+        critic = load_critic(path)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("critic:")]
+    assert len(lines) == 1 and "is a PaddleNLP score model (AutoModelForScore)" in lines[0], lines
+    assert critic.kind == SCORE_MODEL
+    if paddlenlp_score_model() is None:
+        assert "read without PaddleNLP's class" in lines[0]
+    reward = load_critic(tiny_reward_model_dir)
+    np.testing.assert_array_equal(critic.head.weight.numpy(), reward.head.weight.numpy())
+    args = _tensors(*_batch())
+    with paddle.no_grad():
+        np.testing.assert_array_equal(critic.values(*args).numpy(), reward.values(*args).numpy())
+    # saved by paddle_grpo, it is a critic checkpoint of its own
+    again = load_critic(critic.save(str(tmp_path / "saved")))
+    assert again.kind == CRITIC
+    with paddle.no_grad():
+        np.testing.assert_array_equal(again.values(*args).numpy(), reward.values(*args).numpy())
+
+
+def test_a_score_model_with_other_keys_or_scores_is_refused(tiny_reward_model_dir, tmp_path):
+    from paddle_grpo.policy.critic import paddlenlp_score_model
+
+    if paddlenlp_score_model() is not None:
+        pytest.skip("this PaddleNLP has AutoModelForScore: it loads its own checkpoints")
+    path = _score_layout(tiny_reward_model_dir, tmp_path / "score")
+    state = paddle.load(os.path.join(path, "model_state.pdparams"))
+    state["score_head.weight"] = paddle.zeros([32, 2])  # two scores (score_dim 2)
+    state["extra.weight"] = paddle.zeros([1])
+    paddle.save(state, os.path.join(path, "model_state.pdparams"))
+    with pytest.raises(ValueError, match=r"not an AutoModelForScore checkpoint with one score .* score_head.weight "
+                                         r"is \[32, 2\]; unexpected keys \['extra.weight'\]"):
+        load_critic(path)
 
 
 # ----------------------------------------------------------------------------------------------------- values
@@ -349,13 +413,21 @@ def llama_critic_dir(tiny_llama_dir, tmp_path_factory):
     return critic.save(str(tmp_path_factory.mktemp("llama_critic")))
 
 
+@pytest.fixture(scope="module")
+def score_layout_dir(tiny_reward_model_dir, tmp_path_factory):
+    """The tiny reward model in PaddleNLP's AutoModelForScore layout."""
+    return _score_layout(tiny_reward_model_dir, tmp_path_factory.mktemp("score_layout") / "score")
+
+
 @pytest.mark.e2e
-@pytest.mark.parametrize("family", ["qwen2_sequence_classifier", pytest.param("llama_value_model", marks=SLOW_DIST)])
+@pytest.mark.parametrize("family", ["qwen2_sequence_classifier", pytest.param("llama_value_model", marks=SLOW_DIST),
+                                    pytest.param("paddlenlp_score_layout", marks=SLOW_DIST)])
 def test_tensor_parallel_2_values_and_gradients_equal_one_process(family, request, tmp_path):
     """2 gloo ranks (each half of every layer) against one process: 15-20 s each on 2 idle cores, 50 s while other
-    test suites load them; the second family (the ValueModel path) is opt-in (PADDLE_GRPO_SLOW_DIST=1)."""
-    tiny_reward_model_dir = request.getfixturevalue("tiny_reward_model_dir" if family.startswith("qwen2")
-                                                    else "llama_critic_dir")
+    test suites load them; the other families (the ValueModel paths) are opt-in (PADDLE_GRPO_SLOW_DIST=1)."""
+    fixture = {"qwen2_sequence_classifier": "tiny_reward_model_dir", "llama_value_model": "llama_critic_dir",
+               "paddlenlp_score_layout": "score_layout_dir"}[family]
+    tiny_reward_model_dir = request.getfixturevalue(fixture)
     rng = np.random.default_rng(0)
     prompt_ids, prompt_mask, completion_ids, completion_mask = _batch()
     coeff = rng.normal(size=completion_mask.shape).astype("float32")
@@ -367,6 +439,8 @@ def test_tensor_parallel_2_values_and_gradients_equal_one_process(family, reques
     assert int(got["tp"]) == 2
     # the merged save holds the whole model, exactly the reward model's weights (split and merged, no arithmetic)
     saved, source = _file_state(tmp_path / "saved"), _file_state(tiny_reward_model_dir)
+    if family == "paddlenlp_score_layout":  # saved as a ValueModel: the backbone's file, the head beside it
+        source = {k[len("model."):]: v for k, v in source.items() if k.startswith("model.")}
     assert set(saved) == set(source)
     for name, value in source.items():
         np.testing.assert_array_equal(saved[name], value, err_msg=name)
@@ -453,3 +527,20 @@ def test_a_llama_critic_is_a_value_model_that_saves_and_loads(tiny_llama_dir, tm
     os.remove(tmp_path / "llama_critic" / VALUE_HEAD_FILE)
     with pytest.raises(FileNotFoundError, match="without its value head"):
         load_critic(out)
+
+
+def test_a_saved_value_model_stays_one_where_a_sequence_classifier_exists(tiny_policy_dir, tmp_path):
+    """A ValueModel critic of a family that has (or later gains) a PaddleNLP sequence classifier (here Qwen2) loads
+    as the ValueModel it is, with its saved head, never as a classifier with a fresh `score`."""
+    from paddlenlp.transformers import AutoModel
+
+    from paddle_grpo.policy.critic import ValueModel
+
+    head = paddle.nn.Linear(64, 1, bias_attr=False)
+    head.weight.set_value(np.random.default_rng(5).normal(0, 0.1, size=(64, 1)).astype("float32"))
+    model = ValueModel(AutoModel.from_pretrained(tiny_policy_dir, dtype="float32"), head)
+    model.config.score_type = "critic"
+    model.save_pretrained(str(tmp_path / "vm"))
+    critic = load_critic(str(tmp_path / "vm"))
+    assert critic.kind == CRITIC and isinstance(critic.model, ValueModel)
+    np.testing.assert_array_equal(critic.head.weight.numpy(), head.weight.numpy())
