@@ -3,6 +3,7 @@
     python tools/bench.py --shape tools/shapes/default.json [--threads 2] [--repeat 3] [--set completion_len=128]
     python tools/bench.py --shape tools/shapes/qwen2.5-0.5b-2layers.json --lengths uniform:32   # real size
     python tools/bench.py --config use_fused_head_and_loss_fn=false      # a trainer config key overridden
+    python tools/bench.py --algorithm ppo             # a PPO step: the same, plus a critic (values, critic update)
     python tools/bench.py --gemm --threads 2          # paddle's peak fp32 GEMM rate on this machine
     python tools/bench.py --ops [ARGS]                # per-op timings at the real vocabulary (tools/bench_ops.py)
 
@@ -40,7 +41,9 @@ Peak RSS per phase (`peak_rss_mb_by_phase`, `rss_increase_mb_by_phase`): the ker
 read and reset at every phase boundary (`RssMonitor`; exact, no sampling thread). Phases are marked by wrapping,
 for the run, the step/ functions the trainer calls: `rollout` = step.rollout (generation only), `logprob` =
 step.logprobs when the trainer calls it itself (the off-policy old log-probs; absent on-policy), `reference` =
-step.reference_logprobs, `update` = step.update, `step` = the whole train_step. For each: the largest RSS during
+step.reference_logprobs, `update` = step.update (the policy's), `value` = step.values (the critic's values of the
+experience, `--algorithm ppo`/`vapo`), `critic_update` = step.update_critic, `step` = the whole train_step. For each:
+the largest RSS during
 the phase, and the largest increase over the RSS at the phase's start, both the maximum over all steps, warm-up
 included (paddle's allocator keeps what it got, so later steps mostly reuse memory and the increase shows in the
 first step). With `warmup_steps` 0 the one timed step is the first: the optimizer's moments are created at its end,
@@ -50,9 +53,14 @@ so its peak can be below the steady state's.
 Switches for before/after measurements: `--fast off` (PaddleNLP's forward everywhere, PADDLE_GRPO_FAST=0) and
 `--cpu-tuning off` (no paddle_grpo/cpu_tuning.py settings, PADDLE_GRPO_CPU_TUNING=0).
 
-Phases (times): `rollout`, `reward`, `update` and `reference` are the trainer's perf/* timings; `logprob` is
-perf/logprob_s (the reference pass and, off-policy only, the old-policy pass) without perf/reference_s. `other` =
-step - the phases (advantages, metrics, bookkeeping).
+Phases (times): `rollout`, `reward`, `reference` and `value` are the trainer's perf/* timings; `logprob` is
+perf/logprob_s (the reference pass and, off-policy only, the old-policy pass) without perf/reference_s;
+`critic_update` is the wall time of step.update_critic (timed by the hook) and `update` perf/update_s without it
+(the trainer's perf/update_s spans both updates). `other` = step - the phases (advantages, metrics, bookkeeping).
+
+`--algorithm ppo` (or vapo): rl_algorithm ppo with a critic (`critic_model_name_or_path`) loaded from the same
+random model directory: its backbone and a new value head (initialised to zeros), its own AdamW; the critic's
+micro-batches are the policy's. Compare with the default (grpo) run of the same shape to see what the critic costs.
 Left out: evaluation, checkpoints, logging to disk and the reward server (see tools/bench_reward_server.py).
 """
 import argparse
@@ -72,8 +80,12 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parent.parent
 KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "prompt_len",
         "completion_len", "prompts_per_step", "group_size", "beta", "warmup_steps", "timed_steps")
-PHASES = ("rollout", "reward", "logprob", "reference", "update", "other")
-RSS_PHASES = ("rollout", "logprob", "reference", "update")  # step/ functions wrapped (module docstring)
+PHASES = ("rollout", "reward", "logprob", "reference", "value", "update", "critic_update", "other")
+RSS_PHASES = ("rollout", "logprob", "reference", "value", "update", "critic_update")  # step/ functions wrapped
+# step/ function -> phase label (module docstring); values / update_critic run only with a critic (--algorithm ppo)
+HOOKED = {"rollout": "rollout", "logprobs": "logprob", "reference_logprobs": "reference", "values": "value",
+          "update": "update", "update_critic": "critic_update"}
+ALGORITHMS = ("grpo", "ppo", "vapo")
 
 
 def char_reward(prompts, completions, **kwargs):
@@ -211,12 +223,14 @@ class RssMonitor:
 
 
 @contextlib.contextmanager
-def phase_hooks(monitor):
-    """Wrap the step/ functions of RSS_PHASES in `monitor.phase` for the duration (only the outermost of nested
-    calls counts: step.reference_logprobs calls step.logprobs); restored afterwards."""
+def phase_hooks(monitor, times=None):
+    """Wrap the step/ functions of HOOKED in `monitor.phase` for the duration (only the outermost of nested
+    calls counts: step.reference_logprobs calls step.logprobs); restored afterwards. With `times` (a dict), each
+    outermost call's wall time is also added to `times[label]` (the critic's update has no perf/* timing of its
+    own: perf/update_s holds the policy's and the critic's updates)."""
     from paddle_grpo import step
 
-    originals = {name: getattr(step, name) for name in ("rollout", "logprobs", "reference_logprobs", "update")}
+    originals = {name: getattr(step, name) for name in HOOKED if hasattr(step, name)}
     depth = [0]
 
     def wrap(label, fn):
@@ -224,14 +238,17 @@ def phase_hooks(monitor):
             if depth[0]:
                 return fn(*args, **kwargs)
             depth[0] += 1
+            t0 = time.perf_counter()
             try:
                 with monitor.phase(label):
                     return fn(*args, **kwargs)
             finally:
                 depth[0] -= 1
+                if times is not None:
+                    times[label] = times.get(label, 0.0) + time.perf_counter() - t0
         return wrapped
 
-    labels = {"rollout": "rollout", "logprobs": "logprob", "reference_logprobs": "reference", "update": "update"}
+    labels = HOOKED
     # Each function is replaced in the package (what the trainer calls) and in its own phase module (what the
     # other phases call: collect calls rollout, reference_logprobs calls logprobs).
     homes = [step] + [sys.modules[fn.__module__] for fn in originals.values()]
@@ -271,11 +288,16 @@ def build(shape, workdir, seed=0):
     return model_dir, data
 
 
-def make_config(shape, model_dir, data, workdir, seed=0):
+def make_config(shape, model_dir, data, workdir, seed=0, algorithm="grpo"):
+    """The trainer config of the bench. `algorithm` ppo / vapo: that estimator, with a critic loaded from the same
+    random model directory (a causal LM: its backbone and a new value head, policy/critic.py), its micro-batches
+    (per_device_value_batch_size) the policy's; vapo's pretrain_critic_steps stays 0, so every step is a full one."""
     from paddle_grpo.config import config_from_dict
 
     n_seq = shape["prompts_per_step"] * shape["group_size"]
     micro = shape.get("micro_batch_size", n_seq)
+    critic = {} if algorithm == "grpo" else dict(critic_model_name_or_path=model_dir, per_device_value_batch_size=micro,
+                                                 critic_learning_rate=1e-5)
     # SHAPE.json's `config` overrides the keys below (a later `**` of the same key would be a TypeError).
     return config_from_dict({**dict(
         actor_model_name_or_path=model_dir, use_rm_server=False, reward_funcs=f"{os.path.abspath(__file__)}:char_reward",
@@ -286,16 +308,18 @@ def make_config(shape, model_dir, data, workdir, seed=0):
         global_batch_size=shape["prompts_per_step"], rollout_n=shape["group_size"], rollout_max_num_seqs=n_seq,
         per_device_train_batch_size=micro, per_device_logprob_batch_size=micro, learning_rate=1e-5,
         max_steps=shape["warmup_steps"] + shape["timed_steps"], kl_coeff=0.0, kl_loss_coeff=shape["beta"],
-        entropy_coeff=0.0, rl_algorithm="grpo"), **shape.get("config", {})})
+        entropy_coeff=0.0, rl_algorithm=algorithm, **critic), **shape.get("config", {})})
 
 
-def flops(shape, shared):
+def flops(shape, shared, critic=False):
     """Floating-point operations (multiply-add = 2) the matrix products of one step execute, per phase, in GFLOP.
 
     Dense layers, the LM head on the positions that need it, and attention over all keys a query sees (masked ones
     included, as they are computed). `shared`: the fast path, which runs each group's prompt once and does not feed
     the last completion token; else PaddleNLP's forward over all `N x (L + T)` tokens. The update is counted as 3x
-    its forward (backward = input and weight gradients). Elementwise ops and softmax are left out.
+    its forward (backward = input and weight gradients). Elementwise ops and softmax are left out. `critic`: also
+    the critic's values pass (`value`: the policy's backbone pass, shared or not as the policy's, then a [D, 1]
+    head instead of the LM head; policy/critic.py) and its update (`critic_update`, 3x that).
     """
     D, I, V, layers = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"], shape["num_layers"]
     H, KV = shape["num_heads"], shape["num_kv_heads"]
@@ -306,14 +330,19 @@ def flops(shape, shared):
     attn = 4 * layers * H * d                                             # per (query, key) pair
     head = 2 * D * V                                                      # per predicted token
     if shared:
-        fwd = (P * L + N * (T - 1)) * dense + (P * L * L + N * (T - 1) * (L + T - 1)) * attn + N * T * head
+        body = (P * L + N * (T - 1)) * dense + (P * L * L + N * (T - 1) * (L + T - 1)) * attn
     else:
-        fwd = N * (L + T) * dense + N * (L + T) ** 2 * attn + N * T * head
+        body = N * (L + T) * dense + N * (L + T) ** 2 * attn
+    fwd = body + N * T * head
     # Rollout: prefill the P prompts once, then T - 1 decode steps of N rows (the fast path's preallocated cache
     # attends to all L + T slots; PaddleNLP's to the L + t filled ones).
     decode_keys = (T - 1) * (L + T) if shared else sum(L + t for t in range(1, T))
     rollout = P * L * dense + P * L * L * attn + P * head + N * ((T - 1) * (dense + head) + decode_keys * attn)
-    return {"rollout": rollout / 1e9, "reference": fwd / 1e9 if shape["beta"] > 0 else 0.0, "update": 3 * fwd / 1e9}
+    out = {"rollout": rollout / 1e9, "reference": fwd / 1e9 if shape["beta"] > 0 else 0.0, "update": 3 * fwd / 1e9}
+    if critic:  # the same backbone pass (the critic takes the lean path when the policy does), a [D, 1] head
+        value = body + N * T * 2 * D
+        out.update(value=value / 1e9, critic_update=3 * value / 1e9)
+    return out
 
 
 def gemm_peak(threads, repeat=20):
@@ -340,7 +369,7 @@ def gemm_peak(threads, repeat=20):
             "cpu_tuning": cpu_tuning.apply(), "load_average": list(os.getloadavg())}
 
 
-def run(shape, threads, workdir, profile_dir=None):
+def run(shape, threads, workdir, profile_dir=None, algorithm="grpo"):
     """One benchmark in this process; returns the result dict."""
     import paddle
 
@@ -352,15 +381,16 @@ def run(shape, threads, workdir, profile_dir=None):
 
     low = parse_lengths(shape.get("lengths"), shape["completion_len"])
     model_dir, data = build(shape, workdir)
-    trainer = Trainer(make_config(shape, model_dir, data, workdir))
+    trainer = Trainer(make_config(shape, model_dir, data, workdir, algorithm=algorithm))
     drawn = variable_lengths(trainer.policy, low) if low is not None else None
     per_step = {k: [] for k in ("step", "cpu") + PHASES}
     tokens, lengths, widths, mask_sums, ends_at_eos = [], [], [], [], []
     profiler = None
     monitor = RssMonitor()
     rss_before = monitor.rss() / 2**20
+    hooked_s = {}  # wall time of the hooked phases in the current step
     try:
-        with phase_hooks(monitor):
+        with phase_hooks(monitor, hooked_s):
             for s in range(shape["warmup_steps"] + shape["timed_steps"]):
                 timed = s >= shape["warmup_steps"]
                 if timed and profile_dir and profiler is None:
@@ -369,6 +399,7 @@ def run(shape, threads, workdir, profile_dir=None):
                                                         on_trace_ready=trace)
                     profiler.start()
                 cpu0 = time.process_time()
+                hooked_s.clear()
                 with monitor.phase("step"):
                     metrics = trainer.train_step()
                 cpu = time.process_time() - cpu0
@@ -378,9 +409,12 @@ def run(shape, threads, workdir, profile_dir=None):
                     continue
                 ref = metrics["perf/reference_s"]
                 step = metrics["perf/step_s"]
+                # perf/update_s spans the policy's and the critic's updates; perf/value_s is the critic's values
+                critic_update = hooked_s.get("critic_update", 0.0)
                 phases = {"rollout": metrics["perf/rollout_s"], "reward": metrics["perf/reward_s"],
                           "logprob": metrics["perf/logprob_s"] - ref, "reference": ref,
-                          "update": metrics["perf/update_s"]}
+                          "value": metrics.get("perf/value_s", 0.0),
+                          "update": metrics["perf/update_s"] - critic_update, "critic_update": critic_update}
                 phases["other"] = step - sum(phases.values())
                 per_step["step"].append(step)
                 per_step["cpu"].append(cpu)
@@ -408,7 +442,7 @@ def run(shape, threads, workdir, profile_dir=None):
 
     fast = fast_qwen2.enabled_for(trainer.policy.model)
     # The work actually run: batches max-length wide (padded rows included), the rollout decoding that many tokens.
-    gflop = flops({**shape, "completion_len": int(statistics.median(widths))}, fast)
+    gflop = flops({**shape, "completion_len": int(statistics.median(widths))}, fast, critic=algorithm != "grpo")
     result = {
         "step_s_median": step_median,
         "step_s_min": min(per_step["step"]), "step_s_max": max(per_step["step"]),
@@ -424,7 +458,7 @@ def run(shape, threads, workdir, profile_dir=None):
         "paddle_version": paddle.__version__, "threads": threads,
         "gflop_per_step": gflop,
         **{f"{k}_gflop_per_s": gflop[k] / statistics.median(per_step[k]) for k in gflop if gflop[k] > 0},
-        "fast_path": fast, "cpu_tuning": cpu_tuning.apply(),
+        "fast_path": fast, "cpu_tuning": cpu_tuning.apply(), "algorithm": algorithm,
         "load_average": list(os.getloadavg()), "shape": shape,
     }
     if drawn is not None:  # the timed steps' drawn lengths and what the trainer's batch holds, row by row
@@ -457,6 +491,9 @@ def main(argv=None):
     ap.add_argument("--lengths", metavar="DIST", help="completion lengths: 'fixed' (default: all completion_len) or "
                                                       "'uniform:MIN' (each row uniform on [MIN, completion_len], "
                                                       "ending at EOS; module docstring)")
+    ap.add_argument("--algorithm", choices=ALGORITHMS, default="grpo",
+                    help="rl_algorithm of the steps; ppo / vapo add a critic loaded from the same random model "
+                         "(phases value and critic_update)")
     ap.add_argument("--gemm", action="store_true", help="only measure paddle's peak fp32 GEMM rate (JSON line)")
     ap.add_argument("--ops", action="store_true", help="per-op timings (tools/bench_ops.py; the other arguments "
                                                        "go to it)")
@@ -492,7 +529,7 @@ def main(argv=None):
         print(json.dumps(gemm_peak(args.threads)), flush=True)
         return
     with tempfile.TemporaryDirectory(prefix="paddle_grpo_bench_") as workdir:
-        result = run(shape, args.threads, workdir, profile_dir=args.profile)
+        result = run(shape, args.threads, workdir, profile_dir=args.profile, algorithm=args.algorithm)
     print(json.dumps(result), flush=True)
 
 
@@ -517,7 +554,7 @@ def _repeat(args, shape):
         f.flush()
         for _ in range(args.repeat):
             cmd = [sys.executable, os.path.abspath(__file__), "--shape", f.name, "--threads", str(args.threads),
-                   "--fast", args.fast, "--cpu-tuning", args.cpu_tuning]
+                   "--fast", args.fast, "--cpu-tuning", args.cpu_tuning, "--algorithm", args.algorithm]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             runs.append(json.loads(out.strip().splitlines()[-1]))
     result = dict(runs[0])

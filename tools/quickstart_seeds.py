@@ -3,6 +3,8 @@
     python tools/quickstart_seeds.py --seeds 42,1,2,3,4 --controls 42,1,2 --out docs/results/quickstart_seeds.json
     python tools/quickstart_seeds.py --tables docs/results/quickstart_seeds.json      # print the tables again
     python tools/quickstart_seeds.py --tables docs/results/quickstart_seeds.json docs/results/quickstart_seeds_amd.json
+    python tools/quickstart_seeds.py --config configs/quickstart_ppo.yaml --seeds 42,1,2 --controls 42,1 \
+        --out docs/results/quickstart_ppo_seeds.json                           # PPO with a critic
 
 Seed s builds its own policy (`build/qs_s<s>`, as `build_actor_if_missing` does) and trains into `output/s<s>`; a
 control reuses that policy with `--learning_rate 0` (`output/s<s>_lr0`), so the control differs from its run only by
@@ -10,6 +12,12 @@ the updates. The JSON file names the machine (CPU model, cores, threads, Python,
 steps, the first and last held-out `eval/accuracy` and the wall time. `--tables` prints the markdown that README.md
 and docs/quickstart.md show (with several files, also the ranges over all machines); tests/tools/test_quickstart_seeds.py
 checks that they agree with the committed JSON files.
+`--config` picks the run's file (default configs/quickstart.yaml); another file's runs go to `output/<name>_s<s>`
+with their own policy `build/qs_<name>_s<s>` (`<name>`: the file's name without `quickstart_` and `.yaml`, e.g. `ppo`),
+so they build it as a fresh clone would (`--name` sets `<name>`: e.g. `--run-args "--rl_algorithm vapo" --name
+vapo`); when the file's `critic_model_name_or_path` is its actor's path (the PPO
+quickstart's critic starts from the policy), it follows the per-seed policy too. A control keeps the critic's
+learning rate: the critic only shapes the advantages, which a learning rate of 0 makes unused.
 Left out on purpose: running seeds in parallel (two runs on two cores would change each other's wall times).
 """
 from __future__ import annotations
@@ -44,34 +52,61 @@ def machine() -> dict:
             "paddle": paddle.__version__}
 
 
-def run_paths(seed: int, control: bool) -> dict:
-    name = f"s{seed}_lr0" if control else f"s{seed}"
-    return {"policy": f"build/qs_s{seed}", "output": f"output/{name}"}
+DEFAULT_CONFIG = "configs/quickstart.yaml"
 
 
-def run_one(seed: int, control: bool, log_dir: str, overwrite: bool = False) -> dict:
-    """One `run_rl.py configs/quickstart.yaml` run; returns its summary row."""
-    paths = run_paths(seed, control)
-    cmd = [sys.executable, "run_rl.py", "configs/quickstart.yaml", "--seed", str(seed),
+def run_prefix(config: str) -> str:
+    """"" for the default file (the paths of the recorded GRPO runs), else e.g. "ppo_" for quickstart_ppo.yaml."""
+    stem = os.path.splitext(os.path.basename(config))[0]
+    if os.path.normpath(config) == os.path.normpath(DEFAULT_CONFIG):
+        return ""
+    return (stem[len("quickstart_"):] if stem.startswith("quickstart_") else stem) + "_"
+
+
+def run_paths(seed: int, control: bool, prefix: str = "") -> dict:
+    name = f"{prefix}s{seed}_lr0" if control else f"{prefix}s{seed}"
+    return {"policy": f"build/qs_{prefix}s{seed}", "output": f"output/{name}"}
+
+
+def critic_follows_policy(config: str) -> bool:
+    """Whether the file's critic is initialised from its own policy (critic path == actor path)."""
+    from paddle_grpo.config import load_config
+
+    cfg = load_config(os.path.join(_REPO, config), device="cpu", warn=False)
+    return bool(cfg.critic_model_name_or_path) and cfg.critic_model_name_or_path == cfg.actor_model_name_or_path
+
+
+def run_one(seed: int, control: bool, log_dir: str, overwrite: bool = False, config: str = DEFAULT_CONFIG,
+            extra: tuple = (), prefix: str = "") -> dict:
+    """One `run_rl.py CONFIG` run (with `extra` arguments appended) into run_paths(seed, control, prefix); returns
+    its summary row."""
+    paths = run_paths(seed, control, prefix)
+    cmd = [sys.executable, "run_rl.py", config, "--seed", str(seed),
            "--actor_model_name_or_path", paths["policy"], "--output_dir", paths["output"],
            "--logging_dir", f"{paths['output']}/vdl_log", "--disable_tqdm", "true"]
+    if critic_follows_policy(config):
+        cmd += ["--critic_model_name_or_path", paths["policy"]]
+    cmd += list(extra)
     if overwrite:
         cmd += ["--overwrite_output_dir", "true"]
     if control:
         cmd += ["--learning_rate", "0"]
     os.makedirs(log_dir, exist_ok=True)
     log = os.path.join(log_dir, os.path.basename(paths["output"]) + ".log")
-    t0 = time.time()
+    t0, load_before = time.time(), os.getloadavg()
     with open(log, "w", encoding="utf-8") as f:
         status = subprocess.run(cmd, cwd=_REPO, stdout=f, stderr=subprocess.STDOUT).returncode
     if status != 0:
         raise SystemExit(f"{' '.join(cmd)} exited {status}; see {log}")
-    return summarise(seed, control, wall_s=time.time() - t0)
+    row = summarise(seed, control, wall_s=time.time() - t0, prefix=prefix)
+    # the machine's load (1, 5 and 15 minute averages) when the run started and ended: the wall time's context
+    row["load_average"] = [round(x, 2) for x in load_before + os.getloadavg()]
+    return row
 
 
-def summarise(seed: int, control: bool, wall_s: float | None = None, root: str = _REPO) -> dict:
+def summarise(seed: int, control: bool, wall_s: float | None = None, root: str = _REPO, prefix: str = "") -> dict:
     """The row of one finished run, from its metrics.jsonl and its policy's build_info.json."""
-    paths = run_paths(seed, control)
+    paths = run_paths(seed, control, prefix)
     evals = []
     with open(os.path.join(root, paths["output"], "metrics.jsonl"), encoding="utf-8") as f:
         for line in f:
@@ -134,6 +169,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="42,1,2,3,4", help="comma-separated seeds to train")
     parser.add_argument("--controls", default="42,1,2", help="seeds to rerun with learning_rate 0")
+    parser.add_argument("--config", default=DEFAULT_CONFIG,
+                        help="the run's config file, relative to the repository (module docstring)")
+    parser.add_argument("--run-args", default="", metavar="ARGS",
+                        help="more run_rl.py arguments for every run, e.g. \"--rl_algorithm vapo\"")
+    parser.add_argument("--name", help="the runs' name in output/<name>_s<s> and build/qs_<name>_s<s> (default: from "
+                                       "--config, e.g. ppo; module docstring)")
     parser.add_argument("--out", default="output/quickstart_seeds.json", help="JSON file to write")
     parser.add_argument("--log-dir", default="output/quickstart_seeds_logs", help="one log per run")
     parser.add_argument("--collect", action="store_true",
@@ -156,13 +197,15 @@ def main(argv=None) -> int:
         return 0
     plan = [(int(s), False) for s in args.seeds.split(",") if s] + \
            [(int(s), True) for s in args.controls.split(",") if s]
-    existing = [run_paths(s, c)["output"] for s, c in plan if os.path.exists(os.path.join(_REPO,
-                                                                                         run_paths(s, c)["output"]))]
+    prefix, extra = run_prefix(args.config) if args.name is None else f"{args.name}_", tuple(args.run_args.split())
+    existing = [run_paths(s, c, prefix)["output"] for s, c in plan
+                if os.path.exists(os.path.join(_REPO, run_paths(s, c, prefix)["output"]))]
     if existing and not (args.collect or args.overwrite):
         raise SystemExit(f"{', '.join(existing)} already exist: pass --overwrite to train them again from scratch, "
                          "or --collect to summarise them")
-    rows = [summarise(s, c) if args.collect else run_one(s, c, args.log_dir, args.overwrite) for s, c in plan]
-    results = {"machine": machine(), "runs": rows}
+    rows = [summarise(s, c, prefix=prefix) if args.collect else
+            run_one(s, c, args.log_dir, args.overwrite, args.config, extra, prefix) for s, c in plan]
+    results = {"machine": machine(), "config": args.config, "run_args": args.run_args, "runs": rows}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)

@@ -12,7 +12,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TINY = REPO / "tools" / "shapes" / "tiny.json"
-PHASES = ("rollout", "reward", "logprob", "reference", "update", "other")
+PHASES = ("rollout", "reward", "logprob", "reference", "value", "update", "critic_update", "other")
 
 
 def run_bench(*args):
@@ -72,6 +72,27 @@ def test_peak_rss_by_phase(result):
         assert 0 <= increases[phase] <= increases["step"] + 1e-9, phase
         assert peak < result["peak_rss_mb"] + 16, phase  # statm and getrusage agree to a few pages
     assert increases["step"] > 0
+
+
+def test_ppo_adds_the_critics_phases():
+    """--algorithm ppo: the critic's values and update are phases of their own (time, peak RSS, GFLOP), the policy's
+    update keeps its own; with GRPO (the module's `result`) the critic's phases are 0 / absent."""
+    r = run_bench("--algorithm", "ppo", "--set", "timed_steps=1")
+    assert r["algorithm"] == "ppo"
+    assert r["value_s_median"] > 0 and r["critic_update_s_median"] > 0 and r["update_s_median"] > 0
+    assert r["value_s_median"] + r["critic_update_s_median"] + r["update_s_median"] < r["step_s_median"]
+    assert {"value", "critic_update", "update"} <= set(r["peak_rss_mb_by_phase"])
+    for phase in ("value", "critic_update"):
+        assert r["peak_rss_mb_by_phase"][phase] <= r["peak_rss_mb_by_phase"]["step"]
+    gflop = r["gflop_per_step"]
+    # the critic's pass covers all N x (L + T) tokens without an LM head; its update is 3x its forward
+    assert gflop["critic_update"] == pytest.approx(3 * gflop["value"])  # float64 of the same sum: rel 1e-6
+
+
+def test_grpo_has_no_critic_phases(result):
+    assert result["algorithm"] == "grpo"
+    assert result["value_s_median"] == 0.0 and result["critic_update_s_median"] == 0.0
+    assert "value" not in result["peak_rss_mb_by_phase"] and "value" not in result["gflop_per_step"]
 
 
 def test_variable_lengths_end_at_eos_with_the_drawn_lengths():

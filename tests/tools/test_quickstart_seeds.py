@@ -95,3 +95,34 @@ def test_combined_ranges_over_machines(load_tool):
     assert tool.combined([intel, amd]) == ("Over 2 machines (3 runs): step 0 0.450-0.550, step 300 0.700-0.900, "
                                            "**+15.0 to +45.0 points**; with `learning_rate 0` (2 runs): -2.0 to "
                                            "+0.6 points.\n")
+
+
+def test_another_config_gets_its_own_paths_and_the_critic_follows_the_policy(load_tool, tmp_path):
+    """--config configs/quickstart_ppo.yaml: runs in output/ppo_s<s> with their own policy build/qs_ppo_s<s>, and
+    the critic (critic_model_name_or_path == actor path in the file) is passed the same per-seed policy."""
+    tool = load_tool("quickstart_seeds")
+    assert tool.run_prefix("configs/quickstart.yaml") == ""
+    assert tool.run_prefix("configs/quickstart_ppo.yaml") == "ppo_"
+    assert tool.run_paths(42, True, "ppo_") == {"policy": "build/qs_ppo_s42", "output": "output/ppo_s42_lr0"}
+    assert tool.run_paths(42, False) == {"policy": "build/qs_s42", "output": "output/s42"}
+    assert tool.critic_follows_policy("configs/quickstart_ppo.yaml")
+    assert not tool.critic_follows_policy("configs/quickstart.yaml")
+    _fake_run(tmp_path, "ppo_s3", "qs_ppo_s3", {0: 0.5, 60: 0.7}, 400)
+    row = tool.summarise(3, False, root=str(tmp_path), prefix="ppo_")
+    assert (row["sft_steps"], row["eval_first"], row["eval_last"]) == (400, 0.5, 0.7)
+
+
+def test_ppo_results_match_the_docs(load_tool, repo_root):
+    """The PPO quickstart's numbers in README.md and docs/quickstart.md are the ones recorded in
+    docs/results/quickstart_ppo_seeds.json (tools/quickstart_seeds.py --config configs/quickstart_ppo.yaml)."""
+    tool = load_tool("quickstart_seeds")
+    with open(repo_root / "docs" / "results" / "quickstart_ppo_seeds.json", encoding="utf-8") as f:
+        results = json.load(f)
+    assert results["config"] == "configs/quickstart_ppo.yaml" and results["run_args"] == ""
+    readme = (repo_root / "README.md").read_text(encoding="utf-8")
+    doc = (repo_root / "docs" / "quickstart.md").read_text(encoding="utf-8")
+    summary_line, table = tool.tables(results).split("\n", 1)
+    assert summary_line in readme and summary_line in doc and table.strip() in doc
+    assert results["machine"]["cpu"] in doc
+    runs = [r for r in results["runs"] if not r["learning_rate_0"]]
+    assert len(runs) >= 3 and min(r["eval_last"] - r["eval_first"] for r in runs) >= 0.15  # the issue's bar
