@@ -18,13 +18,18 @@ def run_rl_main(argv, capsys):
     return status, out.out, out.err
 
 
-def write_kk_data(directory, n=16):
-    """train.jsonl and eval.jsonl with `n` src/tgt records each in `directory`; returns their paths."""
+def write_train_eval(directory, make_row, n=16, prefix=""):
+    """`<prefix>train.jsonl` and `<prefix>eval.jsonl` of `n` records `make_row(i)` each in `directory`; their paths."""
     paths = []
     for name in ("train", "eval"):
-        rows = [{"src": f"<|im_start|>user\nWho is person {i}?<|im_end|>\n<|im_start|>assistant\n<think>",
-                 "tgt": f"(1) Person {i} is a knight"} for i in range(n)]
-        path = pathlib.Path(directory) / f"{name}.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        path = pathlib.Path(directory) / f"{prefix}{name}.jsonl"
+        path.write_text("".join(json.dumps(make_row(i)) + "\n" for i in range(n)), encoding="utf-8")
         paths.append(path)
     return paths
+
+
+def write_kk_data(directory, n=16):
+    """train.jsonl and eval.jsonl with `n` src/tgt records each in `directory`; returns their paths."""
+    return write_train_eval(directory, lambda i: {
+        "src": f"<|im_start|>user\nWho is person {i}?<|im_end|>\n<|im_start|>assistant\n<think>",
+        "tgt": f"(1) Person {i} is a knight"}, n)

@@ -10,7 +10,6 @@ launch command, plus `--max_steps 1 --max_dec_len 32`, trains one step with tiny
 import json
 import math
 import os
-import pathlib
 import re
 import shlex
 import shutil
@@ -19,7 +18,7 @@ import sys
 import pytest
 import yaml
 
-from dry_run_helpers import REPO, run_rl_main
+from dry_run_helpers import REPO, run_rl_main, write_train_eval
 from paddle_grpo.config import ALIASES, FIELDS
 from reward_server import create_app
 
@@ -55,28 +54,18 @@ def _line_of(path, key):
 
 def write_gsm8k_data(directory, n=16):
     """train.jsonl and eval.jsonl of `n` GSM8K-style records (the answer after `####`) in `directory`."""
-    paths = []
-    for name in ("train", "eval"):
-        rows = [{"src": f"<|im_start|>user\nWhat is 12 + {i}?<|im_end|>\n<|im_start|>assistant\n",
-                 "tgt": f"12 + {i} = {12 + i}\n#### {12 + i}"} for i in range(n)]
-        path = pathlib.Path(directory) / f"gsm8k_{name}.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-        paths.append(path)
-    return paths
+    return write_train_eval(directory, lambda i: {
+        "src": f"<|im_start|>user\nWhat is 12 + {i}?<|im_end|>\n<|im_start|>assistant\n",
+        "tgt": f"12 + {i} = {12 + i}\n#### {12 + i}"}, n, prefix="gsm8k_")
 
 
 def write_kk_train_data(directory, n=16):
     """train.jsonl and eval.jsonl of `n` Knights-and-Knaves records whose reference the kk reward reads."""
-    paths = []
-    for name in ("train", "eval"):
-        rows = [{"src": f"<|im_start|>user\nIsland {i}: Zoey says Ethan is a knave. Who is who?<|im_end|>\n"
-                        "<|im_start|>assistant\n<think>",
-                 "tgt": "(1) Zoey is a knight\n(2) Ethan is a knave" if i % 2 else
-                        "(1) Zoey is a knave\n(2) Ethan is a knight"} for i in range(n)]
-        path = pathlib.Path(directory) / f"kk_{name}.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-        paths.append(path)
-    return paths
+    return write_train_eval(directory, lambda i: {
+        "src": f"<|im_start|>user\nIsland {i}: Zoey says Ethan is a knave. Who is who?<|im_end|>\n"
+               "<|im_start|>assistant\n<think>",
+        "tgt": "(1) Zoey is a knight\n(2) Ethan is a knave" if i % 2 else
+               "(1) Zoey is a knave\n(2) Ethan is a knight"}, n, prefix="kk_")
 
 
 def path_overrides(path, tmp_path, model_dir, server_url, records=16):
