@@ -40,9 +40,11 @@ def row_keys(seed: int, step: int, rows: npt.ArrayLike) -> np.ndarray:
     return _splitmix64(base ^ _splitmix64(np.asarray(rows, dtype=np.uint64)))
 
 
-def uniforms(keys: npt.ArrayLike, position: int) -> np.ndarray:
-    """The uniform in [0, 1) for each row key at decode position `position`. [n] float64."""
-    bits = _splitmix64(np.asarray(keys, dtype=np.uint64) ^ _splitmix64(np.uint64(position)))
+def uniforms(keys: npt.ArrayLike, position: npt.ArrayLike) -> np.ndarray:
+    """The uniform in [0, 1) for each row key at decode position `position`: one int for all rows, or [n] per row
+    (the multi-turn loop: each row's own completion position, so its draws do not depend on the other rows or on
+    tool timing). [n] float64."""
+    bits = _splitmix64(np.asarray(keys, dtype=np.uint64) ^ _splitmix64(np.asarray(position, dtype=np.uint64)))
     return (bits >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 

@@ -30,7 +30,7 @@ and the EOS mask touch only the seen / EOS columns. `tools/bench_ops.py` times e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Protocol, Tuple
+from typing import List, Optional, Protocol, Tuple, Union
 
 import numpy as np
 import paddle
@@ -53,8 +53,12 @@ class Stepper(Protocol):
               max_new_tokens: int) -> paddle.Tensor:
         """Prefill prompts [P, L]; the next-token logits [P * G, V], each prompt's G rows consecutive."""
 
-    def step(self, token: paddle.Tensor) -> paddle.Tensor:
-        """token [N] -> next-token logits [N, V]."""
+    def step(self, token: paddle.Tensor, keep: Optional[paddle.Tensor] = None) -> paddle.Tensor:
+        """token [N] -> next-token logits [N, V].
+
+        keep bool [N] (None: every row): row i's token is appended only where keep[i] (the multi-turn driver idles
+        rows that wait for a tool or are done); a row not kept does not advance its position, and its returned
+        logits are meaningless. The single-turn loop passes no `keep`."""
 
 
 @dataclass
@@ -91,18 +95,9 @@ def decode(stepper: Stepper, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tens
     tokens, logps = [], []
     for t in range(max_new_tokens):
         with full_precision():  # under the update's autocast (step.model_precision) only the model runs in it
-            z = logits / temperature
-            exp_z, lse = _exp_and_logsumexp(z)
-            processed = z
-            if seen is not None:
-                processed = _penalize(processed, seen, repetition_penalty)
-            if t < min_new_tokens:  # only the EOS columns change: no [N, V] mask
-                processed = paddle.put_along_axis(processed, eos_cols, -float("inf"), axis=1)
-            if do_sample:
-                token = _sample(exp_z if processed is z else _exp_and_logsumexp(processed)[0], top_k, top_p,
-                                None if keys is None else uniforms(keys, t))
-            else:
-                token = paddle.argmax(processed, axis=-1)
+            token, z, lse = choose(logits, temperature, seen, repetition_penalty, t < min_new_tokens or None,
+                                   eos_cols, do_sample, top_k, top_p,
+                                   None if keys is None or not do_sample else uniforms(keys, t))
             token = paddle.where(finished, paddle.full_like(token, pad_id), token)
             token_logp = gather_last(z, token.unsqueeze(-1)).squeeze(-1) - lse
         tokens.append(token)
@@ -117,6 +112,33 @@ def decode(stepper: Stepper, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tens
     ids = paddle.stack(tokens, axis=1)
     truncated = ~finished.numpy()
     return ids, paddle.stack(logps, axis=1), lengths, truncated
+
+
+def choose(logits: paddle.Tensor, temperature: float, seen: Optional[paddle.Tensor], repetition_penalty: float,
+           block_eos: Union[bool, paddle.Tensor, None], eos_cols: paddle.Tensor, do_sample: bool, top_k: int,
+           top_p: float, u: Optional[np.ndarray]) -> Tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
+    """One decode step's sampling maths (module docstring), shared by the single- and multi-turn loops; call it under
+    `full_precision`. logits [n, V] float32; seen [n, S] ids for the repetition penalty (-1: none) or None;
+    block_eos: True (every row), a bool [n] tensor (those rows) or None: EOS masked, as before `min_new_tokens`;
+    eos_cols [n, E] the EOS ids; u [n] keyed uniforms or None (multinomial). Returns (token [n] int64, z [n, V] the
+    temperature-scaled logits, logsumexp(z) [n]): the sample log-prob of a token is `z[token] - lse`."""
+    z = logits / temperature
+    exp_z, lse = _exp_and_logsumexp(z)
+    processed = z
+    if seen is not None:
+        processed = _penalize(processed, seen, repetition_penalty)
+    if block_eos is True:  # only the EOS columns change: no [n, V] mask
+        processed = paddle.put_along_axis(processed, eos_cols, -float("inf"), axis=1)
+    elif block_eos is not None:
+        kept = gather_last(processed, eos_cols)
+        processed = paddle.put_along_axis(
+            processed, eos_cols, paddle.where(block_eos.unsqueeze(-1), paddle.full_like(kept, -float("inf")), kept),
+            axis=1)
+    if do_sample:
+        token = _sample(exp_z if processed is z else _exp_and_logsumexp(processed)[0], top_k, top_p, u)
+    else:
+        token = paddle.argmax(processed, axis=-1)
+    return token, z, lse
 
 
 def _exp_and_logsumexp(z: paddle.Tensor) -> Tuple[paddle.Tensor, paddle.Tensor]:

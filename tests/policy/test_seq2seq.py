@@ -281,6 +281,20 @@ def test_generate_restores_training_mode_and_needs_eos(tiny):
         seq2seq.generate(model, ids, mask, max_new_tokens=2, eos_token_ids=[])
 
 
+def test_tools_are_refused_naming_the_key(tiny):
+    """Multi-turn rollouts need a decoder-only policy: the `tools` key is named, and the stepper refuses `keep`."""
+    _, tokenizer, model = tiny
+    _, ids, mask = _prompts(tokenizer)
+    with pytest.raises(ValueError, match="`tools` key .* decoder-only"):
+        seq2seq.generate(model, ids, mask, max_new_tokens=2, eos_token_ids=[tokenizer.eos_token_id], tools=object())
+    stepper = seq2seq.Seq2SeqStepper(model)
+    logits = stepper.start(paddle.to_tensor(ids), paddle.to_tensor(mask), 1)
+    token = paddle.argmax(logits, axis=-1)
+    with pytest.raises(ValueError, match="`tools`"):
+        stepper.step(token, paddle.ones([ids.shape[0]], dtype="bool"))
+    assert stepper.step(token).shape == logits.shape  # without keep: the usual step
+
+
 def test_encoder_inputs_carry_the_tokenizers_own_special_tokens(tmp_path):
     """T5 was pre-trained on `ids </s>`: the encoder input must end with EOS exactly as PaddleNLP's tokenizer call
     with special tokens builds it (a real T5Tokenizer on a locally trained sentencepiece model); Qwen2's tokenizer
