@@ -62,14 +62,27 @@ class Stepper(Protocol):
 
 
 @dataclass
+class ToolStats:
+    """Timings of a multi-turn rollout (summed over its `rollout_max_num_seqs` chunks); per-call latencies and errors
+    are in the tool messages of `Rollout.turns`."""
+    wait_s: float = 0.0   # seconds blocked with every unfinished row waiting for a tool (the model idle)
+    model_s: float = 0.0  # seconds in the model: prefill and decode steps
+    steps: int = 0        # decode steps run (one token per row that is generating or fed a tool token)
+
+
+@dataclass
 class Rollout:
     prompt_ids: paddle.Tensor        # [N, L] int64, left-padded, each prompt repeated G times
     prompt_mask: paddle.Tensor       # [N, L] int64
     completion_ids: paddle.Tensor    # [N, T] int64, pad after EOS; T = longest completion in the batch
-    completion_mask: paddle.Tensor   # [N, T] int64, 1 on generated tokens up to and including EOS
-    lengths: np.ndarray              # [N] generated tokens (EOS included)
-    truncated: np.ndarray            # [N] bool: stopped by max_new_tokens without EOS
-    sample_logprobs: paddle.Tensor   # [N, T] float32
+    completion_mask: paddle.Tensor   # [N, T] int64, 1 on generated tokens up to and including EOS (actions only)
+    lengths: np.ndarray              # [N] generated (action) tokens (EOS included)
+    truncated: np.ndarray            # [N] bool: stopped by max_new_tokens without EOS (without a final answer)
+    sample_logprobs: paddle.Tensor   # [N, T] float32 (0 on tool tokens)
+    # Multi-turn rollouts with tools only (multi_turn.py); None for single-turn ones.
+    tool_mask: Optional[paddle.Tensor] = None   # [N, T] int64, 1 on the tool-turn tokens the rollout fed (context)
+    turns: Optional[List[List[dict]]] = None    # per row its messages: assistant / tool dicts, in order
+    tool_stats: Optional[ToolStats] = None
 
 
 def decode(stepper: Stepper, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, G: int, max_new_tokens: int,
