@@ -84,6 +84,12 @@ class Rollout:
     turns: Optional[List[List[dict]]] = None    # per row its messages: assistant / tool dicts, in order
     tool_stats: Optional[ToolStats] = None
 
+    @property
+    def tool_wait_s(self) -> Optional[float]:
+        """Seconds the multi-turn loop was blocked on tools with no row left to decode (perf/tool_wait_s); None for
+        a single-turn rollout."""
+        return None if self.tool_stats is None else self.tool_stats.wait_s
+
 
 def decode(stepper: Stepper, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, G: int, max_new_tokens: int,
            min_new_tokens: int, eos: List[int], pad_id: int, temperature: float, top_p: float,
