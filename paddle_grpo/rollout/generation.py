@@ -24,7 +24,8 @@ def generate(model: paddle.nn.Layer, prompt_ids: Union[paddle.Tensor, np.ndarray
              temperature: float = 1.0, top_p: float = 1.0, repetition_penalty: float = 1.0, do_sample: bool = True,
              max_num_seqs: Optional[int] = None, row_keys: Optional[np.ndarray] = None,
              stepper: Callable[[paddle.nn.Layer], Stepper], penalize_prompt: bool = True,
-             top_k: int = 0, tools: Optional[ToolEnvironment] = None, max_turns: int = 1) -> Rollout:
+             top_k: int = 0, tools: Optional[ToolEnvironment] = None, max_turns: int = 1,
+             tool_sync: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> Rollout:
     """Sample `num_samples` completions for each of the `B` prompts; returns a `Rollout` with `N = B * num_samples`.
 
     prompt_ids/prompt_mask: [B, L] (paddle or numpy), left-padded. `max_num_seqs` bounds the sequences decoded at
@@ -37,7 +38,8 @@ def generate(model: paddle.nn.Layer, prompt_ids: Union[paddle.Tensor, np.ndarray
     `sampling.candidates`.
     `tools` (paddle_grpo.environment.ToolEnvironment): multi-turn rollouts (multi_turn.py) of up to `max_turns`
     assistant turns, `max_new_tokens` counting actions and tool tokens; the Rollout then has `tool_mask`, `turns`
-    and `tool_stats`. None: the single-turn loop (`decode`).
+    and `tool_stats`. None: the single-turn loop (`decode`). `tool_sync`: under tensor parallelism, the AND of a
+    [n] bool array over the group (multi_turn.py), so that the ranks feed each tool turn on the same step.
     """
     prompt_ids = paddle.to_tensor(prompt_ids, dtype="int64")
     prompt_mask = paddle.to_tensor(prompt_mask, dtype="int64")
@@ -53,7 +55,7 @@ def generate(model: paddle.nn.Layer, prompt_ids: Union[paddle.Tensor, np.ndarray
                                   max_new_tokens, min_new_tokens, eos, pad_token_id, temperature, top_p,
                                   repetition_penalty, do_sample,
                                   None if row_keys is None else row_keys[s * num_samples:(s + per_chunk) * num_samples],
-                                  stepper, penalize_prompt, top_k, tools, max_turns)
+                                  stepper, penalize_prompt, top_k, tools, max_turns, tool_sync)
                   for s in range(0, B, per_chunk)]
     finally:
         if was_training:
@@ -83,11 +85,11 @@ def generate_multi_turn(model: paddle.nn.Layer, prompt_ids: Union[paddle.Tensor,
 
 def _generate_chunk(model, prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id, temperature,
                     top_p, repetition_penalty, do_sample, keys, stepper, penalize_prompt=True, top_k=0, tools=None,
-                    max_turns=1):
+                    max_turns=1, tool_sync=None):
     if tools is not None:
         return decode_turns(stepper(model), prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id,
                             temperature, top_p, repetition_penalty, do_sample, keys, penalize_prompt, top_k, tools,
-                            max_turns)
+                            max_turns, tool_sync)
     return decode(stepper(model), prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id,
                   temperature, top_p, repetition_penalty, do_sample, keys, penalize_prompt, top_k)
 

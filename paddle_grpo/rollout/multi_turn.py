@@ -20,6 +20,12 @@ PaddleNLP's stepper they agree up to float32 rounding.
 
 `tools` is the environment of paddle_grpo.environment (`ToolEnvironment`), which this package does not import: it
 uses `stop_token_ids()`, `begin(turn_ids, ended_by_call_end) -> PendingTurn` and `assistant_message(turn_ids)`.
+
+Tensor parallelism: the ranks of a group run the same rows and must call the model in lockstep (each step is a
+collective), but each rank's tools finish at their own times. `sync` ([n] bool -> [n] bool, the AND over the group,
+e.g. an all-reduce MIN: the caller's, since only parallel/ talks to paddle.distributed) makes a row's tool turn
+start on the same step on every rank; the tools must then give every rank the same output (deterministic tools,
+or one rank's results broadcast by the caller's environment).
 """
 from __future__ import annotations
 
@@ -60,8 +66,8 @@ class _Rows:
     """Per-row state of the loop: the completion buffers and the turn bookkeeping."""
 
     def __init__(self, n: int, max_new_tokens: int, pad_id: int, eos: List[int], tools: ToolEnvironment,
-                 max_turns: int):
-        self.n, self.budget, self.tools, self.max_turns = n, max_new_tokens, tools, max_turns
+                 max_turns: int, sync: Optional[Callable[[np.ndarray], np.ndarray]] = None):
+        self.n, self.budget, self.tools, self.max_turns, self.sync = n, max_new_tokens, tools, max_turns, sync
         self.eos = set(eos)
         self.stop = {int(t) for t in tools.stop_token_ids()} - self.eos
         self.state = np.full(n, GENERATING)
@@ -122,23 +128,30 @@ class _Rows:
         if self.pos[i] >= self.budget:
             self.state[i], self.truncated[i] = DONE, True
 
+    def ready(self) -> np.ndarray:
+        """[n] bool: waiting rows whose calls have finished here, agreed over the tensor-parallel group by `sync`."""
+        local = np.zeros(self.n, dtype=bool)
+        for i in np.flatnonzero(self.state == WAITING):
+            local[i] = self.pending[i].done()
+        return local if self.sync is None else np.asarray(self.sync(local), dtype=bool)
+
     def poll(self) -> None:
         """Move the rows whose tool calls have finished from waiting to feeding."""
-        for i in np.flatnonzero(self.state == WAITING):
-            if self.pending[i].done():
-                result = self.pending[i].result()
-                self.pending[i] = None
-                self.messages[i].extend(result.messages)
-                if not result.ids:
-                    raise RuntimeError("the tool environment returned a tool turn without tokens (its format's "
-                                       "tool_turn_text must frame the responses and open the next assistant turn)")
-                self.forced[i], self.fed[i], self.state[i] = list(result.ids), 0, FEEDING
+        if not (self.state == WAITING).any():  # the same on every rank: no collective needed
+            return
+        for i in np.flatnonzero(self.ready()):
+            result = self.pending[i].result()
+            self.pending[i] = None
+            self.messages[i].extend(result.messages)
+            if not result.ids:
+                raise RuntimeError("the tool environment returned a tool turn without tokens (its format's "
+                                   "tool_turn_text must frame the responses and open the next assistant turn)")
+            self.forced[i], self.fed[i], self.state[i] = list(result.ids), 0, FEEDING
 
     def wait_for_any(self) -> float:
-        """Sleep until some waiting row's calls have finished; the seconds waited."""
+        """Sleep until some waiting row's calls have finished (on every rank, with `sync`); the seconds waited."""
         start = time.perf_counter()
-        waiting = [self.pending[i] for i in np.flatnonzero(self.state == WAITING)]
-        while not any(p.done() for p in waiting):
+        while not self.ready().any():
             time.sleep(_POLL_S)
         return time.perf_counter() - start
 
@@ -149,16 +162,18 @@ class _Rows:
 def decode_turns(stepper: Stepper, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, G: int,
                  max_new_tokens: int, min_new_tokens: int, eos: List[int], pad_id: int, temperature: float,
                  top_p: float, repetition_penalty: float, do_sample: bool, keys: Optional[np.ndarray],
-                 penalize_prompt: bool, top_k: int, tools: ToolEnvironment, max_turns: int) -> TurnsChunk:
+                 penalize_prompt: bool, top_k: int, tools: ToolEnvironment, max_turns: int,
+                 sync: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> TurnsChunk:
     """The multi-turn loop (module docstring) over prompts [P, L] and their G samples each (N = P * G rows); the
-    arguments are single_turn.decode's plus `tools` and `max_turns` (assistant turns per row, >= 1)."""
+    arguments are single_turn.decode's plus `tools`, `max_turns` (assistant turns per row, >= 1) and `sync`
+    (tensor parallelism: module docstring)."""
     if max_turns < 1:
         raise ValueError(f"max_turns must be at least 1, got {max_turns}")
     stats = ToolStats()
     timed = _timer(stats)
     logits = timed(stepper.start, prompt_ids, prompt_mask, G, max_new_tokens)
     N = logits.shape[0]
-    rows = _Rows(N, max_new_tokens, pad_id, eos, tools, max_turns)
+    rows = _Rows(N, max_new_tokens, pad_id, eos, tools, max_turns, sync)
     eos_t = paddle.to_tensor(eos, dtype="int64")
     seen = None  # [N, S] ids seen by each row for the repetition penalty (-1: none)
     if repetition_penalty != 1.0 and penalize_prompt:

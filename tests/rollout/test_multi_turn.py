@@ -131,7 +131,7 @@ def test_kv_cache_kept_across_turns_matches_a_full_forward(tool_policy, stepper)
     keep = np.stack(RecordingStepper.log)  # [steps, rows]: rows with a slow call idled while others moved
     slow = [i for i, t in enumerate(r.turns) if any(m["role"] == "tool" and m["latency_s"] >= 0.1 for m in t)]
     assert slow and keep.any(axis=1).all()
-    assert all((~keep[:np.flatnonzero(keep[:, i])[-1], i]).sum() > 0 for i in slow)
+    assert all(idle_before_last_token(keep[:, i]) > 0 for i in slow)
     full, _ = completion_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids,
                                   r.completion_mask | r.tool_mask)
     # Two float32 evaluations (decode steps vs one pass over the sequence) of the tiny policy (hidden 64,
@@ -265,3 +265,38 @@ def test_a_tool_set_is_not_needed_for_the_single_turn_path(tool_policy):
         with environment(tok) as env:
             run(model, tok, ["Say hi."], env, max_turns=0)
     assert paddle.is_tensor(r.completion_ids)
+
+
+def idle_before_last_token(kept):
+    """Steps a row idled before its last appended token (kept: [steps] bool)."""
+    return int((~kept[:np.flatnonzero(kept)[-1]]).sum())
+
+
+def test_tool_sync_holds_a_tool_turn_until_every_rank_has_it(tool_policy):
+    """Tensor parallelism's hook: `tool_sync` ANDs the rows' readiness over the group. Here a second "rank" that
+    has row 0's result only from its 40th poll on: row 0 is fed its tool turn later (more idle steps), every other
+    row and every token are unchanged (lean path, keyed sampling)."""
+    model, tok = tool_policy
+    questions = ["Look up zeta.", "What is 12*34?"]
+    kwargs = dict(max_turns=3, num_samples=2, do_sample=True, temperature=1.0, row_keys=row_keys(9, 0, np.arange(4)))
+    with environment(tok) as env:
+        RecordingStepper.log = []
+        alone = run(model, tok, questions, env, stepper=recording(FastQwen2Stepper), **kwargs)
+        idle_alone = idle_before_last_token(np.stack(RecordingStepper.log)[:, 0])
+        polls = []
+
+        def other_rank_has(ready):
+            assert ready.shape == (4,) and ready.dtype == bool
+            polls.append(ready.copy())
+            other = np.ones(4, dtype=bool)
+            other[0] = len(polls) > 40
+            return ready & other
+
+        RecordingStepper.log = []
+        synced = run(model, tok, questions, env, stepper=recording(FastQwen2Stepper), tool_sync=other_rank_has,
+                     **kwargs)
+        idle_synced = idle_before_last_token(np.stack(RecordingStepper.log)[:, 0])
+    assert len(polls) > 40 and alone.tool_mask.numpy()[0].sum() > 0
+    assert idle_synced > idle_alone
+    for name in ("completion_ids", "completion_mask", "tool_mask", "sample_logprobs"):
+        np.testing.assert_array_equal(getattr(synced, name).numpy(), getattr(alone, name).numpy(), err_msg=name)
