@@ -26,7 +26,7 @@ from .policy import (freeze, head_chunk_size, load_policy, load_tokenizer, mix_i
                      quiet_paddlenlp, resolve_model_dir)
 from .precision import plan_for_run
 from .rewards.client import make_rewarder
-from .sampling import row_keys
+from .rollout.sampling import row_keys
 from .step import TrainingError
 
 __all__ = ["PolicyBuilder", "Trainer", "TrainingError", "train"]  # TrainingError: step/'s, caught by callers

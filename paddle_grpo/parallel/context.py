@@ -8,8 +8,8 @@ the trainer is written once for any number of ranks. Under `python -m paddle.dis
   (`pipeline_parallel_degree > 1`): fleet's hybrid topology. The data-parallel (DP) group is every rank that holds
   the same model shard and pipeline stage, i.e. fleet's data *and* sharding axes: they all receive different
   prompts. Per-sequence data (rewards, masks) is gathered over the DP group, gradients are summed over it, and the
-  tensor-parallel (TP) ranks of one group see identical data, sample identical completions (sampling.py keys by DP
-  row) and share one reward request.
+  tensor-parallel (TP) ranks of one group see identical data, sample identical completions (rollout/sampling.py keys
+  by DP row) and share one reward request.
 - sharding stage1 (ZeRO-1, https://arxiv.org/abs/1910.02054): fleet's `DygraphShardingOptimizer` owns the AdamW
   states of a partition of the parameters on each sharding rank (gradients.py).
 - pipeline parallel: `Pipeline` (pipeline.py) trains this rank's stage; the trainer's full copy generates.

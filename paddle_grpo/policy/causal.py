@@ -5,7 +5,7 @@ Log-probs are computed from the decoder's hidden states at the completion positi
 logits of the prompt positions are never materialised (with a 150k vocabulary they would dominate memory).
 For a plain Qwen2 model (no tensor parallelism) `completion_logprobs` runs the lean forward of fast_qwen2.py, which
 also computes each group's shared prompt once; other models use PaddleNLP's forward. `PADDLE_GRPO_FAST=0` forces
-PaddleNLP's forward everywhere. Sampling (`generate`) is rollout.py's decode loop, run through this module's steppers
+PaddleNLP's forward everywhere. Sampling (`generate`) is rollout/'s decode loop, run through this module's steppers
 (`stepper_for`): the rollout knows no model, the policy hands it the model's side of the loop.
 """
 from __future__ import annotations
@@ -253,7 +253,7 @@ class CausalPolicy(Policy):
 
     def generate(self, prompt_ids: paddle.Tensor | np.ndarray, prompt_mask: paddle.Tensor | np.ndarray,
                  **kwargs: Any) -> Rollout:
-        """`generate(self.model, prompt_ids, prompt_mask, **kwargs)`: rollout.py's decode loop with this model's
+        """`generate(self.model, prompt_ids, prompt_mask, **kwargs)`: rollout/'s decode loop with this model's
         stepper."""
         return generate(self.model, prompt_ids, prompt_mask, **kwargs)
 

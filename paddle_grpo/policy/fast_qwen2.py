@@ -22,7 +22,7 @@ Switch: `enabled_for(model)` is True for a plain float32 `Qwen2ForCausalLM` or t
 `Qwen2ForSequenceClassification` (critic.py: hidden states only, no LM head) (exact type: not a `paddle.DataParallel`
 or LoRA wrapper) whose projections are all `nn.Linear` (no LoRA/quantised layers inside), without tensor/sequence
 parallelism, fused-qkv/ffn layouts, refined recompute, attention dropout, GPU kernel flags or an active autocast,
-unless the environment sets `PADDLE_GRPO_FAST=0`. Everything else uses PaddleNLP's forward (modeling.py / rollout.py).
+unless the environment sets `PADDLE_GRPO_FAST=0`. Everything else uses PaddleNLP's forward (modeling.py / rollout/).
 
 Recompute: with the model config's `recompute` (PaddleNLP's key; causal.load_causal_lm sets it on the trainable
 policy only) and gradients being recorded, `prompt_completion_hidden` checkpoints per `recompute_granularity`, as

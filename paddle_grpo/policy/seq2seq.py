@@ -12,7 +12,7 @@ losses) is unchanged.
   absolute positions then start at 0 as in pre-training). The trainer collates left-padded.
 - The encoder runs once per prompt: `generate` encodes the B prompts and shares each one's encoder output and first
   decoder step among its G samples; `completion_logprobs` encodes each run of identical consecutive prompt rows once.
-- Sampling follows rollout.py exactly (temperature -> repetition penalty -> EOS blocked until `min_new_tokens` ->
+- Sampling follows rollout/ exactly (temperature -> repetition penalty -> EOS blocked until `min_new_tokens` ->
   top-p -> multinomial or counter-based uniforms), except that the repetition penalty counts only the tokens the
   decoder generated, not the source document (as HF does for encoder-decoders: a summary should copy from it).
 - Dropout is switched off when loading (as for the decoder-only policies, whose configs have none): with dropout the
@@ -227,7 +227,7 @@ class Seq2SeqPolicy(Policy):
 
 
 class Seq2SeqStepper:
-    """Incremental decoding with a KV cache; the interface of rollout.py's steppers (start, step)."""
+    """Incremental decoding with a KV cache; the interface of rollout/single_turn.py's steppers (start, step)."""
 
     def __init__(self, model: paddle.nn.Layer):
         self.model = model

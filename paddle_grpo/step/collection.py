@@ -14,7 +14,7 @@ from ..parallel import ParallelContext
 from ..policy import Policy
 from ..rewards import RewardResult
 from ..rollout import Rollout
-from ..sampling import row_keys
+from ..rollout.sampling import row_keys
 from .batch import Batch, attention_mask, model_precision
 from .metrics import CollectMetrics, ToolMetrics
 

@@ -20,7 +20,7 @@ from numerics import tiny_lm_tol
 from paddle_grpo.policy import seq2seq
 from paddle_grpo.recipes.seq2seq import build_tiny_seq2seq
 from paddle_grpo.recipes.tiny import build_tokenizer
-from paddle_grpo.sampling import row_keys
+from paddle_grpo.rollout.sampling import row_keys
 
 pytestmark = pytest.mark.numerics  # compares float results: CI reruns it on other CPU kernels
 
@@ -72,7 +72,7 @@ def _log_softmax(z):
 
 
 def _naive_greedy(model, src, *, max_new, min_new, eos, penalty=1.0):
-    """Greedy decoding by re-running the whole model each step; the rules of rollout.py, written out."""
+    """Greedy decoding by re-running the whole model each step; the rules of rollout/single_turn.py, written out."""
     start = seq2seq.decoder_start_id(model)
     out, seen = [], set()
     for t in range(max_new):
@@ -214,7 +214,7 @@ def test_greedy_matches_naive_loop(tiny, min_new, penalty):
 
 
 def test_repetition_penalty_ignores_the_source(tiny):
-    """A summary may copy the document: only the decoder's own tokens are penalised (unlike rollout.py's prompts)."""
+    """A summary may copy the document: only the decoder's own tokens are penalised (unlike rollout/'s prompts)."""
     _, tokenizer, model = tiny
     src = list(range(4, len(tokenizer), 2))  # half the vocabulary in the document
     eos = {tokenizer.eos_token_id}

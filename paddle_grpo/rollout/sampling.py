@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import paddle
 
-from .algorithms import gather_last
+from ..algorithms import gather_last
 
 _MASK = (1 << 64) - 1
 
@@ -56,7 +56,7 @@ def sample_with_uniforms(probs: paddle.Tensor, u: npt.ArrayLike, block: int = 51
     float64 cumsum over those [n, V / block] sums picks each row's block, then a float64 cumsum inside that one
     block picks the token: O(n * (V / block + block)) float64 work. It picks the token of an exact float64
     inverse CDF of the same probabilities unless `u * total` lies within float32 rounding (~1e-6 relative) of a
-    cumulative-probability boundary (tests/test_sampling_real_vocab.py). Up to 4 blocks (small vocabularies) the
+    cumulative-probability boundary (tests/rollout/test_sampling_real_vocab.py). Up to 4 blocks (small vocabularies) the
     exact float64 inverse CDF is as cheap and is used instead.
     """
     if probs.dtype != paddle.float32:
