@@ -304,7 +304,7 @@ def check_tools(cfg: Config, tokenizer: Any = None, get: Optional[Callable] = No
             toolset = load_tools(cfg.tools)
             print(f"  tools: {', '.join(toolset.names)} ({len(toolset.schemas())} schemas)")
         except Exception as e:  # noqa: BLE001  a user's module may raise anything on import
-            problems.append(f"tools: {e}")
+            problems.append(f"tools: {e.args[0] if isinstance(e, KeyError) and e.args else e}")
     if tokenizer is not None:
         from .environment import get_format
 

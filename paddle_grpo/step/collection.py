@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..config import encoder_decoder_refusal
+from ..config import ConfigError, encoder_decoder_refusal
 from ..data import PromptSampler, apply_chat_template, collate_prompts, tokenize_prompts
 from ..parallel import ParallelContext
 from ..policy import Policy
@@ -32,14 +32,19 @@ def build_tools(cfg: Any, tokenizer: Any, policy: Optional[Policy] = None) -> Op
     try:
         toolset = load_tools(cfg.tools, server=cfg.tool_server.strip(), token=cfg.tool_server_token,
                              timeout_s=cfg.tool_timeout_s)
-    except Exception as e:  # noqa: BLE001 - said with the key, the cause chained
-        raise type(e)(f"key 'tools' ({', '.join(cfg.tools)}): {where}{e}") from e
+    except Exception as e:  # noqa: BLE001 - a user's module may raise anything: said with the key, cause chained
+        raise ConfigError(f"key 'tools' ({', '.join(cfg.tools)}): {where}{_text(e)}") from e
     try:
         fmt = get_format(cfg.tool_format, tokenizer)
-    except Exception as e:  # noqa: BLE001
-        raise type(e)(f"key 'tool_format' ({cfg.tool_format!r}): {e}") from e
+    except ValueError as e:
+        raise ConfigError(f"key 'tool_format' ({cfg.tool_format!r}): {e}") from e
     return ToolEnvironment(toolset, fmt, tokenizer, timeout_s=cfg.tool_timeout_s, max_workers=cfg.tool_max_workers,
                            max_response_tokens=cfg.max_tool_response_len)
+
+
+def _text(error: BaseException) -> str:
+    """An exception's message (a KeyError's without the quotes its str() adds)."""
+    return str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
 
 
 class PromptEncoder:
@@ -57,7 +62,8 @@ class PromptEncoder:
     def text(self, prompt: str) -> str:
         """The text the policy sees for a record's prompt."""
         if self.tools is not None and self.chat_template != "none":
-            return self.tools.fmt.prompt_with_tools(prompt, self.tokenizer, self.tools.tools.schemas(), None)
+            return self.tools.fmt.prompt_with_tools(prompt, self.tokenizer, self.tools.tools.schemas(), None,
+                                                    mode=self.chat_template)
         return apply_chat_template(prompt, self.tokenizer, mode=self.chat_template)
 
     def __call__(self, records: Sequence[dict], indices: Sequence[int]) -> Tuple[np.ndarray, np.ndarray]:
