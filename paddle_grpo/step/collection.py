@@ -19,10 +19,12 @@ from .batch import Batch, attention_mask, model_precision
 from .metrics import CollectMetrics, ToolMetrics
 
 
-def build_tools(cfg: Any, tokenizer: Any, policy: Optional[Policy] = None) -> Optional[Any]:
+def build_tools(cfg: Any, tokenizer: Any, policy: Optional[Policy] = None,
+                par: Optional[ParallelContext] = None) -> Optional[Any]:
     """The run's `environment.ToolEnvironment` (tools loaded in-process, or served by `tool_server`; the format of
-    `tool_format` for `tokenizer`; a pool of `tool_max_workers`), or None without `tools` (single-turn). The caller
-    closes it (a context manager) when the run ends. An encoder-decoder `policy` is refused."""
+    `tool_format` for `tokenizer`; a pool of `tool_max_workers`), or None without `tools` (single-turn); under
+    tensor parallelism wrapped by `par.tools_for_rollout` (one rank of each group runs the calls). The caller
+    closes it when the run ends. An encoder-decoder `policy` is refused."""
     if not cfg.tools:
         return None
     if policy is not None and policy.is_encoder_decoder:
@@ -38,8 +40,9 @@ def build_tools(cfg: Any, tokenizer: Any, policy: Optional[Policy] = None) -> Op
         fmt = get_format(cfg.tool_format, tokenizer)
     except ValueError as e:
         raise ConfigError(f"key 'tool_format' ({cfg.tool_format!r}): {e}") from e
-    return ToolEnvironment(toolset, fmt, tokenizer, timeout_s=cfg.tool_timeout_s, max_workers=cfg.tool_max_workers,
-                           max_response_tokens=cfg.max_tool_response_len)
+    env = ToolEnvironment(toolset, fmt, tokenizer, timeout_s=cfg.tool_timeout_s, max_workers=cfg.tool_max_workers,
+                          max_response_tokens=cfg.max_tool_response_len)
+    return env if par is None else par.tools_for_rollout(env)
 
 
 def _text(error: BaseException) -> str:
@@ -87,7 +90,8 @@ def rollout(policy: Policy, encode: PromptEncoder, cfg: Any, records: Sequence[d
     up to `max_turns` assistant turns (the Rollout's `tool_mask` and `turns` set)."""
     prompt_ids, prompt_mask = encode(records, indices)
     tokenizer = encode.tokenizer
-    multi_turn = {} if encode.tools is None else {"tools": encode.tools, "max_turns": cfg.max_turns}
+    multi_turn = {} if encode.tools is None else {"tools": encode.tools, "max_turns": cfg.max_turns,
+                                                  "tool_sync": getattr(encode.tools, "sync", None)}  # TP: GroupTools
     with model_precision(amp):
         return policy.generate(prompt_ids, prompt_mask, num_samples=G, max_new_tokens=cfg.max_dec_len,
                                min_new_tokens=cfg.min_dec_len, eos_token_ids=sorted({tokenizer.eos_token_id}),
