@@ -11,7 +11,7 @@ Tools (paddle_grpo.environment; `--tool`), for rollouts whose tools run on this 
     GET /tools    -> {"error_code": 0, "error_msg": "Success", "tools": [function schema, ...]}
     POST /tool    {"name": str, "arguments": {...}}
                -> {"error_code": 0, "error_msg": "Success", "content": str, "error": null | "bad_arguments" | ...,
-                   "latency_s": float, "request_id": "..."}
+                   "request_id": "..."}
 
 A call the tool answers (its result, or its own error: bad arguments, an exception, a limit) is a 200 with `error`
 set as in-process; a request that is not a call (not JSON, no "name", "arguments" not an object) is a 400, a tool
@@ -144,7 +144,7 @@ def create_app(reward_names_or_fns, weights=None, token=None, max_content_length
             raise RequestError(404, early.content[len("error: "):])
         result = toolset.call(ToolCall(name, arguments))
         return jsonify(error_code=0, error_msg="Success", content=result.content, error=result.error,
-                       latency_s=result.latency_s, request_id=g.request_id)
+                       request_id=g.request_id)
 
     @app.post("/")
     def score():
