@@ -101,3 +101,23 @@ def test_own_temporary_directory_per_call():
 @pytest.mark.parametrize("code", ["print(1)", ""])
 def test_trivial_snippets(code):
     assert get_tool("python").call({"code": code}).content == ("1\n" if code else "")
+
+
+def test_python_calls_of_several_rows_run_concurrently(tool_tokenizer):
+    # The rollout starts each call in its own thread; the subprocesses run side by side. 4 snippets sleeping 0.5 s
+    # take >= 2.0 s one after another; side by side 0.5 s plus 4 interpreter start-ups (~0.1-0.2 s of CPU each)
+    # shared by the cores: under 2.0 s even with a loaded machine's start-ups.
+    from paddle_grpo.data import tokenize_prompts
+    from paddle_grpo.environment import HermesFormat, ToolEnvironment, load_tools
+
+    def call(row):
+        code = f"import time; time.sleep(0.5); print({row})"
+        text = f'<tool_call>{{"name": "python", "arguments": {{"code": "{code}"}}}}</tool_call>'
+        return tokenize_prompts(tool_tokenizer, [text])[0]
+
+    with ToolEnvironment(load_tools("python"), HermesFormat(), tool_tokenizer, timeout_s=30) as env:
+        start = time.monotonic()
+        turns = [p.result() for p in [env.begin(call(row), True) for row in range(4)]]
+        elapsed = time.monotonic() - start
+    assert [t.messages[0]["content"] for t in turns] == [f"{row}\n" for row in range(4)]
+    assert elapsed < 2.0, elapsed
