@@ -136,3 +136,19 @@ def test_evaluation_reports_tool_use_and_accuracy_with_and_without_tools(workdir
     parts = [(use, with_tools), (1 - use, without)]
     assert acc == pytest.approx(sum(w * a for w, a in parts if w > 0), rel=1e-12)
     trainer.tools.close()
+
+
+def test_tools_served_over_http_train_the_same_way(workdir, tmp_path, serve):
+    """tool_server: the calls go to a real tool server on 127.0.0.1 (python -m reward_server --tool's app, with a
+    token): the step's tool turns hold its results, and equal an in-process run's (the calculator is deterministic,
+    and the samples do not depend on tool latency)."""
+    from reward_server import create_app
+
+    url = serve(create_app([], tools="calculator", token="T0k")).url
+    remote = Trainer(make_cfg(workdir, tmp_path / "remote", tool_server=url, tool_server_token="T0k"))
+    remote.train()
+    check_batch(remote.batch, read_metrics(tmp_path / "remote")[0])
+    local = Trainer(make_cfg(workdir, tmp_path / "local"))
+    local.train()
+    untimed = lambda turns: [[{k: v for k, v in m.items() if k != "latency_s"} for m in t] for t in turns]  # noqa
+    assert untimed(remote.batch.turns) == untimed(local.batch.turns)
