@@ -108,7 +108,7 @@ def final_answer(turns: List[dict]) -> str:
 def completion_texts(tokenizer: Any, rollout: Rollout) -> List[str]:
     """Completion texts without the EOS token (what reward functions and the server see); multi-turn
     (`rollout.turns` set): each row's final assistant turn's content, the answer (`final_answer`)."""
-    turns = getattr(rollout, "turns", None)
+    turns = rollout.turns
     if turns is not None:
         return [final_answer(t) for t in turns]
     ids = rollout.completion_ids.numpy()
@@ -122,7 +122,7 @@ def completion_texts(tokenizer: Any, rollout: Rollout) -> List[str]:
 
 def completion_extent(rollout: Rollout) -> np.ndarray:
     """[N, T] the completion tokens that exist, actions and tool output (numpy)."""
-    return attention_mask(rollout.completion_mask, getattr(rollout, "tool_mask", None)).numpy()
+    return attention_mask(rollout.completion_mask, rollout.tool_mask).numpy()
 
 
 def score(par: ParallelContext, rewarder: Any, use_rm_server: bool, records: Sequence[dict],
@@ -131,7 +131,7 @@ def score(par: ParallelContext, rewarder: Any, use_rm_server: bool, records: Seq
     rows also pass `turns` (each row's messages: assistant turns with their tool calls, tool results), in-process
     as a keyword argument and to the reward server as the request's `turns` field; `completion_ids` are then the
     whole completion's tokens, actions and tool output."""
-    turns = getattr(rollout, "turns", None)
+    turns = rollout.turns
 
     def request():
         rows = [records[i] for i in indices for _ in range(G)]
@@ -172,7 +172,7 @@ def collect(par: ParallelContext, policy: Policy, encode: PromptEncoder, rewarde
         sampled = rollout(policy, encode, cfg, records, mine, G, keys=row_keys(cfg.seed, step * 1000 + rounds, rows),
                           amp=amp)
         t1 = time.perf_counter()
-        tool_wait_s += getattr(sampled, "tool_wait_s", None) or 0.0
+        tool_wait_s += sampled.tool_wait_s or 0.0
         texts = completion_texts(encode.tokenizer, sampled)
         batch = Batch.from_rollout(sampled, texts, score(par, rewarder, cfg.use_rm_server, records, mine, sampled,
                                                          texts, G), mine, G)
