@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 if TYPE_CHECKING:
     from paddlenlp.transformers import (PretrainedTokenizer, Qwen2ForCausalLM, Qwen2ForSequenceClassification,
@@ -21,10 +21,14 @@ PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [PAD, IM_START, IM_END]
 
 
-def build_tokenizer(corpus: Iterable[str], out_dir: str, vocab_size: int = 512) -> Qwen2Tokenizer:
+def build_tokenizer(corpus: Iterable[str], out_dir: str, vocab_size: int = 512,
+                    added_tokens: Sequence[str] = ()) -> Qwen2Tokenizer:
     """Train a byte-level BPE on `corpus` (iterable of str) and save a Qwen2Tokenizer in `out_dir`.
 
-    EOS is `<|im_end|>` (Qwen's chat turn end), padding `<|endoftext|>`. Returns the paddlenlp tokenizer.
+    EOS is `<|im_end|>` (Qwen's chat turn end), padding `<|endoftext|>`. `added_tokens` (e.g. Qwen2.5's
+    `<tool_call>`, `</tool_call>`) become single tokens, registered as Qwen2.5 registers them (in
+    tokenizer_config.json's added_tokens_decoder, not special), so `data.tokenize_prompts` keeps them whole.
+    Returns the paddlenlp tokenizer (reloaded from `out_dir` when there are added tokens).
     """
     from paddlenlp.transformers import Qwen2Tokenizer
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -32,7 +36,8 @@ def build_tokenizer(corpus: Iterable[str], out_dir: str, vocab_size: int = 512) 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS + list(added_tokens),
+                                  show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     bpe.train_from_iterator(list(corpus), trainer)
     os.makedirs(out_dir, exist_ok=True)
@@ -42,6 +47,28 @@ def build_tokenizer(corpus: Iterable[str], out_dir: str, vocab_size: int = 512) 
                                    eos_token=IM_END, pad_token=PAD)
         tokenizer.padding_side = "left"
         tokenizer.save_pretrained(out_dir)
+    if added_tokens:
+        tokenizer = _register_added_tokens(out_dir, added_tokens)
+    return tokenizer
+
+
+def _register_added_tokens(out_dir, added_tokens):
+    import json
+
+    from paddlenlp.transformers import AutoTokenizer
+
+    with open(os.path.join(out_dir, "vocab.json"), encoding="utf-8") as f:
+        vocab = json.load(f)
+    path = os.path.join(out_dir, "tokenizer_config.json")
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    config["added_tokens_decoder"] = {
+        str(vocab[token]): {"content": token, "lstrip": False, "rstrip": False, "normalized": False,
+                            "single_word": False, "special": False} for token in added_tokens}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(config, f, ensure_ascii=False, indent=2)
+    tokenizer = AutoTokenizer.from_pretrained(out_dir)
+    tokenizer.padding_side = "left"
     return tokenizer
 
 
