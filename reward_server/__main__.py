@@ -3,9 +3,8 @@
 `--tool calculator,python` to serve tools (alone or beside rewards); example requests in docs/rewards.md and
 docs/tools.md)
 
-Serves the reward functions over HTTP with waitress (multi-threaded; no lock around scoring but a reward model's
-forward passes, which run one at a time). Binds to 127.0.0.1
-unless --host says otherwise. The token may also come from $REWARD_SERVER_TOKEN, which keeps it out of `ps`.
+Serves the reward functions (and tools) over HTTP with waitress (multi-threaded; no lock around scoring but a
+reward model's forward passes, which run one at a time). Binds to 127.0.0.1 unless --host says otherwise. The token may also come from $REWARD_SERVER_TOKEN, which keeps it out of `ps`.
 """
 import argparse
 import logging
@@ -27,7 +26,7 @@ def parse_args(argv=None):
     parser.add_argument("--port", type=int, default=8731, help="port (default 8731; 0 picks a free one)")
     parser.add_argument("--reward", default=None,
                         help="comma-separated reward names or module:function / file.py:function specs "
-                             "(default kk, or none when --reward-model is given)")
+                             "(default kk, or none when --reward-model or --tool is given)")
     parser.add_argument("--reward-model", default=None, metavar="DIR",
                         help="a sequence-scoring reward model (directory or hub ID) scoring src + response, after "
                              "the --reward functions; loaded at start-up")

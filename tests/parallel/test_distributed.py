@@ -163,6 +163,7 @@ def test_a_failed_build_stops_the_waiting_ranks_of_this_launch_only(tmp_path, mo
 
 
 @pytest.mark.e2e
+@SLOW  # a 35 s build by design (longer than gloo's 30 s timeout), 46 s here: opt-in with the other launch checks
 def test_two_ranks_build_a_missing_policy_longer_than_the_collective_timeout(tmp_path, tiny_policy_dir, repo_root):
     """build_actor_if_missing under 2 ranks, with a build (35 s) longer than gloo's fixed 30 s collective timeout:
     local rank 0 builds before the process group forms while rank 1 waits on the file system, then both train and
