@@ -33,7 +33,8 @@ def test_two_turn_steps(bench, char_tokenizer):
     answers; actions = the call and the answer, each with its EOS (one token per character); tool tokens = the
     environment's tool turn; the rollout's parts add up to it."""
     segments, tool_end, need = bench.turn_script(char_tokenizer, 2)
-    out = run_bench("--turns", "2", "--set", "vocab_size=128", "--set", f"completion_len={need}")
+    out = run_bench("--turns", "2", "--set", "vocab_size=128", "--set", f"completion_len={need}",
+                    "--set", "warmup_steps=0", "--set", "timed_steps=1")
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     rows = 6
