@@ -65,10 +65,18 @@ def test_turn_script_follows_the_environment(bench, char_tokenizer):
     assert need == 2 * (len(segments[0]) + len(turn.ids)) + len(segments[-1]) and segments[0] == segments[1]
 
 
-def test_bad_turns_settings_are_refused():
-    out = run_bench("--turns", "2", "--set", "vocab_size=128")  # tiny.json's completion_len 5
-    assert out.returncode != 0 and "completion_len must hold" in out.stderr and "--set completion_len=" in out.stderr
-    out = run_bench("--turns", "2", "--set", "completion_len=400")  # vocab 64: no '{' in the vocabulary
-    assert out.returncode != 0 and "vocab_size >= 128" in out.stderr
-    out = run_bench("--turns", "0")
-    assert out.returncode != 0 and "turns must be an integer >= 1" in out.stderr
+def test_bad_turns_settings_are_refused(bench, char_tokenizer, tmp_path):
+    from paddle_grpo.recipes.tiny import build_char_tokenizer
+
+    shape = json.loads(TINY.read_text())
+    with pytest.raises(SystemExit, match="completion_len must hold .* --set completion_len="):
+        bench.check_turn_budget({**shape, "turns": 2}, char_tokenizer)  # tiny.json's completion_len 5
+    bench.check_turn_budget({**shape, "turns": 2, "completion_len": 400}, char_tokenizer)
+    with pytest.raises(SystemExit, match="vocab_size >= 128"):  # tiny.json's 64 tokens have no '{'
+        bench.turn_script(build_char_tokenizer(str(tmp_path), 64), 2)
+    with pytest.raises(SystemExit, match="turns must be an integer >= 1"):
+        bench.main(["--shape", str(TINY), "--turns", "0"])
+    bad = tmp_path / "shape.json"
+    bad.write_text(json.dumps({**shape, "turns": "2"}))
+    with pytest.raises(SystemExit, match="turns must be an integer >= 1"):
+        bench.load_shape(str(bad))
