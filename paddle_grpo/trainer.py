@@ -95,7 +95,7 @@ class Trainer:
         self.sampler = PromptSampler(len(self.train_records), gen_prompts, shuffle=cfg.dataloader_shuffle,
                                      seed=cfg.seed, drop_last=cfg.dataloader_drop_last)
         self.max_steps = cfg.max_steps if cfg.max_steps > 0 else max(1, int(cfg.num_train_epochs * len(self.sampler)))
-        self.tools = step.build_tools(cfg, self.tokenizer, self.policy)  # None: single-turn; closed by train()
+        self.tools = step.build_tools(cfg, self.tokenizer, self.policy, par)  # None: single-turn; train() closes
         self.encode = step.PromptEncoder(self.policy, self.tokenizer, cfg.chat_template, cfg.max_prompt_len, self.tools)
         server = dict(reward_server=cfg.reward_server, token=cfg.reward_server_token or None,
                       read_timeout=cfg.reward_server_timeout, max_retries=cfg.reward_server_max_retries,

@@ -4,7 +4,19 @@
                -> {"error_code": 0, "error_msg": "Success", "score": [float | null],
                    "scores_by_function": {name: [...]}, "errors": [reason | null], "request_id": "..."}
     GET /health -> {"status": "ok", "rewards": [...], "weights": [...], "max_score": float or null}
-                   (+ "reward_model": its directory or hub ID, when one is served)
+                   (+ "reward_model": its directory or hub ID, when one is served; + "tools": [...] when tools are)
+
+Tools (paddle_grpo.environment; `--tool`), for rollouts whose tools run on this host (RemoteToolSet):
+
+    GET /tools    -> {"error_code": 0, "error_msg": "Success", "tools": [function schema, ...]}
+    POST /tool    {"name": str, "arguments": {...}}
+               -> {"error_code": 0, "error_msg": "Success", "content": str, "error": null | "bad_arguments" | ...,
+                   "request_id": "..."}
+
+A call the tool answers (its result, or its own error: bad arguments, an exception, a limit) is a 200 with `error`
+set as in-process; a request that is not a call (not JSON, no "name", "arguments" not an object) is a 400, a tool
+this server does not serve a 404 (error_msg: "unknown tool 'x'; tools: ..."). A server may serve rewards, tools or
+both; POST / on a server without rewards is a 404.
 
 Rejected requests get a 4xx status and `{"error_code": <the status>, "error_msg": "<what was wrong>"}`. A sample
 on which a reward function failed (raised, timed out) gets `score` null with the reason in `errors`; the batch
@@ -21,9 +33,10 @@ import uuid
 from flask import Flask, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from paddle_grpo.environment import ToolCall, ToolSet, load_tools, precheck
 from paddle_grpo.rewards import RewardModel, RewardSet
 
-from .validation import RequestError, parse_batch
+from .validation import RequestError, parse_batch, parse_tool_call
 
 access_log = logging.getLogger("reward_server.access")
 logger = logging.getLogger("reward_server")
@@ -40,15 +53,23 @@ def _error(status, message):
 
 
 def create_app(reward_names_or_fns, weights=None, token=None, max_content_length=DEFAULT_MAX_CONTENT_LENGTH,
-               timeout_s=DEFAULT_TIMEOUT_S):
-    """The Flask app scoring with `RewardSet(reward_names_or_fns, weights, timeout_s)`.
+               timeout_s=DEFAULT_TIMEOUT_S, tools=None):
+    """The Flask app scoring with `RewardSet(reward_names_or_fns, weights, timeout_s)` and serving `tools` (tool
+    specs, a comma-separated string of them, or a ToolSet; see paddle_grpo.environment.load_tools).
 
-    token: when set, POST / needs `Authorization: Bearer <token>` (401 otherwise); /health stays open.
-    max_content_length: request body limit in bytes (413 above it)."""
-    rewards = RewardSet(reward_names_or_fns, weights=weights, timeout_s=timeout_s)
+    reward_names_or_fns may be empty when tools are given (a tool server). token: when set, POST /, GET /tools and
+    POST /tool need `Authorization: Bearer <token>` (401 otherwise); /health stays open. max_content_length: request
+    body limit in bytes (413 above it)."""
+    toolset = tools if isinstance(tools, ToolSet) else load_tools(tools)
+    given = reward_names_or_fns
+    has_rewards = bool(given.strip()) if isinstance(given, str) else callable(given) or bool(given)
+    if not has_rewards and not len(toolset):
+        raise ValueError("a server needs at least one reward function or tool (--reward, --reward-model, --tool)")
+    rewards = RewardSet(reward_names_or_fns, weights=weights, timeout_s=timeout_s) if has_rewards else None
     app = Flask("reward_server")
     app.config["MAX_CONTENT_LENGTH"] = max_content_length
     app.extensions["reward_set"] = rewards
+    app.extensions["tool_set"] = toolset
 
     @app.before_request
     def start_request():
@@ -73,7 +94,10 @@ def create_app(reward_names_or_fns, weights=None, token=None, max_content_length
     @app.errorhandler(HTTPException)
     def http_error(exc):
         if exc.code == 404:
-            return _error(404, f"no route {request.path}; use POST / to score or GET /health")
+            routes = "POST / to score" if rewards is not None else ""
+            if len(toolset):
+                routes += (", " if routes else "") + "GET /tools and POST /tool for tools"
+            return _error(404, f"no route {request.path}; use {routes} or GET /health")
         if exc.code == 405:
             return _error(405, f"method {request.method} is not allowed on {request.path}; "
                                f"allowed: {', '.join(sorted(exc.valid_methods or []))}")
@@ -87,14 +111,7 @@ def create_app(reward_names_or_fns, weights=None, token=None, max_content_length
         logger.exception("request %s failed", g.get("request_id", "-"))
         return _error(500, f"internal error: {type(exc).__name__}: {str(exc)[:200]}")
 
-    @app.get("/health")
-    def health():
-        models = [fn.name_or_path for fn in rewards.fns if isinstance(fn, RewardModel)]
-        return jsonify(status="ok", rewards=rewards.names, weights=rewards.weights, max_score=rewards.max_score,
-                       **({"reward_model": models[0] if len(models) == 1 else models} if models else {}))
-
-    @app.post("/")
-    def score():
+    def check_token():
         if token is not None:
             auth = request.headers.get("Authorization", "")
             given = auth[len("Bearer "):] if auth.startswith("Bearer ") else ""
@@ -102,6 +119,39 @@ def create_app(reward_names_or_fns, weights=None, token=None, max_content_length
                 raise RequestError(401, "missing token: send the header 'Authorization: Bearer <token>'")
             if not hmac.compare_digest(given.encode(), token.encode()):
                 raise RequestError(401, "wrong token in the Authorization header")
+
+    @app.get("/health")
+    def health():
+        if rewards is None:
+            return jsonify(status="ok", rewards=[], weights=[], max_score=None, tools=toolset.names)
+        models = [fn.name_or_path for fn in rewards.fns if isinstance(fn, RewardModel)]
+        return jsonify(status="ok", rewards=rewards.names, weights=rewards.weights, max_score=rewards.max_score,
+                       **({"reward_model": models[0] if len(models) == 1 else models} if models else {}),
+                       **({"tools": toolset.names} if len(toolset) else {}))
+
+    @app.get("/tools")
+    def list_tools():
+        check_token()
+        return jsonify(error_code=0, error_msg="Success", tools=toolset.schemas())
+
+    @app.post("/tool")
+    def call_tool():
+        check_token()
+        name, arguments = parse_tool_call(request.get_data(cache=False))
+        g.batch_size = 1
+        early = precheck(ToolCall(name, arguments), toolset.names)
+        if early is not None:  # an unknown tool: the message the policy would read in-process
+            raise RequestError(404, early.content[len("error: "):])
+        result = toolset.call(ToolCall(name, arguments))
+        return jsonify(error_code=0, error_msg="Success", content=result.content, error=result.error,
+                       request_id=g.request_id)
+
+    @app.post("/")
+    def score():
+        check_token()
+        if rewards is None:
+            raise RequestError(404, f"this server serves no reward functions, only tools ({', '.join(toolset.names)})"
+                                    "; start it with --reward to score")
         length = request.content_length
         if length is not None and length > max_content_length:
             raise RequestError(413, f"request body of {length} bytes exceeds the limit of {max_content_length} "

@@ -1,6 +1,7 @@
 """`python -m reward_server --host 127.0.0.1 --port 8731 --reward kk,tag_format --weights 1,0.5`
-(add `--token TOKEN` to require `Authorization: Bearer TOKEN`, `--reward-model DIR` to serve a reward model too;
-example requests in docs/rewards.md)
+(add `--token TOKEN` to require `Authorization: Bearer TOKEN`, `--reward-model DIR` to serve a reward model too,
+`--tool calculator,python` to serve tools (alone or beside rewards); example requests in docs/rewards.md and
+docs/tools.md)
 
 Serves the reward functions over HTTP with waitress (multi-threaded; no lock around scoring but a reward model's
 forward passes, which run one at a time). Binds to 127.0.0.1
@@ -32,10 +33,15 @@ def parse_args(argv=None):
                              "the --reward functions; loaded at start-up")
     parser.add_argument("--reward-batch-size", type=int, default=8,
                         help="sequences per reward-model forward pass (default 8)")
+    parser.add_argument("--tool", default="",
+                        help="comma-separated tools to serve (GET /tools, POST /tool): names or module:function / "
+                             "file.py:function specs, e.g. calculator,python; with --tool and no --reward the server "
+                             "serves only tools")
     parser.add_argument("--weights", default=None,
                         help="comma-separated weights, one per reward, the reward model's last (default all 1)")
     parser.add_argument("--token", default=os.environ.get("REWARD_SERVER_TOKEN"),
-                        help="require 'Authorization: Bearer TOKEN' on POST / (default $REWARD_SERVER_TOKEN)")
+                        help="require 'Authorization: Bearer TOKEN' on POST /, GET /tools and POST /tool "
+                             "(default $REWARD_SERVER_TOKEN)")
     parser.add_argument("--threads", type=int, default=8, help="waitress worker threads (default 8)")
     parser.add_argument("--max-body-mb", type=float, default=100.0, help="request body limit in MB (default 100)")
     parser.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S,
@@ -49,7 +55,7 @@ def parse_args(argv=None):
     if args.reward_batch_size < 1:
         parser.error("--reward-batch-size must be >= 1")
     if args.reward is None:
-        args.reward = "" if args.reward_model else "kk"
+        args.reward = "" if args.reward_model or args.tool.strip() else "kk"
     return args
 
 
@@ -69,17 +75,19 @@ def main(argv=None):
     max_bytes = int(args.max_body_mb * 1024 * 1024)
     try:
         app = create_app(build_rewards(args), weights=args.weights, token=args.token or None,
-                         max_content_length=max_bytes, timeout_s=args.timeout_s or None)
+                         max_content_length=max_bytes, timeout_s=args.timeout_s or None, tools=args.tool)
     except (KeyError, ValueError, ImportError, AttributeError, TypeError, OSError) as exc:
-        print(f"reward_server: cannot load rewards: {exc}", file=sys.stderr)
+        print(f"reward_server: cannot load rewards or tools: {exc}", file=sys.stderr)
         return 2
-    rewards = app.extensions["reward_set"]
+    rewards, tools = app.extensions["reward_set"], app.extensions["tool_set"]
     server = make_server(app, host=args.host, port=args.port, threads=args.threads, max_body_bytes=max_bytes)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.token:
         logger.warning("listening on %s without --token: anyone who can reach this port can use the server",
                        args.host)
-    logger.info("reward server listening on http://%s:%d rewards=%s weights=%s threads=%d", args.host,
-                int(server.effective_port), ",".join(rewards.names), rewards.weights, args.threads)
+    served = (f"rewards={','.join(rewards.names)} weights={rewards.weights}" if rewards else "") + \
+        (f"{' ' if rewards else ''}tools={','.join(tools.names)}" if len(tools) else "")
+    logger.info("reward server listening on http://%s:%d %s threads=%d", args.host, int(server.effective_port),
+                served, args.threads)
     try:
         server.run()
     except KeyboardInterrupt:

@@ -34,14 +34,35 @@ def json_type(value):
     return "object"
 
 
-def parse_batch(body):
-    """The three lists from the raw request body, or RequestError(400)."""
+def _json_body(body, shape):
     if not body:
-        raise RequestError(400, 'empty request body; send JSON {"src": [...], "tgt": [...], "response": [...]}')
+        raise RequestError(400, f"empty request body; send JSON {shape}")
     try:
-        data = json.loads(body)
+        return json.loads(body)
     except (ValueError, RecursionError) as exc:  # RecursionError: absurdly nested arrays
         raise RequestError(400, f"request body is not valid JSON: {str(exc)[:200]}") from None
+
+
+def parse_tool_call(body):
+    """(name, arguments) of a tool call, POST /tool's body `{"name": str, "arguments": {...}}`, or
+    RequestError(400)."""
+    shape = '{"name": "<tool>", "arguments": {...}}'
+    data = _json_body(body, shape)
+    if not isinstance(data, dict):
+        raise RequestError(400, f"request body must be a JSON object {shape}; got a JSON {json_type(data)}")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        got = "missing" if "name" not in data else f"a JSON {json_type(name)}"
+        raise RequestError(400, f"field 'name' must be the tool's name (a non-empty string), got {got}")
+    arguments = data.get("arguments", {})
+    if not isinstance(arguments, dict):
+        raise RequestError(400, f"field 'arguments' must be a JSON object, got a JSON {json_type(arguments)}")
+    return name, arguments
+
+
+def parse_batch(body):
+    """The three lists from the raw request body, or RequestError(400)."""
+    data = _json_body(body, '{"src": [...], "tgt": [...], "response": [...]}')
     if not isinstance(data, dict):
         raise RequestError(400, f"request body must be a JSON object with fields src, tgt, response; "
                                 f"got a JSON {json_type(data)}")

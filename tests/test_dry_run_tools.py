@@ -55,3 +55,22 @@ def test_tool_keys_without_tools_are_in_the_table_of_keys_without_effect(base, c
     table = out.split("keys set here that have no effect on this device")[1]
     line = next(l for l in table.splitlines() if l.strip().startswith("max_turns"))
     assert "command line" in line and "tools is empty: rollouts are single-turn" in line
+
+
+def test_a_tool_server_that_serves_every_named_tool_passes(base, serve, capsys):
+    from reward_server import create_app
+
+    url = serve(create_app([], tools="calculator", token="T0k")).url
+    server = ["--tool_server", url, "--tool_server_token", "T0k", "--dry_run"]
+    status, out, _ = run_rl_main([*base, "--tools", "calculator", *server], capsys)
+    assert status == 0, out
+    assert f"  tool_server: {url}/tools: ok (serves calculator)" in out
+    # A tool it does not serve, and a wrong token, are problems naming the key.
+    status, out, _ = run_rl_main([*base, "--tools", "calculator,python", *server], capsys)
+    assert status == 2
+    assert f"  - tools: python: not served by tool_server {url} (it serves calculator; start it with --tool " \
+           "calculator,python)" in out
+    status, out, _ = run_rl_main([*base, "--tools", "calculator", *server[:3], "wrong", "--dry_run"], capsys)
+    assert status == 2
+    assert f"  - tool_server: {url}/tools answered HTTP 401: wrong token in the Authorization header (check " \
+           "tool_server_token)" in out

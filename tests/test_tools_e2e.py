@@ -38,7 +38,7 @@ def make_cfg(workdir, out, **overrides):
     values = dict(actor_model_name_or_path=str(workdir / "policy"), tools="calculator", max_turns=3,
                   use_rm_server=False, reward_funcs=f"{workdir / 'rewards.py'}:used_calculator",
                   train_datasets=str(workdir / "train.jsonl"), output_dir=str(out), logging_dir=str(out / "vdl"),
-                  max_prompt_len=512, max_dec_len=96, min_dec_len=1, max_length=608, max_tool_response_len=16,
+                  max_prompt_len=256, max_dec_len=128, min_dec_len=1, max_length=384, max_tool_response_len=32,
                   global_batch_size=4, rollout_n=4, per_device_train_batch_size=8, per_device_logprob_batch_size=16,
                   per_device_value_batch_size=16, learning_rate=2e-3, max_steps=1, kl_coeff=0.0,
                   save_strategy="no", disable_tqdm=True, seed=3, temperature=1.0, report_to="none")
@@ -84,6 +84,9 @@ def test_a_multi_turn_step_trains_with_tool_turns(workdir, tmp_path, algorithm):
     assert sum(not np.array_equal(before[k], after[k]) for k in before) > len(before) // 2
     (row,) = read_metrics(tmp_path / "out")
     check_batch(trainer.batch, row)
+    b = trainer.batch  # the prompts list the tools (the format's system text, from the schema)
+    prompt = trainer.tokenizer.decode(b.prompt_ids.numpy()[0][b.prompt_mask.numpy()[0] == 1].tolist())
+    assert '"name": "calculator"' in prompt and prompt.rstrip().endswith("assistant")
     for key in TOOL_METRICS + ("train/policy_loss", "train/grad_norm", "train/reward"):
         assert math.isfinite(row[key]), key
     if algorithm == "ppo":
@@ -133,3 +136,19 @@ def test_evaluation_reports_tool_use_and_accuracy_with_and_without_tools(workdir
     parts = [(use, with_tools), (1 - use, without)]
     assert acc == pytest.approx(sum(w * a for w, a in parts if w > 0), rel=1e-12)
     trainer.tools.close()
+
+
+def test_tools_served_over_http_train_the_same_way(workdir, tmp_path, serve):
+    """tool_server: the calls go to a real tool server on 127.0.0.1 (python -m reward_server --tool's app, with a
+    token): the step's tool turns hold its results, and equal an in-process run's (the calculator is deterministic,
+    and the samples do not depend on tool latency)."""
+    from reward_server import create_app
+
+    url = serve(create_app([], tools="calculator", token="T0k")).url
+    remote = Trainer(make_cfg(workdir, tmp_path / "remote", tool_server=url, tool_server_token="T0k"))
+    remote.train()
+    check_batch(remote.batch, read_metrics(tmp_path / "remote")[0])
+    local = Trainer(make_cfg(workdir, tmp_path / "local"))
+    local.train()
+    untimed = lambda turns: [[{k: v for k, v in m.items() if k != "latency_s"} for m in t] for t in turns]  # noqa
+    assert untimed(remote.batch.turns) == untimed(local.batch.turns)

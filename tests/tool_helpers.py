@@ -18,7 +18,19 @@ CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*34"}
 BAD = '<tool_call>\n{"name": "calculator", "arguments": {"expression": '
 UNKNOWN = '<tool_call>\n{"name": "abacus", "arguments": {}}\n</tool_call>'
 P_CALL, P_OTHER_CALL, P_EOS = 0.35, 0.05, 0.3
-CORPUS = ["What is 12 * 34? Use the calculator. The answer is 408.", "Compute 7 + 5 = 12 and 3 * 4 = 12."] * 10
+
+
+def corpus():
+    """Texts the tokenizer is trained on: the prompts as the format renders them with the calculator listed, and
+    tool turns, so that both take few tokens (a prompt ~100, a tool turn ~20) and several turns fit a small budget."""
+    from paddle_grpo.environment import HermesFormat, ToolResult, load_tools
+
+    fmt, schemas = HermesFormat(), load_tools("calculator").schemas()
+    texts = [fmt.prompt_with_tools(f"What is 12 * {34 + i}? Use the calculator.", None, schemas, mode="qwen")
+             for i in range(8)]
+    texts += [fmt.tool_turn_text([ToolResult("calculator", c)], True) for c in
+              ("408", "error: unknown tool 'abacus'; tools: calculator", "error: malformed tool call")]
+    return texts * 4 + ["The answer is 408."] * 4
 
 
 def build_tool_policy(out_dir, seed=0):
@@ -29,7 +41,7 @@ def build_tool_policy(out_dir, seed=0):
 
     from paddle_grpo.recipes.tiny import _byte_to_unicode, build_model, build_tokenizer
 
-    build_tokenizer(CORPUS, out_dir, vocab_size=300)
+    build_tokenizer(corpus(), out_dir, vocab_size=1200)
     # Each call text as ONE vocabulary entry, written byte-level as the BPE's entries are (decoding maps it back).
     to_unicode = _byte_to_unicode()
     path = os.path.join(out_dir, "vocab.json")

@@ -12,15 +12,15 @@ Built-ins: `calculator` (builtins.py) and `python` (sandbox.py: a resource limit
 docs/tools.md explains the format, writing a tool and serving tools over HTTP (`RemoteToolSet`).
 This package sits below the rollout: it imports only data.py, user_code.py and http_util.py of the package.
 """
-from .tool import TOOL_ERRORS, Tool, ToolArgumentError, ToolCall, ToolResult, ToolSet
+from .tool import TOOL_ERRORS, Tool, ToolArgumentError, ToolCall, ToolError, ToolResult, ToolSet, precheck
 from .registry import available_tools, get_tool, load_tools, register_tool, unregister_tool
-from . import builtins  # noqa: F401  (registers calculator)
+from . import builtins, sandbox  # noqa: F401  (register calculator and python)
 from .format import HermesFormat, ToolCallFormat, get_format
 from .executor import PendingTurn, ToolEnvironment, ToolTurn
 from .client import RemoteToolSet, ToolServerError
 
 __all__ = [
-    "TOOL_ERRORS", "Tool", "ToolArgumentError", "ToolCall", "ToolResult", "ToolSet", "available_tools", "get_tool",
-    "load_tools", "register_tool", "unregister_tool", "HermesFormat", "ToolCallFormat", "get_format",
-    "PendingTurn", "ToolEnvironment", "ToolTurn", "RemoteToolSet", "ToolServerError",
+    "TOOL_ERRORS", "Tool", "ToolArgumentError", "ToolCall", "ToolError", "ToolResult", "ToolSet", "available_tools",
+    "get_tool", "load_tools", "register_tool", "unregister_tool", "HermesFormat", "ToolCallFormat", "get_format",
+    "PendingTurn", "ToolEnvironment", "ToolTurn", "RemoteToolSet", "ToolServerError", "precheck",
 ]

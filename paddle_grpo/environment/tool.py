@@ -18,9 +18,23 @@ _JSON_TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boo
                "object": (dict,)}
 
 
-class ToolArgumentError(ValueError):
-    """Raised by a tool to say its arguments are wrong (the result is "bad_arguments" with this message, not an
-    "exception"): e.g. the calculator refusing `x + 1` or `1/0`."""
+class ToolError(Exception):
+    """Raised by a tool to fail a call with `message` (what the policy reads after "error: ") and `kind`, one of
+    TOOL_ERRORS (default "exception"); e.g. the python tool at its time limit: kind "timeout"."""
+
+    def __init__(self, message: str, kind: str = "exception") -> None:
+        if kind not in TOOL_ERRORS:
+            raise ValueError(f"ToolError kind must be one of {', '.join(TOOL_ERRORS)}, got {kind!r}")
+        super().__init__(message)
+        self.kind = kind
+
+
+class ToolArgumentError(ToolError, ValueError):
+    """Raised by a tool to say its arguments are wrong: a "bad_arguments" result with this message (e.g. the
+    calculator refusing `x + 1` or `1/0`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "bad_arguments")
 
 
 @dataclass
@@ -142,8 +156,8 @@ class Tool:
         try:
             value = self.fn(**arguments)
             content = to_content(value)
-        except ToolArgumentError as exc:
-            return error_result(self.name, "bad_arguments", str(exc)[:500], time.perf_counter() - start)
+        except ToolError as exc:
+            return error_result(self.name, exc.kind, str(exc), time.perf_counter() - start)
         except Exception as exc:  # the tool's own failure becomes the policy's next observation
             return error_result(self.name, "exception", f"{self.name} raised {type(exc).__name__}: "
                                 f"{str(exc)[:500]}", time.perf_counter() - start)

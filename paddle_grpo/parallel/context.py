@@ -107,6 +107,15 @@ class ParallelContext:
             return {}
         return {"tensor_parallel_degree": self.tp_world, "tensor_parallel_rank": self.tp_rank}
 
+    def tools_for_rollout(self, env: Any) -> Any:
+        """The tool environment this rank's multi-turn rollouts use: `env` itself, or under tensor parallelism a
+        `tools.GroupTools` around it (the group's first rank runs the calls, its results reach every rank, and its
+        `sync` is the rollout's `tool_sync`). None stays None."""
+        if env is None or self.tp_world == 1:
+            return env
+        from .tools import GroupTools
+        return GroupTools(env, self.tp_group, self.tp_rank == 0, self.tp_world)
+
     def prompt_positions(self, n: int, mini_batch: int) -> list[int]:
         """This data-parallel rank's positions among a step's `n` prompts (layout.prompt_positions)."""
         return prompt_positions(n, self.dp_world, self.dp_rank, mini_batch)

@@ -68,7 +68,7 @@ class Batch:
                    valid=np.array([s is not None for s in result.scores]),
                    scores_by_function={k: list(v) for k, v in result.scores_by_function.items()},
                    prompt_index=[i for i in indices for _ in range(G)],
-                   tool_mask=getattr(rollout, "tool_mask", None), turns=getattr(rollout, "turns", None))
+                   tool_mask=rollout.tool_mask, turns=rollout.turns)
 
     def informative_groups(self, G: int) -> np.ndarray:
         """[n / G] bool: groups whose judged rewards vary (variance >= 1e-6). A group whose rewards all agree gives

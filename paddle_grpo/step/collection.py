@@ -19,10 +19,12 @@ from .batch import Batch, attention_mask, model_precision
 from .metrics import CollectMetrics, ToolMetrics
 
 
-def build_tools(cfg: Any, tokenizer: Any, policy: Optional[Policy] = None) -> Optional[Any]:
+def build_tools(cfg: Any, tokenizer: Any, policy: Optional[Policy] = None,
+                par: Optional[ParallelContext] = None) -> Optional[Any]:
     """The run's `environment.ToolEnvironment` (tools loaded in-process, or served by `tool_server`; the format of
-    `tool_format` for `tokenizer`; a pool of `tool_max_workers`), or None without `tools` (single-turn). The caller
-    closes it (a context manager) when the run ends. An encoder-decoder `policy` is refused."""
+    `tool_format` for `tokenizer`; a pool of `tool_max_workers`), or None without `tools` (single-turn); under
+    tensor parallelism wrapped by `par.tools_for_rollout` (one rank of each group runs the calls). The caller
+    closes it when the run ends. An encoder-decoder `policy` is refused."""
     if not cfg.tools:
         return None
     if policy is not None and policy.is_encoder_decoder:
@@ -38,8 +40,9 @@ def build_tools(cfg: Any, tokenizer: Any, policy: Optional[Policy] = None) -> Op
         fmt = get_format(cfg.tool_format, tokenizer)
     except ValueError as e:
         raise ConfigError(f"key 'tool_format' ({cfg.tool_format!r}): {e}") from e
-    return ToolEnvironment(toolset, fmt, tokenizer, timeout_s=cfg.tool_timeout_s, max_workers=cfg.tool_max_workers,
-                           max_response_tokens=cfg.max_tool_response_len)
+    env = ToolEnvironment(toolset, fmt, tokenizer, timeout_s=cfg.tool_timeout_s, max_workers=cfg.tool_max_workers,
+                          max_response_tokens=cfg.max_tool_response_len)
+    return env if par is None else par.tools_for_rollout(env)
 
 
 def _text(error: BaseException) -> str:
@@ -87,7 +90,8 @@ def rollout(policy: Policy, encode: PromptEncoder, cfg: Any, records: Sequence[d
     up to `max_turns` assistant turns (the Rollout's `tool_mask` and `turns` set)."""
     prompt_ids, prompt_mask = encode(records, indices)
     tokenizer = encode.tokenizer
-    multi_turn = {} if encode.tools is None else {"tools": encode.tools, "max_turns": cfg.max_turns}
+    multi_turn = {} if encode.tools is None else {"tools": encode.tools, "max_turns": cfg.max_turns,
+                                                  "tool_sync": getattr(encode.tools, "sync", None)}  # TP: GroupTools
     with model_precision(amp):
         return policy.generate(prompt_ids, prompt_mask, num_samples=G, max_new_tokens=cfg.max_dec_len,
                                min_new_tokens=cfg.min_dec_len, eos_token_ids=sorted({tokenizer.eos_token_id}),
@@ -104,7 +108,7 @@ def final_answer(turns: List[dict]) -> str:
 def completion_texts(tokenizer: Any, rollout: Rollout) -> List[str]:
     """Completion texts without the EOS token (what reward functions and the server see); multi-turn
     (`rollout.turns` set): each row's final assistant turn's content, the answer (`final_answer`)."""
-    turns = getattr(rollout, "turns", None)
+    turns = rollout.turns
     if turns is not None:
         return [final_answer(t) for t in turns]
     ids = rollout.completion_ids.numpy()
@@ -118,7 +122,7 @@ def completion_texts(tokenizer: Any, rollout: Rollout) -> List[str]:
 
 def completion_extent(rollout: Rollout) -> np.ndarray:
     """[N, T] the completion tokens that exist, actions and tool output (numpy)."""
-    return attention_mask(rollout.completion_mask, getattr(rollout, "tool_mask", None)).numpy()
+    return attention_mask(rollout.completion_mask, rollout.tool_mask).numpy()
 
 
 def score(par: ParallelContext, rewarder: Any, use_rm_server: bool, records: Sequence[dict],
@@ -127,7 +131,7 @@ def score(par: ParallelContext, rewarder: Any, use_rm_server: bool, records: Seq
     rows also pass `turns` (each row's messages: assistant turns with their tool calls, tool results), in-process
     as a keyword argument and to the reward server as the request's `turns` field; `completion_ids` are then the
     whole completion's tokens, actions and tool output."""
-    turns = getattr(rollout, "turns", None)
+    turns = rollout.turns
 
     def request():
         rows = [records[i] for i in indices for _ in range(G)]
@@ -168,7 +172,7 @@ def collect(par: ParallelContext, policy: Policy, encode: PromptEncoder, rewarde
         sampled = rollout(policy, encode, cfg, records, mine, G, keys=row_keys(cfg.seed, step * 1000 + rounds, rows),
                           amp=amp)
         t1 = time.perf_counter()
-        tool_wait_s += getattr(sampled, "tool_wait_s", None) or 0.0
+        tool_wait_s += sampled.tool_wait_s or 0.0
         texts = completion_texts(encode.tokenizer, sampled)
         batch = Batch.from_rollout(sampled, texts, score(par, rewarder, cfg.use_rm_server, records, mine, sampled,
                                                          texts, G), mine, G)

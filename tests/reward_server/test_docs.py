@@ -1,7 +1,8 @@
-"""docs/rewards.md runs as written: every `python -m reward_server ...` block starts a real server (the CLI, on a free
-port instead of 8731), every `curl` block after it is run against that server, and the reply must equal the block
-that follows it, byte for byte (only `request_id`, random per request, is taken from the docs), except that the
-numbers of a server with a reward model are compared to a stated float32 precision (REWARD_MODEL_TOL).
+"""docs/rewards.md and docs/tools.md run as written: every `python -m reward_server ...` block starts a real server
+(the CLI, on a free port instead of 8731), every `curl` block after it is run against that server, and the reply
+must equal the block that follows it, byte for byte (only `request_id`, random per request, is taken from the
+docs), except that the numbers of a server with a reward model are compared to a stated float32 precision
+(REWARD_MODEL_TOL).
 
 Each curl runs twice: with the real curl through bash, as a user pastes it, and parsed with shlex and sent with
 requests, so the check does not depend on curl being installed. A `python tools/build_tiny_reward_model.py DIR`
@@ -35,8 +36,11 @@ JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?')
 # rule-based rewards are float64 Python arithmetic, the same everywhere: compared exactly.
 
 
-def doc_text(repo_root):
-    return (repo_root / "docs" / "rewards.md").read_text(encoding="utf-8")
+PAGES = ("rewards.md", "tools.md")
+
+
+def doc_text(repo_root, page="rewards.md"):
+    return (repo_root / "docs" / page).read_text(encoding="utf-8")
 
 
 def sections(text):
@@ -54,20 +58,20 @@ def sections(text):
         if lang != "bash":
             continue
         if command.startswith("python -m reward_server"):
-            assert "\n" not in command, f"docs/rewards.md: a server start must be one line: {command!r}"
+            assert "\n" not in command, f"docs: a server start must be one line: {command!r}"
             argv = shlex.split(command)[3:]
             assert "--port" not in argv and "&" not in argv, command  # the examples use the default port
             out.append((argv, []))
         elif command.startswith("curl "):
-            assert out, f"docs/rewards.md: curl before any server start: {command[:80]!r}"
+            assert out, f"docs: curl before any server start: {command[:80]!r}"
             assert i < len(blocks) and blocks[i][0] == "", \
-                f"docs/rewards.md: curl without a plain reply block after it: {command[:80]!r}"
+                f"docs: curl without a plain reply block after it: {command[:80]!r}"
             out[-1][1].append((command, blocks[i][1].strip()))
             i += 1
         elif command.startswith(BUILD_RM):
-            assert command == f"{BUILD_RM} {DOC_RM_DIR}", f"docs/rewards.md: build the model in {DOC_RM_DIR}"
+            assert command == f"{BUILD_RM} {DOC_RM_DIR}", f"docs: build the model in {DOC_RM_DIR}"
         else:
-            raise AssertionError(f"docs/rewards.md: a bash block that is neither a server start nor a curl: "
+            raise AssertionError(f"docs: a bash block that is neither a server start nor a curl: "
                                  f"{command[:80]!r}")
     return out
 
@@ -89,7 +93,7 @@ def send_like_curl(command):
         elif arg.startswith("http://"):
             url = arg
         else:
-            raise AssertionError(f"curl option {arg!r} in docs/rewards.md is not understood by this test")
+            raise AssertionError(f"curl option {arg!r} in the docs is not understood by this test")
     if data is None:
         return requests.get(url, headers=headers, timeout=60).text
     return requests.post(url, data=data, headers=headers, timeout=60).text
@@ -102,7 +106,7 @@ def assert_same_reply(documented, actual, command, tol=0.0):
     if ids:  # random per request: it must be there and look like one; its value is the docs'
         assert len(ids) == 1 and re.fullmatch(r"[0-9a-f]{16}", ids[0]), got
         wanted = REQUEST_ID.findall(documented)
-        assert len(wanted) == 1, f"docs/rewards.md shows no request_id for {command[:80]!r}"
+        assert len(wanted) == 1, f"the docs show no request_id for {command[:80]!r}"
         got = got.replace(f'"request_id":"{ids[0]}"', f'"request_id":"{wanted[0]}"')
     json.loads(documented)  # the docs show valid JSON
     message = f"\ncommand:\n{command}\ndocumented:\n{documented}\nreal:\n{got}"
@@ -128,7 +132,7 @@ def assert_same_reply(documented, actual, command, tol=0.0):
 
 def pytest_generate_tests(metafunc):
     if "section" in metafunc.fixturenames:  # one test per server start on the page
-        found = sections(doc_text(REPO))
+        found = [s for page in PAGES for s in sections(doc_text(REPO, page))]
         # the reward model's numbers are float32 results: rerun on other kernels with the `numerics` tests
         params = [pytest.param(s, marks=pytest.mark.numerics) if "--reward-model" in s[0] else s for s in found]
         metafunc.parametrize("section", params, ids=[" ".join(argv) for argv, _ in found])
@@ -199,6 +203,6 @@ def test_every_server_command_in_readme_and_docs_parses_and_loads(repo_root, tin
                 except SystemExit:
                     raise AssertionError(f"{page.name}: `{line.strip()}` is rejected by the CLI") from None
                 create_app(build_rewards(args), weights=args.weights, token=args.token,
-                           timeout_s=args.timeout_s or None)
+                           timeout_s=args.timeout_s or None, tools=args.tool)
                 seen += 1
     assert seen >= 15, seen

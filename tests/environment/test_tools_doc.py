@@ -1,0 +1,58 @@
+"""docs/tools.md says what the code does: the conversation it shows is the text the format produces, the example
+tool gives the schema shown, the error examples are the messages the code writes, and the limits it states are the
+module constants. (Its server commands and curl replies run in tests/reward_server/test_docs.py.)"""
+import json
+import re
+
+from paddle_grpo.environment import HermesFormat, ToolResult, get_tool, load_tools
+from paddle_grpo.environment import builtins, sandbox
+
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+
+
+def blocks(repo_root, lang):
+    text = (repo_root / "docs" / "tools.md").read_text(encoding="utf-8")
+    return [body for kind, body in FENCE.findall(text) if kind == lang], text
+
+
+def test_the_conversation_shown_is_the_formats_text(repo_root):
+    shown = blocks(repo_root, "text")[0][0]
+    fmt = HermesFormat()
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "123*45"}}\n</tool_call>'
+    expected = (fmt.prompt_with_tools("What is 123*45?", None, [get_tool("calculator").schema],
+                                      system="You are a helpful assistant.")
+                + call + fmt.tool_turn_text([ToolResult("calculator", "5535")], ended_by_call_end=True)
+                + "The answer is 5535.<|im_end|>\n")
+    assert shown == expected
+
+
+def test_the_example_tool_gives_the_schema_shown(repo_root, tmp_path):
+    (code,), _ = blocks(repo_root, "python")
+    (schema,), _ = blocks(repo_root, "json")
+    path = tmp_path / "my_tools.py"
+    path.write_text(code)
+    tool = load_tools([f"{path}:unit_price"]).tools["unit_price"]
+    assert json.dumps(tool.schema) == schema.strip()
+    assert tool.call({"total": 10, "count": 4}).content == "2.50 EUR"
+
+
+def test_the_error_examples_are_the_codes_messages(repo_root):
+    _, text = blocks(repo_root, "text")
+    fmt, tools = HermesFormat(), load_tools("calculator,python")
+    malformed = fmt.parse('<tool_call>{"name": "calculator" "arguments": {"expression": "1"}}</tool_call>')[1][0]
+    unknown = tools.call(fmt.parse('<tool_call>{"name": "calc", "arguments": {}}</tool_call>')[1][0])
+    missing = tools.call(fmt.parse('<tool_call>{"name": "calculator", "arguments": {}}</tool_call>')[1][0])
+    for message in ("error: " + malformed.message, unknown.content, missing.content):
+        assert f"`{message}`" in text, message
+
+
+def test_the_limits_stated_are_the_constants(repo_root):
+    _, text = blocks(repo_root, "text")
+    assert (sandbox.CPU_SECONDS, sandbox.WALL_SECONDS, sandbox.MEMORY_MB, sandbox.FILE_MB,
+            sandbox.MAX_OUTPUT_CHARS) == (5, 8, 1024, 4, 2000)
+    for row in ("| CPU time (`RLIMIT_CPU`) | 5 s |", "| wall time (the process group is killed) | 8 s |",
+                "| address space (`RLIMIT_AS`) | 1024 MB |", "`RLIMIT_FSIZE`) | 4 MB |", "| 2,000 characters of"):
+        assert row in text, row
+    assert (builtins.MAX_EXPRESSION_CHARS, builtins.MAX_RESULT_BITS, builtins.MAX_EXPONENT) == (1000, 4096, 10000)
+    assert "at most 1,000 characters, integer results up to 2**4096 (1,234 digits), exponents up to 10,000" in text
+    assert len(str(2 ** 4096)) == 1234
