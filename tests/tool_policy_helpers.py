@@ -61,7 +61,7 @@ def environment(tokenizer, **kwargs) -> ToolEnvironment:
     return ToolEnvironment(tool_set(), FMT, tokenizer, **kwargs)
 
 
-def build_tool_policy(out_dir: str, steps: int = 400, seed: int = 0) -> None:
+def build_trained_tool_policy(out_dir: str, steps: int = 400, seed: int = 0) -> None:
     """Tokenizer + model in `out_dir`, the model fine-tuned until greedy decoding follows every conversation."""
     from paddle_grpo.policy.causal import load_causal_lm
     from paddle_grpo.recipes.tiny import build_model, build_tokenizer

@@ -164,6 +164,15 @@ def turn_script(tokenizer, turns):
     return [call] * (turns - 1) + [answer], tool_end, (turns - 1) * (len(call) + len(tool_turn)) + len(answer)
 
 
+def check_turn_budget(shape, tokenizer):
+    """SystemExit unless completion_len holds the script of `turns` turns (module docstring)."""
+    turns = shape.get("turns", 1)
+    need = turn_script(tokenizer, turns)[2]
+    if shape["completion_len"] < need:
+        raise SystemExit(f"turns {turns}: completion_len must hold {need} tokens (the calls, their tool turns and "
+                         f"the answer), got {shape['completion_len']}; e.g. --set completion_len={need}")
+
+
 def scripted_stepper(base, segments, tool_end):
     """A subclass of the stepper class `base` whose logits force each row through `segments` (module docstring):
     the real forward runs, then every logit but the script's next token's is lowered by 1e4. A row's position in
@@ -514,10 +523,7 @@ def run(shape, threads, workdir, profile_dir=None, algorithm="grpo"):
     if turns > 1:
         from paddle_grpo.policy import load_tokenizer
 
-        need = turn_script(load_tokenizer(model_dir), turns)[2]
-        if shape["completion_len"] < need:
-            raise SystemExit(f"turns {turns}: completion_len must hold {need} tokens (the calls, their tool turns "
-                             f"and the answer), got {shape['completion_len']}; e.g. --set completion_len={need}")
+        check_turn_budget(shape, load_tokenizer(model_dir))
     trainer = Trainer(make_config(shape, model_dir, data, workdir, algorithm=algorithm))
     drawn = variable_lengths(trainer.policy, low) if low is not None else None
     turn_rollouts = scripted_turns(trainer.policy, trainer.tokenizer, turns) if turns > 1 else None
