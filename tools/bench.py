@@ -65,7 +65,8 @@ micro-batches are the policy's. Compare with the default (grpo) run of the same 
 Left out: evaluation, checkpoints, logging to disk and the reward server (see tools/bench_reward_server.py).
 
 `--turns K` (or SHAPE.json `turns`; 1 = the single-turn step above): a multi-turn step with the built-in
-`calculator` (config `tools: [calculator]`, `max_turns: K`, `min_dec_len: 0`). A random model does not write tool
+`calculator` (config `tools: [calculator]`, `max_turns: K`, `min_dec_len: 0`; `--tool python` calls the `python`
+tool instead, `print(123*45)`: a subprocess per call, at most `tool_max_workers` at once). A random model does not write tool
 calls, so its choices are scripted: the policy's stepper (its real one, `causal.stepper_for`) runs every step as
 usual and then pushes its logits 1e4 down everywhere but the script's next token (`ScriptedStepper`), so each
 sample writes K - 1 calls `<tool_call>{"name": "calculator", "arguments": {"expression": "123*45"}}</tool_call>`
@@ -116,6 +117,8 @@ def load_shape(path):
     if missing:
         raise SystemExit(f"{path}: missing keys {missing} (a SHAPE.json needs {list(KEYS)})")
     check_turns(shape.get("turns", 1), path)
+    if shape.get("tool", "calculator") not in TOOL_ARGUMENTS:
+        raise SystemExit(f"{path}: tool must be one of {sorted(TOOL_ARGUMENTS)}, got {shape['tool']!r}")
     if not isinstance(shape.get("config", {}), dict):
         raise SystemExit(f"{path}: 'config' must be a dict of trainer config keys, got {shape['config']!r}")
     return shape
@@ -142,24 +145,35 @@ def check_turns(turns, where):
         raise SystemExit(f"{where}: turns must be an integer >= 1 (1: single-turn), got {turns!r}")
 
 
-CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "123*45"}}\n</tool_call>'
+# The scripted call of each tool (`--tool`): its arguments as JSON; both compute 123*45.
+TOOL_ARGUMENTS = {"calculator": {"expression": "123*45"}, "python": {"code": "print(123*45)"}}
 ANSWER = "The answer is 5535."
 
 
-def turn_script(tokenizer, turns):
-    """The scripted multi-turn completion (module docstring): (segments, tool_end, tokens). segments: the action
-    token ids of each assistant turn (turns - 1 calls, then the answer, each ending at EOS); tool_end: the ids that
-    end a tool turn (the next assistant turn opened); tokens: the completion's length, tool turns included."""
-    from paddle_grpo.data import tokenize_prompts
-    from paddle_grpo.environment import HermesFormat, ToolResult
+def call_text(tool="calculator"):
+    return f'<tool_call>\n{{"name": "{tool}", "arguments": {json.dumps(TOOL_ARGUMENTS[tool])}}}\n</tool_call>'
 
-    fmt, eos = HermesFormat(), tokenizer.eos_token_id
-    call, answer = (tokenize_prompts(tokenizer, [t])[0] + [eos] for t in (CALL, ANSWER))
-    if tokenizer.decode(call[:-1]) != CALL:
+
+CALL = call_text()
+
+
+def turn_script(tokenizer, turns, tool="calculator"):
+    """The scripted multi-turn completion (module docstring): (segments, tool_end, tokens). segments: the action
+    token ids of each assistant turn (turns - 1 calls of `tool`, then the answer, each ending at EOS); tool_end: the
+    ids that end a tool turn (the next assistant turn opened); tokens: the completion's length, tool turns included
+    (the tool is run once here for its output)."""
+    from paddle_grpo.data import tokenize_prompts
+    from paddle_grpo.environment import HermesFormat, get_tool
+
+    fmt, eos, text = HermesFormat(), tokenizer.eos_token_id, call_text(tool)
+    call, answer = (tokenize_prompts(tokenizer, [t])[0] + [eos] for t in (text, ANSWER))
+    if tokenizer.decode(call[:-1]) != text:
         raise SystemExit(f"turns > 1: the call text needs every printable ASCII character in the vocabulary "
                          f"(vocab_size >= 128), got vocab_size {len(tokenizer)}")
-    tool_turn = tokenize_prompts(tokenizer, [fmt.tool_turn_text([ToolResult("calculator", "5535", None, 0.0)],
-                                                                 False)])[0]
+    result = get_tool(tool).call(TOOL_ARGUMENTS[tool])
+    if result.error:
+        raise SystemExit(f"--tool {tool}: the scripted call failed: {result.content}")
+    tool_turn = tokenize_prompts(tokenizer, [fmt.tool_turn_text([result], False)])[0]
     tool_end = tokenize_prompts(tokenizer, [f"{fmt.turn_start}assistant\n"])[0]
     return [call] * (turns - 1) + [answer], tool_end, (turns - 1) * (len(call) + len(tool_turn)) + len(answer)
 
@@ -167,7 +181,7 @@ def turn_script(tokenizer, turns):
 def check_turn_budget(shape, tokenizer):
     """SystemExit unless completion_len holds the script of `turns` turns (module docstring)."""
     turns = shape.get("turns", 1)
-    need = turn_script(tokenizer, turns)[2]
+    need = turn_script(tokenizer, turns, shape.get("tool", "calculator"))[2]
     if shape["completion_len"] < need:
         raise SystemExit(f"turns {turns}: completion_len must hold {need} tokens (the calls, their tool turns and "
                          f"the answer), got {shape['completion_len']}; e.g. --set completion_len={need}")
@@ -213,12 +227,12 @@ def scripted_stepper(base, segments, tool_end):
     return ScriptedStepper
 
 
-def scripted_turns(policy, tokenizer, turns):
+def scripted_turns(policy, tokenizer, turns, tool="calculator"):
     """Wrap `policy.generate` (on this instance) so that multi-turn rollouts run through `scripted_stepper`; returns
     the list each call's Rollout is appended to (for its turns and tool_stats)."""
     from paddle_grpo.policy.causal import stepper_for
 
-    segments, tool_end, _ = turn_script(tokenizer, turns)
+    segments, tool_end, _ = turn_script(tokenizer, turns, tool)
     original, rollouts = policy.generate, []
 
     def generate(prompt_ids, prompt_mask, **kwargs):
@@ -433,7 +447,7 @@ def make_config(shape, model_dir, data, workdir, seed=0, algorithm="grpo"):
     critic = {} if algorithm == "grpo" else dict(critic_model_name_or_path=model_dir, per_device_value_batch_size=micro,
                                                  critic_learning_rate=1e-5)
     turns = shape.get("turns", 1)  # multi-turn: the calculator, no minimum length (EOS ends each turn)
-    tools = {} if turns == 1 else dict(tools=["calculator"], max_turns=turns, min_dec_len=0)
+    tools = {} if turns == 1 else dict(tools=[shape.get("tool", "calculator")], max_turns=turns, min_dec_len=0)
     # SHAPE.json's `config` overrides the keys below (a later `**` of the same key would be a TypeError).
     return config_from_dict({**dict(
         actor_model_name_or_path=model_dir, use_rm_server=False, reward_funcs=f"{os.path.abspath(__file__)}:char_reward",
@@ -526,7 +540,8 @@ def run(shape, threads, workdir, profile_dir=None, algorithm="grpo"):
         check_turn_budget(shape, load_tokenizer(model_dir))
     trainer = Trainer(make_config(shape, model_dir, data, workdir, algorithm=algorithm))
     drawn = variable_lengths(trainer.policy, low) if low is not None else None
-    turn_rollouts = scripted_turns(trainer.policy, trainer.tokenizer, turns) if turns > 1 else None
+    turn_rollouts = (scripted_turns(trainer.policy, trainer.tokenizer, turns, shape.get("tool", "calculator"))
+                     if turns > 1 else None)
     timed_rollouts = []
     per_step = {k: [] for k in ("step", "cpu") + PHASES}
     tokens, lengths, widths, mask_sums, ends_at_eos = [], [], [], [], []
@@ -609,7 +624,8 @@ def run(shape, threads, workdir, profile_dir=None, algorithm="grpo"):
         "load_average": list(os.getloadavg()), "shape": shape,
     }
     if turn_rollouts is not None:
-        result.update(turns=turns, **turn_stats(timed_rollouts, per_step["rollout"]))
+        result.update(turns=turns, tool=shape.get("tool", "calculator"),
+                      **turn_stats(timed_rollouts, per_step["rollout"]))
     if drawn is not None:  # the timed steps' drawn lengths and what the trainer's batch holds, row by row
         result.update(drawn_lengths_by_step=[d.tolist() for d in drawn[shape["warmup_steps"]:]],
                       mask_sums_by_step=mask_sums, completions_end_at_eos=all(ends_at_eos))
@@ -645,6 +661,8 @@ def main(argv=None):
                          "(phases value and critic_update)")
     ap.add_argument("--turns", type=int, metavar="K", help="multi-turn steps: K - 1 scripted calculator calls, then "
                                                          "the answer (SHAPE.json `turns`; module docstring)")
+    ap.add_argument("--tool", choices=sorted(TOOL_ARGUMENTS), help="with --turns: the tool each scripted call uses "
+                                                                     "(SHAPE.json `tool`; default calculator)")
     ap.add_argument("--gemm", action="store_true", help="only measure paddle's peak fp32 GEMM rate (JSON line)")
     ap.add_argument("--ops", action="store_true", help="per-op timings (tools/bench_ops.py; the other arguments "
                                                        "go to it)")
@@ -663,6 +681,8 @@ def main(argv=None):
     if args.turns is not None:
         check_turns(args.turns, "--turns")
         shape["turns"] = args.turns
+    if args.tool is not None:
+        shape["tool"] = args.tool
     parse_lengths(shape.get("lengths"), shape["completion_len"])  # a bad spec fails before any work
     if args.repeat > 1 and not args.gemm:
         print(json.dumps(_repeat(args, shape)), flush=True)

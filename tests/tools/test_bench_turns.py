@@ -80,3 +80,14 @@ def test_bad_turns_settings_are_refused(bench, char_tokenizer, tmp_path):
     bad.write_text(json.dumps({**shape, "turns": "2"}))
     with pytest.raises(SystemExit, match="turns must be an integer >= 1"):
         bench.load_shape(str(bad))
+
+
+def test_the_python_tools_script(bench, char_tokenizer):
+    """--tool python: the scripted call is a well-formed call of the python tool, and the budget counts its real
+    output ("5535\\n": the tool is run once)."""
+    from paddle_grpo.environment import HermesFormat
+
+    segments, _, need = bench.turn_script(char_tokenizer, 2, "python")
+    _, calls = HermesFormat().parse(char_tokenizer.decode(segments[0][:-1]))
+    assert [(c.name, c.arguments, c.error) for c in calls] == [("python", {"code": "print(123*45)"}, None)]
+    assert need == bench.turn_script(char_tokenizer, 2)[2] - len(bench.CALL) + len(bench.call_text("python")) + 1
