@@ -194,16 +194,19 @@ def grpo_advantage(token_level_rewards: TensorLike, response_mask: TensorLike, i
 
 # ---- REINFORCE++ ----------------------------------------------------------------------------------------------------
 
-def _discounted_returns(token_rewards: paddle.Tensor, gamma: float) -> paddle.Tensor:
-    """`G_t = sum_{s>=t} gamma^(s-t) r_s` along each row (each row is one sequence, so the sum resets per row).
-    The discount counts positions, masked ones included (they carry r = 0)."""
-    if gamma == 1.0:
+def _discounted_returns(token_rewards: paddle.Tensor, mask: paddle.Tensor, gamma: float) -> paddle.Tensor:
+    """`G_t = sum_{s>=t, s valid} gamma^(k(s)-k(t)) r_s` along each row, `k` counting the row's VALID tokens (each
+    row is one sequence, so the sum resets per row). A masked position inside a row (a multi-turn rollout's tool
+    turn: context, not an action) is skipped and leaves the running return unchanged, as GAE does (gae.py); with
+    right-padded masks that is the same as counting positions."""
+    if gamma == 1.0:  # masked rewards are 0: the plain reversed cumulative sum, whatever the holes
         return paddle.flip(paddle.cumsum(paddle.flip(token_rewards, [1]), axis=1), [1])
     T = token_rewards.shape[1]
+    valid = mask > 0
     running = paddle.zeros_like(token_rewards[:, 0])
     out = [None] * T
     for t in range(T - 1, -1, -1):
-        running = token_rewards[:, t] + gamma * running
+        running = paddle.where(valid[:, t], token_rewards[:, t] + gamma * running, running)
         out[t] = running
     return paddle.stack(out, axis=1)
 
@@ -224,7 +227,7 @@ def _reinforce_pp(rewards, mask, dtype, gamma, kl_coeff, old_log_probs, ref_log_
         kl = kl_penalty(as_float(old_log_probs, dtype), as_float(ref_log_probs, dtype), kl_estimator)
         check_same_shape(token_level_rewards=rewards, kl=kl)
         token_rewards = token_rewards - kl_coeff * masked(kl, mask)
-    returns = masked(_discounted_returns(token_rewards, gamma), mask)
+    returns = masked(_discounted_returns(token_rewards, mask, gamma), mask)
     return _whiten(returns, mask, 1e-8), returns
 
 
@@ -239,9 +242,9 @@ def reinforce_plus_plus_advantage(token_level_rewards: TensorLike, response_mask
     Per-token reward `r_t = m_t (token_level_rewards_t - kl_coeff * k(l^old_t, l^ref_t))` (the scalar reward sits
     on the last valid token; `k` = `kl_penalty(old_log_probs, ref_log_probs, kl_estimator)`), return
     `G_t = sum_{s>=t} gamma^(s-t) r_s` within each sequence, then whitening over all valid tokens of the batch:
-    `A = (G - mean) / sqrt(var + 1e-8) * m`, var unbiased. The discount counts positions (masked ones carry
-    r = 0; with right padding, as the rollout produces, that is the same as counting valid tokens). Pass the global
-    batch. `index` is unused. Returns `(advantages, returns=G)`, both masked.
+    `A = (G - mean) / sqrt(var + 1e-8) * m`, var unbiased. The discount counts valid tokens: a masked position
+    inside a row (a tool turn) is skipped, as in GAE; with right padding that is the same as counting positions.
+    Pass the global batch. `index` is unused. Returns `(advantages, returns=G)`, both masked.
     """
     rewards, mask, dtype = _prepare(token_level_rewards, response_mask, old_log_probs, ref_log_probs)
     return _reinforce_pp(rewards, mask, dtype, gamma, kl_coeff, old_log_probs, ref_log_probs, kl_estimator)

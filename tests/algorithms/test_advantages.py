@@ -282,6 +282,24 @@ def test_reinforce_pp_with_kl_in_reward(kl_estimator):
     np.testing.assert_allclose(adv.numpy(), exp_adv, rtol=1e-4, atol=ATOL)
 
 
+def test_reinforce_pp_discount_skips_masked_positions_inside_a_row():
+    # A multi-turn row: actions, a tool turn (masked: context, not actions), actions. The discount counts actions
+    # only, as GAE's does. Row 0 by hand, gamma 0.5, reward 1 on the last action (position 4):
+    # G_4 = 1, G_3 = 0.5, G_0 = 0.5 * G_3 = 0.25 (counting positions would give 0.5^4 = 0.0625).
+    mask = np.array([[1, 0, 0, 1, 1, 0], [1, 1, 0, 1, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=np.int64)
+    rng = np.random.default_rng(7)
+    rewards = rng.normal(size=mask.shape).astype(np.float32) * mask
+    rewards[0] = [0, 0, 0, 0, 1, 0]
+    _, ret = get_advantage_estimator("reinforce_plus_plus")(paddle.to_tensor(rewards), paddle.to_tensor(mask), None,
+                                                            gamma=0.5)
+    np.testing.assert_allclose(ret.numpy()[0], [0.25, 0, 0, 0.5, 1.0, 0], rtol=RTOL, atol=ATOL)
+    # Every row against a second implementation: GAE with lam 1 and zero values is the discounted return over the
+    # row's valid tokens (gae.py's float64 numpy recursion). Sums of <= 6 terms of size <= 3: within RTOL / ATOL.
+    gae_ret, _ = get_advantage_estimator("ppo")(paddle.to_tensor(rewards), paddle.to_tensor(mask), None,
+                                                values=paddle.zeros(mask.shape), gamma=0.5, lam=1.0)
+    np.testing.assert_allclose(ret.numpy(), gae_ret.numpy(), rtol=RTOL, atol=ATOL)
+
+
 def test_reinforce_pp_whitening_epsilon_is_inside_the_sqrt():
     # returns with a variance of the order of the 1e-8 epsilon tell sqrt(var + eps) from sqrt(var) + eps
     scores = np.array([0.0, 1e-4, 2e-4, 0.5e-4], dtype=np.float32).astype(float)
