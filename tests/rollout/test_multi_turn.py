@@ -4,6 +4,8 @@ Qwen2 policies: a policy fine-tuned to make calls (tests/tool_policy_helpers.py)
 References: the environment's own tokens for each tool turn, a full forward over prompt + completion for the sample
 log-probs (the KV cache kept across turns), the single-turn loop for rows that never call, and the same rollout with
 other tool latencies."""
+import time
+
 import numpy as np
 import paddle
 import pytest
@@ -300,3 +302,32 @@ def test_tool_sync_holds_a_tool_turn_until_every_rank_has_it(tool_policy):
     assert idle_synced > idle_alone
     for name in ("completion_ids", "completion_mask", "tool_mask", "sample_logprobs"):
         np.testing.assert_array_equal(getattr(synced, name).numpy(), getattr(alone, name).numpy(), err_msg=name)
+
+
+def test_waiting_for_a_slow_tool_polls_with_backoff(tool_tokenizer):
+    """Every unfinished row waits: the loop sleeps 0.5, 1, 2, 4 ms, then 5 ms per poll (multi_turn._POLL_S /
+    _POLL_MAX_S), not a fixed 0.5 ms spin. A 0.3 s tool through the real environment: every poll sleeps first, so
+    polls <= 4 + ceil((0.3 - 0.0075) / 0.005) + 1 = 64 (a sleep that overshoots only lowers the count); a fixed
+    0.5 ms poll makes up to ~600."""
+    from paddle_grpo.rollout import multi_turn
+
+    def slow(x: str) -> str:
+        """Wait, then echo.
+
+        Args:
+            x: the text.
+        """
+        time.sleep(0.3)
+        return x
+
+    env = ToolEnvironment(ToolSet([Tool.from_function(slow, "slow")]), FMT, tool_tokenizer)
+    call = '<tool_call>\n{"name": "slow", "arguments": {"x": "hi"}}\n</tool_call>'
+    rows = multi_turn._Rows(1, 8, tool_tokenizer.pad_token_id, [tool_tokenizer.eos_token_id], env, 2)
+    pending = env.begin(tokenize_prompts(tool_tokenizer, [call])[0], True)
+    polls = []
+    done = pending.done
+    pending.done = lambda: polls.append(1) or done()
+    rows.pending[0], rows.state[0] = pending, multi_turn.WAITING
+    waited = rows.wait_for_any()
+    assert waited > 0.1 and pending.result().messages[0]["content"] == "hi"
+    assert len(polls) <= 65, len(polls)
