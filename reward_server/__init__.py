@@ -13,9 +13,9 @@ Tools (paddle_grpo.environment; `--tool`), for rollouts whose tools run on this 
                -> {"error_code": 0, "error_msg": "Success", "content": str, "error": null | "bad_arguments" | ...,
                    "request_id": "..."}
 
-A call the tool answers (its result, or its own error: bad arguments, an exception, a limit) is a 200 with `error`
-set as in-process; a request that is not a call (not JSON, no "name", "arguments" not an object) is a 400, a tool
-this server does not serve a 404 (error_msg: "unknown tool 'x'; tools: ..."). A server may serve rewards, tools or
+A call the tool answers (its result, or its own error: bad arguments, an exception, a limit; a call over the
+server's --timeout-s is a "timeout") is a 200 with `error` set as in-process; a request that is not a call (not
+JSON, no "name", "arguments" not an object) is a 400, a tool this server does not serve a 404 (error_msg: "unknown tool 'x'; tools: ..."). A server may serve rewards, tools or
 both; POST / on a server without rewards is a 404.
 
 Rejected requests get a 4xx status and `{"error_code": <the status>, "error_msg": "<what was wrong>"}`. A sample
@@ -34,7 +34,9 @@ from flask import Flask, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from paddle_grpo.environment import ToolCall, ToolSet, load_tools, precheck
+from paddle_grpo.environment.tool import error_result
 from paddle_grpo.rewards import RewardModel, RewardSet
+from paddle_grpo.rewards.combine import RewardTimeout, _call_with_timeout
 
 from .validation import RequestError, parse_batch, parse_tool_call
 
@@ -59,7 +61,8 @@ def create_app(reward_names_or_fns, weights=None, token=None, max_content_length
 
     reward_names_or_fns may be empty when tools are given (a tool server). token: when set, POST /, GET /tools and
     POST /tool need `Authorization: Bearer <token>` (401 otherwise); /health stays open. max_content_length: request
-    body limit in bytes (413 above it)."""
+    body limit in bytes (413 above it). timeout_s (None: no limit) bounds each reward-function call and each tool
+    call (a tool over it is answered 200 with error "timeout", its thread abandoned as in-process)."""
     toolset = tools if isinstance(tools, ToolSet) else load_tools(tools)
     given = reward_names_or_fns
     has_rewards = bool(given.strip()) if isinstance(given, str) else callable(given) or bool(given)
@@ -142,7 +145,11 @@ def create_app(reward_names_or_fns, weights=None, token=None, max_content_length
         early = precheck(ToolCall(name, arguments), toolset.names)
         if early is not None:  # an unknown tool: the message the policy would read in-process
             raise RequestError(404, early.content[len("error: "):])
-        result = toolset.call(ToolCall(name, arguments))
+        try:  # the server's --timeout-s bounds a call as it bounds a reward function (a hung tool frees the request)
+            result = _call_with_timeout(toolset.call, (ToolCall(name, arguments),), {}, timeout_s)
+        except RewardTimeout:
+            result = error_result(name, "timeout", f"{name} did not finish within the tool server's time limit of "
+                                  f"{timeout_s:g} s", timeout_s)
         return jsonify(error_code=0, error_msg="Success", content=result.content, error=result.error,
                        request_id=g.request_id)
 

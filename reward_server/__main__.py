@@ -44,7 +44,7 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=8, help="waitress worker threads (default 8)")
     parser.add_argument("--max-body-mb", type=float, default=100.0, help="request body limit in MB (default 100)")
     parser.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S,
-                        help=f"time limit per reward-function call; 0 disables (default {DEFAULT_TIMEOUT_S:g})")
+                        help=f"time limit per reward-function or tool call; 0 disables (default {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO; WARNING hides access logs)")
     args = parser.parse_args(argv)
     if args.threads < 1:

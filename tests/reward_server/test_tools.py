@@ -10,7 +10,7 @@ import requests
 
 from paddle_grpo.data import tokenize_prompts
 from paddle_grpo.environment import (HermesFormat, RemoteToolSet, Tool, ToolCall, ToolEnvironment, ToolServerError,
-                                     ToolSet, load_tools)
+                                     ToolSet, get_tool, load_tools)
 from reward_server import create_app
 
 CALLS = [
@@ -105,6 +105,29 @@ def test_a_slow_remote_tool_is_a_timeout_result(serve):
     assert remote.call(ToolCall("nap", {"seconds": 0.01})).content == "awake"
     slow = remote.call(ToolCall("nap", {"seconds": 2}))
     assert (slow.error, slow.content) == ("timeout", "error: nap did not answer within 0.5 s")
+
+
+def test_the_servers_time_limit_answers_a_hung_tool(serve):
+    # The server's timeout_s (--timeout-s) bounds a tool call as it bounds a reward function: a 200 "timeout"
+    # result well before the client's own read timeout (10 s), and the server still answers the next call.
+    release = threading.Event()
+
+    def hang(x: str) -> str:
+        """Block until released."""
+        release.wait(30)
+        return x
+
+    url = serve(create_app([], tools=ToolSet([Tool.from_function(hang), get_tool("calculator")]),
+                           timeout_s=0.3)).url
+    try:
+        start = time.perf_counter()
+        reply = RemoteToolSet(url, timeout_s=10).call(ToolCall("hang", {"x": "hi"}))
+        assert time.perf_counter() - start < 5
+        assert (reply.error, reply.content) == ("timeout", "error: hang did not finish within the tool server's "
+                                                           "time limit of 0.3 s")
+        assert RemoteToolSet(url).call(ToolCall("calculator", {"expression": "6*7"})).content == "42"
+    finally:
+        release.set()
 
 
 def test_transport_failure_raises_through_the_environment(serve, tool_tokenizer):
