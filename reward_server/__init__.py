@@ -15,8 +15,8 @@ Tools (paddle_grpo.environment; `--tool`), for rollouts whose tools run on this 
 
 A call the tool answers (its result, or its own error: bad arguments, an exception, a limit; a call over the
 server's --timeout-s is a "timeout") is a 200 with `error` set as in-process; a request that is not a call (not
-JSON, no "name", "arguments" not an object) is a 400, a tool this server does not serve a 404 (error_msg: "unknown tool 'x'; tools: ..."). A server may serve rewards, tools or
-both; POST / on a server without rewards is a 404.
+JSON, no "name", "arguments" not an object) is a 400, a tool this server does not serve a 404 (error_msg: "unknown
+tool 'x'; tools: ..."). A server may serve rewards, tools or both; POST / on a server without rewards is a 404.
 
 Rejected requests get a 4xx status and `{"error_code": <the status>, "error_msg": "<what was wrong>"}`. A sample
 on which a reward function failed (raised, timed out) gets `score` null with the reason in `errors`; the batch

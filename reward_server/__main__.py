@@ -3,8 +3,9 @@
 `--tool calculator,python` to serve tools (alone or beside rewards); example requests in docs/rewards.md and
 docs/tools.md)
 
-Serves the reward functions (and tools) over HTTP with waitress (multi-threaded; no lock around scoring but a
-reward model's forward passes, which run one at a time). Binds to 127.0.0.1 unless --host says otherwise. The token may also come from $REWARD_SERVER_TOKEN, which keeps it out of `ps`.
+Serves the reward functions (and tools) over HTTP with waitress (multi-threaded; no lock around scoring but a reward
+model's forward passes, which run one at a time). Binds to 127.0.0.1 unless --host says otherwise. The token may
+also come from $REWARD_SERVER_TOKEN, which keeps it out of `ps`.
 """
 import argparse
 import logging
