@@ -1,4 +1,5 @@
-"""Shared by the policy tests (tests/policy/test_fast_qwen2.py, tests/policy/test_recompute.py): a grouped batch."""
+"""Shared by the policy tests (tests/policy/test_fast_qwen2.py, tests/policy/test_recompute.py): a grouped batch; by
+tests/test_padding.py and tests/test_tool_masks.py: a tiny Qwen2 with random biases."""
 import numpy as np
 import paddle
 
@@ -17,3 +18,19 @@ def grouped_batch(vocab: int, P: int = 3, G: int = 4, L: int = 7, T: int = 6, se
     cm = (np.arange(T)[None] < lens[:, None]).astype("int64")
     cid = np.where(cm == 1, rng.integers(3, vocab, size=(P * G, T)), 0)
     return [paddle.to_tensor(x) for x in (pid, pm, cid, cm)]
+
+
+def random_bias_qwen2(vocab: int, seed: int = 0) -> paddle.nn.Layer:
+    """A tiny Qwen2ForCausalLM (hidden 32, intermediate 64, 2 layers, 4 heads, 2 KV heads) seeded with `seed`, its
+    biases random (std 0.1) instead of 0 so that every parameter is observable in the outputs."""
+    from paddlenlp.transformers import Qwen2Config, Qwen2ForCausalLM
+
+    paddle.seed(seed)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                         rms_norm_eps=1e-6, dtype="float32"))
+    with paddle.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.set_value(paddle.randn(p.shape) * 0.1)
+    return model

@@ -1,8 +1,10 @@
-"""Shared by tests/test_dry_run.py and tests/test_paddlenlp_configs.py: run_rl.py's main in this process (paddle is
-imported once, so each dry run costs a fraction of a second) and small local data files."""
+"""Shared by tests/test_dry_run.py, tests/test_dry_run_tools.py and tests/test_paddlenlp_configs.py: run_rl.py's main
+in this process (paddle is imported once, so each dry run costs a fraction of a second), small local data files, the
+arguments of a valid tiny run and a port nothing listens on."""
 import importlib.util
 import json
 import pathlib
+import socket
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -33,3 +35,19 @@ def write_kk_data(directory, n=16):
     return write_train_eval(directory, lambda i: {
         "src": f"<|im_start|>user\nWho is person {i}?<|im_end|>\n<|im_start|>assistant\n<think>",
         "tgt": f"(1) Person {i} is a knight"}, n)
+
+
+def base_args(tmp_path, policy_dir):
+    """Arguments of a valid in-process-reward run on the tiny model `policy_dir` (no config file)."""
+    train, _ = write_kk_data(tmp_path)
+    return ["--actor_model_name_or_path", policy_dir, "--train_datasets", train, "--use_rm_server", "false",
+            "--reward_funcs", "kk", "--global_batch_size", "2", "--rollout_n", "2", "--per_device_train_batch_size",
+            "2", "--max_dec_len", "16", "--min_dec_len", "1", "--max_prompt_len", "64", "--max_length", "80",
+            "--kl_coeff", "0", "--output_dir", tmp_path / "out"]
+
+
+def closed_port():
+    """A port on 127.0.0.1 that was free a moment ago (nothing listens on it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -4,14 +4,13 @@ tiny model directory, a real reward server on 127.0.0.1."""
 import json
 import pathlib
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
 import yaml
 
-from dry_run_helpers import REPO, run_rl_main, write_kk_data
+from dry_run_helpers import REPO, base_args, closed_port, run_rl_main
 from paddle_grpo.config import FIELDS, Config, ConfigError, config_from_dict, yaml_value
 from paddle_grpo.dry_run import keys_without_effect, launch_command, required_processes, split_dry_run
 from reward_server import create_app
@@ -20,18 +19,7 @@ from reward_server import create_app
 @pytest.fixture
 def base(tmp_path, tiny_policy_dir):
     """Arguments of a valid in-process-reward run on the tiny model (no config file)."""
-    train, evaluation = write_kk_data(tmp_path)
-    return ["--actor_model_name_or_path", tiny_policy_dir, "--train_datasets", train, "--use_rm_server", "false",
-            "--reward_funcs", "kk", "--global_batch_size", "2", "--rollout_n", "2", "--per_device_train_batch_size",
-            "2", "--max_dec_len", "16", "--min_dec_len", "1", "--max_prompt_len", "64", "--max_length", "80",
-            "--kl_coeff", "0",
-            "--output_dir", tmp_path / "out"]
-
-
-def closed_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return base_args(tmp_path, tiny_policy_dir)
 
 
 @pytest.mark.parametrize("argv, expected", [

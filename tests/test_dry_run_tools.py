@@ -2,26 +2,16 @@
 an unknown tool or format is a problem naming its key, the tool server's GET /tools is asked (a real server on
 127.0.0.1) and must serve every named tool, an unreachable one is named with its URL; tool keys set without tools are
 in the table of keys without effect."""
-import socket
 
 import pytest
 
-from dry_run_helpers import run_rl_main, write_kk_data
+from dry_run_helpers import base_args, closed_port, run_rl_main
 
 
 @pytest.fixture
 def base(tmp_path, tiny_policy_dir):
-    train, _ = write_kk_data(tmp_path)
-    return ["--actor_model_name_or_path", tiny_policy_dir, "--train_datasets", train, "--use_rm_server", "false",
-            "--reward_funcs", "kk", "--global_batch_size", "2", "--rollout_n", "2", "--per_device_train_batch_size",
-            "2", "--max_dec_len", "16", "--min_dec_len", "1", "--max_prompt_len", "64", "--max_length", "80",
-            "--kl_coeff", "0", "--output_dir", tmp_path / "out"]
-
-
-def closed_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """Arguments of a valid in-process-reward run on the tiny model (no config file)."""
+    return base_args(tmp_path, tiny_policy_dir)
 
 
 def test_in_process_tools_load_and_are_listed(base, capsys):

@@ -18,8 +18,8 @@ by `where` (algorithms._common.masked), so the same float operations run on the 
 import numpy as np
 import paddle
 import pytest
+from batch_helpers import random_bias_qwen2
 from numerics import f32_sum_tol, tiny_lm_tol
-from paddlenlp.transformers import Qwen2Config, Qwen2ForCausalLM
 
 from paddle_grpo import step
 from paddle_grpo.algorithms import LOSS_AGG_MODES
@@ -47,15 +47,7 @@ N = len(LAYOUT)
 
 
 def make_model(seed=0):
-    paddle.seed(seed)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                         rms_norm_eps=1e-6, dtype="float32"))
-    with paddle.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.set_value(paddle.randn(p.shape) * 0.1)
-    return model
+    return random_bias_qwen2(V, seed)
 
 
 def tool_batch(seed=0, tool_mask=True):
