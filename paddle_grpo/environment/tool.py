@@ -158,7 +158,8 @@ class Tool:
             content = to_content(value)
         except ToolError as exc:
             return error_result(self.name, exc.kind, str(exc), time.perf_counter() - start)
-        except Exception as exc:  # the tool's own failure becomes the policy's next observation
+        except (Exception, SystemExit) as exc:  # the tool's own failure becomes the policy's next observation
+            # (SystemExit too: a tool calling sys.exit() must not end the trainer from a tool thread's result)
             return error_result(self.name, "exception", f"{self.name} raised {type(exc).__name__}: "
                                 f"{str(exc)[:500]}", time.perf_counter() - start)
         return ToolResult(self.name, content, None, time.perf_counter() - start)

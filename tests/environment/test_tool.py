@@ -16,6 +16,10 @@ def boom(x: str) -> str:
     raise KeyError(x)
 
 
+def quit_(code: int) -> str:
+    raise SystemExit(code)
+
+
 @pytest.mark.parametrize("arguments, message", [
     (["a"], "the arguments of add must be a JSON object, got a JSON array"),
     ({"a": 1, "c": 2}, "unknown argument 'c' for add; it takes: a (integer), b (number), tags (array)"),
@@ -38,6 +42,8 @@ def test_results_are_json_encoded_and_exceptions_reported():
     assert result.latency_s >= 0
     failed = Tool.from_function(boom).call({"x": "k"})
     assert (failed.error, failed.content) == ("exception", "error: boom raised KeyError: 'k'")
+    exited = Tool.from_function(quit_, "quit").call({"code": 3})  # sys.exit() in a tool: a result, not an exit
+    assert (exited.error, exited.content) == ("exception", "error: quit raised SystemExit: 3")
 
 
 def test_toolset_answers_malformed_and_unknown_calls():
