@@ -431,12 +431,31 @@ def _record_places(path: str) -> List[str]:
         return [f"{path}:{n}" for n, raw in enumerate(f, start=1) if raw.decode("utf-8", "replace").strip()]
 
 
+def prompt_renderer(cfg: Config, tokenizer: Any) -> Optional[Callable[[str], str]]:
+    """With `tools` (and a chat template), the prompt text the trainer builds for a record's `src`: the tools' schemas
+    listed (step.PromptEncoder.text: the format's `prompt_with_tools`), which can make a prompt hundreds of tokens
+    longer; None without tools, or when the tools or the format do not load (check_tools reports why)."""
+    if not cfg.tools or cfg.chat_template == "none":
+        return None
+    from .environment import RemoteToolSet, get_format, load_tools
+
+    server = cfg.tool_server.strip()
+    try:
+        toolset = RemoteToolSet(server, cfg.tool_server_token, timeout_s=5, retries=0, names=cfg.tools) if server \
+            else load_tools(cfg.tools)
+        fmt = get_format(cfg.tool_format, tokenizer)
+    except Exception:  # noqa: BLE001 - check_tools names the problem
+        return None
+    schemas = toolset.schemas()
+    return lambda src: fmt.prompt_with_tools(src, tokenizer, schemas, None, mode=cfg.chat_template)
+
+
 def check_prompt_lengths(cfg: Config, tokenizer: Any, config: Any, records: Dict[Tuple[str, str], list]
                          ) -> List[str]:
     """Warnings for prompts longer than max_prompt_len: the trainer keeps only their last max_prompt_len tokens
     (data.collate_prompts; the start, usually the instructions, is lost). Each prompt is encoded as the trainer
     encodes it (chat template, tokenizer, an encoder-decoder's special tokens); one line per key with how many of
-    how many, the longest and the file and line of the longest.
+    how many, the longest and the file and line of the longest. With tools, the prompts list them (`prompt_renderer`).
 
     A warning, not a problem: the launch can start and trains (PaddleNLP truncates the same way), a few long
     outliers may be truncated on purpose, and the exit status says only whether the launch can start."""
@@ -447,13 +466,15 @@ def check_prompt_lengths(cfg: Config, tokenizer: Any, config: Any, records: Dict
         from .policy.seq2seq import encoder_input_ids
 
         wrap = encoder_input_ids
+    render = prompt_renderer(cfg, tokenizer) or (lambda src: apply_chat_template(src, tokenizer,
+                                                                                 mode=cfg.chat_template))
     per_key: Dict[str, list] = {}
     total = {key: sum(len(rows) for (k, _), rows in records.items() if k == key) for key, _ in records}
     # PaddleNLP's python tokenizers take 1-4 ms per prompt here: beyond MAX_LENGTH_CHECKS, an even sample
     stride = {key: -(-n // MAX_LENGTH_CHECKS) for key, n in total.items()}
     for (key, path), rows in records.items():
         picked = range(0, len(rows), stride[key])
-        texts = [apply_chat_template(rows[i]["src"], tokenizer, mode=cfg.chat_template) for i in picked]
+        texts = [render(rows[i]["src"]) for i in picked]
         lengths = [len(wrap(tokenizer, ids) if wrap else ids) for ids in tokenize_prompts(tokenizer, texts)]
         per_key.setdefault(key, []).extend((n, path, i) for i, n in zip(picked, lengths))
     warnings = []

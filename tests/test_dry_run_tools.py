@@ -5,7 +5,7 @@ in the table of keys without effect."""
 
 import pytest
 
-from dry_run_helpers import base_args, closed_port, run_rl_main
+from dry_run_helpers import base_args, closed_port, run_rl_main, write_train_eval
 
 
 @pytest.fixture
@@ -64,3 +64,16 @@ def test_a_tool_server_that_serves_every_named_tool_passes(base, serve, capsys):
     assert status == 2
     assert f"  - tool_server: {url}/tools answered HTTP 401: wrong token in the Authorization header (check " \
            "tool_server_token)" in out
+
+
+def test_prompt_lengths_are_those_of_the_prompts_listing_the_tools(tmp_path, base, capsys):
+    """The trainer renders a raw prompt with the tools' schemas in its system turn (step.PromptEncoder); the dry
+    run's length check must count those tokens, not the prompt without tools (it did: no warning, then every prompt
+    left-truncated in training, the tool list cut off)."""
+    train, _ = write_train_eval(tmp_path, lambda i: {"src": f"What is {i}*7?", "tgt": str(7 * i)}, n=4, prefix="raw_")
+    args = list(base)
+    args[args.index("--train_datasets") + 1] = train
+    status, out, _ = run_rl_main([*args, "--dry_run"], capsys)
+    assert status == 0 and "none longer than max_prompt_len (64)" in out, out
+    status, out, _ = run_rl_main([*args, "--tools", "calculator", "--dry_run"], capsys)
+    assert "train_datasets: 4 of 4 prompts are longer than max_prompt_len (64)" in out, out
