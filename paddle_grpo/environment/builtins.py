@@ -44,7 +44,11 @@ def calculator(expression: str) -> str:
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         raise ToolArgumentError(f"cannot read {_quote(expression)} as arithmetic "
                                 f"({getattr(exc, 'msg', None) or type(exc).__name__}); use {_ALLOWED}") from None
-    return format_number(_evaluate(tree.body, expression))
+    try:
+        value = _evaluate(tree.body, expression)
+    except RecursionError:  # e.g. hundreds of nested unary minuses: ast reads them, the interpreter recurses
+        raise ToolArgumentError(f"{_quote(expression)} is nested too deeply; use {_ALLOWED}") from None
+    return format_number(value)
 
 
 def format_number(value: Number) -> str:

@@ -49,6 +49,7 @@ def test_values(expression, expected):
     ("(-8)**0.5", "has no real result"),
     ("1 +", "cannot read '1 +' as arithmetic (invalid syntax)"),
     ("", "the expression is empty"),
+    ("-" * (MAX_EXPRESSION_CHARS - 1) + "1", "is nested too deeply"),  # was an 'exception' (RecursionError)
     ("1+" * MAX_EXPRESSION_CHARS + "1", f"the expression has {2 * MAX_EXPRESSION_CHARS + 1} characters"),
 ])
 def test_refusals_are_bad_arguments_with_a_message(expression, message):
