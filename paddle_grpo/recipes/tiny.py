@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 if TYPE_CHECKING:
     from paddlenlp.transformers import (PretrainedTokenizer, Qwen2ForCausalLM, Qwen2ForSequenceClassification,
@@ -21,10 +21,13 @@ PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [PAD, IM_START, IM_END]
 
 
-def build_tokenizer(corpus: Iterable[str], out_dir: str, vocab_size: int = 512) -> Qwen2Tokenizer:
+def build_tokenizer(corpus: Iterable[str], out_dir: str, vocab_size: int = 512,
+                    additional_special_tokens: Sequence[str] = ()) -> Qwen2Tokenizer:
     """Train a byte-level BPE on `corpus` (iterable of str) and save a Qwen2Tokenizer in `out_dir`.
 
-    EOS is `<|im_end|>` (Qwen's chat turn end), padding `<|endoftext|>`. Returns the paddlenlp tokenizer.
+    EOS is `<|im_end|>` (Qwen's chat turn end), padding `<|endoftext|>`. `additional_special_tokens` (e.g.
+    `<|im_start|>`, `<tool_call>`) get their own ids and are never split when text is encoded (PaddleNLP keeps only
+    special tokens whole when it reloads a slow tokenizer). Returns the paddlenlp tokenizer.
     """
     from paddlenlp.transformers import Qwen2Tokenizer
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -32,17 +35,28 @@ def build_tokenizer(corpus: Iterable[str], out_dir: str, vocab_size: int = 512) 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+    extra = [t for t in additional_special_tokens if t not in SPECIAL_TOKENS]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS + extra, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     bpe.train_from_iterator(list(corpus), trainer)
     os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         vocab, merges = bpe.model.save(tmp)
         tokenizer = Qwen2Tokenizer(vocab_file=vocab, merges_file=merges, unk_token=None, bos_token=None,
-                                   eos_token=IM_END, pad_token=PAD)
+                                   eos_token=IM_END, pad_token=PAD,
+                                   **({"additional_special_tokens": [_kept_whole(t) for t in additional_special_tokens]}
+                                      if additional_special_tokens else {}))
         tokenizer.padding_side = "left"
         tokenizer.save_pretrained(out_dir)
     return tokenizer
+
+
+def _kept_whole(token: str) -> Any:
+    """A special token that keeps the whitespace around it (a plain string would strip the newline after
+    `<|im_start|>user` or `<tool_call>` when text is encoded)."""
+    from paddlenlp.transformers import AddedToken
+
+    return AddedToken(token, lstrip=False, rstrip=False, special=True, normalized=False)
 
 
 def _config(tokenizer, *, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads,
