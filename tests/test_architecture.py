@@ -114,8 +114,15 @@ AFTER_STEP = "paddle_grpo/step/ (the trainer restructure of issue 13, a package 
 RULES = (
     Rule("algorithms/ imports nothing of the package outside itself", "paddle_grpo.algorithms",
          allowed=frozenset({"paddle_grpo.algorithms"}), waits_for=("paddle_grpo/algorithms",)),
-    Rule("rewards/ imports nothing of the package outside itself", "paddle_grpo.rewards",
-         allowed=frozenset({"paddle_grpo.rewards"}), waits_for=("paddle_grpo/rewards",)),
+    Rule("rewards/ imports only user_code.py and http_util.py", "paddle_grpo.rewards",
+         allowed=frozenset({"paddle_grpo.user_code", "paddle_grpo.http_util"}), waits_for=("paddle_grpo/rewards",)),
+    Rule("environment/ imports only data.py, user_code.py and http_util.py", "paddle_grpo.environment",
+         allowed=frozenset({"paddle_grpo.data", "paddle_grpo.user_code", "paddle_grpo.http_util"}),
+         waits_for=("paddle_grpo/environment",)),
+    Rule("user_code.py imports nothing of the package", "paddle_grpo.user_code",
+         allowed=frozenset({"paddle_grpo.user_code"})),
+    Rule("http_util.py imports nothing of the package", "paddle_grpo.http_util",
+         allowed=frozenset({"paddle_grpo.http_util"})),
     Rule("config.py imports only algorithms/ and precision.py", "paddle_grpo.config",
          allowed=frozenset({"paddle_grpo.algorithms", "paddle_grpo.precision"})),
     Rule("precision.py imports nothing of the package", "paddle_grpo.precision",
@@ -144,8 +151,8 @@ RULES = (
          waits_for=("paddle_grpo/parallel",)),
     Rule("only parallel/ imports paddle.distributed (reward server)", "reward_server",
          forbidden=frozenset({"paddle.distributed"})),
-    Rule("reward_server/ imports only paddle_grpo.rewards", "reward_server",
-         allowed=frozenset({"paddle_grpo.rewards"})),
+    Rule("reward_server/ imports only paddle_grpo.rewards and paddle_grpo.environment", "reward_server",
+         allowed=frozenset({"paddle_grpo.rewards", "paddle_grpo.environment"})),
 )
 
 
@@ -208,7 +215,7 @@ def test_rules_report_violations(tmp_path: Path) -> None:
         "paddle_grpo/parallel/vocab.py imports paddle_grpo.policy.causal"]
     assert by_name["rollout.py imports no model code (the policy hands it a stepper)"] == [
         "paddle_grpo/rollout.py imports paddle_grpo.policy.causal.f"]
-    assert by_name["reward_server/ imports only paddle_grpo.rewards"] == [
+    assert by_name["reward_server/ imports only paddle_grpo.rewards and paddle_grpo.environment"] == [
         "reward_server/__init__.py imports paddle_grpo.trainer"]
 
 

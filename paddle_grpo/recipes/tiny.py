@@ -22,12 +22,13 @@ SPECIAL_TOKENS = [PAD, IM_START, IM_END]
 
 
 def build_tokenizer(corpus: Iterable[str], out_dir: str, vocab_size: int = 512,
-                    additional_special_tokens: Sequence[str] = ()) -> Qwen2Tokenizer:
+                    added_tokens: Sequence[str] = ()) -> Qwen2Tokenizer:
     """Train a byte-level BPE on `corpus` (iterable of str) and save a Qwen2Tokenizer in `out_dir`.
 
-    EOS is `<|im_end|>` (Qwen's chat turn end), padding `<|endoftext|>`. `additional_special_tokens` (e.g.
-    `<|im_start|>`, `<tool_call>`) get their own ids and are never split when text is encoded (PaddleNLP keeps only
-    special tokens whole when it reloads a slow tokenizer). Returns the paddlenlp tokenizer.
+    EOS is `<|im_end|>` (Qwen's chat turn end), padding `<|endoftext|>`. `added_tokens` (e.g. Qwen2.5's
+    `<tool_call>`, `</tool_call>`) become single tokens, registered as Qwen2.5 registers them (in
+    tokenizer_config.json's added_tokens_decoder, not special), so `data.tokenize_prompts` keeps them whole.
+    Returns the paddlenlp tokenizer (reloaded from `out_dir` when there are added tokens).
     """
     from paddlenlp.transformers import Qwen2Tokenizer
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -35,28 +36,40 @@ def build_tokenizer(corpus: Iterable[str], out_dir: str, vocab_size: int = 512,
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    extra = [t for t in additional_special_tokens if t not in SPECIAL_TOKENS]
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS + extra, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS + list(added_tokens),
+                                  show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     bpe.train_from_iterator(list(corpus), trainer)
     os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         vocab, merges = bpe.model.save(tmp)
         tokenizer = Qwen2Tokenizer(vocab_file=vocab, merges_file=merges, unk_token=None, bos_token=None,
-                                   eos_token=IM_END, pad_token=PAD,
-                                   **({"additional_special_tokens": [_kept_whole(t) for t in additional_special_tokens]}
-                                      if additional_special_tokens else {}))
+                                   eos_token=IM_END, pad_token=PAD)
         tokenizer.padding_side = "left"
         tokenizer.save_pretrained(out_dir)
+    if added_tokens:
+        tokenizer = _register_added_tokens(out_dir, added_tokens)
     return tokenizer
 
 
-def _kept_whole(token: str) -> Any:
-    """A special token that keeps the whitespace around it (a plain string would strip the newline after
-    `<|im_start|>user` or `<tool_call>` when text is encoded)."""
-    from paddlenlp.transformers import AddedToken
+def _register_added_tokens(out_dir, added_tokens):
+    import json
 
-    return AddedToken(token, lstrip=False, rstrip=False, special=True, normalized=False)
+    from paddlenlp.transformers import AutoTokenizer
+
+    with open(os.path.join(out_dir, "vocab.json"), encoding="utf-8") as f:
+        vocab = json.load(f)
+    path = os.path.join(out_dir, "tokenizer_config.json")
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    config["added_tokens_decoder"] = {
+        str(vocab[token]): {"content": token, "lstrip": False, "rstrip": False, "normalized": False,
+                            "single_word": False, "special": False} for token in added_tokens}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(config, f, ensure_ascii=False, indent=2)
+    tokenizer = AutoTokenizer.from_pretrained(out_dir)
+    tokenizer.padding_side = "left"
+    return tokenizer
 
 
 def _config(tokenizer, *, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads,

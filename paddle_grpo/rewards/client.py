@@ -10,22 +10,18 @@ RewardServerError saying which servers were tried and how each failed.
 import itertools
 import logging
 import math
-import random
-import re
 import time
 import uuid
 from typing import Any, List, Optional, Sequence, Union
 
 import requests
 
+from ..http_util import RETRYABLE_4XX, backoff_delay, error_msg, short_error
 from .base import RewardFn
 from .combine import RewardResult, RewardSet
 from .reward_model import RewardModel
 
 logger = logging.getLogger(__name__)
-
-# 408 and 429 are 4xx but mean "try again later"; other 4xx mean the request itself is wrong.
-_RETRYABLE_4XX = (408, 429)
 
 
 class RewardServerError(RuntimeError):
@@ -38,15 +34,6 @@ class RewardRequestError(RewardServerError):
 
 class RewardResponseError(RewardServerError):
     """A server answered 200 with a reply that breaks the protocol (not JSON, error_code != 0, wrong length)."""
-
-
-def _short(exc):
-    text = str(exc)
-    # requests buries the useful part ("[Errno 111] Connection refused") at the end of a long message.
-    errno = re.search(r"\[Errno -?\d+\][^'\")]*", text)
-    if errno:
-        text = errno.group(0).strip()
-    return f"{type(exc).__name__}: {text[:200]}"
 
 
 def _split_urls(urls):
@@ -106,7 +93,7 @@ class RewardClient:
                         self._max_score = None if value is None else float(value)
                         break
                 except (requests.RequestException, ValueError, AttributeError) as exc:
-                    logger.warning("could not read max_score from %s/health: %s", url, _short(exc))
+                    logger.warning("could not read max_score from %s/health: %s", url, short_error(exc))
         return self._max_score
 
     def score(self, src: Sequence[str], tgt: Sequence[str], response: Sequence[str]) -> List[Optional[float]]:
@@ -133,15 +120,15 @@ class RewardClient:
                 reply = self.session.post(url + "/", json=batch, timeout=self.timeout,
                                           headers={**self.headers, "X-Request-Id": request_id})
             except requests.RequestException as exc:
-                failure = _short(exc)
+                failure = short_error(exc)
             else:
                 status = reply.status_code
                 if status == 200:
                     return _check_reply(reply, url, n, request_id)
-                if status < 500 and status not in _RETRYABLE_4XX:
+                if status < 500 and status not in RETRYABLE_4XX:
                     raise RewardRequestError(f"reward server {url} rejected the request (request {request_id}) "
-                                             f"with HTTP {status}: {_error_msg(reply)}")
-                failure = f"HTTP {status}: {_error_msg(reply)}"
+                                             f"with HTTP {status}: {error_msg(reply)}")
+                failure = f"HTTP {status}: {error_msg(reply)}"
             failures.append(f"{url} -> {failure}")
             now = time.monotonic()
             first_failure = now if first_failure is None else first_failure
@@ -153,7 +140,7 @@ class RewardClient:
                     f"reward_server_max_wait_s = {self.max_wait_s:g} s"
                     + (f" or reward_server_max_retries = {self.max_retries}" if self.max_retries >= 0 else "")
                     + "): " + _join_failures(failures))
-            delay = min(self.backoff * 2 ** attempt, self.max_backoff) * random.uniform(0.8, 1.2)
+            delay = backoff_delay(attempt, self.backoff, self.max_backoff)
             delay = min(delay, left)
             logger.warning("reward server %s failed (attempt %d, request %s): %s; retrying in %.1f s (%.1f s of "
                            "the %g s wait budget left, reward_server_max_wait_s)", url, attempt + 1, request_id,
@@ -168,16 +155,6 @@ def _join_failures(failures: List[str], keep: int = 6) -> str:
         return "; ".join(failures)
     head, tail = failures[:2], failures[-(keep - 2):]
     return "; ".join(head) + f"; ... ({len(failures) - keep} more) ...; " + "; ".join(tail)
-
-
-def _error_msg(reply):
-    try:
-        body = reply.json()
-        if isinstance(body, dict) and "error_msg" in body:
-            return str(body["error_msg"])[:500]
-    except ValueError:
-        pass
-    return reply.text[:200].strip() or reply.reason or "(empty body)"
 
 
 def _check_reply(reply, url, n, request_id):

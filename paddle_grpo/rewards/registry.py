@@ -9,12 +9,9 @@
     get_reward_fn("rewards/mine.py:score")   # a file
     get_reward_fn("reward_model:path/to/rm") # a sequence-scoring model (reward_model.py), loaded here
 """
-import hashlib
-import importlib
-import importlib.util
-import os
 from typing import Callable, List, Optional, Union
 
+from ..user_code import load_function
 from .base import RewardFn
 from .reward_model import REWARD_MODEL_PREFIX, RewardModel
 
@@ -72,42 +69,5 @@ def get_reward_fn(name_or_spec: Union[str, RewardFn]) -> RewardFn:
             return _REGISTRY[spec]
         raise KeyError(f"unknown reward {spec!r}; registered rewards: {', '.join(available_rewards())}; "
                        "or give 'module:function' / 'path/to/file.py:function'")
-    # rsplit: a Windows path like C:\x.py:fn has a colon of its own.
-    target, attr = spec.rsplit(":", 1)
-    if not target or not attr:
-        raise ValueError(f"reward spec {spec!r} must look like 'module:function' or 'path/to/file.py:function'")
-    module = _load_file(target, spec) if _looks_like_file(target) else _import_module(target, spec)
-    fn = getattr(module, attr, None)
-    if fn is None:
-        raise AttributeError(f"reward spec {spec!r}: {target} has no attribute {attr!r}")
-    if not callable(fn):
-        raise TypeError(f"reward spec {spec!r}: {attr} is a {type(fn).__name__}, not a function")
-    return fn
+    return load_function(spec, "reward")
 
-
-def _looks_like_file(target):
-    return target.endswith(".py") or os.sep in target or "/" in target
-
-
-def _import_module(target, spec):
-    try:
-        return importlib.import_module(target)
-    except Exception as exc:  # ImportError, or any error raised by the module's own top-level code
-        raise ImportError(f"reward spec {spec!r}: could not import module {target!r}: "
-                          f"{type(exc).__name__}: {exc}") from exc
-
-
-def _load_file(path, spec):
-    path = os.path.abspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"reward spec {spec!r}: file {path} does not exist")
-    # A name derived from the path so two user files called rewards.py do not replace each other.
-    digest = hashlib.sha1(path.encode()).hexdigest()[:10]
-    module_name = f"paddle_grpo_user_reward_{digest}"
-    module_spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(module_spec)
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as exc:
-        raise ImportError(f"reward spec {spec!r}: executing {path} failed: {type(exc).__name__}: {exc}") from exc
-    return module

@@ -1,0 +1,141 @@
+"""Tools on another host: `RemoteToolSet` calls a tool server (`python -m reward_server --tool ...`) over HTTP and
+offers the same `.names` / `.schemas()` / `.call()` as a ToolSet.
+
+    GET  {url}/tools -> {"error_code": 0, "tools": [schema, ...]}
+    POST {url}/tool  {"name": str, "arguments": {...}} -> {"error_code": 0, "content": str, "error": null | ...}
+
+What the policy wrote wrongly comes back as a result, as in-process: the server's 404 (unknown tool) is an
+"unknown_tool" result, 400/422 (bad arguments) a "bad_arguments" result, both with the server's message. A read
+timeout (the tool ran longer than `timeout_s`) is a "timeout" result. What is wrong with the setup raises: 401/403
+(the token), other 4xx, a reply that breaks the protocol, and connection failures / 5xx / 408 / 429 once `retries`
+retries with exponential backoff have failed (RuntimeError naming the URL and every failure), so a tool server
+that is down stops the run rather than teaching the policy that tools fail.
+"""
+import logging
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import requests
+
+from ..http_util import RETRYABLE_4XX, backoff_delay, error_msg, short_error
+from .tool import TOOL_ERRORS, ToolCall, ToolResult, ToolSet, error_result, precheck
+
+logger = logging.getLogger(__name__)
+
+
+class ToolServerError(RuntimeError):
+    """The tool server could not be used (unreachable after retries, token refused, protocol broken)."""
+
+
+class RemoteToolSet(ToolSet):
+    """The tools a tool server at `url` serves (all, or those in `names`). token: sent as `Authorization: Bearer`.
+    timeout_s: read timeout of a call; connect_timeout_s: of a connection. retries: retries of a failed request
+    (connection error, 5xx, 408, 429), after backoff_s * 2**k seconds (capped at 30 s, +-20 % jitter)."""
+
+    def __init__(self, url: str, token: str = "", timeout_s: float = 10, retries: int = 5,
+                 names: Optional[Sequence[str]] = None, connect_timeout_s: float = 5, backoff_s: float = 0.5,
+                 session: Optional[requests.Session] = None) -> None:
+        super().__init__([])
+        url = (url or "").strip().rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"tool_server must be a URL starting with http:// or https://, got {url!r}")
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        self.url, self.retries, self.backoff_s = url, retries, backoff_s
+        self.timeout = (connect_timeout_s, timeout_s)
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.session = session or requests.Session()
+        served = self._fetch_schemas()
+        by_name = {s["function"]["name"]: s for s in served}
+        wanted = list(names) if names else list(by_name)
+        missing = [n for n in wanted if n not in by_name]
+        if missing:
+            raise ValueError(f"tool server {self.url} does not serve {', '.join(map(repr, missing))}; it serves: "
+                             f"{', '.join(by_name) or '(no tools)'} (start it with --tool "
+                             f"{','.join(wanted)})")
+        self._schemas = {n: by_name[n] for n in wanted}
+
+    @property
+    def names(self) -> List[str]:
+        return list(self._schemas)
+
+    def schemas(self) -> List[Dict[str, Any]]:
+        return list(self._schemas.values())
+
+    def __len__(self) -> int:
+        return len(self._schemas)
+
+    def __repr__(self) -> str:
+        return f"RemoteToolSet({self.url}: {', '.join(self.names)})"
+
+    def call(self, call: ToolCall) -> ToolResult:
+        """The server's result for the call; malformed calls and unknown names are answered here, without a
+        request. Raises ToolServerError when the server cannot be used (see the module docstring)."""
+        early = precheck(call, self.names)
+        if early is not None:
+            return early
+        start = time.perf_counter()
+        try:
+            reply = self._request("POST", "/tool", {"name": call.name, "arguments": call.arguments})
+        except requests.ReadTimeout:
+            return error_result(call.name, "timeout", f"{call.name} did not answer within {self.timeout[1]:g} s",
+                                time.perf_counter() - start)
+        latency = time.perf_counter() - start
+        if reply.status_code == 404:
+            return error_result(call.name, "unknown_tool", error_msg(reply), latency)
+        if reply.status_code in (400, 422):
+            return error_result(call.name, "bad_arguments", error_msg(reply), latency)
+        body = self._body(reply, "/tool")
+        content, error = body.get("content"), body.get("error")
+        if not isinstance(content, str) or (error is not None and error not in TOOL_ERRORS):
+            raise ToolServerError(f"tool server {self.url}/tool answered content={type(content).__name__}, "
+                                  f"error={error!r}; expected a string and null or one of {', '.join(TOOL_ERRORS)}")
+        return ToolResult(call.name, content, error, latency)
+
+    def _fetch_schemas(self) -> List[Dict[str, Any]]:
+        body = self._body(self._request("GET", "/tools"), "/tools")
+        tools = body.get("tools")
+        if not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance(t.get("function"), dict)
+                                                  and isinstance(t["function"].get("name"), str) for t in tools):
+            raise ToolServerError(f"tool server {self.url}/tools answered without a list of function schemas")
+        return tools
+
+    def _body(self, reply: requests.Response, path: str) -> Dict[str, Any]:
+        if reply.status_code in (401, 403):
+            raise ToolServerError(f"tool server {self.url}{path} refused the token (HTTP {reply.status_code}: "
+                                  f"{error_msg(reply)}); set tool_server_token to the server's --token")
+        if reply.status_code != 200:
+            raise ToolServerError(f"tool server {self.url}{path} answered HTTP {reply.status_code}: "
+                                  f"{error_msg(reply)}")
+        try:
+            body = reply.json()
+        except ValueError:
+            raise ToolServerError(f"tool server {self.url}{path} answered 200 with a body that is not JSON: "
+                                  f"{reply.text[:200]!r}") from None
+        if not isinstance(body, dict) or body.get("error_code") != 0:
+            raise ToolServerError(f"tool server {self.url}{path} answered {str(body)[:200]}")
+        return body
+
+    def _request(self, method: str, path: str, payload: Optional[Dict[str, Any]] = None) -> requests.Response:
+        """The reply to a request, retrying connection failures, 5xx, 408 and 429 (a read timeout is not retried:
+        the caller turns it into a "timeout" result)."""
+        failures: List[str] = []
+        for attempt in range(self.retries + 1):
+            try:
+                reply = self.session.request(method, self.url + path, json=payload, timeout=self.timeout,
+                                             headers=self.headers)
+            except requests.ReadTimeout:
+                raise
+            except requests.RequestException as exc:
+                failure = short_error(exc)
+            else:
+                if reply.status_code < 500 and reply.status_code not in RETRYABLE_4XX:
+                    return reply
+                failure = f"HTTP {reply.status_code}: {error_msg(reply)}"
+            failures.append(failure)
+            if attempt < self.retries:
+                delay = backoff_delay(attempt, self.backoff_s, 30.0)
+                logger.warning("tool server %s%s failed (attempt %d of %d): %s; retrying in %.1f s", self.url, path,
+                               attempt + 1, self.retries + 1, failure, delay)
+                time.sleep(delay)
+        raise ToolServerError(f"tool server {self.url}{path} failed {len(failures)} times: " + "; ".join(failures))

@@ -1,0 +1,183 @@
+"""ToolEnvironment: reading a turn, running the calls of all rows concurrently with a per-call time limit, and the
+tool turn's tokens (equal to what tokenizing the whole conversation at once gives)."""
+import threading
+import time
+
+import pytest
+
+from paddle_grpo.data import tokenize_prompts
+from paddle_grpo.environment import HermesFormat, Tool, ToolEnvironment, ToolSet, get_tool
+
+FMT = HermesFormat()
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "123*45"}}\n</tool_call>'
+
+
+def ids(tokenizer, text):
+    return tokenize_prompts(tokenizer, [text])[0]
+
+
+def calc_env(tokenizer, **kwargs):
+    return ToolEnvironment(ToolSet([get_tool("calculator")]), FMT, tokenizer, **kwargs)
+
+
+def test_stop_token_ids(tool_tokenizer, plain_tokenizer):
+    end = tool_tokenizer.get_vocab()["</tool_call>"]
+    assert calc_env(tool_tokenizer).stop_token_ids() == [end]
+    assert ids(tool_tokenizer, "</tool_call>") == [end]  # a single token, as in Qwen2.5's vocabulary
+    assert calc_env(plain_tokenizer).stop_token_ids() == []  # several tokens: turns end at EOS only
+    assert len(ids(plain_tokenizer, "</tool_call>")) > 1
+
+
+def test_turn_ended_at_the_call_end(tool_tokenizer):
+    with calc_env(tool_tokenizer) as env:
+        pending = env.begin(ids(tool_tokenizer, "Let me compute.\n" + CALL), ended_by_call_end=True)
+        assert pending.has_calls
+        assert pending.assistant == {"role": "assistant", "content": "Let me compute.",
+                                     "tool_calls": [{"name": "calculator", "arguments": {"expression": "123*45"}}]}
+        turn = pending.result()
+        assert pending.done()
+    assert [(m["role"], m["name"], m["content"], m["error"]) for m in turn.messages] == [
+        ("tool", "calculator", "5535", None)]
+    assert turn.ids == ids(tool_tokenizer, "<|im_end|>\n<|im_start|>user\n<tool_response>\n5535\n</tool_response>"
+                                           "<|im_end|>\n<|im_start|>assistant\n")
+    assert turn.results[0].content == "5535"
+
+
+def test_turn_ended_at_eos_and_turn_without_calls(plain_tokenizer):
+    eos = plain_tokenizer.eos_token_id
+    with calc_env(plain_tokenizer) as env:
+        pending = env.begin(ids(plain_tokenizer, CALL) + [eos], ended_by_call_end=False)
+        assert pending.assistant["content"] == "" and len(pending.assistant["tool_calls"]) == 1
+        assert pending.result().ids == ids(plain_tokenizer, "\n<|im_start|>user\n<tool_response>\n5535\n"
+                                                            "</tool_response><|im_end|>\n<|im_start|>assistant\n")
+        final = env.begin(ids(plain_tokenizer, "The answer is 5535.") + [eos], ended_by_call_end=False)
+        assert not final.has_calls and final.done()
+        assert final.assistant == {"role": "assistant", "content": "The answer is 5535.", "tool_calls": []}
+        assert final.result().ids == [] and final.result().messages == []
+
+
+@pytest.mark.parametrize("which", ["tool_tokenizer", "plain_tokenizer"])
+def test_the_tool_turn_tokens_are_the_whole_conversations(which, request):
+    # prompt ids + sampled turn ids + ToolTurn.ids + the next turn == tokenizing the whole conversation text at once
+    # (data.tokenize_prompts, the prompts' tokenization). Every boundary sits at a special token (<|im_end|> closes
+    # the assistant turn; `assistant\n` is followed by the model's next turn, which starts a new BPE word or a
+    # special token), so no merge can cross it.
+    tok = request.getfixturevalue(which)
+    eos = tok.eos_token_id
+    prompt = FMT.prompt_with_tools("What is 123*45?", None, [get_tool("calculator").schema])
+    with calc_env(tok) as env:
+        by_call_end = bool(env.stop_token_ids())
+        turn_ids = ids(tok, "I will use the calculator.\n" + CALL) + ([] if by_call_end else [eos])
+        turn = env.begin(turn_ids, ended_by_call_end=by_call_end).result()
+    answer_ids = ids(tok, "The answer is 5535.") + [eos]
+    whole = ids(tok, prompt + "I will use the calculator.\n" + CALL + "<|im_end|>\n<|im_start|>user\n"
+                     "<tool_response>\n5535\n</tool_response><|im_end|>\n<|im_start|>assistant\nThe answer is "
+                     "5535.<|im_end|>")
+    assert ids(tok, prompt) + turn_ids + turn.ids + answer_ids == whole
+
+
+def test_long_tool_output_is_cut_with_a_marker(tool_tokenizer):
+    long_text = "print the result " * 40
+    tool = Tool("long", lambda: long_text, {"type": "function", "function": {
+        "name": "long", "description": "", "parameters": {"type": "object", "properties": {}, "required": []}}})
+    with ToolEnvironment(ToolSet([tool]), FMT, tool_tokenizer, max_response_tokens=5) as env:
+        turn = env.begin(ids(tool_tokenizer, '<tool_call>{"name": "long"}</tool_call>'), True).result()
+    full = ids(tool_tokenizer, long_text)
+    shown = tool_tokenizer.decode(full[:5], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    assert turn.messages[0]["content"] == shown + f"\n[output cut: {len(full) - 5} more tokens not shown]"
+    assert turn.ids == ids(tool_tokenizer, FMT.tool_turn_text(turn.results, True))
+
+
+def test_malformed_and_unknown_calls_answer_at_once(tool_tokenizer):
+    with calc_env(tool_tokenizer) as env:
+        pending = env.begin(ids(tool_tokenizer, '<tool_call>{"name": "calc", "arguments": {}}</tool_call>'
+                                                '<tool_call>oops</tool_call>'), True)
+        assert pending.done()  # nothing runs
+        messages = pending.result().messages
+    assert [(m["name"], m["error"]) for m in messages] == [("calc", "unknown_tool"), ("", "malformed")]
+    assert messages[0]["content"] == "error: unknown tool 'calc'; tools: calculator"
+    assert pending.assistant["tool_calls"][1] == {"name": "", "arguments": None, "error": "malformed",
+                                                  "raw": "<tool_call>oops</tool_call>"}
+
+
+def sleeper_set(seconds, gate=None):
+    def nap(row: int) -> str:
+        """Sleep, then return the row."""
+        if gate is not None and row == 0:
+            gate.wait()  # the hung tool: released only when the test ends
+        else:
+            time.sleep(seconds)
+        return f"row {row}"
+
+    return ToolSet([Tool.from_function(nap)])
+
+
+def nap_call(tok, row):
+    return ids(tok, f'<tool_call>{{"name": "nap", "arguments": {{"row": {row}}}}}</tool_call>')
+
+
+def test_calls_of_several_rows_run_concurrently(tool_tokenizer):
+    # 4 rows, one 0.5 s call each. One after another they take 2.0 s; concurrently 0.5 s plus thread start-up and
+    # tokenizing (milliseconds). The bound 1.5 s leaves 1 s for a loaded 2-core machine and still fails for any
+    # run that serializes two of the calls (>= 1.0 s + 0.5 s).
+    with ToolEnvironment(sleeper_set(0.5), FMT, tool_tokenizer, max_workers=8) as env:
+        start = time.perf_counter()
+        pending = [env.begin(nap_call(tool_tokenizer, row), True) for row in range(4)]
+        assert time.perf_counter() - start < 0.4  # begin does not wait for the calls
+        assert not any(p.done() for p in pending)
+        turns = [p.result() for p in pending]
+        elapsed = time.perf_counter() - start
+    assert elapsed < 1.5, elapsed
+    assert [t.messages[0]["content"] for t in turns] == [f"row {r}" for r in range(4)]
+    assert all(0.5 <= t.results[0].latency_s < 1.5 for t in turns)
+
+
+def test_max_workers_bounds_the_calls_running_at_once(tool_tokenizer):
+    # 4 calls of 0.3 s on 2 workers: two waves, so at least 0.6 s.
+    with ToolEnvironment(sleeper_set(0.3), FMT, tool_tokenizer, max_workers=2) as env:
+        start = time.perf_counter()
+        for p in [env.begin(nap_call(tool_tokenizer, row), True) for row in range(1, 5)]:
+            p.result()
+    assert time.perf_counter() - start >= 0.6
+
+
+def test_a_hung_tool_times_out_while_the_others_return(tool_tokenizer):
+    gate = threading.Event()
+    try:
+        with ToolEnvironment(sleeper_set(0.1, gate), FMT, tool_tokenizer, timeout_s=0.5, max_workers=4) as env:
+            start = time.perf_counter()
+            pending = [env.begin(nap_call(tool_tokenizer, row), True) for row in range(4)]
+            turns = [p.result() for p in pending]
+            elapsed = time.perf_counter() - start
+        # timeout_s (0.5) from the hung call's start, plus scheduling: 1 s of margin on a loaded machine.
+        assert elapsed < 1.5, elapsed
+        assert (turns[0].results[0].error, turns[0].messages[0]["content"]) == (
+            "timeout", "error: nap did not finish within 0.5 s")
+        assert [t.results[0].content for t in turns[1:]] == ["row 1", "row 2", "row 3"]
+    finally:
+        gate.set()
+
+
+def test_a_hung_tool_does_not_hold_its_worker(tool_tokenizer):
+    # One worker, the hung call first: the second call starts once the first is past its limit (even though nobody
+    # waits for the first), so it returns within 2 limits + margin instead of never.
+    gate = threading.Event()
+    try:
+        with ToolEnvironment(sleeper_set(0.1, gate), FMT, tool_tokenizer, timeout_s=0.4, max_workers=1) as env:
+            start = time.perf_counter()
+            hung = env.begin(nap_call(tool_tokenizer, 0), True)
+            second = env.begin(nap_call(tool_tokenizer, 1), True)
+            assert second.result().results[0].content == "row 1"
+            assert time.perf_counter() - start < 0.4 + 0.1 + 1.0
+            assert hung.done() and hung.result().results[0].error == "timeout"
+    finally:
+        gate.set()
+
+
+def test_closed_environment_refuses_turns(tool_tokenizer):
+    env = calc_env(tool_tokenizer)
+    env.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        env.begin(ids(tool_tokenizer, CALL), True)
+    with pytest.raises(ValueError, match="tool_timeout_s must be > 0"):
+        calc_env(tool_tokenizer, timeout_s=0)

@@ -1,0 +1,177 @@
+"""The Hermes format: parsing what the policy writes (malformed input included), and the prompt / tool-turn text
+against Qwen2.5's chat template output written out by hand."""
+import json
+
+import pytest
+
+from paddle_grpo.environment import HermesFormat, ToolResult, get_format, get_tool
+from paddle_grpo.environment.format import render_chat_template
+
+FMT = HermesFormat()
+SHAPE = 'a tool call is one JSON object: {"name": <tool name>, "arguments": {<argument>: <value>, ...}}'
+UNCLOSED = ('the tool call has no closing </tool_call>; write <tool_call>\n'
+            '{"name": <tool name>, "arguments": {<argument>: <value>, ...}}\n</tool_call>')
+
+
+def test_parse_one_call_and_the_text_around_it():
+    text = 'Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "123*45"}}\n</tool_call>'
+    content, calls = FMT.parse(text)
+    assert content == "Let me compute."
+    assert [(c.name, c.arguments, c.error) for c in calls] == [("calculator", {"expression": "123*45"}, None)]
+    assert calls[0].raw == text[len("Let me compute.\n"):]
+
+
+def test_parse_several_calls_and_whitespace():
+    text = ('<tool_call>{"name":"a","arguments":{}}</tool_call>  middle \n<tool_call>\n\n  {"name": "b", '
+            '"arguments": {"x": [1, 2]}}  \n\n</tool_call>\ttail')
+    content, calls = FMT.parse(text)
+    assert content == "middle \n\ttail"
+    assert [(c.name, c.arguments, c.error) for c in calls] == [("a", {}, None), ("b", {"x": [1, 2]}, None)]
+
+
+@pytest.mark.parametrize("body, name, message", [
+    ("{bad", "", "the tool call is not valid JSON (Expecting property name enclosed in double quotes at line 1 "
+                 "column 2); " + SHAPE),
+    ("", "", "the tool call is not valid JSON (Expecting value at line 1 column 1); " + SHAPE),
+    ('{"name": "a"} trailing', "", "the tool call is not valid JSON (Extra data at line 1 column 15); " + SHAPE),
+    ("[1, 2]", "", "the tool call is a JSON array, not an object; " + SHAPE),
+    ('"calculator"', "", "the tool call is a JSON string, not an object; " + SHAPE),
+    ('{"arguments": {}}', "", 'the tool call has no "name"; it needs the tool\'s name as a string; ' + SHAPE),
+    ('{"name": 3}', "", 'the tool call has "name" = 3; it needs the tool\'s name as a string; ' + SHAPE),
+    ('{"name": ""}', "", 'the tool call has "name" = ""; it needs the tool\'s name as a string; ' + SHAPE),
+    ('{"name": "c", "arguments": [1]}', "c", '"arguments" of the call to c must be a JSON object, got a JSON array; '
+                                             + SHAPE),
+    ('{"name": "c", "arguments": "1+1"}', "c", '"arguments" of the call to c must be a JSON object, got a JSON '
+                                               'string; ' + SHAPE),
+    ('{"name": "c", "arguments": null}', "c", '"arguments" of the call to c must be a JSON object, got a JSON '
+                                              'null; ' + SHAPE),
+])
+def test_parse_malformed_calls(body, name, message):
+    text = f"before <tool_call>{body}</tool_call> after"
+    content, calls = FMT.parse(text)
+    assert content == "before  after"
+    assert len(calls) == 1
+    call = calls[0]
+    assert (call.name, call.arguments, call.error, call.message) == (name, None, "malformed", message)
+    assert call.raw == f"<tool_call>{body}</tool_call>"
+
+
+def test_parse_accepted_variants():
+    # "arguments" missing: {} (the tool's own check then names what is missing); a JSON string holding an object
+    # (OpenAI's API sends arguments so): decoded; unknown extra keys: ignored.
+    _, calls = FMT.parse('<tool_call>{"name": "a"}</tool_call><tool_call>{"name": "b", "arguments": "{\\"x\\": 1}"}'
+                         '</tool_call><tool_call>{"name": "c", "arguments": {}, "id": 7}</tool_call>')
+    assert [(c.name, c.arguments, c.error) for c in calls] == [("a", {}, None), ("b", {"x": 1}, None),
+                                                               ("c", {}, None)]
+
+
+def test_parse_unclosed_and_nested_markers():
+    content, calls = FMT.parse('x <tool_call>{"name": "a", "arguments": {}}')
+    assert content == "x" and len(calls) == 1
+    assert (calls[0].error, calls[0].message, calls[0].raw) == (
+        "malformed", UNCLOSED, '<tool_call>{"name": "a", "arguments": {}}')
+    # A second start before the first is closed: the first is unclosed, the second is read.
+    content, calls = FMT.parse('<tool_call>{"name": "a"<tool_call>{"name": "b", "arguments": {}}</tool_call>')
+    assert [(c.name, c.error) for c in calls] == [("", "malformed"), ("b", None)]
+    assert calls[0].raw == '<tool_call>{"name": "a"'
+    # No start marker: no call, even with a stray end marker.
+    assert FMT.parse("just text </tool_call>") == ("just text </tool_call>", [])
+
+
+# ---- the prompt and the tool turn, as Qwen2.5's template writes them ------------------------------------------------
+
+CALC = get_tool("calculator").schema
+CALC_JSON = ('{"type": "function", "function": {"name": "calculator", "description": "Evaluate an arithmetic '
+             'expression.", "parameters": {"type": "object", "properties": {"expression": {"type": "string", '
+             '"description": "numbers with + - * / // % ** and parentheses, e.g. 123*45"}}, "required": '
+             '["expression"]}}}')
+TOOLS_BLOCK = ("\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+               "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+               + CALC_JSON + "\n</tools>\n\nFor each function call, return a json object with function name and "
+               "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+               "\"arguments\": <args-json-object>}\n</tool_call>")
+
+
+def test_the_calculator_schema_is_the_hand_written_json():
+    assert json.dumps(CALC) == CALC_JSON
+
+
+def test_prompt_with_tools_is_qwen25_text():
+    # Qwen2.5's template with tools and no system message: its default system text, the tools block, the user turn,
+    # the assistant turn opened.
+    assert FMT.prompt_with_tools("What is 123*45?", None, [CALC]) == (
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant." + TOOLS_BLOCK
+        + "<|im_end|>\n<|im_start|>user\nWhat is 123*45?<|im_end|>\n<|im_start|>assistant\n")
+    assert FMT.prompt_with_tools("Hi", None, [CALC, CALC], system="Be brief.") == (
+        "<|im_start|>system\nBe brief." + TOOLS_BLOCK.replace(CALC_JSON, CALC_JSON + "\n" + CALC_JSON)
+        + "<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    templated = "<|im_start|>user\nalready<|im_end|>\n<|im_start|>assistant\n"
+    assert FMT.prompt_with_tools(templated, None, [CALC]) == templated
+    assert FMT.prompt_with_tools("raw", None, [CALC], mode="none") == "raw"
+
+
+def test_tool_turn_text_is_qwen25_text():
+    results = [ToolResult("calculator", "5535"), ToolResult("python", "error: boom", "exception")]
+    # After a turn that stopped at </tool_call>: the template's <|im_end|>\n closes it; the tool messages are one
+    # user turn of <tool_response> blocks; the generation prompt opens the next assistant turn.
+    assert FMT.tool_turn_text(results, ended_by_call_end=True) == (
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\n5535\n</tool_response>\n<tool_response>\nerror: boom\n"
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    # After a turn that ended with EOS (<|im_end|> already sampled): only the newline after it.
+    assert FMT.tool_turn_text(results[:1], ended_by_call_end=False) == (
+        "\n<|im_start|>user\n<tool_response>\n5535\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_custom_markers():
+    fmt = HermesFormat(call_start="[CALL]", call_end="[/CALL]", turn_start="<s>", turn_end="</s>")
+    _, calls = fmt.parse('[CALL]{"name": "a", "arguments": {}}[/CALL]')
+    assert calls[0].name == "a"
+    assert fmt.tool_turn_text([ToolResult("a", "1")], True) == (
+        "</s>\n<s>user\n<tool_response>\n1\n</tool_response></s>\n<s>assistant\n")
+    assert fmt.prompt_with_tools("q", None, [CALC], system="S").startswith("<s>system\nS\n\n# Tools")
+
+
+# ---- the tokenizer's own template ------------------------------------------------------------------------------------
+
+def _with_template(tokenizer, source, monkeypatch):
+    monkeypatch.setitem(tokenizer.init_kwargs, "chat_template", source)
+    return tokenizer
+
+
+RENDERS_TOOLS = ("{% if tools %}TOOLS:{% for t in tools %}{{ t | tojson }};{% endfor %}\n{% endif %}"
+                 "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+IGNORES_TOOLS = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_a_template_that_renders_tools_is_used(plain_tokenizer, monkeypatch):
+    tok = _with_template(plain_tokenizer, RENDERS_TOOLS, monkeypatch)
+    schema = {"type": "function", "function": {"name": "z", "description": "<größer> & 'x'", "parameters": {}}}
+    # JSON as transformers writes it: key order kept, non-ASCII and <>&' as they are (jinja's own tojson would sort
+    # the keys and write \u003c).
+    assert FMT.prompt_with_tools("q", tok, [schema]) == (
+        'TOOLS:{"type": "function", "function": {"name": "z", "description": "<größer> & \'x\'", '
+        '"parameters": {}}};<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n')  # trim_blocks ate the \n
+    assert render_chat_template(tok, [{"role": "user", "content": "q"}]) == \
+        "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_template_that_ignores_tools_gets_them_in_the_system_turn(plain_tokenizer, monkeypatch):
+    tok = _with_template(plain_tokenizer, IGNORES_TOOLS, monkeypatch)
+    assert FMT.prompt_with_tools("q", tok, [CALC], system="S") == (
+        "<|im_start|>system\nS" + TOOLS_BLOCK + "<|im_end|>\n<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n")
+    # mode "qwen": the built-in text even with a template.
+    assert FMT.prompt_with_tools("q", tok, [CALC], system="S", mode="qwen") == \
+        FMT.prompt_with_tools("q", None, [CALC], system="S")
+
+
+def test_get_format(plain_tokenizer, monkeypatch):
+    assert isinstance(get_format(), HermesFormat) and isinstance(get_format("qwen"), HermesFormat)
+    assert get_format("auto", plain_tokenizer).call_end == "</tool_call>"
+    with pytest.raises(ValueError, match="unknown tool_format 'llama'; expected one of auto, hermes, qwen"):
+        get_format("llama")
+    tok = _with_template(plain_tokenizer, "{% for m in messages %}{{ m.tool_calls }}{% endfor %}", monkeypatch)
+    with pytest.raises(ValueError, match="renders tool calls, but not as <tool_call> JSON"):
+        get_format("auto", tok)
+    assert isinstance(get_format("hermes", tok), HermesFormat)
