@@ -49,9 +49,9 @@ A_RANGE, B_RANGE = (100, 999), (10, 99)
 EVAL_SEED, VALIDATION_SEED = 0, 1   # the held-out sets are the same for every run seed
 EVAL_SIZE = 500
 TOOL = "calculator"
-# The chat and tool-call markers are single tokens (as in Qwen2.5's vocabulary), so the call-end marker can stop
-# a turn and the format costs few tokens.
-MARKERS = ("<|im_start|>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+# The tool-call markers are single tokens, registered as Qwen2.5's vocabulary has them (added, not special), so the
+# call-end marker can stop a turn; `<|im_start|>` and `<|im_end|>` are single tokens too (tiny.SPECIAL_TOKENS).
+MARKERS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 
 MODEL = dict(hidden_size=128, intermediate_size=512, num_layers=2, num_heads=4, num_kv_heads=2,
              max_position_embeddings=512)
@@ -71,47 +71,44 @@ def expression(a: int, b: int) -> str:
 
 
 def tool_schema() -> Dict[str, Any]:
-    """The calculator's function schema, as the tool registry builds it."""
-    return {"type": "function", "function": {
-        "name": TOOL, "description": "Evaluate an arithmetic expression.",
-        "parameters": {"type": "object", "properties": {"expression": {
-            "type": "string", "description": "Numbers, + - * / // % ** and parentheses, e.g. 12*(3+4)."}},
-            "required": ["expression"]}}}
+    """The calculator's function schema, as the tool registry builds it from the function."""
+    from ..environment import get_tool
+
+    return get_tool(TOOL).schema
 
 
-HERMES_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+def _format():
+    from ..environment import HermesFormat
 
-
-def system_text() -> str:
-    """The system turn's content: Qwen2.5's tool preamble listing the calculator (the Hermes format)."""
-    return (HERMES_SYSTEM + "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
-            + json.dumps(tool_schema()) + "\n</tools>\n\nFor each function call, return a json object with function "
-            "name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
-            "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>")
-
-
-def system_turn() -> str:
-    return f"<|im_start|>system\n{system_text()}<|im_end|>\n"
+    return HermesFormat()
 
 
 def prompt(a: int, b: int) -> str:
-    """The templated prompt (`src`) the trainer feeds verbatim: system turn with the tool, user turn, then the
-    assistant turn opened."""
-    return system_turn() + f"<|im_start|>user\n{question(a, b)}<|im_end|>\n<|im_start|>assistant\n"
+    """The templated prompt (`src`) the trainer feeds verbatim: `HermesFormat.prompt_with_tools` of the question, a
+    system turn listing the calculator as Qwen2.5's template does (no chat template in this tokenizer), the user
+    turn, then the assistant turn opened."""
+    return _format().prompt_with_tools(question(a, b), None, [tool_schema()])
+
+
+def system_turn() -> str:
+    """The prompts' common beginning: the system turn, up to the user turn."""
+    text = prompt(A_RANGE[0], B_RANGE[0])
+    return text[:text.index("<|im_start|>user")]
 
 
 def call_text(a: int, b: int) -> str:
     """The policy's tool call (Hermes): ends at the call-end marker, where the rollout stops the turn."""
-    return "<tool_call>\n" + json.dumps({"name": TOOL, "arguments": {"expression": expression(a, b)}}) + \
-        "\n</tool_call>"
+    fmt = _format()
+    return f"{fmt.call_start}\n" + json.dumps({"name": TOOL, "arguments": {"expression": expression(a, b)}}) + \
+        f"\n{fmt.call_end}"
 
 
 def tool_turn_text(result: str) -> str:
-    """What the format appends after a call: closes the assistant turn, the tool's answer as a user turn, opens the
-    next assistant turn."""
-    return (f"<|im_end|>\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n"
-            "<|im_start|>assistant\n")
+    """What the format appends after a call (`HermesFormat.tool_turn_text`): closes the assistant turn, the tool's
+    answer as a user turn, opens the next assistant turn."""
+    from ..environment import ToolResult
+
+    return _format().tool_turn_text([ToolResult(TOOL, result)], ended_by_call_end=True)
 
 
 def transcript(a: int, b: int, use_tool: bool) -> List[Tuple[str, bool]]:
@@ -181,7 +178,8 @@ class _DigitwiseEncoder:
 
     The Qwen2 pre-tokenizer makes every digit a token of its own, so a text's ids are those of the text between
     its digits, encoded once per distinct stretch and cached, with the digits' ids in between. `check(texts)`
-    compares that with the tokenizer itself (`tokenize_prompts` for prompts), so a tokenizer that merges
+    compares that with `tokenize_prompts` (how the trainer encodes prompts and the tool environment its tool
+    turns), so a tokenizer that merges
     differently fails loudly instead of training on other ids than the trainer feeds."""
 
     def __init__(self, tokenizer):
@@ -191,8 +189,10 @@ class _DigitwiseEncoder:
             raise ValueError("quickstart_tools: the tokenizer does not encode each digit as one token")
 
     def _plain(self, text):
+        from ..data import tokenize_prompts
+
         if text not in self.cache:
-            self.cache[text] = [int(i) for i in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
+            self.cache[text] = tokenize_prompts(self.tokenizer, [text])[0]
         return self.cache[text]
 
     def __call__(self, text: str) -> List[int]:
@@ -201,11 +201,10 @@ class _DigitwiseEncoder:
             out += self.digits[part] if i % 2 else self._plain(part) if part else []
         return out
 
-    def check(self, prompts: Sequence[str], texts: Sequence[str]) -> None:
+    def check(self, texts: Sequence[str]) -> None:
         from ..data import tokenize_prompts
 
-        if [self(p) for p in prompts] != tokenize_prompts(self.tokenizer, list(prompts)) or \
-                [self(t) for t in texts] != [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]:
+        if [self(t) for t in texts] != tokenize_prompts(self.tokenizer, list(texts)):
             raise ValueError("quickstart_tools: encoding the text between digits separately changed the token ids; "
                              "the tokenizer does not split at digits as Qwen2's does")
 
@@ -223,7 +222,7 @@ def encode(tokenizer: PretrainedTokenizer, problems: Sequence[Problem], use_tool
 
     enc = _DigitwiseEncoder(tokenizer)
     sample = list(problems[:16])
-    enc.check([prompt(a, b) for a, b in sample],
+    enc.check([prompt(a, b) for a, b in sample] +
               [text for a, b in sample for tool in (True, False) for text, _ in transcript(a, b, tool)])
     head = enc(system_turn())
     rows = []
@@ -300,7 +299,7 @@ def build_quickstart_tools_policy(out_dir: str, seed: int = 0, *, max_steps: Opt
     # The tokenizer only needs the task's characters and words: both kinds of transcript, a slice of the data.
     corpus = [prompt(a, b) + "".join(t for t, _ in transcript(a, b, tool)) + "<|im_end|>"
               for (a, b), tool in zip(problems[:2000], [True, False] * 1000)]
-    build_tokenizer(corpus, tmp, vocab_size=SFT["vocab_size"], additional_special_tokens=MARKERS)
+    build_tokenizer(corpus, tmp, vocab_size=SFT["vocab_size"], added_tokens=MARKERS)
     tokenizer = load_tokenizer(tmp)  # as the trainer loads it (markers kept whole)
     model = build_model(tmp, tokenizer, seed=seed, **{**MODEL, **(model_kwargs or {})})
     data = encode(tokenizer, problems, use_tool)
