@@ -33,6 +33,7 @@ import shutil
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..data import format_qwen_chat
 from ..rewards.base import Completion, completion_text, references
 from ..rewards.registry import register_reward
 
@@ -55,7 +56,7 @@ MARKERS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 
 MODEL = dict(hidden_size=128, intermediate_size=512, num_layers=2, num_heads=4, num_kv_heads=2,
              max_position_embeddings=512)
-SFT = dict(max_steps=1500, target_loss=0.05, tool_share=0.25, batch_size=64, learning_rate=1e-3, warmup_steps=20,
+SFT = dict(bare_steps=300, max_steps=1500, target_loss=0.05, tool_share=0.25, batch_size=64, learning_rate=1e-3, warmup_steps=20,
            weight_decay=0.0, val_size=128, check_every=25, vocab_size=500)
 BUILD_INFO = "build_info.json"
 
@@ -209,32 +210,36 @@ class _DigitwiseEncoder:
                              "the tokenizer does not split at digits as Qwen2's does")
 
 
-def encode(tokenizer: PretrainedTokenizer, problems: Sequence[Problem], use_tool: Sequence[bool]
-           ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def encode(tokenizer: PretrainedTokenizer, problems: Sequence[Problem], use_tool: Sequence[bool],
+           listed: bool = True) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """SFT rows, numpy int64: the system turn's ids and mask [n, S] (the same in every row), then [n, T]: the rest
     of the prompt followed by the transcript (right-padded), its token mask (every token that exists: the
     attention mask) and its policy mask (the tokens SFT learns: calls and answers with EOS; not the prompt, not
     the tool turn). System turn + rest of the prompt are the trainer's prompt ids (`tokenize_prompts`); each piece
     of a transcript is encoded separately, as the rollout makes it (the policy's tokens, then the tool turn's).
     The system turn is [n, S] rather than part of each row because the lean forward computes identical prompt rows
-    once: with the ~230-token tool preamble in every row SFT would cost several times more."""
+    once: with the ~230-token tool preamble in every row SFT would cost several times more.
+    `listed=False`: the prompts without the system turn (only the user turn; `<|im_start|>` is then the shared
+    column), for SFT's first steps (`build_quickstart_tools_policy`)."""
     import numpy as np
 
     enc = _DigitwiseEncoder(tokenizer)
     sample = list(problems[:16])
     enc.check([prompt(a, b) for a, b in sample] +
               [text for a, b in sample for tool in (True, False) for text, _ in transcript(a, b, tool)])
-    head = enc(system_turn())
+    head_text = system_turn() if listed else "<|im_start|>"
+    head = enc(head_text)
     rows = []
     for (a, b), tool in zip(problems, use_tool):
-        rest = enc(prompt(a, b)[len(system_turn()):])
+        text = prompt(a, b) if listed else format_qwen_chat(question(a, b), system=None)
+        rest = enc(text[len(head_text):])
         toks, policy = list(rest), [0] * len(rest)
         for text, is_policy in transcript(a, b, tool):
             ids = enc(text)
             toks += ids
             policy += [int(is_policy)] * len(ids)
         rows.append((toks + [tokenizer.eos_token_id], policy + [1]))
-    T = max(len(t) for t, _ in rows)
+    T = max((len(t) for t, _ in rows), default=1)
     pid = np.tile(np.asarray(head, dtype="int64"), (len(problems), 1))
     pm = np.ones_like(pid)
     cid = np.full((len(problems), T), tokenizer.pad_token_id, dtype="int64")
@@ -302,7 +307,12 @@ def build_quickstart_tools_policy(out_dir: str, seed: int = 0, *, max_steps: Opt
     build_tokenizer(corpus, tmp, vocab_size=SFT["vocab_size"], added_tokens=MARKERS)
     tokenizer = load_tokenizer(tmp)  # as the trainer loads it (markers kept whole)
     model = build_model(tmp, tokenizer, seed=seed, **{**MODEL, **(model_kwargs or {})})
-    data = encode(tokenizer, problems, use_tool)
+    # The first `bare_steps` steps show the problems without the system turn: with the 210 tokens of the tool
+    # listing in front, the attention that copies the operands (at fixed distances back) took far longer to form
+    # (measured: no copying after 400 steps); the distances are the same without it, so the skill carries over.
+    bare = min(SFT["bare_steps"], max_steps) * bs
+    data_bare = encode(tokenizer, problems[:bare], use_tool[:bare], listed=False)
+    data = encode(tokenizer, problems[bare:], use_tool[bare:])
     val = validation_problems()
     val_batch = encode(tokenizer, val, [True] * len(val))
 
@@ -327,8 +337,9 @@ def build_quickstart_tools_policy(out_dir: str, seed: int = 0, *, max_steps: Opt
                disable=not progress)
     bar.set_postfix(val_loss=f"{loss_now:.3f}")
     while step < max_steps and loss_now > target:
-        rows = slice(step * bs, (step + 1) * bs)
-        loss = sft_loss(model, tuple(x[rows] for x in data))
+        first = step * bs
+        source, first = (data_bare, first) if first < bare else (data, first - bare)
+        loss = sft_loss(model, tuple(x[first:first + bs] for x in source))
         loss.backward()
         opt.step()
         opt.clear_grad()
