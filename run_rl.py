@@ -51,6 +51,7 @@ def main(argv=None):
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     from paddle_grpo import DataError, RewardServerError, TrainingError, train
+    from paddle_grpo.environment import ToolServerError
     from paddle_grpo.recipes import policy_builder
 
     # With progress bars, log lines are printed above the bar, not into it; without, logging stays as it is.
@@ -58,8 +59,9 @@ def main(argv=None):
     try:
         with bars:
             return train(cfg, policy_builder(cfg))
-    except (ConfigError, DataError, FileNotFoundError, RewardServerError, TrainingError, NotImplementedError) as e:
-        # Problems with the user's setup, data or reward server: say what and where, without a traceback.
+    except (ConfigError, DataError, FileNotFoundError, RewardServerError, ToolServerError, TrainingError,
+            NotImplementedError) as e:
+        # Problems with the user's setup, data, reward or tool server: say what and where, without a traceback.
         print(f"run_rl.py: error: {e}", file=sys.stderr)
         for note in getattr(e, "__notes__", ()):  # e.g. the checkpoint a fault saved, and how to resume
             print(f"run_rl.py: {note}", file=sys.stderr)

@@ -38,7 +38,7 @@ _EXPORTS = {
     "compute_policy_loss": "algorithms", "kl_penalty": "algorithms", "aggregate_loss": "algorithms",
     # the model, sampling and parallelism
     "Policy": "policy", "load_policy": "policy", "load_tokenizer": "policy", "Rollout": "rollout",
-    "generate": "policy.causal", "row_keys": "sampling", "ParallelContext": "parallel",
+    "generate": "policy.causal", "row_keys": "rollout.sampling", "ParallelContext": "parallel",
     # the step and the trainer
     "Batch": "step", "TrainingError": "step", "Trainer": "trainer", "train": "trainer",
 }

@@ -43,7 +43,7 @@ ALIASES = {
 }
 
 
-SECRET_KEYS = ("reward_server_token",)  # never printed or written out
+SECRET_KEYS = ("reward_server_token", "tool_server_token")  # never printed or written out
 
 # Effect statements shared by several keys.
 CPU_FLOAT32 = ("CPU runs compute in float32 (paddle's CPU kernels have no bfloat16 matmul, docs/platform.md)")
@@ -533,6 +533,32 @@ class CriticArguments:
                                         "is updated (the policy keeps its weights).")
 
 
+@dataclass
+class ToolArguments:
+    """Multi-turn rollouts with tools (docs/tools.md). With `tools` empty (the default) a rollout is one completion
+    per prompt and the other keys of this group have no effect (each one set says so in one line)."""
+    tools: List[str] = arg(None, "(new) Tools the policy may call: registered names (calculator, python), "
+                                 "`module:function` or `path/file.py:function`, as a list or a comma-separated "
+                                 "string. Set: rollouts are multi-turn (decoding stops at the end of a tool call, "
+                                 "the calls run, their results are appended as a tool turn, decoding goes on); "
+                                 "tool-output tokens are context, not actions (no gradient, KL, entropy, value "
+                                 "loss or length). Empty: single-turn rollouts.", default_factory=list)
+    max_turns: int = arg(4, "(new) Most assistant turns per sample (each but the last may end in tool calls); "
+                            "max_dec_len bounds all of a sample's completion tokens, actions and tool output.")
+    tool_timeout_s: float = arg(10.0, "(new) Time limit in seconds per tool call; a call over it becomes a tool "
+                                      "message saying so (error 'timeout'), the rollout goes on.")
+    tool_max_workers: int = arg(8, "(new) Tool calls running at once (one pool for all sequences of a rollout).")
+    tool_format: str = arg("auto", "(new) The tool-call format: auto (the tokenizer's chat template renders the "
+                                   "tools when it can, Hermes / Qwen2.5 `<tool_call>` JSON otherwise) or a format's "
+                                   "name (docs/tools.md, \"The format\").")
+    max_tool_response_len: int = arg(256, "(new) A tool's output is cut to this many tokens (with a marker saying "
+                                          "so) before it is appended to the conversation.")
+    tool_server: str = arg("", "(new) URL of a server that runs the tools (`python -m reward_server --tool ...`): "
+                               "the calls go there over HTTP (transport failures are retried, then raise; 4xx "
+                               "answers raise). Empty: the tools run in the trainer's process.")
+    tool_server_token: str = arg("", "(new) Bearer token sent to tool_server (empty: none).")
+
+
 def yaml_value(value: Any) -> str:
     """`value` as it would be written after `key: ` in a YAML file (one line)."""
     text = yaml.safe_dump(value, default_flow_style=True, width=10**6)
@@ -541,7 +567,7 @@ def yaml_value(value: Any) -> str:
 
 @dataclass
 class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, RolloutArguments, TrainingArguments,
-             AlgorithmArguments, EvalArguments, LoggingArguments, KernelArguments, CriticArguments):
+             AlgorithmArguments, EvalArguments, LoggingArguments, KernelArguments, CriticArguments, ToolArguments):
     """The whole configuration, flat (one attribute per key) like PaddleNLP's YAML files."""
 
     def to_dict(self) -> Dict[str, Any]:
@@ -670,7 +696,7 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
 
 
 GROUPS = (ModelArguments, LoRAArguments, DataArguments, ParallelArguments, RolloutArguments, TrainingArguments,
-          AlgorithmArguments, EvalArguments, LoggingArguments, KernelArguments, CriticArguments)
+          AlgorithmArguments, EvalArguments, LoggingArguments, KernelArguments, CriticArguments, ToolArguments)
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 
 
@@ -1001,6 +1027,9 @@ CRITIC_KEYS = ("critic_model_name_or_path", "critic_learning_rate", "critic_min_
                "critic_lr_scheduler_type", "critic_weight_decay", "critic_warmup_ratio", "pretrain_critic_steps",
                "per_device_value_batch_size", "clip_range_value")
 CONSTANT_SCHEDULES = ("constant", "constant_with_warmup")
+# The tool keys other than `tools`: an effect only with tools (multi-turn rollouts).
+TOOL_KEYS = ("max_turns", "tool_timeout_s", "tool_max_workers", "tool_format", "max_tool_response_len",
+             "tool_server", "tool_server_token")
 
 
 def run_key_notes(cfg: Config) -> Dict[str, str]:
@@ -1030,6 +1059,11 @@ def run_key_notes(cfg: Config) -> Dict[str, str]:
     if cfg.lr_scheduler_type in CONSTANT_SCHEDULES:
         notes["min_learning_rate"] = (f"lr_scheduler_type {cfg.lr_scheduler_type!r} does not decay (linear and "
                                       "cosine decay to it)")
+    if not cfg.tools:
+        for key in TOOL_KEYS:
+            notes[key] = "tools is empty: rollouts are single-turn (one completion per prompt, no tool calls)"
+    elif not cfg.tool_server.strip():
+        notes["tool_server_token"] = "tool_server is empty: the tools run in the trainer's process"
     if cfg.rollout_n == 1:
         notes["positive_example_lm_coeff"] = ("rollout_n is 1: a group of one sample has no positive example (the "
                                               "loss takes the best-rewarded samples of groups whose rewards differ)")
@@ -1093,7 +1127,7 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
                 "rollout_max_num_seqs", "logging_steps", "tensor_parallel_degree", "pipeline_parallel_degree",
                 "virtual_pp_degree", "max_gen_batches", "max_consecutive_nonfinite", "ref_model_sync_steps",
                 "overlong_reward_buffer", "max_length", "lora_rank", "fused_head_chunk_size",
-                "per_device_value_batch_size")
+                "per_device_value_batch_size", "max_turns", "tool_max_workers", "max_tool_response_len")
     for key in positive:
         if getattr(cfg, key) < 1:
             fail(key, "must be at least 1")
@@ -1223,7 +1257,28 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
     if cfg.lora and cfg.sync_ref_model:
         fail("sync_ref_model", "cannot be used with lora: the reference model is the base model with the adapters "
                                "disabled; there is no separate copy to mix the policy into")
+    if cfg.tool_timeout_s <= 0:
+        fail("tool_timeout_s", "must be greater than 0")
+    if cfg.tool_server.strip():
+        bad_url = url_problem(cfg.tool_server)
+        if bad_url:
+            fail("tool_server", bad_url)
+    # The tools themselves load where the trainer builds them (step.build_tools) and in --dry_run, as the reward
+    # functions do: an unknown name is refused there with the registered tools listed (config.py imports no tools).
     return cfg
+
+
+def url_problem(url: str) -> Optional[str]:
+    """Why `url` is not an http(s) URL with a host (None when it is)."""
+    from urllib.parse import urlparse
+    try:
+        parts = urlparse(url.strip())
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as e:
+        return f"is not a URL ({e})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8731"
+    return None
 
 
 def critic_refusals(cfg: Config, given: Dict[str, str]) -> None:
@@ -1246,10 +1301,18 @@ def critic_refusals(cfg: Config, given: Dict[str, str]) -> None:
 
 
 def encoder_decoder_refusal(cfg: Config, is_encoder_decoder: bool) -> Optional[str]:
-    """The refusal (a message naming the keys) of a critic run whose policy is an encoder-decoder model, or None.
-    The critic is a decoder backbone reading prompt + completion as one sequence; an encoder-decoder policy's
-    completions have no such decoder states to value."""
-    if not (cfg.needs_critic and is_encoder_decoder):
+    """The refusal (a message naming the keys) of a run an encoder-decoder policy cannot do, or None: a critic
+    (a decoder backbone reading prompt + completion as one sequence: an encoder-decoder policy's completions have
+    no such decoder states to value), or tools (the multi-turn rollout appends tool turns to the model's own
+    sequence; an encoder-decoder's decoder holds the answer alone)."""
+    if not is_encoder_decoder:
+        return None
+    if cfg.tools:
+        return (f"actor_model_name_or_path: '{cfg.actor_model_name_or_path}' is an encoder-decoder model, and tools "
+                f"({', '.join(cfg.tools)}) make rollouts multi-turn, whose tool turns continue the model's own "
+                "sequence: not supported for encoder-decoder policies (use a decoder-only policy, or leave tools "
+                "empty)")
+    if not cfg.needs_critic:
         return None
     return (f"actor_model_name_or_path: '{cfg.actor_model_name_or_path}' is an encoder-decoder model, and "
             f"rl_algorithm {cfg.rl_algorithm!r} trains a critic (critic_model_name_or_path), which is a decoder "

@@ -4,7 +4,9 @@ Checks, each reporting every problem it finds (not only the first): the data fil
 line-numbered errors), the model and tokenizer directories (config.json and the tokenizer files load with PaddleNLP's
 Auto classes; the weight files must be there but are never read), the reward functions (a `reward_model:<dir or ID>`
 entry like a model: never loaded, never downloaded) or the reward server's `/health`, the critic of a critic run
-(rl_algorithm ppo, vapo: critic_model_name_or_path like a model, its config.json only), the prompts' token counts
+(rl_algorithm ppo, vapo: critic_model_name_or_path like a model, its config.json only), the tools (`tools`: each
+loads, or the tool server's GET /tools answers and serves every named tool; `tool_format` for the tokenizer), the
+prompts' token counts
 against max_prompt_len (a warning with the numbers: see `check_prompt_lengths`), and the parallel layout against the
 processes it implies. Prints the keys that differ from the defaults (the whole resolved configuration goes to a file
 it names), a table of the keys the file or command line sets that have no effect on this device (with where and
@@ -259,11 +261,65 @@ def check_rewards(cfg: Config, get: Optional[Callable] = None) -> List[str]:
     return problems
 
 
+def check_tools(cfg: Config, tokenizer: Any = None, get: Optional[Callable] = None) -> List[str]:
+    """Problems with the tools of a multi-turn run (`tools` set; none otherwise): in-process, each tool loads
+    (`environment.load_tools`: registered names, `module:function`, `file.py:function`); with `tool_server`, its
+    GET /tools answers (short timeout, the token sent) and serves every named tool. Never calls a tool. With the
+    tokenizer, `tool_format` resolves for it (`environment.get_format`)."""
+    if not cfg.tools:
+        return []
+    problems = []
+    server = cfg.tool_server.strip().rstrip("/")
+    if server:
+        import requests
+
+        get = get or requests.get
+        headers = {"Authorization": f"Bearer {cfg.tool_server_token}"} if cfg.tool_server_token else {}
+        try:
+            reply = get(server + "/tools", timeout=5, headers=headers)
+        except requests.RequestException as e:
+            return [f"tool_server: {server}/tools cannot be reached: {type(e).__name__}: {e}"]
+        try:
+            body = reply.json()
+        except ValueError:
+            body = {}
+        if reply.status_code != 200:
+            why = body.get("error_msg", "") if isinstance(body, dict) else ""
+            return [f"tool_server: {server}/tools answered HTTP {reply.status_code}{': ' + why if why else ''}"
+                    + (" (check tool_server_token)" if reply.status_code == 401 else "")]
+        try:
+            served = [t["function"]["name"] for t in body["tools"]]
+        except (KeyError, TypeError):
+            return [f"tool_server: {server}/tools answered without a list of tool schemas (not a tool server?)"]
+        missing = [name for name in cfg.tools if name not in served]
+        if missing:
+            problems.append(f"tools: {', '.join(missing)}: not served by tool_server {server} (it serves "
+                            f"{', '.join(served) or 'no tools'}; start it with --tool {','.join(cfg.tools)})")
+        else:
+            print(f"  tool_server: {server}/tools: ok (serves {', '.join(served)})")
+    else:
+        from .environment import load_tools
+
+        try:
+            toolset = load_tools(cfg.tools)
+            print(f"  tools: {', '.join(toolset.names)} ({len(toolset.schemas())} schemas)")
+        except Exception as e:  # noqa: BLE001  a user's module may raise anything on import
+            problems.append(f"tools: {e.args[0] if isinstance(e, KeyError) and e.args else e}")
+    if tokenizer is not None:
+        from .environment import get_format
+
+        try:
+            get_format(cfg.tool_format, tokenizer)
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"tool_format: {cfg.tool_format!r}: {e}")
+    return problems
+
+
 def preflight(cfg: Config) -> List[str]:
     """What a real run checks at its start, before loading anything (run_rl.py; exit 2 with these lines): every
     data file exists (named with its key), and every local model directory holds config.json, tokenizer_config.json
     and its weight files, so that a missing file is reported by its key, not by PaddleNLP's loader. File names only
-    (and, for a critic run, a local policy's config.json: an encoder-decoder policy is refused): no weights are read,
+    (and, for a critic or tools run, a local policy's config.json: an encoder-decoder policy is refused): no weights are read,
     no hub ID is looked up (the run resolves and downloads those itself, with its own message)."""
     from .policy import hub
 
@@ -279,7 +335,7 @@ def preflight(cfg: Config) -> List[str]:
             problems.append(f"{key}: '{name}' is not a local model directory (nor a hub ID such as "
                             "'Qwen/Qwen2.5-1.5B-Instruct'); point it at a directory written by save_pretrained")
     actor = cfg.actor_model_name_or_path
-    if cfg.needs_critic and os.path.isfile(os.path.join(actor, "config.json")):  # a hub ID: the trainer checks it
+    if (cfg.needs_critic or cfg.tools) and os.path.isfile(os.path.join(actor, "config.json")):  # hub ID: trainer
         with open(os.path.join(actor, "config.json"), encoding="utf-8") as f:
             refusal = encoder_decoder_refusal(cfg, bool(json.load(f).get("is_encoder_decoder", False)))
         problems += [refusal] if refusal else []
@@ -477,6 +533,7 @@ def dry_run(cfg: Config, argv: Sequence[str], device: str, script: str = "run_rl
             warnings += check_prompt_lengths(cfg, tokenizer, config, records)
     problems += check_critic(cfg, len(tokenizer) if tokenizer is not None else None)
     problems += check_rewards(cfg)
+    problems += check_tools(cfg, tokenizer)
     layout_problems, n = check_layout(cfg)
     problems += layout_problems
     if device == "gpu" and visible_gpus() < n:

@@ -194,16 +194,32 @@ def visualdl_command(logdir: str) -> str:
 
 
 def format_sample(row: dict) -> str:
-    """One sample as plain text: reward with each function's score, prompt, completion.
+    """One sample as plain text: reward with each function's score, prompt, completion; a multi-turn sample (with
+    `turns`) shows each turn instead of the completion (assistant turns with their tool calls, tool results with
+    their errors) and then the final answer the rewards scored.
 
     VisualDL's text page shows plain text (no markdown) and folds line breaks into spaces, so every part carries
     a label rather than relying on layout; `=` because reward names may contain colons (`module:function`).
     """
     scores = row.get("scores") or {}
     breakdown = f" ({', '.join(f'{name} = {_number(v)}' for name, v in scores.items())})" if scores else ""
-    return (f"reward: {_number(row.get('reward'))}{breakdown}\n"
-            f"prompt: {row.get('prompt', '')}\n"
-            f"completion: {row.get('completion', '')}")
+    head = f"reward: {_number(row.get('reward'))}{breakdown}\nprompt: {row.get('prompt', '')}\n"
+    if row.get("turns") is None:
+        return head + f"completion: {row.get('completion', '')}"
+    return head + "".join(f"{format_turn(m, k)}\n" for k, m in enumerate(row["turns"], 1)) + \
+        f"answer: {row.get('completion', '')}"
+
+
+def format_turn(message: dict, k: int) -> str:
+    """Turn `k` of a multi-turn sample as one labelled line: `turn k assistant: text | call name(arguments)` or
+    `turn k tool name: result` (with ` | error: kind` when the call failed)."""
+    role = message.get("role", "?")
+    if role == "tool":
+        error = f" | error: {message['error']}" if message.get("error") else ""
+        return f"turn {k} tool {message.get('name', '?')}: {message.get('content', '')}{error}"
+    calls = "".join(f" | call {c.get('name', '?')}({json.dumps(c.get('arguments'), ensure_ascii=False)})"
+                    for c in message.get("tool_calls") or [])
+    return f"turn {k} {role}: {message.get('content', '')}{calls}"
 
 
 def _number(v):

@@ -26,7 +26,7 @@ from .policy import (freeze, head_chunk_size, load_policy, load_tokenizer, mix_i
                      quiet_paddlenlp, resolve_model_dir)
 from .precision import plan_for_run
 from .rewards.client import make_rewarder
-from .sampling import row_keys
+from .rollout.sampling import row_keys
 from .step import TrainingError
 
 __all__ = ["PolicyBuilder", "Trainer", "TrainingError", "train"]  # TrainingError: step/'s, caught by callers
@@ -95,7 +95,8 @@ class Trainer:
         self.sampler = PromptSampler(len(self.train_records), gen_prompts, shuffle=cfg.dataloader_shuffle,
                                      seed=cfg.seed, drop_last=cfg.dataloader_drop_last)
         self.max_steps = cfg.max_steps if cfg.max_steps > 0 else max(1, int(cfg.num_train_epochs * len(self.sampler)))
-        self.encode = step.PromptEncoder(self.policy, self.tokenizer, cfg.chat_template, cfg.max_prompt_len)
+        self.tools = step.build_tools(cfg, self.tokenizer, self.policy, par)  # None: single-turn; train() closes
+        self.encode = step.PromptEncoder(self.policy, self.tokenizer, cfg.chat_template, cfg.max_prompt_len, self.tools)
         server = dict(reward_server=cfg.reward_server, token=cfg.reward_server_token or None,
                       read_timeout=cfg.reward_server_timeout, max_retries=cfg.reward_server_max_retries,
                       max_wait_s=cfg.reward_server_max_wait_s)
@@ -196,7 +197,7 @@ class Trainer:
         (share of samples with the maximal reward the reward functions can give)."""
         cfg, par = self.cfg, self.par
         shard = list(range(par.dp_rank, len(self.eval_records), par.dp_world))
-        rewards, samples = [], []
+        rewards, samples, calls = [], [], []
         t0 = time.perf_counter()
         for s in range(0, len(shard), cfg.per_device_eval_batch_size):
             idx = shard[s:s + cfg.per_device_eval_batch_size]
@@ -206,16 +207,20 @@ class Trainer:
             texts = step.completion_texts(self.tokenizer, sampled)
             result = step.score(par, self.rewarder, cfg.use_rm_server, self.eval_records, idx, sampled, texts, 1)
             rewards.extend(result.scores)
+            calls.extend(step.tool_calls_per_row(sampled.turns if self.tools else None, len(idx)))
             if not samples:
                 samples = step.Batch.from_rollout(sampled, texts, result, idx, 1).sample_rows(self.eval_records, 2)
-        everything = [r for part in par.all_gather_object(rewards) for r in part]
-        scores = np.array([np.nan if r is None else r for r in everything], dtype=np.float64)
+        parts = par.all_gather_object((rewards, calls))
+        scores = np.array([np.nan if r is None else r for part, _ in parts for r in part], dtype=np.float64)
         best = self._max_reward()
         judged = scores[~np.isnan(scores)]
         metrics = {"eval/reward": float(judged.mean()) if judged.size else 0.0,
                    "eval/samples": float(len(scores)), "perf/eval_s": time.perf_counter() - t0}
-        if best is not None:  # unjudged samples (None) count as wrong
-            metrics["eval/accuracy"] = float((np.nan_to_num(scores, nan=-np.inf) >= best - 1e-6).mean())
+        correct = None if best is None else np.nan_to_num(scores, nan=-np.inf) >= best - 1e-6  # unjudged: wrong
+        if correct is not None:
+            metrics["eval/accuracy"] = float(correct.mean())
+        if self.tools is not None:  # tool use, and accuracy with and without it
+            metrics.update(step.eval_tool_metrics([c for _, part in parts for c in part], correct))
         self.log.log_samples(self.step, samples, tag="eval")
         return metrics
 
@@ -298,6 +303,8 @@ class Trainer:
         finally:
             guard.uninstall(previous)
             self.log.close()
+            if self.tools is not None:  # the tool-call pool (step.build_tools)
+                self.tools.close()
         return metrics
 
 

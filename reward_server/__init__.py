@@ -108,7 +108,8 @@ def create_app(reward_names_or_fns, weights=None, token=None, max_content_length
                                     "bytes (start the server with a larger --max-body-mb, or send smaller batches)")
         batch = parse_batch(request.get_data(cache=False))
         g.batch_size = len(batch["response"])
-        result = rewards(batch["src"], batch["response"], tgt=batch["tgt"])
+        turns = {"turns": batch["turns"]} if "turns" in batch else {}  # multi-turn: the rows' messages
+        result = rewards(batch["src"], batch["response"], tgt=batch["tgt"], **turns)
         return jsonify(error_code=0, error_msg="Success", score=result.scores,
                        scores_by_function=result.scores_by_function, errors=result.errors,
                        request_id=g.request_id)

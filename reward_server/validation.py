@@ -1,4 +1,6 @@
-"""Reading a scoring request: `{"src": [str], "tgt": [str], "response": [str]}`, equal non-zero lengths.
+"""Reading a scoring request: `{"src": [str], "tgt": [str], "response": [str]}`, equal non-zero lengths; an
+optional `"turns": [[message, ...], ...]` (multi-turn rollouts: each response's messages) goes to the reward
+functions as their `turns` keyword.
 
 Every rejection is a RequestError whose message names the field (and the index for a bad item), so a user can fix
 the request from the message alone.
@@ -60,4 +62,12 @@ def parse_batch(body):
                                 + ", ".join(f"{f}={n}" for f, n in lengths.items()))
     if lengths["src"] == 0:
         raise RequestError(400, "empty batch: src, tgt and response have no items")
-    return {f: data[f] for f in FIELDS}
+    batch = {f: data[f] for f in FIELDS}
+    if "turns" in data:  # optional (multi-turn rollouts): per sample a list of message objects
+        turns = data["turns"]
+        if not isinstance(turns, list) or len(turns) != lengths["src"] or \
+                not all(isinstance(t, list) and all(isinstance(m, dict) for m in t) for t in turns):
+            raise RequestError(400, f"field 'turns' must be an array of {lengths['src']} arrays of message objects "
+                                    "(one per response)")
+        batch["turns"] = turns
+    return batch

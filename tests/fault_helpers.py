@@ -3,8 +3,8 @@ tests/reward_server/test_restart_mid_run.py, tests/rewards/test_reward_timeout.p
 two runs' histories.
 
 Exactness: a resumed run loads the checkpoint's float32 weights, optimizer moments and generator states bit for
-bit, and samples with keys fixed by (seed, step, row) (sampling.py), so on one machine, where both runs use the same
-kernels, every logged value and every final weight equals the uninterrupted run's exactly (`==`). Only the
+bit, and samples with keys fixed by (seed, step, row) (rollout/sampling.py), so on one machine, where both runs use
+the same kernels, every logged value and every final weight equals the uninterrupted run's exactly (`==`). Only the
 timings (perf/*) differ."""
 import json
 import os

@@ -132,14 +132,13 @@ RULES = (
     Rule("parallel/ imports only config.py, algorithms/ and kernels/", "paddle_grpo.parallel",
          allowed=frozenset({"paddle_grpo.config", "paddle_grpo.algorithms", "paddle_grpo.kernels"}),
          waits_for=("paddle_grpo/parallel",)),
-    Rule("policy/ imports only algorithms/, kernels/, parallel/, precision, rollout, sampling, cpu_tuning",
+    Rule("policy/ imports only algorithms/, kernels/, parallel/, precision, rollout/, cpu_tuning",
          "paddle_grpo.policy",
          allowed=frozenset({"paddle_grpo.algorithms", "paddle_grpo.kernels", "paddle_grpo.parallel",
-                            "paddle_grpo.precision", "paddle_grpo.rollout", "paddle_grpo.sampling",
-                            "paddle_grpo.cpu_tuning"}),
+                            "paddle_grpo.precision", "paddle_grpo.rollout", "paddle_grpo.cpu_tuning"}),
          waits_for=("paddle_grpo/policy",)),
-    Rule("rollout.py imports no model code (the policy hands it a stepper)", "paddle_grpo.rollout",
-         forbidden=frozenset({"paddle_grpo.policy"})),
+    Rule("rollout/ imports no model code (the policy hands it a stepper) and no step/", "paddle_grpo.rollout",
+         forbidden=frozenset({"paddle_grpo.policy", "paddle_grpo.step"})),
     Rule("step/ imports neither trainer.py nor recipes/", "paddle_grpo.step",
          forbidden=frozenset({"paddle_grpo.trainer", "paddle_grpo.recipes"}), waits_for=("paddle_grpo/step",),
          why_waiting=AFTER_STEP),
@@ -198,8 +197,9 @@ def test_rules_report_violations(tmp_path: Path) -> None:
         "paddle_grpo/recipes/quickstart.py": "from ..trainer import build\nimport paddle.distributed as dist\n",
         "paddle_grpo/parallel/context.py": "import paddle.distributed as dist\nfrom ..config import Config\n",
         "paddle_grpo/parallel/vocab.py": "from ..kernels.chunked_head import chunks\nfrom ..policy import causal\n",
-        "paddle_grpo/rollout.py": "from paddle.distributed import fleet\nfrom .policy.causal import f\n",
-        "paddle_grpo/sampling.py": "import paddle\nrank = paddle.distributed.get_rank\n",
+        "paddle_grpo/rollout/single_turn.py": "from paddle.distributed import fleet\nfrom ..policy.causal import f\n",
+        "paddle_grpo/rollout/sampling.py": "import paddle\nrank = paddle.distributed.get_rank\n",
+        "paddle_grpo/rollout/multi_turn.py": "def f():\n    from ..step.batch import Batch\n",
         "reward_server/__init__.py": "from paddle_grpo.rewards import RewardSet\nfrom paddle_grpo import trainer\n",
     })
     by_name = {rule.name: rule.violations(tmp_path) for rule in RULES}
@@ -209,12 +209,13 @@ def test_rules_report_violations(tmp_path: Path) -> None:
         "paddle_grpo/trainer.py imports paddle_grpo.recipes.quickstart.build"]
     assert by_name["only parallel/ imports paddle.distributed (package)"] == [
         "paddle_grpo/recipes/quickstart.py imports paddle.distributed",
-        "paddle_grpo/rollout.py imports paddle.distributed.fleet",
-        "paddle_grpo/sampling.py imports paddle.distributed"]
+        "paddle_grpo/rollout/sampling.py imports paddle.distributed",
+        "paddle_grpo/rollout/single_turn.py imports paddle.distributed.fleet"]
     assert by_name["parallel/ imports only config.py, algorithms/ and kernels/"] == [
         "paddle_grpo/parallel/vocab.py imports paddle_grpo.policy.causal"]
-    assert by_name["rollout.py imports no model code (the policy hands it a stepper)"] == [
-        "paddle_grpo/rollout.py imports paddle_grpo.policy.causal.f"]
+    assert by_name["rollout/ imports no model code (the policy hands it a stepper) and no step/"] == [
+        "paddle_grpo/rollout/multi_turn.py imports paddle_grpo.step.batch.Batch",
+        "paddle_grpo/rollout/single_turn.py imports paddle_grpo.policy.causal.f"]
     assert by_name["reward_server/ imports only paddle_grpo.rewards and paddle_grpo.environment"] == [
         "reward_server/__init__.py imports paddle_grpo.trainer"]
 

@@ -99,6 +99,29 @@ def test_sample_rows_carry_prompt_whole_completion_reward_and_every_score(tokeni
         "reward: None\nprompt: p\ncompletion: c"
 
 
+# A multi-turn sample (tools): a malformed call's error, a call and its result, the final answer.
+TOOL_ROW = {"prompt": "What is 123 * 45?", "completion": "123 * 45 = 5535", "reward": 1.0, "scores": {"exact": 1.0},
+            "length": 31, "turns": [
+                {"role": "assistant", "content": "Let me compute.", "tool_calls": [
+                    {"name": "calculator", "arguments": {"expression": "123*45"}}]},
+                {"role": "tool", "name": "calculator", "content": "5535", "error": None, "latency_s": 0.002},
+                {"role": "assistant", "content": "I will check.", "tool_calls": [{"name": "calc", "arguments": {}}]},
+                {"role": "tool", "name": "calc", "content": "error: unknown tool 'calc'; tools: calculator",
+                 "error": "unknown_tool", "latency_s": 0.0},
+                {"role": "assistant", "content": "123 * 45 = 5535", "tool_calls": []}]}
+
+
+def test_a_multi_turn_card_shows_each_turn_then_the_answer():
+    assert format_sample(TOOL_ROW) == (
+        "reward: 1 (exact = 1)\nprompt: What is 123 * 45?\n"
+        'turn 1 assistant: Let me compute. | call calculator({"expression": "123*45"})\n'
+        "turn 2 tool calculator: 5535\n"
+        "turn 3 assistant: I will check. | call calc({})\n"
+        "turn 4 tool calc: error: unknown tool 'calc'; tools: calculator | error: unknown_tool\n"
+        "turn 5 assistant: 123 * 45 = 5535\n"
+        "answer: 123 * 45 = 5535")
+
+
 def write_logs(out, tokenizer):
     """metrics.jsonl, rollouts.jsonl and a VisualDL log as a two-step run writes them; returns (logdir, rows)."""
     logdir = out / "vdl_log"
@@ -109,6 +132,7 @@ def write_logs(out, tokenizer):
     log.log_samples(1, rows)
     log.log_samples(2, rows[::-1])
     log.log_samples(2, [dict(rows[0], reward=None)], tag="eval")
+    log.log_samples(2, [TOOL_ROW], tag="tools")
     log.close()
     return logdir, rows
 
@@ -117,6 +141,7 @@ def expected_cards(rows):
     """{tag: [text at step 1, text at step 2, ...]} as written by write_logs."""
     cards = {f"samples/rollout/{i}": [format_sample(rows[i]), format_sample(rows[::-1][i])] for i in range(4)}
     cards["samples/eval/0"] = [format_sample(dict(rows[0], reward=None))]
+    cards["samples/tools/0"] = [format_sample(TOOL_ROW)]
     return cards
 
 
@@ -136,12 +161,14 @@ def test_one_visualdl_text_card_per_sample_and_rollouts_jsonl(tokenizer, tmp_pat
 
     with open(tmp_path / "rollouts.jsonl", encoding="utf-8") as f:
         lines = [json.loads(line) for line in f]
-    assert len(lines) == 9
+    assert len(lines) == 10
     assert lines[1] == {"step": 1, "kind": "rollout", "prompt": RECORDS[0]["src"], "completion": COMPLETIONS[1],
                         "reward": rows[1]["reward"], "scores": rows[1]["scores"], "length": rows[1]["length"]}
     assert [(line["kind"], line["completion"]) for line in lines] == \
-        [("rollout", c) for c in COMPLETIONS + COMPLETIONS[::-1]] + [("eval", COMPLETIONS[0])]
-    assert lines[-1]["reward"] is None
+        [("rollout", c) for c in COMPLETIONS + COMPLETIONS[::-1]] + [("eval", COMPLETIONS[0])] + \
+        [("tools", TOOL_ROW["completion"])]
+    assert lines[-2]["reward"] is None
+    assert lines[-1] == {"step": 2, "kind": "tools", **TOOL_ROW}  # every turn in rollouts.jsonl
     assert "\ufffd" not in open(tmp_path / "rollouts.jsonl", encoding="utf-8").read()
 
 

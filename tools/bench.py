@@ -4,6 +4,7 @@
     python tools/bench.py --shape tools/shapes/qwen2.5-0.5b-2layers.json --lengths uniform:32   # real size
     python tools/bench.py --config use_fused_head_and_loss_fn=false      # a trainer config key overridden
     python tools/bench.py --algorithm ppo             # a PPO step: the same, plus a critic (values, critic update)
+    python tools/bench.py --turns 2 --set completion_len=160   # multi-turn: a calculator call, then the answer
     python tools/bench.py --gemm --threads 2          # paddle's peak fp32 GEMM rate on this machine
     python tools/bench.py --ops [ARGS]                # per-op timings at the real vocabulary (tools/bench_ops.py)
 
@@ -62,6 +63,21 @@ perf/logprob_s (the reference pass and, off-policy only, the old-policy pass) wi
 random model directory: its backbone and a new value head (initialised to zeros), its own AdamW; the critic's
 micro-batches are the policy's. Compare with the default (grpo) run of the same shape to see what the critic costs.
 Left out: evaluation, checkpoints, logging to disk and the reward server (see tools/bench_reward_server.py).
+
+`--turns K` (or SHAPE.json `turns`; 1 = the single-turn step above): a multi-turn step with the built-in
+`calculator` (config `tools: [calculator]`, `max_turns: K`, `min_dec_len: 0`). A random model does not write tool
+calls, so its choices are scripted: the policy's stepper (its real one, `causal.stepper_for`) runs every step as
+usual and then pushes its logits 1e4 down everywhere but the script's next token (`ScriptedStepper`), so each
+sample writes K - 1 calls `<tool_call>{"name": "calculator", "arguments": {"expression": "123*45"}}</tool_call>`
+(each ending at EOS: the character tokenizer has no single-token call-end marker), gets the calculator's tool
+turn fed back (forced tokens, the KV cache kept), and ends with "The answer is 5535.". The rollout costs what a
+real multi-turn rollout of these lengths costs, plus one [rows, V] add per step. `completion_len` must hold the
+K - 1 calls, their tool turns and the answer (about 150 tokens for K = 2, 280 for K = 3; the bench says how many
+when it is short). Extra keys, medians over the timed steps: `rollout_decode_s_median` (the model's prefill and
+decode steps inside the rollout: Rollout.tool_stats.model_s), `rollout_tool_wait_s_median` (blocked with every
+unfinished row waiting for a tool), `rollout_sampling_s_median` (the rest of the rollout: sampling maths, the
+loop's bookkeeping, reading turns), `tool_latency_s_median` (per call, over all calls), `turns_per_sample`,
+`tool_calls_per_step`, `tool_tokens_per_step` and `decode_steps_median`.
 """
 import argparse
 import contextlib
@@ -99,6 +115,7 @@ def load_shape(path):
     missing = [k for k in KEYS if k not in shape]
     if missing:
         raise SystemExit(f"{path}: missing keys {missing} (a SHAPE.json needs {list(KEYS)})")
+    check_turns(shape.get("turns", 1), path)
     if not isinstance(shape.get("config", {}), dict):
         raise SystemExit(f"{path}: 'config' must be a dict of trainer config keys, got {shape['config']!r}")
     return shape
@@ -118,6 +135,114 @@ def parse_lengths(spec, completion_len):
 def draw_lengths(keys, low, high):
     """Completion length of each row, uniform on [low, high], from its sampling key (row_keys): [n] int64."""
     return np.array([np.random.default_rng(int(k)).integers(low, high + 1) for k in keys], dtype=np.int64)
+
+
+def check_turns(turns, where):
+    if not isinstance(turns, int) or isinstance(turns, bool) or turns < 1:
+        raise SystemExit(f"{where}: turns must be an integer >= 1 (1: single-turn), got {turns!r}")
+
+
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "123*45"}}\n</tool_call>'
+ANSWER = "The answer is 5535."
+
+
+def turn_script(tokenizer, turns):
+    """The scripted multi-turn completion (module docstring): (segments, tool_end, tokens). segments: the action
+    token ids of each assistant turn (turns - 1 calls, then the answer, each ending at EOS); tool_end: the ids that
+    end a tool turn (the next assistant turn opened); tokens: the completion's length, tool turns included."""
+    from paddle_grpo.data import tokenize_prompts
+    from paddle_grpo.environment import HermesFormat, ToolResult
+
+    fmt, eos = HermesFormat(), tokenizer.eos_token_id
+    call, answer = (tokenize_prompts(tokenizer, [t])[0] + [eos] for t in (CALL, ANSWER))
+    if tokenizer.decode(call[:-1]) != CALL:
+        raise SystemExit(f"turns > 1: the call text needs every printable ASCII character in the vocabulary "
+                         f"(vocab_size >= 128), got vocab_size {len(tokenizer)}")
+    tool_turn = tokenize_prompts(tokenizer, [fmt.tool_turn_text([ToolResult("calculator", "5535", None, 0.0)],
+                                                                 False)])[0]
+    tool_end = tokenize_prompts(tokenizer, [f"{fmt.turn_start}assistant\n"])[0]
+    return [call] * (turns - 1) + [answer], tool_end, (turns - 1) * (len(call) + len(tool_turn)) + len(answer)
+
+
+def scripted_stepper(base, segments, tool_end):
+    """A subclass of the stepper class `base` whose logits force each row through `segments` (module docstring):
+    the real forward runs, then every logit but the script's next token's is lowered by 1e4. A row's position in
+    the script follows the tokens it appends: its actions, then (tool mode) the fed tool turn until it ends with
+    `tool_end`, which starts the next segment."""
+    import paddle
+
+    class ScriptedStepper(base):
+        def start(self, prompt_ids, prompt_mask, G, max_new_tokens):
+            logits = super().start(prompt_ids, prompt_mask, G, max_new_tokens)
+            n = logits.shape[0]
+            self.segment, self.offset = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+            self.acting, self.tail = np.ones(n, dtype=bool), [[] for _ in range(n)]
+            return self.force(logits)
+
+        def step(self, token, keep=None):
+            logits = super().step(token, keep)
+            ids = token.numpy()
+            for i in np.flatnonzero(np.ones(len(ids), bool) if keep is None else keep.numpy()):
+                if self.acting[i]:
+                    self.offset[i] += 1
+                    if self.offset[i] == len(segments[min(self.segment[i], len(segments) - 1)]):
+                        self.acting[i], self.tail[i] = False, []
+                else:
+                    self.tail[i] = (self.tail[i] + [int(ids[i])])[-len(tool_end):]
+                    if self.tail[i] == tool_end:
+                        self.acting[i], self.segment[i], self.offset[i] = True, self.segment[i] + 1, 0
+            return self.force(logits)
+
+        def force(self, logits):
+            nxt = [segments[min(k, len(segments) - 1)][min(j, len(segments[min(k, len(segments) - 1)]) - 1)]
+                   for k, j in zip(self.segment, self.offset)]
+            push = paddle.full_like(logits, -1e4)
+            push = paddle.put_along_axis(push, paddle.to_tensor(nxt, dtype="int64").unsqueeze(-1),
+                                         paddle.zeros([len(nxt), 1], dtype=logits.dtype), axis=1)
+            return logits + push
+
+    return ScriptedStepper
+
+
+def scripted_turns(policy, tokenizer, turns):
+    """Wrap `policy.generate` (on this instance) so that multi-turn rollouts run through `scripted_stepper`; returns
+    the list each call's Rollout is appended to (for its turns and tool_stats)."""
+    from paddle_grpo.policy.causal import stepper_for
+
+    segments, tool_end, _ = turn_script(tokenizer, turns)
+    original, rollouts = policy.generate, []
+
+    def generate(prompt_ids, prompt_mask, **kwargs):
+        if kwargs.get("tools") is not None:
+            kwargs["stepper"] = scripted_stepper(stepper_for(policy.model), segments, tool_end)
+        out = original(prompt_ids, prompt_mask, **kwargs)
+        rollouts.append(out)
+        return out
+
+    policy.generate = generate
+    return rollouts
+
+
+def turn_stats(rollouts, rollout_s):
+    """Medians over the timed steps of the multi-turn rollout's parts (module docstring). rollouts: one Rollout per
+    timed step; rollout_s: the steps' perf/rollout_s."""
+    decode = [r.tool_stats.model_s for r in rollouts]
+    wait = [r.tool_stats.wait_s for r in rollouts]
+    calls = [m for r in rollouts for t in r.turns for m in t if m["role"] == "tool"]
+    return {
+        "rollout_decode_s_median": statistics.median(decode),
+        "rollout_tool_wait_s_median": statistics.median(wait),
+        "rollout_sampling_s_median": statistics.median(s - d - w for s, d, w in zip(rollout_s, decode, wait)),
+        "tool_latency_s_median": statistics.median(m["latency_s"] for m in calls) if calls else 0.0,
+        "tool_errors": sum(m["error"] is not None for m in calls),
+        "turns_per_sample": statistics.mean(sum(m["role"] == "assistant" for m in t) for r in rollouts
+                                            for t in r.turns),
+        "tool_calls_per_step": statistics.median(sum(m["role"] == "tool" for t in r.turns for m in t)
+                                                 for r in rollouts),
+        "tool_tokens_per_step": statistics.median(int(r.tool_mask.numpy().sum()) for r in rollouts),
+        "decode_steps_median": statistics.median(r.tool_stats.steps for r in rollouts),
+        "truncated_samples": int(sum(r.truncated.sum() for r in rollouts)),
+    }
 
 
 def cut_rollout(rollout, lengths, eos_id, pad_id):
@@ -298,6 +423,8 @@ def make_config(shape, model_dir, data, workdir, seed=0, algorithm="grpo"):
     micro = shape.get("micro_batch_size", n_seq)
     critic = {} if algorithm == "grpo" else dict(critic_model_name_or_path=model_dir, per_device_value_batch_size=micro,
                                                  critic_learning_rate=1e-5)
+    turns = shape.get("turns", 1)  # multi-turn: the calculator, no minimum length (EOS ends each turn)
+    tools = {} if turns == 1 else dict(tools=["calculator"], max_turns=turns, min_dec_len=0)
     # SHAPE.json's `config` overrides the keys below (a later `**` of the same key would be a TypeError).
     return config_from_dict({**dict(
         actor_model_name_or_path=model_dir, use_rm_server=False, reward_funcs=f"{os.path.abspath(__file__)}:char_reward",
@@ -308,7 +435,7 @@ def make_config(shape, model_dir, data, workdir, seed=0, algorithm="grpo"):
         global_batch_size=shape["prompts_per_step"], rollout_n=shape["group_size"], rollout_max_num_seqs=n_seq,
         per_device_train_batch_size=micro, per_device_logprob_batch_size=micro, learning_rate=1e-5,
         max_steps=shape["warmup_steps"] + shape["timed_steps"], kl_coeff=0.0, kl_loss_coeff=shape["beta"],
-        entropy_coeff=0.0, rl_algorithm=algorithm, **critic), **shape.get("config", {})})
+        entropy_coeff=0.0, rl_algorithm=algorithm, **critic), **tools, **shape.get("config", {})})
 
 
 def flops(shape, shared, critic=False):
@@ -380,9 +507,21 @@ def run(shape, threads, workdir, profile_dir=None, algorithm="grpo"):
     from paddle_grpo.trainer import Trainer
 
     low = parse_lengths(shape.get("lengths"), shape["completion_len"])
+    turns = shape.get("turns", 1)
+    if turns > 1 and low is not None:
+        raise SystemExit("turns > 1 scripts the completions' lengths: use lengths 'fixed'")
     model_dir, data = build(shape, workdir)
+    if turns > 1:
+        from paddle_grpo.policy import load_tokenizer
+
+        need = turn_script(load_tokenizer(model_dir), turns)[2]
+        if shape["completion_len"] < need:
+            raise SystemExit(f"turns {turns}: completion_len must hold {need} tokens (the calls, their tool turns "
+                             f"and the answer), got {shape['completion_len']}; e.g. --set completion_len={need}")
     trainer = Trainer(make_config(shape, model_dir, data, workdir, algorithm=algorithm))
     drawn = variable_lengths(trainer.policy, low) if low is not None else None
+    turn_rollouts = scripted_turns(trainer.policy, trainer.tokenizer, turns) if turns > 1 else None
+    timed_rollouts = []
     per_step = {k: [] for k in ("step", "cpu") + PHASES}
     tokens, lengths, widths, mask_sums, ends_at_eos = [], [], [], [], []
     profiler = None
@@ -418,6 +557,8 @@ def run(shape, threads, workdir, profile_dir=None, algorithm="grpo"):
                 phases["other"] = step - sum(phases.values())
                 per_step["step"].append(step)
                 per_step["cpu"].append(cpu)
+                if turn_rollouts is not None:
+                    timed_rollouts.append(turn_rollouts[-1])
                 for k, v in phases.items():
                     per_step[k].append(v)
                 batch = trainer.batch
@@ -461,6 +602,8 @@ def run(shape, threads, workdir, profile_dir=None, algorithm="grpo"):
         "fast_path": fast, "cpu_tuning": cpu_tuning.apply(), "algorithm": algorithm,
         "load_average": list(os.getloadavg()), "shape": shape,
     }
+    if turn_rollouts is not None:
+        result.update(turns=turns, **turn_stats(timed_rollouts, per_step["rollout"]))
     if drawn is not None:  # the timed steps' drawn lengths and what the trainer's batch holds, row by row
         result.update(drawn_lengths_by_step=[d.tolist() for d in drawn[shape["warmup_steps"]:]],
                       mask_sums_by_step=mask_sums, completions_end_at_eos=all(ends_at_eos))
@@ -494,6 +637,8 @@ def main(argv=None):
     ap.add_argument("--algorithm", choices=ALGORITHMS, default="grpo",
                     help="rl_algorithm of the steps; ppo / vapo add a critic loaded from the same random model "
                          "(phases value and critic_update)")
+    ap.add_argument("--turns", type=int, metavar="K", help="multi-turn steps: K - 1 scripted calculator calls, then "
+                                                         "the answer (SHAPE.json `turns`; module docstring)")
     ap.add_argument("--gemm", action="store_true", help="only measure paddle's peak fp32 GEMM rate (JSON line)")
     ap.add_argument("--ops", action="store_true", help="per-op timings (tools/bench_ops.py; the other arguments "
                                                        "go to it)")
@@ -509,6 +654,9 @@ def main(argv=None):
         shape["config"] = {**shape.get("config", {}), k: _json_or_str(v)}
     if args.lengths is not None:
         shape["lengths"] = args.lengths
+    if args.turns is not None:
+        check_turns(args.turns, "--turns")
+        shape["turns"] = args.turns
     parse_lengths(shape.get("lengths"), shape["completion_len"])  # a bad spec fails before any work
     if args.repeat > 1 and not args.gemm:
         print(json.dumps(_repeat(args, shape)), flush=True)

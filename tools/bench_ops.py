@@ -6,9 +6,9 @@ Paddle's CPU kernels have traps that only show at a real vocabulary (docs/platfo
 superlinear in V), so each op of the hot paths is timed alone on its real shape:
 - decode, on `[rows, V]` logits: the ops of the old step (`F.log_softmax`, the float64 inverse CDF, the full-sort
   top-p filter, the `[rows, V]` masks of the repetition penalty and of min-length EOS) beside the ones that replace
-  them (`rollout._exp_and_logsumexp`, `sampling.sample_with_uniforms`, `sampling.candidates`, `rollout._penalize`,
-  `put_along_axis` on the EOS columns, `take_along_axis` without its O(rows x V) default broadcast), plus the
-  LM-head GEMV of one decode step;
+  them (`rollout.single_turn._exp_and_logsumexp`, `sampling.sample_with_uniforms`, `sampling.candidates`,
+  `rollout.single_turn._penalize`, `put_along_axis` on the EOS columns, `take_along_axis` without its O(rows x V)
+  default broadcast), plus the LM-head GEMV of one decode step;
 - update, on `rows * tokens` positions: the LM-head matmul `[rows*T, H] x [H, V]`, logsumexp, take_along_axis and exp
   of the full logits, and the chunked head (`kernels/chunked_head.py`) forward and forward + backward per chunk size,
   each with the numpy kernels and with paddle ops (`kernels/chunk_kernels.py`), and one chunk's GEMM and statistics.
@@ -68,9 +68,9 @@ def decode_ops(V: int, rows: int, hidden: int, seed: int = 0) -> Iterator[Op]:
     import paddle
     import paddle.nn.functional as F
 
-    from paddle_grpo.rollout import _exp_and_logsumexp, _penalize, top_p_filter
+    from paddle_grpo.rollout.single_turn import _exp_and_logsumexp, _penalize, top_p_filter
     from paddle_grpo.algorithms import gather_last
-    from paddle_grpo.sampling import candidates, row_keys, sample_with_uniforms, uniforms
+    from paddle_grpo.rollout.sampling import candidates, row_keys, sample_with_uniforms, uniforms
 
     paddle.seed(seed)
     z = 3.0 * paddle.randn([rows, V])  # ~6,500 tokens hold 90% of the mass (top-p needs a second, larger topk)

@@ -14,7 +14,7 @@ import threading
 import time
 from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..data import special_token_ids, tokenize_prompts
 from .format import HermesFormat
@@ -118,17 +118,25 @@ class ToolEnvironment:
         closed by the tool turn's text)."""
         if self._closed:
             raise RuntimeError("ToolEnvironment is closed")
-        ids = [int(i) for i in turn_ids]
-        at_eos = bool(ids) and ids[-1] == self._eos
-        text = self._decode(ids[:-1] if at_eos else ids)
-        content, calls = self.fmt.parse(text)
-        assistant = {"role": "assistant", "content": content, "tool_calls": [_call_json(c) for c in calls]}
+        assistant, calls, at_eos = self._read(turn_ids)
         items: List[Union[ToolResult, _Running]] = []
         for call in calls:
             early = precheck(call, self._names)
             items.append(early if early is not None else self._start(call))
         close_turn = ended_by_call_end or not (at_eos and self._eos_text == self.fmt.turn_end)
         return PendingTurn(self, assistant, items, close_turn)
+
+    def assistant_message(self, turn_ids: Sequence[int]) -> Dict[str, Any]:
+        """The `PendingTurn.assistant` dict of an assistant turn whose calls are not to run (the rollout's last
+        turn allowed by max_turns, or one cut by its token budget): read, nothing started."""
+        return self._read(turn_ids)[0]
+
+    def _read(self, turn_ids: Sequence[int]) -> Tuple[Dict[str, Any], List[ToolCall], bool]:
+        """(assistant dict, calls, whether the turn ends at EOS) of an assistant turn's tokens."""
+        ids = [int(i) for i in turn_ids]
+        at_eos = bool(ids) and ids[-1] == self._eos
+        content, calls = self.fmt.parse(self._decode(ids[:-1] if at_eos else ids))
+        return {"role": "assistant", "content": content, "tool_calls": [_call_json(c) for c in calls]}, calls, at_eos
 
     def close(self) -> None:
         """Refuse new turns; running calls finish in their (daemon) threads."""

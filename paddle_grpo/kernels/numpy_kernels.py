@@ -1,6 +1,6 @@
 """numpy kernels on paddle's own CPU memory, for the elementwise and row-reduction work that paddle's CPU kernels make
 slow: the chunked LM head (chunk_kernels.py), blockwise attention (attention.py), the decode step's
-max / exp / sum at a real vocabulary (rollout.py) and the squared norms of large gradients (parallel/gradients.py).
+max / exp / sum at a real vocabulary (rollout/) and the squared norms of large gradients (parallel/gradients.py).
 
 Why: paddle's CPU elementwise and reduction kernels run on one thread, and at the sizes of a real model they cost as
 much as the matrix products around them. One [512, 151,936] chunk of the LM head (2 threads): its GEMM 500 ms, its

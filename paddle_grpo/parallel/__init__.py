@@ -8,6 +8,7 @@
 - gradients.py    data-parallel gradient sum, global gradient norm, sharding stage1's optimizer
 - differentiable.py, vocab.py   collectives with gradients, vocab-parallel log-probs and entropy
 - pipeline.py     pipeline parallel: layer split, pair groups, `Pipeline`
+- tools.py        multi-turn rollouts under tensor parallelism: one rank of a group runs the tool calls, all feed them
 - cpu_shims.py    CPU stand-ins for paddle internals, each pinned to the paddle version it targets
 """
 from __future__ import annotations

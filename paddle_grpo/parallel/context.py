@@ -8,8 +8,8 @@ the trainer is written once for any number of ranks. Under `python -m paddle.dis
   (`pipeline_parallel_degree > 1`): fleet's hybrid topology. The data-parallel (DP) group is every rank that holds
   the same model shard and pipeline stage, i.e. fleet's data *and* sharding axes: they all receive different
   prompts. Per-sequence data (rewards, masks) is gathered over the DP group, gradients are summed over it, and the
-  tensor-parallel (TP) ranks of one group see identical data, sample identical completions (sampling.py keys by DP
-  row) and share one reward request.
+  tensor-parallel (TP) ranks of one group see identical data, sample identical completions (rollout/sampling.py keys
+  by DP row) and share one reward request.
 - sharding stage1 (ZeRO-1, https://arxiv.org/abs/1910.02054): fleet's `DygraphShardingOptimizer` owns the AdamW
   states of a partition of the parameters on each sharding rank (gradients.py).
 - pipeline parallel: `Pipeline` (pipeline.py) trains this rank's stage; the trainer's full copy generates.
@@ -106,6 +106,15 @@ class ParallelContext:
         if self.tp_world == 1:
             return {}
         return {"tensor_parallel_degree": self.tp_world, "tensor_parallel_rank": self.tp_rank}
+
+    def tools_for_rollout(self, env: Any) -> Any:
+        """The tool environment this rank's multi-turn rollouts use: `env` itself, or under tensor parallelism a
+        `tools.GroupTools` around it (the group's first rank runs the calls, its results reach every rank, and its
+        `sync` is the rollout's `tool_sync`). None stays None."""
+        if env is None or self.tp_world == 1:
+            return env
+        from .tools import GroupTools
+        return GroupTools(env, self.tp_group, self.tp_rank == 0, self.tp_world)
 
     def prompt_positions(self, n: int, mini_batch: int) -> list[int]:
         """This data-parallel rank's positions among a step's `n` prompts (layout.prompt_positions)."""

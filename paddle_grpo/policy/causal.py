@@ -5,7 +5,7 @@ Log-probs are computed from the decoder's hidden states at the completion positi
 logits of the prompt positions are never materialised (with a 150k vocabulary they would dominate memory).
 For a plain Qwen2 model (no tensor parallelism) `completion_logprobs` runs the lean forward of fast_qwen2.py, which
 also computes each group's shared prompt once; other models use PaddleNLP's forward. `PADDLE_GRPO_FAST=0` forces
-PaddleNLP's forward everywhere. Sampling (`generate`) is rollout.py's decode loop, run through this module's steppers
+PaddleNLP's forward everywhere. Sampling (`generate`) is rollout/'s decode loop, run through this module's steppers
 (`stepper_for`): the rollout knows no model, the policy hands it the model's side of the loop.
 """
 from __future__ import annotations
@@ -190,12 +190,18 @@ class PaddleNLPStepper:
         self.next_pos = paddle.repeat_interleave(position_ids[:, -1:], G, axis=0) + 1
         return paddle.repeat_interleave(logits, G, axis=0)
 
-    def step(self, token: paddle.Tensor) -> paddle.Tensor:
-        """token [N] -> next-token logits [N, V] float32."""
+    def step(self, token: paddle.Tensor, keep: paddle.Tensor | None = None) -> paddle.Tensor:
+        """token [N] -> next-token logits [N, V] float32. keep bool [N] (None: all): rows whose token is appended.
+
+        Every step appends one cache column for all rows; a row not kept gets attention mask 0 there (a hole) and
+        keeps its position. Its later tokens therefore see the same keys and positions as when decoded alone but
+        in a longer, holed layout that depends on the other rows' timing: equal up to float32 rounding, not bit
+        for bit (the lean stepper keeps each row's tokens consecutive)."""
         N = token.shape[0]
-        self.attention_mask = paddle.concat([self.attention_mask, paddle.ones([N, 1], dtype="int64")], axis=1)
+        column = paddle.ones([N, 1], dtype="int64") if keep is None else keep.astype("int64").reshape([N, 1])
+        self.attention_mask = paddle.concat([self.attention_mask, column], axis=1)
         logits = self._next_logits(token.unsqueeze(-1), self.attention_mask, self.next_pos, self.cache)
-        self.next_pos = self.next_pos + 1
+        self.next_pos = self.next_pos + column
         return logits
 
 
@@ -211,9 +217,9 @@ class FastQwen2Stepper:
         """Prefill [P, L]; the next-token logits [P * G, V] float32 (fast_qwen2.Qwen2Fast.start_decoding)."""
         return self.fast.start_decoding(prompt_ids, prompt_mask, G, max_new_tokens)
 
-    def step(self, token: paddle.Tensor) -> paddle.Tensor:
-        """token [N] -> next-token logits [N, V] float32."""
-        return self.fast.decode(token)
+    def step(self, token: paddle.Tensor, keep: paddle.Tensor | None = None) -> paddle.Tensor:
+        """token [N] -> next-token logits [N, V] float32; keep bool [N] (None: all): `Qwen2Fast.decode`."""
+        return self.fast.decode(token, keep)
 
 
 def _expand_cache(past_key_values, G):
@@ -253,7 +259,7 @@ class CausalPolicy(Policy):
 
     def generate(self, prompt_ids: paddle.Tensor | np.ndarray, prompt_mask: paddle.Tensor | np.ndarray,
                  **kwargs: Any) -> Rollout:
-        """`generate(self.model, prompt_ids, prompt_mask, **kwargs)`: rollout.py's decode loop with this model's
+        """`generate(self.model, prompt_ids, prompt_mask, **kwargs)`: rollout/'s decode loop with this model's
         stepper."""
         return generate(self.model, prompt_ids, prompt_mask, **kwargs)
 

@@ -13,7 +13,8 @@ fewer and cheaper paddle ops, and it shares work between the G samples of a prom
 - Grouped-query attention by reshaping the queries to `[B, kv_heads, group * S, d]` instead of `tile`-repeating keys
   and values; RoPE tables gathered once per forward (not per layer) and `rotate_half` as one `roll`; RMSNorm with
   `x * x` instead of `pow` (paddle's CPU `pow` is ~30x slower than a multiply); one attention bias for all layers.
-- Decoding: a preallocated KV cache `[N, kv_heads, L + max_new, d]` written in place, instead of a concat per step.
+- Decoding: a preallocated KV cache `[N, kv_heads, L + max_new, d]` written in place, instead of a concat per step;
+  with `keep` (multi-turn rollouts) each row writes its own next slot, so its tokens stay consecutive.
 
 Numbers equal PaddleNLP's forward up to float32 rounding (tests/policy/test_fast_qwen2.py compares logits, log-probs,
 greedy generations and gradients against `Qwen2ForCausalLM.forward`).
@@ -22,7 +23,7 @@ Switch: `enabled_for(model)` is True for a plain float32 `Qwen2ForCausalLM` or t
 `Qwen2ForSequenceClassification` (critic.py: hidden states only, no LM head) (exact type: not a `paddle.DataParallel`
 or LoRA wrapper) whose projections are all `nn.Linear` (no LoRA/quantised layers inside), without tensor/sequence
 parallelism, fused-qkv/ffn layouts, refined recompute, attention dropout, GPU kernel flags or an active autocast,
-unless the environment sets `PADDLE_GRPO_FAST=0`. Everything else uses PaddleNLP's forward (modeling.py / rollout.py).
+unless the environment sets `PADDLE_GRPO_FAST=0`. Everything else uses PaddleNLP's forward (modeling.py / rollout/).
 
 Recompute: with the model config's `recompute` (PaddleNLP's key; causal.load_causal_lm sets it on the trainable
 policy only) and gradients being recorded, `prompt_completion_hidden` checkpoints per `recompute_granularity`, as
@@ -323,11 +324,47 @@ class Qwen2Fast:
         self.dec_bias = self.bias(keep[:, None, :], N, 1, S).clone()  # updated in place: own memory
         self.next_pos = paddle.repeat_interleave(positions[:, -1], G, axis=0) + 1  # [N]
         self.slot = L
+        self.write = None  # [N] per-row next slot, from the first step with `keep` (None: every row at self.slot)
         last = x.reshape([P, L, self.D])[:, L - 1]
         return paddle.repeat_interleave(self.logits(last).astype("float32"), G, axis=0)
 
-    def decode(self, token: paddle.Tensor) -> paddle.Tensor:
-        """token int64 [N] (the previous step's choice) -> next-token logits [N, V] float32."""
+    def decode(self, token: paddle.Tensor, keep: Optional[paddle.Tensor] = None) -> paddle.Tensor:
+        """token int64 [N] (the previous step's choice) -> next-token logits [N, V] float32.
+
+        keep bool [N] (None: all): rows whose token is appended. A row's kept tokens fill consecutive slots right
+        after its prompt whatever the other rows do, so its cache and logits are those of decoding it alone (up to
+        the rounding of other GEMM shapes). A row not kept writes its next slot, which stays masked and is
+        overwritten by its next kept token; its position does not advance and its logits mean nothing. Until the
+        first `keep`, every row writes slot `self.slot` with slice assignments (the single-turn path, unchanged)."""
+        if keep is None and self.write is None:
+            return self._decode_aligned(token)
+        N = token.shape[0]
+        if self.write is None:
+            self.write = paddle.full([N], self.slot, dtype="int64")
+        keep = paddle.ones([N], dtype="bool") if keep is None else keep.astype("bool")
+        # A row that filled all L + max_new_tokens slots is finished: the rollout never reads its logits again, so
+        # it may scribble on its last slot instead of writing past the cache.
+        w = paddle.minimum(self.write, paddle.full([1], self.dec_bias.shape[-1] - 1, dtype="int64"))
+        idx = w.reshape([N, 1, 1, 1, 1]).expand([N, self.KV, self.g, 1, 1])
+        shown = paddle.where(keep, paddle.zeros([1], "float32"), paddle.full([1], self.neg, "float32"))
+        self.dec_bias.put_along_axis_(idx, shown.reshape([N, 1, 1, 1, 1]).expand([N, self.KV, self.g, 1, 1]),
+                                      axis=4)
+        slot = w.reshape([N, 1, 1, 1]).expand([N, self.KV, 1, self.d])
+        cos, sin = self.rope_tables(self.next_pos)
+        x = paddle.index_select(self.embed, token)
+        for lw, (kc, vc) in zip(self.layers, self.cache):
+            q, k, v = self.qkv(self.rms(x, lw["ln1"]), lw, cos, sin)
+            kc.put_along_axis_(slot, k.unsqueeze(2), axis=2)  # in place: row i's [KV, d] into its slot w[i]
+            vc.put_along_axis_(slot, v.unsqueeze(2), axis=2)
+            attn = self.attend(q.reshape([N, 1, self.H, self.d]), kc, vc, self.dec_bias)
+            x = self.mlp_block(x + paddle.matmul(attn, lw["wo"]), lw)
+        step = keep.astype("int64")
+        self.write = self.write + step
+        self.next_pos = self.next_pos + step
+        return self.logits(x).astype("float32")
+
+    def _decode_aligned(self, token: paddle.Tensor) -> paddle.Tensor:
+        """`decode` while every row appends every step: all rows write slot `self.slot`."""
         N = token.shape[0]
         s = self.slot
         self.dec_bias[:, :, :, :, s] = 0.0  # the new token's own slot becomes visible to every row

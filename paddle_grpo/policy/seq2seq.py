@@ -12,7 +12,7 @@ losses) is unchanged.
   absolute positions then start at 0 as in pre-training). The trainer collates left-padded.
 - The encoder runs once per prompt: `generate` encodes the B prompts and shares each one's encoder output and first
   decoder step among its G samples; `completion_logprobs` encodes each run of identical consecutive prompt rows once.
-- Sampling follows rollout.py exactly (temperature -> repetition penalty -> EOS blocked until `min_new_tokens` ->
+- Sampling follows rollout/ exactly (temperature -> repetition penalty -> EOS blocked until `min_new_tokens` ->
   top-p -> multinomial or counter-based uniforms), except that the repetition penalty counts only the tokens the
   decoder generated, not the source document (as HF does for encoder-decoders: a summary should copy from it).
 - Dropout is switched off when loading (as for the decoder-only policies, whose configs have none): with dropout the
@@ -196,7 +196,11 @@ def generate(model: paddle.nn.Layer, prompt_ids: paddle.Tensor | np.ndarray, pro
              **kwargs: Any) -> rollout.Rollout:
     """Sample decoder outputs for encoder inputs: `rollout.generate` (same arguments, same `Rollout`) with the
     encoder-decoder stepper; prompts may be padded on either side, and the source document does not count for the
-    repetition penalty (a summary should copy from it)."""
+    repetition penalty (a summary should copy from it). Multi-turn rollouts with tools are refused: the tool turns
+    would have to go into the encoder's document or the decoder's output, which this policy does not model."""
+    if kwargs.get("tools") is not None:
+        raise ValueError("the `tools` key (multi-turn rollouts with tools) needs a decoder-only policy; "
+                         f"{type(model).__name__} is an encoder-decoder: leave `tools` empty")
     return rollout.generate(model, prompt_ids, prompt_mask, stepper=Seq2SeqStepper, penalize_prompt=False, **kwargs)
 
 
@@ -227,7 +231,7 @@ class Seq2SeqPolicy(Policy):
 
 
 class Seq2SeqStepper:
-    """Incremental decoding with a KV cache; the interface of rollout.py's steppers (start, step)."""
+    """Incremental decoding with a KV cache; the interface of rollout/single_turn.py's steppers (start, step)."""
 
     def __init__(self, model: paddle.nn.Layer):
         self.model = model
@@ -242,8 +246,12 @@ class Seq2SeqStepper:
         self.cache = _repeat(cache, G)
         return _repeat(logits[:, -1], G)
 
-    def step(self, token: paddle.Tensor) -> paddle.Tensor:
-        """token [N] -> next-token logits [N, V] float32."""
+    def step(self, token: paddle.Tensor, keep: paddle.Tensor | None = None) -> paddle.Tensor:
+        """token [N] -> next-token logits [N, V] float32. Every row appends its token: `keep` (multi-turn rollouts
+        only) is refused."""
+        if keep is not None:
+            raise ValueError("the encoder-decoder stepper appends every row's token; per-row `keep` comes from the "
+                             "`tools` key (multi-turn rollouts), which needs a decoder-only policy")
         logits, self.cache = decoder_logits(self.model, self.hidden, self.mask, token.unsqueeze(-1), self.cache,
                                            use_cache=True)
         return logits[:, -1]

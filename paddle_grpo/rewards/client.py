@@ -100,10 +100,14 @@ class RewardClient:
         """Weighted total reward per sample (None: a reward function failed on it, or none judged it)."""
         return self.score_detailed(src, tgt, response).scores
 
-    def score_detailed(self, src: Sequence[str], tgt: Sequence[str], response: Sequence[str]) -> RewardResult:
+    def score_detailed(self, src: Sequence[str], tgt: Sequence[str], response: Sequence[str],
+                       turns: Optional[Sequence[list]] = None) -> RewardResult:
         """RewardResult with the totals, the per-function scores and per-sample reasons (when the server sends
-        them; a PaddleNLP server sends only `score`)."""
+        them; a PaddleNLP server sends only `score`). `turns`: multi-turn rows' messages, sent as the request's
+        `turns` field (our server passes them to the reward functions)."""
         batch = {"src": list(src), "tgt": list(tgt), "response": list(response)}
+        if turns is not None:
+            batch["turns"] = list(turns)
         n = len(batch["response"])
         if not (len(batch["src"]) == len(batch["tgt"]) == n):
             raise ValueError(f"src, tgt and response must have equal lengths, got {len(batch['src'])}, "

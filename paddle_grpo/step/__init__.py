@@ -9,6 +9,9 @@ REINFORCE++ whitening and the `token-mean` denominators need is gathered once pe
 statistic is over the global batch (docs/algorithms.md sections 1-5). Each phase returns a typed metrics record;
 `as_dict()` gives the metric names of docs/algorithms.md section 7.
 
+Multi-turn rollouts with tools (docs/tools.md): the forward passes attend over actions and tool output
+(`Batch.attention_mask`), every loss, KL, entropy, value and length over the actions alone (`completion_mask`).
+
 One module per phase: batch.py (the rows, the gather, balance_batch, micro-batches), collection.py (collect),
 experience.py (log-probs, the critic's values, rewards, advantages and returns), policy_update.py (the policy's
 update), critic_update.py (the critic of PPO / VAPO and its update), metrics.py (the typed records).
@@ -17,10 +20,10 @@ Everything is re-exported here: `from paddle_grpo import step; step.collect(...)
 from __future__ import annotations
 
 from .batch import (Batch, GlobalRows, gather, model_precision, balance, MicroBatch, removes_padding,
-    plan_micro_batches)
+    plan_micro_batches, attention_mask)
 from .metrics import (CollectMetrics, RewardMetrics, AdvantageMetrics, ValueMetrics, CriticMetrics, LengthMetrics,
-    SHARE_KEYS, TOKEN_MEAN_KEYS, LossSums, UpdateMetrics)
-from .collection import (PromptEncoder, rollout, completion_texts, score, collect)
+    SHARE_KEYS, TOKEN_MEAN_KEYS, LossSums, UpdateMetrics, ToolMetrics, tool_calls_per_row, eval_tool_metrics)
+from .collection import (PromptEncoder, build_tools, rollout, final_answer, completion_texts, score, collect)
 from .experience import (logprobs, reference_logprobs, reference_kl, shape_rewards, Estimate, estimate_advantages,
     compute_advantages, positive_rows, values, local_rows, update_inputs)
 from .policy_update import (TrainingError, UpdateState, Learner, UpdateInputs, rl_loss, pipeline_logprobs,
@@ -30,9 +33,10 @@ from .critic_update import (CriticLearner, build_critic_learner, CriticInputs, u
 __all__ = [
     "AdvantageMetrics", "Batch", "CollectMetrics", "CriticInputs", "CriticLearner", "CriticMetrics", "Estimate",
     "GlobalRows", "Learner", "LengthMetrics", "LossSums", "MicroBatch", "PromptEncoder", "RewardMetrics",
-    "SHARE_KEYS", "TOKEN_MEAN_KEYS", "TrainingError", "UpdateInputs", "UpdateMetrics", "UpdateState",
-    "ValueMetrics", "apply_gradients", "balance", "build_critic_learner", "clip_gradients", "collect",
-    "completion_texts", "compute_advantages", "estimate_advantages", "gather", "head_logprobs", "local_rows",
+    "SHARE_KEYS", "TOKEN_MEAN_KEYS", "ToolMetrics", "TrainingError", "UpdateInputs", "UpdateMetrics", "UpdateState",
+    "ValueMetrics", "apply_gradients", "attention_mask", "balance", "build_critic_learner", "build_tools",
+    "clip_gradients", "collect", "completion_texts", "compute_advantages", "estimate_advantages",
+    "eval_tool_metrics", "final_answer", "gather", "head_logprobs", "local_rows", "tool_calls_per_row",
     "logprobs", "model_precision", "pipeline_logprobs", "plan_micro_batches", "positive_rows", "reference_kl",
     "reference_logprobs", "removes_padding", "rl_loss", "rollout", "score", "shape_rewards", "update",
     "update_critic", "update_inputs", "values"

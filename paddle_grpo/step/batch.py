@@ -25,7 +25,13 @@ class Batch:
     `texts` the decoded completions the rewards saw, `rewards` [n] float64 combined reward (0 where not `valid`),
     `valid` [n] bool (False: no reward function could judge the row), `scores_by_function` {name: [n] raw scores},
     `prompt_index` the dataset row each sample answers. `row_ids` [n]: each row's global row (rank order) after
-    balance_batch moved rows between ranks (`balance`); None while a rank holds its own rows in order."""
+    balance_batch moved rows between ranks (`balance`); None while a rank holds its own rows in order.
+
+    Multi-turn rollouts with tools (docs/tools.md, "Masks"): `completion_mask` is 1 only on the tokens the policy
+    sampled (the actions: every loss, KL, entropy, value and length uses it); `tool_mask` [n, T] int64 is 1 on the
+    tool-output and template tokens the rollout appended (context the model reads, never an action); the tokens
+    that exist are their union (`attention_mask`), which every forward pass attends over. `lengths` counts actions.
+    `turns` per row the messages of the conversation (assistant and tool dicts, in order). Both None single-turn."""
     prompt_ids: paddle.Tensor
     prompt_mask: paddle.Tensor
     completion_ids: paddle.Tensor
@@ -39,6 +45,13 @@ class Batch:
     scores_by_function: Dict[str, list]
     prompt_index: List[int]
     row_ids: Optional[np.ndarray] = None
+    tool_mask: Optional[paddle.Tensor] = None
+    turns: Optional[list] = None
+
+    def attention_mask(self) -> paddle.Tensor:
+        """[n, T] int64: the completion tokens that exist, actions and tool output (`completion_mask | tool_mask`)
+        -- what the forward passes attend over; the completion mask itself without tools."""
+        return attention_mask(self.completion_mask, self.tool_mask)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -54,7 +67,8 @@ class Batch:
                    rewards=np.array([0.0 if s is None else s for s in result.scores], dtype=np.float64),
                    valid=np.array([s is not None for s in result.scores]),
                    scores_by_function={k: list(v) for k, v in result.scores_by_function.items()},
-                   prompt_index=[i for i in indices for _ in range(G)])
+                   prompt_index=[i for i in indices for _ in range(G)],
+                   tool_mask=getattr(rollout, "tool_mask", None), turns=getattr(rollout, "turns", None))
 
     def informative_groups(self, G: int) -> np.ndarray:
         """[n / G] bool: groups whose judged rewards vary (variance >= 1e-6). A group whose rewards all agree gives
@@ -81,7 +95,9 @@ class Batch:
                      valid=self.valid[rows],
                      scores_by_function={k: [v[r] for r in rows] for k, v in self.scores_by_function.items()},
                      prompt_index=[self.prompt_index[r] for r in rows],
-                     row_ids=None if self.row_ids is None else self.row_ids[rows])
+                     row_ids=None if self.row_ids is None else self.row_ids[rows],
+                     tool_mask=None if self.tool_mask is None else take(self.tool_mask),
+                     turns=None if self.turns is None else [self.turns[r] for r in rows])
 
     @staticmethod
     def concat(parts: Sequence["Batch"], pad_id: int) -> "Batch":
@@ -92,6 +108,12 @@ class Batch:
         T = max(p.completion_ids.shape[1] for p in parts)
         cat = lambda name, width, value, side: paddle.concat(  # noqa: E731
             [pad_columns(getattr(p, name), width, value, side) for p in parts])
+        tools = any(p.tool_mask is not None for p in parts)  # a part without tool tokens: tool_mask all 0
+        tool_mask = paddle.concat([pad_columns(p.tool_mask if p.tool_mask is not None else
+                                               paddle.zeros_like(p.completion_mask), T, 0, "right")
+                                   for p in parts]) if tools else None
+        turns = [t for p in parts for t in (p.turns or [[] for _ in p.texts])] \
+            if any(p.turns is not None for p in parts) else None
         return Batch(prompt_ids=cat("prompt_ids", L, pad_id, "left"), prompt_mask=cat("prompt_mask", L, 0, "left"),
                      completion_ids=cat("completion_ids", T, pad_id, "right"),
                      completion_mask=cat("completion_mask", T, 0, "right"),
@@ -102,17 +124,29 @@ class Batch:
                      valid=np.concatenate([p.valid for p in parts]),
                      scores_by_function={k: [v for p in parts for v in p.scores_by_function[k]]
                                          for k in parts[0].scores_by_function},
-                     prompt_index=[i for p in parts for i in p.prompt_index])
+                     prompt_index=[i for p in parts for i in p.prompt_index], tool_mask=tool_mask, turns=turns)
 
     def sample_rows(self, records: Sequence[dict], k: int = 4) -> List[dict]:
         """The first `k` samples as logged rows: `prompt` (the record's src), `completion` (the text the rewards
         scored), `reward` (the combined reward before any shaping; None when not judged), `scores` (each function's
-        own score) and `length` (generated tokens, EOS included)."""
-        return [{"prompt": records[self.prompt_index[i]]["src"], "completion": self.texts[i],
+        own score) and `length` (generated tokens, EOS included); multi-turn rows add `turns` (the row's messages:
+        each assistant turn and tool result, in order)."""
+        rows = [{"prompt": records[self.prompt_index[i]]["src"], "completion": self.texts[i],
                  "reward": float(self.rewards[i]) if self.valid[i] else None,
                  "scores": {name: values[i] for name, values in self.scores_by_function.items()},
                  "length": int(self.lengths[i])}
                 for i in range(min(k, len(self)))]
+        if self.turns is not None:
+            for i, row in enumerate(rows):
+                row["turns"] = self.turns[i]
+        return rows
+
+
+def attention_mask(completion_mask: paddle.Tensor, tool_mask: Optional[paddle.Tensor]) -> paddle.Tensor:
+    """[n, T] int64 `completion_mask | tool_mask` (the completion mask itself when `tool_mask` is None)."""
+    if tool_mask is None:
+        return completion_mask
+    return ((completion_mask != 0) | (tool_mask != 0)).astype("int64")
 
 
 @dataclass
@@ -173,7 +207,7 @@ def model_precision(amp: Any) -> contextlib.AbstractContextManager:
 
 # ------------------------------------------------------------------------------------ balancing the ranks
 
-_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "sample_logprobs")
+_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "sample_logprobs", "tool_mask")
 
 
 def balance(par: ParallelContext, batch: Batch, cfg: Any, sequences_per_mini_batch: int, pad_id: int) -> Batch:
@@ -186,13 +220,15 @@ def balance(par: ParallelContext, batch: Batch, cfg: Any, sequences_per_mini_bat
     `batch` unchanged."""
     if not cfg.balance_batch or par.dp_world == 1:
         return batch
-    mine = {f: (getattr(batch, f).numpy() if f in _TENSORS else getattr(batch, f)) for f in Batch.__dataclass_fields__}
+    mine = {f: (getattr(batch, f).numpy() if f in _TENSORS and getattr(batch, f) is not None else getattr(batch, f))
+            for f in Batch.__dataclass_fields__}
     parts = par.all_gather_object(mine)
     if len({len(p["texts"]) for p in parts}) != 1:
         raise RuntimeError(f"balance_batch: the ranks hold different row counts {[len(p['texts']) for p in parts]}")
-    whole = Batch.concat([Batch(**{f: (paddle.to_tensor(v) if f in _TENSORS else v) for f, v in p.items()})
-                          for p in parts], pad_id)
-    p_len, c_len = row_extents(whole.prompt_mask.numpy(), whole.completion_mask.numpy())
+    whole = Batch.concat([Batch(**{f: (paddle.to_tensor(v) if f in _TENSORS and v is not None else v)
+                                   for f, v in p.items()}) for p in parts], pad_id)
+    # Widths by the tokens that exist, actions and tool output: the forward passes attend over both.
+    p_len, c_len = row_extents(whole.prompt_mask.numpy(), whole.attention_mask().numpy())
     rows = balance_rows(p_len + c_len, par.dp_world, sequences_per_mini_batch)[par.dp_rank]
     out = whole.take(rows)
     out.row_ids = rows
@@ -201,6 +237,8 @@ def balance(par: ParallelContext, batch: Batch, cfg: Any, sequences_per_mini_bat
     out.prompt_ids, out.prompt_mask = out.prompt_ids[:, L - p_w:], out.prompt_mask[:, L - p_w:]
     out.completion_ids, out.completion_mask = out.completion_ids[:, :c_w], out.completion_mask[:, :c_w]
     out.sample_logprobs = out.sample_logprobs[:, :c_w]
+    if out.tool_mask is not None:
+        out.tool_mask = out.tool_mask[:, :c_w]
     return out
 
 
@@ -233,9 +271,11 @@ class MicroBatch:
         return t if self.width == t.shape[1] else t[:, :self.width]
 
     def inputs(self, batch: Batch) -> Tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor, paddle.Tensor]:
-        """(prompt_ids, prompt_mask, completion_ids, completion_mask) of this micro-batch."""
+        """(prompt_ids, prompt_mask, completion_ids, attention mask of the completion) of this micro-batch: the
+        forward passes' inputs. The 4th is `batch.attention_mask()` (actions and tool output: tool results are
+        context the model reads), never the loss mask."""
         return (self.prompt(batch.prompt_ids), self.prompt(batch.prompt_mask), self.completion(batch.completion_ids),
-                self.completion(batch.completion_mask))
+                attention_mask(self.completion(batch.completion_mask), self.completion(batch.tool_mask)))
 
 
 def removes_padding(cfg: Any) -> bool:
@@ -245,8 +285,9 @@ def removes_padding(cfg: Any) -> bool:
 
 def plan_micro_batches(prompt_mask: np.ndarray, completion_mask: np.ndarray, rows: np.ndarray, max_rows: int,
                        cfg: Any) -> List[MicroBatch]:
-    """The micro-batches of the batch rows `rows` (masks [n, L] and [n, T], numpy). Padded (use_remove_padding off,
-    no token budget): consecutive runs of `max_rows` rows at full width, as always. Otherwise
+    """The micro-batches of the batch rows `rows` (masks [n, L] and [n, T], numpy; `completion_mask` is the
+    attention mask `Batch.attention_mask()`, so that no micro-batch is cut inside a row's tool output). Padded
+    (use_remove_padding off, no token budget): consecutive runs of `max_rows` rows at full width, as always. Otherwise
     `data.form_micro_batches` of the rows by length (budget `max_tokens_per_micro_batch`), each cut to the prompt
     columns some row of it uses and to its longest completion: the padding left is a shorter row's inside its
     micro-batch."""

@@ -101,7 +101,7 @@ def update_critic(learner: CriticLearner, inputs: CriticInputs, cfg: Any, geomet
     par, critic, amp = learner.par, learner.critic, learner.amp
     n = inputs.batch.completion_ids.shape[0]
     per_mini = geometry.sequences_per_mini_batch
-    masks = (inputs.batch.prompt_mask.numpy(), inputs.batch.completion_mask.numpy())
+    masks = (inputs.batch.prompt_mask.numpy(), inputs.batch.attention_mask().numpy())  # widths: all tokens
     critic.model.train()
     params = critic.trainable_parameters()
     per_mini_metrics = []

@@ -24,7 +24,7 @@ def _eval_passes(model: paddle.nn.Layer, batch: Batch, rows_per_pass: int, cfg: 
     """`forward(mb)` of each micro-batch of `rows_per_pass` rows (`plan_micro_batches`: sorted by length and trimmed
     with use_remove_padding or max_tokens_per_micro_batch), with `model` in eval mode (no dropout, as the rollout
     that sampled the rows) and at the update's precision (`model_precision(amp)`); the plan and the results."""
-    plan = plan_micro_batches(batch.prompt_mask.numpy(), batch.completion_mask.numpy(),
+    plan = plan_micro_batches(batch.prompt_mask.numpy(), batch.attention_mask().numpy(),
                               np.arange(batch.completion_ids.shape[0]), rows_per_pass, cfg)
     was_training = model.training
     model.eval()

@@ -3,11 +3,69 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .batch import GlobalRows
+from .batch import Batch, GlobalRows
+
+
+def tool_calls_per_row(turns: Optional[Sequence[list]], n: int) -> List[int]:
+    """Tool calls (tool messages) of each of `n` rows; all 0 without turns (single-turn)."""
+    if turns is None:
+        return [0] * n
+    return [sum(m.get("role") == "tool" for m in row) for row in turns]
+
+
+@dataclass
+class ToolMetrics:
+    """Tool use of a multi-turn step over the global batch (every data-parallel rank): per sample the assistant
+    turns and tool calls and the share of samples with >= 1 call; per call the share that failed (any of
+    environment.TOOL_ERRORS, timeouts included), the share that timed out and the mean latency; the share of
+    completion tokens that are tool output (tool_mask over actions + tool output); `wait_s` this rank's seconds
+    the rollout was blocked on tool results with no row left to decode."""
+    turns_per_sample: float
+    calls_per_sample: float
+    use_rate: float
+    error_rate: float
+    timeout_rate: float
+    latency_s: float
+    token_share: float
+    wait_s: float
+
+    @classmethod
+    def of(cls, par: Any, batch: Batch, wait_s: float) -> "ToolMetrics":
+        turns = batch.turns or [[] for _ in range(len(batch))]
+        tools = [m for row in turns for m in row if m.get("role") == "tool"]
+        calls = tool_calls_per_row(turns, len(batch))
+        tool_tokens = float(batch.tool_mask.astype("float32").sum()) if batch.tool_mask is not None else 0.0
+        rows, assistant, n_calls, users, errors, timeouts, latency, tool_tok, tokens = par.all_reduce_sum([
+            len(batch), sum(m.get("role") == "assistant" for row in turns for m in row), len(tools),
+            sum(c > 0 for c in calls), sum(m.get("error") is not None for m in tools),
+            sum(m.get("error") == "timeout" for m in tools), sum(float(m.get("latency_s") or 0.0) for m in tools),
+            tool_tokens, tool_tokens + float(batch.completion_mask.astype("float32").sum())]).tolist()
+        per_call = lambda x: x / n_calls if n_calls else 0.0  # noqa: E731
+        return cls(assistant / max(rows, 1), n_calls / max(rows, 1), users / max(rows, 1), per_call(errors),
+                   per_call(timeouts), per_call(latency), tool_tok / max(tokens, 1.0), wait_s)
+
+    def as_dict(self) -> Dict[str, float]:
+        return {"rollout/turns_per_sample": self.turns_per_sample,
+                "rollout/tool_calls_per_sample": self.calls_per_sample, "rollout/tool_use_rate": self.use_rate,
+                "rollout/tool_error_rate": self.error_rate, "rollout/tool_timeout_rate": self.timeout_rate,
+                "rollout/tool_latency_s": self.latency_s, "rollout/tool_token_share": self.token_share,
+                "perf/tool_wait_s": self.wait_s}
+
+
+def eval_tool_metrics(calls: Sequence[int], correct: Optional[np.ndarray]) -> Dict[str, float]:
+    """eval/tool_use_rate (share of samples with >= 1 tool call) and, when correctness is known (`correct` [n]
+    bool), eval/accuracy_with_tools / eval/accuracy_without_tools: the accuracy among the samples that called a
+    tool / did not (nan when there is no such sample)."""
+    used = np.asarray(calls) > 0
+    out = {"eval/tool_use_rate": float(used.mean()) if used.size else 0.0}
+    if correct is not None:
+        for key, rows in (("eval/accuracy_with_tools", used), ("eval/accuracy_without_tools", ~used)):
+            out[key] = float(correct[rows].mean()) if rows.any() else float("nan")
+    return out
 
 
 @dataclass
@@ -16,12 +74,15 @@ class CollectMetrics:
     reward_s: float = 0.0
     dropped_groups: Optional[float] = None   # with dynamic sampling only
     rounds: Optional[float] = None
+    tools: Optional[ToolMetrics] = None      # multi-turn rollouts only
 
     def as_dict(self) -> Dict[str, float]:
         out = {"perf/rollout_s": self.rollout_s, "perf/reward_s": self.reward_s}
         if self.rounds is not None:
             out["train/dynamic_sampling_dropped_groups"] = self.dropped_groups
             out["train/dynamic_sampling_rounds"] = self.rounds
+        if self.tools is not None:
+            out.update(self.tools.as_dict())
         return out
 
 

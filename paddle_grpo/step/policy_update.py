@@ -148,7 +148,7 @@ def _pipeline_mini_batch(learner: Learner, inputs: UpdateInputs, sl: slice, agg:
     stage hands the loss its final hidden states and the loss applies the stage's LM head chunk by chunk."""
     b = inputs.batch
     ids = paddle.concat([b.prompt_ids[sl], b.completion_ids[sl]], axis=1)
-    attention_mask = paddle.concat([b.prompt_mask[sl], b.completion_mask[sl]], axis=1).astype("int64")
+    attention_mask = paddle.concat([b.prompt_mask[sl], b.attention_mask()[sl]], axis=1).astype("int64")  # + tools
     rows = lambda t: None if t is None else t[sl]  # noqa: E731
     labels = (b.completion_ids[sl], inputs.loss_mask[sl], inputs.advantages[sl], rows(inputs.old_lp),
               rows(inputs.ref_lp), rows(inputs.positive))
@@ -193,7 +193,7 @@ def update(par: ParallelContext, learner: Learner, inputs: UpdateInputs, cfg: An
     n = inputs.batch.completion_ids.shape[0]
     per_mini, mb = geometry.sequences_per_mini_batch, cfg.per_device_train_batch_size
     per_mini_metrics = []
-    masks = (inputs.batch.prompt_mask.numpy(), inputs.batch.completion_mask.numpy())
+    masks = (inputs.batch.prompt_mask.numpy(), inputs.batch.attention_mask().numpy())  # widths: all tokens
     state = learner.state
     learner.policy.model.train()
     params = learner.parameters()

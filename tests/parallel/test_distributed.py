@@ -1,6 +1,6 @@
 """Data parallel on CPU: `python -m paddle.distributed.launch --devices "" --nproc_per_node 2 run_rl.py` against a
-single-process run with the same global batch and seed. Sampling is keyed by global row (sampling.py), so both runs
-draw the same completions; global denominators and summed gradients then make the updates equal up to float
+single-process run with the same global batch and seed. Sampling is keyed by global row (rollout/sampling.py), so
+both runs draw the same completions; global denominators and summed gradients then make the updates equal up to float
 rounding of a different summation order."""
 import json
 import os

@@ -1,7 +1,7 @@
 """The lean Qwen2 path (paddle_grpo/policy/fast_qwen2.py) against PaddleNLP's own `Qwen2ForCausalLM.forward`.
 
 Every comparison runs the same model object twice: once with the fast path and once with `PADDLE_GRPO_FAST=0`
-(PaddleNLP's forward; the straightforward code that tests/policy/test_causal.py and tests/test_rollout.py check against
+(PaddleNLP's forward; the straightforward code that tests/policy/test_causal.py and tests/rollout/ check against
 unpadded full forwards and naive loops). Float32 tolerances, derived (tests/numerics.py): the two paths sum in other
 orders, so log-probs, entropies and logits agree within LP_TOL absolutely (tiny_lm_tol of make_model's sizes), and
 gradients within GRAD_TOL of each parameter's largest gradient (the backward is as deep again); greedy and
@@ -16,7 +16,7 @@ from paddlenlp.transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCa
 
 from paddle_grpo.policy import fast_qwen2
 from paddle_grpo.policy.causal import completion_logprobs, generate
-from paddle_grpo.sampling import row_keys
+from paddle_grpo.rollout.sampling import row_keys
 
 pytestmark = pytest.mark.numerics  # compares float results: CI reruns it on other CPU kernels
 

@@ -11,7 +11,7 @@ from paddle_grpo.policy import (CausalPolicy, Policy, Seq2SeqPolicy, is_encoder_
                                 policy_class)
 from paddle_grpo.policy import causal, lora, seq2seq
 from paddle_grpo.recipes.seq2seq import build_tiny_seq2seq
-from paddle_grpo.sampling import row_keys
+from paddle_grpo.rollout.sampling import row_keys
 
 CORPUS = ["summarize: The Ostley Guild found a new snail near Morholm.", "A new snail was found.",
           "summarize: On Tuesday the Harriers won the cup, beating Vellmouth 5 to 1."] * 5

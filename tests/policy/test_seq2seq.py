@@ -20,7 +20,7 @@ from numerics import tiny_lm_tol
 from paddle_grpo.policy import seq2seq
 from paddle_grpo.recipes.seq2seq import build_tiny_seq2seq
 from paddle_grpo.recipes.tiny import build_tokenizer
-from paddle_grpo.sampling import row_keys
+from paddle_grpo.rollout.sampling import row_keys
 
 pytestmark = pytest.mark.numerics  # compares float results: CI reruns it on other CPU kernels
 
@@ -72,7 +72,7 @@ def _log_softmax(z):
 
 
 def _naive_greedy(model, src, *, max_new, min_new, eos, penalty=1.0):
-    """Greedy decoding by re-running the whole model each step; the rules of rollout.py, written out."""
+    """Greedy decoding by re-running the whole model each step; the rules of rollout/single_turn.py, written out."""
     start = seq2seq.decoder_start_id(model)
     out, seen = [], set()
     for t in range(max_new):
@@ -214,7 +214,7 @@ def test_greedy_matches_naive_loop(tiny, min_new, penalty):
 
 
 def test_repetition_penalty_ignores_the_source(tiny):
-    """A summary may copy the document: only the decoder's own tokens are penalised (unlike rollout.py's prompts)."""
+    """A summary may copy the document: only the decoder's own tokens are penalised (unlike rollout/'s prompts)."""
     _, tokenizer, model = tiny
     src = list(range(4, len(tokenizer), 2))  # half the vocabulary in the document
     eos = {tokenizer.eos_token_id}
@@ -279,6 +279,20 @@ def test_generate_restores_training_mode_and_needs_eos(tiny):
     assert model.training
     with pytest.raises(ValueError, match="EOS"):
         seq2seq.generate(model, ids, mask, max_new_tokens=2, eos_token_ids=[])
+
+
+def test_tools_are_refused_naming_the_key(tiny):
+    """Multi-turn rollouts need a decoder-only policy: the `tools` key is named, and the stepper refuses `keep`."""
+    _, tokenizer, model = tiny
+    _, ids, mask = _prompts(tokenizer)
+    with pytest.raises(ValueError, match="`tools` key .* decoder-only"):
+        seq2seq.generate(model, ids, mask, max_new_tokens=2, eos_token_ids=[tokenizer.eos_token_id], tools=object())
+    stepper = seq2seq.Seq2SeqStepper(model)
+    logits = stepper.start(paddle.to_tensor(ids), paddle.to_tensor(mask), 1)
+    token = paddle.argmax(logits, axis=-1)
+    with pytest.raises(ValueError, match="`tools`"):
+        stepper.step(token, paddle.ones([ids.shape[0]], dtype="bool"))
+    assert stepper.step(token).shape == logits.shape  # without keep: the usual step
 
 
 def test_encoder_inputs_carry_the_tokenizers_own_special_tokens(tmp_path):

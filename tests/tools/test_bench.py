@@ -131,7 +131,7 @@ def bench(load_tool):
 
 
 def test_draw_lengths_uniform_and_keyed(bench):
-    from paddle_grpo.sampling import row_keys
+    from paddle_grpo.rollout.sampling import row_keys
 
     keys = row_keys(0, 1000, np.arange(4000))
     a = bench.draw_lengths(keys, 3, 9)
@@ -176,7 +176,7 @@ class _FakePolicy:
 
 @pytest.mark.parametrize("low,high", [(1, 6), (4, 4), (3, 12)])
 def test_variable_lengths_cuts_each_row_at_eos(bench, low, high):
-    from paddle_grpo.sampling import row_keys
+    from paddle_grpo.rollout.sampling import row_keys
 
     policy = _FakePolicy()
     drawn = bench.variable_lengths(policy, low)

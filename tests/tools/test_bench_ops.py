@@ -39,7 +39,7 @@ def test_phases_are_checked(bench_ops):
 
 
 def test_the_old_sampler_it_times_agrees_with_the_new_one(bench_ops):
-    from paddle_grpo.sampling import sample_with_uniforms
+    from paddle_grpo.rollout.sampling import sample_with_uniforms
 
     rng = np.random.default_rng(0)
     p = rng.dirichlet(np.full(5000, 0.05), size=32).astype(np.float32)

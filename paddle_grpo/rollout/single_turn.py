@@ -30,15 +30,14 @@ and the EOS mask touch only the seen / EOS columns. `tools/bench_ops.py` times e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Protocol, Sequence, Tuple, Union
+from typing import List, Optional, Protocol, Tuple, Union
 
 import numpy as np
 import paddle
 
-from .algorithms import gather_last
-from .data import pad_columns
-from .kernels import numpy_kernels
-from .precision import full_precision
+from ..algorithms import gather_last
+from ..kernels import numpy_kernels
+from ..precision import full_precision
 from .sampling import candidates, sample_with_uniforms, uniforms
 
 # The decode step's max / exp / sum take numpy kernels on CPU from this vocabulary size: at [8, 151,936] 1.8 ms
@@ -54,8 +53,21 @@ class Stepper(Protocol):
               max_new_tokens: int) -> paddle.Tensor:
         """Prefill prompts [P, L]; the next-token logits [P * G, V], each prompt's G rows consecutive."""
 
-    def step(self, token: paddle.Tensor) -> paddle.Tensor:
-        """token [N] -> next-token logits [N, V]."""
+    def step(self, token: paddle.Tensor, keep: Optional[paddle.Tensor] = None) -> paddle.Tensor:
+        """token [N] -> next-token logits [N, V].
+
+        keep bool [N] (None: every row): row i's token is appended only where keep[i] (the multi-turn driver idles
+        rows that wait for a tool or are done); a row not kept does not advance its position, and its returned
+        logits are meaningless. The single-turn loop passes no `keep`."""
+
+
+@dataclass
+class ToolStats:
+    """Timings of a multi-turn rollout (summed over its `rollout_max_num_seqs` chunks); per-call latencies and errors
+    are in the tool messages of `Rollout.turns`."""
+    wait_s: float = 0.0   # seconds blocked with every unfinished row waiting for a tool (the model idle)
+    model_s: float = 0.0  # seconds in the model: prefill and decode steps
+    steps: int = 0        # decode steps run (one token per row that is generating or fed a tool token)
 
 
 @dataclass
@@ -63,66 +75,20 @@ class Rollout:
     prompt_ids: paddle.Tensor        # [N, L] int64, left-padded, each prompt repeated G times
     prompt_mask: paddle.Tensor       # [N, L] int64
     completion_ids: paddle.Tensor    # [N, T] int64, pad after EOS; T = longest completion in the batch
-    completion_mask: paddle.Tensor   # [N, T] int64, 1 on generated tokens up to and including EOS
-    lengths: np.ndarray              # [N] generated tokens (EOS included)
-    truncated: np.ndarray            # [N] bool: stopped by max_new_tokens without EOS
-    sample_logprobs: paddle.Tensor   # [N, T] float32
+    completion_mask: paddle.Tensor   # [N, T] int64, 1 on generated tokens up to and including EOS (actions only)
+    lengths: np.ndarray              # [N] generated (action) tokens (EOS included)
+    truncated: np.ndarray            # [N] bool: stopped by max_new_tokens without EOS (without a final answer)
+    sample_logprobs: paddle.Tensor   # [N, T] float32 (0 on tool tokens)
+    # Multi-turn rollouts with tools only (multi_turn.py); None for single-turn ones.
+    tool_mask: Optional[paddle.Tensor] = None   # [N, T] int64, 1 on the tool-turn tokens the rollout fed (context)
+    turns: Optional[List[List[dict]]] = None    # per row its messages: assistant / tool dicts, in order
+    tool_stats: Optional[ToolStats] = None
 
-
-@paddle.no_grad()
-def generate(model: paddle.nn.Layer, prompt_ids: Union[paddle.Tensor, np.ndarray],
-             prompt_mask: Union[paddle.Tensor, np.ndarray], *, num_samples: int = 1, max_new_tokens: int = 64,
-             min_new_tokens: int = 0, eos_token_ids: Union[int, Sequence[int]] = (), pad_token_id: int = 0,
-             temperature: float = 1.0, top_p: float = 1.0, repetition_penalty: float = 1.0, do_sample: bool = True,
-             max_num_seqs: Optional[int] = None, row_keys: Optional[np.ndarray] = None,
-             stepper: Callable[[paddle.nn.Layer], Stepper], penalize_prompt: bool = True,
-             top_k: int = 0) -> Rollout:
-    """Sample `num_samples` completions for each of the `B` prompts; returns a `Rollout` with `N = B * num_samples`.
-
-    prompt_ids/prompt_mask: [B, L] (paddle or numpy), left-padded. `max_num_seqs` bounds the sequences decoded at
-    once (rollout_max_num_seqs); larger rollouts are processed in chunks of whole prompts.
-    `row_keys` ([B * num_samples] uint64, see sampling.row_keys): sample row i with the counter-based uniforms of
-    its key, so the result does not depend on chunking or on which process samples which rows; None: paddle's
-    global generator (`paddle.multinomial`). `stepper`: a class `stepper(model)` with `start`/`step`, the model's
-    side of the loop (policy/causal.py's `generate` passes the causal one for the model, seq2seq.py its
-    encoder-decoder stepper); `penalize_prompt`: see `decode`. `top_k` (0: off) and `top_p` (1: off):
-    `sampling.candidates`.
-    """
-    prompt_ids = paddle.to_tensor(prompt_ids, dtype="int64")
-    prompt_mask = paddle.to_tensor(prompt_mask, dtype="int64")
-    eos = sorted({int(eos_token_ids)} if np.isscalar(eos_token_ids) else {int(e) for e in eos_token_ids})
-    if not eos:
-        raise ValueError("generate needs at least one EOS token id")
-    B = prompt_ids.shape[0]
-    per_chunk = max(1, (max_num_seqs or B * num_samples) // num_samples)
-    was_training = model.training
-    model.eval()
-    try:
-        chunks = [_generate_chunk(model, prompt_ids[s:s + per_chunk], prompt_mask[s:s + per_chunk], num_samples,
-                                  max_new_tokens, min_new_tokens, eos, pad_token_id, temperature, top_p,
-                                  repetition_penalty, do_sample,
-                                  None if row_keys is None else row_keys[s * num_samples:(s + per_chunk) * num_samples],
-                                  stepper, penalize_prompt, top_k)
-                  for s in range(0, B, per_chunk)]
-    finally:
-        if was_training:
-            model.train()
-    T = max(c[0].shape[1] for c in chunks)
-    ids = paddle.concat([pad_columns(c[0], T, pad_token_id) for c in chunks], axis=0)
-    logps = paddle.concat([pad_columns(c[1], T, 0.0) for c in chunks], axis=0)
-    lengths = np.concatenate([c[2] for c in chunks])
-    truncated = np.concatenate([c[3] for c in chunks])
-    mask = paddle.to_tensor((np.arange(T)[None, :] < lengths[:, None]).astype("int64"))
-    return Rollout(prompt_ids=paddle.repeat_interleave(prompt_ids, num_samples, axis=0),
-                   prompt_mask=paddle.repeat_interleave(prompt_mask, num_samples, axis=0),
-                   completion_ids=ids, completion_mask=mask, lengths=lengths, truncated=truncated,
-                   sample_logprobs=logps)
-
-
-def _generate_chunk(model, prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id, temperature,
-                    top_p, repetition_penalty, do_sample, keys, stepper, penalize_prompt=True, top_k=0):
-    return decode(stepper(model), prompt_ids, prompt_mask, G, max_new_tokens, min_new_tokens, eos, pad_id,
-                  temperature, top_p, repetition_penalty, do_sample, keys, penalize_prompt, top_k)
+    @property
+    def tool_wait_s(self) -> Optional[float]:
+        """Seconds the multi-turn loop was blocked on tools with no row left to decode (perf/tool_wait_s); None for
+        a single-turn rollout."""
+        return None if self.tool_stats is None else self.tool_stats.wait_s
 
 
 def decode(stepper: Stepper, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, G: int, max_new_tokens: int,
@@ -148,18 +114,9 @@ def decode(stepper: Stepper, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tens
     tokens, logps = [], []
     for t in range(max_new_tokens):
         with full_precision():  # under the update's autocast (step.model_precision) only the model runs in it
-            z = logits / temperature
-            exp_z, lse = _exp_and_logsumexp(z)
-            processed = z
-            if seen is not None:
-                processed = _penalize(processed, seen, repetition_penalty)
-            if t < min_new_tokens:  # only the EOS columns change: no [N, V] mask
-                processed = paddle.put_along_axis(processed, eos_cols, -float("inf"), axis=1)
-            if do_sample:
-                token = _sample(exp_z if processed is z else _exp_and_logsumexp(processed)[0], top_k, top_p,
-                                None if keys is None else uniforms(keys, t))
-            else:
-                token = paddle.argmax(processed, axis=-1)
+            token, z, lse = choose(logits, temperature, seen, repetition_penalty, t < min_new_tokens or None,
+                                   eos_cols, do_sample, top_k, top_p,
+                                   None if keys is None or not do_sample else uniforms(keys, t))
             token = paddle.where(finished, paddle.full_like(token, pad_id), token)
             token_logp = gather_last(z, token.unsqueeze(-1)).squeeze(-1) - lse
         tokens.append(token)
@@ -174,6 +131,33 @@ def decode(stepper: Stepper, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tens
     ids = paddle.stack(tokens, axis=1)
     truncated = ~finished.numpy()
     return ids, paddle.stack(logps, axis=1), lengths, truncated
+
+
+def choose(logits: paddle.Tensor, temperature: float, seen: Optional[paddle.Tensor], repetition_penalty: float,
+           block_eos: Union[bool, paddle.Tensor, None], eos_cols: paddle.Tensor, do_sample: bool, top_k: int,
+           top_p: float, u: Optional[np.ndarray]) -> Tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
+    """One decode step's sampling maths (module docstring), shared by the single- and multi-turn loops; call it under
+    `full_precision`. logits [n, V] float32; seen [n, S] ids for the repetition penalty (-1: none) or None;
+    block_eos: True (every row), a bool [n] tensor (those rows) or None: EOS masked, as before `min_new_tokens`;
+    eos_cols [n, E] the EOS ids; u [n] keyed uniforms or None (multinomial). Returns (token [n] int64, z [n, V] the
+    temperature-scaled logits, logsumexp(z) [n]): the sample log-prob of a token is `z[token] - lse`."""
+    z = logits / temperature
+    exp_z, lse = _exp_and_logsumexp(z)
+    processed = z
+    if seen is not None:
+        processed = _penalize(processed, seen, repetition_penalty)
+    if block_eos is True:  # only the EOS columns change: no [n, V] mask
+        processed = paddle.put_along_axis(processed, eos_cols, -float("inf"), axis=1)
+    elif block_eos is not None:
+        kept = gather_last(processed, eos_cols)
+        processed = paddle.put_along_axis(
+            processed, eos_cols, paddle.where(block_eos.unsqueeze(-1), paddle.full_like(kept, -float("inf")), kept),
+            axis=1)
+    if do_sample:
+        token = _sample(exp_z if processed is z else _exp_and_logsumexp(processed)[0], top_k, top_p, u)
+    else:
+        token = paddle.argmax(processed, axis=-1)
+    return token, z, lse
 
 
 def _exp_and_logsumexp(z: paddle.Tensor) -> Tuple[paddle.Tensor, paddle.Tensor]:
@@ -229,7 +213,7 @@ def top_p_filter(probs: paddle.Tensor, top_p: float) -> paddle.Tensor:
     """Keep the smallest set of most likely tokens whose probability reaches top_p; renormalise. [n, V] -> [n, V].
 
     The full-sort form (a sort of the vocabulary per row); decoding uses `sampling.candidates`, which keeps the
-    same tokens from a `paddle.topk` of a few candidates (tests/test_sampling_real_vocab.py)."""
+    same tokens from a `paddle.topk` of a few candidates (tests/rollout/test_sampling_real_vocab.py)."""
     sorted_probs = paddle.sort(probs, axis=-1, descending=True)
     cumulative = paddle.cumsum(sorted_probs, axis=-1)
     # The probability of the last token kept: tokens less likely than it are dropped (ties kept).

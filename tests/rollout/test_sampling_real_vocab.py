@@ -1,4 +1,4 @@
-"""Sampling at a real vocabulary (sampling.py, rollout.decode): the two-level inverse CDF against an exact numpy
+"""Sampling at a real vocabulary (rollout/sampling.py, rollout.decode): the two-level inverse CDF against an exact numpy
 float64 inverse CDF over many uniforms and distributions, top-k / top-p candidates against the full-vocabulary
 filters (ties included), and a whole decode loop at V = 151,936 against a numpy float64 reference loop."""
 import numpy as np
@@ -8,7 +8,7 @@ from numerics import EPS32, f32_sum_tol
 
 from paddle_grpo.kernels.chunk_kernels import shifted_statistics
 from paddle_grpo.rollout import decode, top_p_filter
-from paddle_grpo.sampling import candidates, row_keys, sample_with_uniforms, uniforms
+from paddle_grpo.rollout.sampling import candidates, row_keys, sample_with_uniforms, uniforms
 
 REAL_V = 151936
 
@@ -219,7 +219,7 @@ def test_decode_at_the_real_vocabulary_matches_a_float64_reference(kw):
                                         kw["top_k"], kw["top_p"], kw["penalty"], keys)
     assert (lengths == T).all() and truncated.all()              # the EOS ids are too unlikely to be drawn
     np.testing.assert_array_equal(ids.numpy(), ref_ids)
-    # On CPU the decode step sums exp over the 151,936 terms with numpy's pairwise summation (rollout.py,
+    # On CPU the decode step sums exp over the 151,936 terms with numpy's pairwise summation (rollout/single_turn.py,
     # NUMPY_FROM_VOCAB): within float32 rounding of the float64 reference (paddle's own float32 sums, as in
     # paddle.logsumexp, are off by ~1e-4 relative at this size) ...
     # pairwise sums of 151,936 terms <= 1 (relative error (log2 V + 1) u = 1.1e-6, absolute in the log) after
@@ -230,7 +230,7 @@ def test_decode_at_the_real_vocabulary_matches_a_float64_reference(kw):
     for t in range(T):
         z = paddle.to_tensor(stepper.logits(t)) / kw["temperature"]
         _, picked, lse_s, _ = shifted_statistics(z.clone(), ids[:, t], False)
-        # two float32 evaluations of the same pairwise-summed statistics (rollout.py and chunk_kernels.py): the
+        # two float32 evaluations of the same pairwise-summed statistics (rollout/ and chunk_kernels.py): the
         # sums' (log2 V + 1) u twice, and the shifted logit's rounding (|z - m| <= 60) in each
         np.testing.assert_allclose(lps.numpy()[:, t], (picked - lse_s).numpy(), rtol=0,
                                    atol=2 * (np.log2(REAL_V) + 1) * EPS32 + 2 * 60 * EPS32)

@@ -1,5 +1,5 @@
-"""rollout._exp_and_logsumexp: the numpy kernels (CPU, vocabularies of at least NUMPY_FROM_VOCAB) against the
-paddle ops and a float64 reference.
+"""rollout.single_turn._exp_and_logsumexp: the numpy kernels (CPU, vocabularies of at least NUMPY_FROM_VOCAB)
+against the paddle ops and a float64 reference.
 
 Tolerances: logsumexp over 4,099 positive terms exp(z - m) <= 1: numpy sums pairwise ((log2 n + 1) u = 8e-7 relative,
 absolute in the log); paddle's reduction is Eigen's blocked tree, compiled in and so the same on any x86 CPU (MKL does
@@ -9,7 +9,7 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_grpo import rollout
+from paddle_grpo.rollout import single_turn as rollout
 
 pytestmark = pytest.mark.numerics  # compares float results: CI reruns it on other CPU kernels
 

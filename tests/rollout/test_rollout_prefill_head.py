@@ -11,7 +11,7 @@ from paddle_grpo import rollout
 from paddle_grpo.policy import load_tokenizer
 from paddle_grpo.policy import causal
 from paddle_grpo.policy.causal import load_causal_lm, position_ids_from_mask
-from paddle_grpo.sampling import row_keys
+from paddle_grpo.rollout.sampling import row_keys
 
 pytestmark = pytest.mark.numerics  # compares float results: CI reruns it on other CPU kernels
 

@@ -1,9 +1,9 @@
-"""Counter-based sampling noise (paddle_grpo/sampling.py): uniform, deterministic, independent of batching, and
+"""Counter-based sampling noise (paddle_grpo/rollout/sampling.py): uniform, deterministic, independent of batching, and
 inverse-CDF sampling that matches a numpy reference and the target distribution."""
 import numpy as np
 import paddle
 
-from paddle_grpo.sampling import row_keys, sample_with_uniforms, uniforms
+from paddle_grpo.rollout.sampling import row_keys, sample_with_uniforms, uniforms
 
 
 def test_uniforms_are_deterministic_and_do_not_depend_on_the_batch():

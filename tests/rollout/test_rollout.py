@@ -1,4 +1,4 @@
-"""KV-cached sampling (paddle_grpo/rollout.py) against independent references: a naive no-cache greedy loop,
+"""KV-cached sampling (paddle_grpo/rollout/) against independent references: a naive no-cache greedy loop,
 numpy implementations of top-p and the repetition penalty, a teacher-forced forward pass, and the model's own
 softmax for sampling frequencies."""
 import numpy as np
@@ -9,7 +9,7 @@ from numerics import f32_sum_tol, tiny_lm_tol
 from paddle_grpo.policy import load_tokenizer
 from paddle_grpo.policy.causal import completion_logprobs, generate, load_causal_lm
 from paddle_grpo.rollout import top_p_filter
-from paddle_grpo.sampling import row_keys
+from paddle_grpo.rollout.sampling import row_keys
 
 pytestmark = pytest.mark.numerics  # compares float results: CI reruns it on other CPU kernels
 

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import paddle
 
-from .algorithms import gather_last
+from ..algorithms import gather_last
 
 _MASK = (1 << 64) - 1
 
@@ -40,9 +40,11 @@ def row_keys(seed: int, step: int, rows: npt.ArrayLike) -> np.ndarray:
     return _splitmix64(base ^ _splitmix64(np.asarray(rows, dtype=np.uint64)))
 
 
-def uniforms(keys: npt.ArrayLike, position: int) -> np.ndarray:
-    """The uniform in [0, 1) for each row key at decode position `position`. [n] float64."""
-    bits = _splitmix64(np.asarray(keys, dtype=np.uint64) ^ _splitmix64(np.uint64(position)))
+def uniforms(keys: npt.ArrayLike, position: npt.ArrayLike) -> np.ndarray:
+    """The uniform in [0, 1) for each row key at decode position `position`: one int for all rows, or [n] per row
+    (the multi-turn loop: each row's own completion position, so its draws do not depend on the other rows or on
+    tool timing). [n] float64."""
+    bits = _splitmix64(np.asarray(keys, dtype=np.uint64) ^ _splitmix64(np.asarray(position, dtype=np.uint64)))
     return (bits >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
@@ -56,7 +58,7 @@ def sample_with_uniforms(probs: paddle.Tensor, u: npt.ArrayLike, block: int = 51
     float64 cumsum over those [n, V / block] sums picks each row's block, then a float64 cumsum inside that one
     block picks the token: O(n * (V / block + block)) float64 work. It picks the token of an exact float64
     inverse CDF of the same probabilities unless `u * total` lies within float32 rounding (~1e-6 relative) of a
-    cumulative-probability boundary (tests/test_sampling_real_vocab.py). Up to 4 blocks (small vocabularies) the
+    cumulative-probability boundary (tests/rollout/test_sampling_real_vocab.py). Up to 4 blocks (small vocabularies) the
     exact float64 inverse CDF is as cheap and is used instead.
     """
     if probs.dtype != paddle.float32:
