@@ -56,8 +56,8 @@ MARKERS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 
 MODEL = dict(hidden_size=128, intermediate_size=512, num_layers=2, num_heads=4, num_kv_heads=2,
              max_position_embeddings=512)
-SFT = dict(bare_steps=300, max_steps=1500, target_loss=0.05, tool_share=0.25, batch_size=64, learning_rate=1e-3, warmup_steps=20,
-           weight_decay=0.0, val_size=128, check_every=25, vocab_size=500)
+SFT = dict(bare_steps=250, max_steps=1000, target_loss=0.03, tool_share=0.25, batch_size=64, learning_rate=1e-3,
+           warmup_steps=20, weight_decay=0.0, val_size=128, check_every=25, vocab_size=500)
 BUILD_INFO = "build_info.json"
 
 
@@ -310,9 +310,9 @@ def build_quickstart_tools_policy(out_dir: str, seed: int = 0, *, max_steps: Opt
     # The first `bare_steps` steps show the problems without the system turn: with the 210 tokens of the tool
     # listing in front, the attention that copies the operands (at fixed distances back) took far longer to form
     # (measured: no copying after 400 steps); the distances are the same without it, so the skill carries over.
-    bare = min(SFT["bare_steps"], max_steps) * bs
-    data_bare = encode(tokenizer, problems[:bare], use_tool[:bare], listed=False)
-    data = encode(tokenizer, problems[bare:], use_tool[bare:])
+    bare = min(SFT["bare_steps"], max_steps)
+    data_bare = encode(tokenizer, problems[:bare * bs], use_tool[:bare * bs], listed=False)
+    data = encode(tokenizer, problems[bare * bs:], use_tool[bare * bs:])
     val = validation_problems()
     val_batch = encode(tokenizer, val, [True] * len(val))
 
@@ -336,9 +336,9 @@ def build_quickstart_tools_policy(out_dir: str, seed: int = 0, *, max_steps: Opt
     bar = tqdm(total=max_steps, desc=f"SFT until tool-call loss <= {target:g}", unit="step", dynamic_ncols=True,
                disable=not progress)
     bar.set_postfix(val_loss=f"{loss_now:.3f}")
-    while step < max_steps and loss_now > target:
+    while step < max_steps and (step < bare or loss_now > target):
         first = step * bs
-        source, first = (data_bare, first) if first < bare else (data, first - bare)
+        source, first = (data_bare, first) if step < bare else (data, first - bare * bs)
         loss = sft_loss(model, tuple(x[first:first + bs] for x in source))
         loss.backward()
         opt.step()
