@@ -13,10 +13,13 @@ and a direct answer is `P<|im_end|>`. `build_quickstart_tools_policy(out_dir, se
 task's text (the chat and tool markers are single tokens, digits too), initialises a random Qwen2ForCausalLM and
 fine-tunes it (SFT) on transcripts of which a fraction `SFT["tool_share"]` call the tool and the rest answer
 directly (right products the model cannot learn, so its direct answers stay wrong). The loss covers the policy's
-tokens only; the tool turn is context, as in the RL step. SFT stops once the validation loss of the tool
+tokens only; the tool turn is context, as in the RL step. The first `SFT["bare_steps"]` steps show the problems
+without the system turn (copying forms much faster without 210 tokens of tool listing in front, and carries over:
+the distances it copies across are the same); after them SFT stops once the validation loss of the tool
 transcripts' copying (every policy token of a tool transcript but its first, `<tool_call>`) reaches
-`SFT["target_loss"]`: the warm policy then writes well-formed calls when it calls, and calls about as often as SFT
-showed it (the start's accuracy); RL has to raise that rate. `multiplication_reward` scores the final answer.
+`SFT["target_loss"]`. The warm policy then writes well-formed calls when it calls, and calls about as often as SFT
+showed it (a quarter of the time: the start's accuracy); RL has to raise that rate. `multiplication_reward` scores
+the final answer.
 
 Held-out problems: `eval_problems()` (the trainer's eval set) and `validation_problems()` (SFT's stopping set) are
 the same for every run seed; neither SFT nor the RL train file ever contains them.
