@@ -127,3 +127,45 @@ def test_shipped_data_files_are_the_generators_output(repo_root, tmp_path):
     assert len({(r["a"], r["b"]) for r in train}) == len(train)
     assert not {r["src"] for r in train} & {r["src"] for r in held}
     assert all(r["tgt"] == str(r["a"] * r["b"]) and r["src"] == qt.prompt(r["a"], r["b"]) for r in train + held)
+
+
+def test_sft_starts_without_the_system_turn(tokenizer):
+    """listed=False: the same rows without the system turn (its first steps), the prompt the plain user turn."""
+    from paddle_grpo.data import format_qwen_chat
+
+    pid, pm, cid, cm, am = qt.encode(tokenizer, [(737, 42)], [True], listed=False)
+    row = pid[0].tolist() + cid[0][cm[0] == 1].tolist()
+    text = format_qwen_chat("What is 737*42?", system=None) + "".join(t for t, _ in qt.transcript(737, 42, True))
+    assert row == tokenize_prompts(tokenizer, [text])[0] + [tokenizer.eos_token_id]
+    listed = qt.encode(tokenizer, [(737, 42)], [True])
+    assert am[0][cm[0] == 1].sum() == listed[4][0][listed[3][0] == 1].sum()  # the same policy tokens
+
+
+def test_config_loads_and_fits_the_trajectory(repo_root, tokenizer):
+    from paddle_grpo.config import load_config
+    from paddle_grpo.recipes import policy_builder
+
+    cfg = load_config(str(repo_root / "configs" / "quickstart_tools.yaml"))
+    assert cfg.build_actor_if_missing == "quickstart_tools" and not cfg.use_rm_server
+    assert cfg.tools == ["calculator"] and cfg.max_turns == 2
+    assert get_reward_fn(cfg.reward_funcs) is qt.multiplication_reward
+    assert policy_builder(cfg) is not None
+    for path in (cfg.train_datasets, cfg.eval_datasets):
+        assert os.path.isfile(repo_root / path)
+    # the prompt fits max_prompt_len; call + tool turn + answer + EOS fits max_dec_len (tool tokens count in it)
+    a, b = 999, 99
+    assert len(tokenize_prompts(tokenizer, [qt.prompt(a, b)])[0]) <= cfg.max_prompt_len
+    trajectory = sum(len(tokenize_prompts(tokenizer, [t])[0]) for t, _ in qt.transcript(a, b, True)) + 1
+    assert trajectory <= cfg.max_dec_len
+
+
+def test_policy_builder_runs_the_tools_recipe(monkeypatch):
+    from types import SimpleNamespace
+
+    from paddle_grpo.recipes import policy_builder
+
+    calls = []
+    monkeypatch.setattr(qt, "build_quickstart_tools_policy", lambda d, **kw: calls.append((d, kw)))
+    cfg = SimpleNamespace(build_actor_if_missing="quickstart_tools", seed=7, disable_tqdm=True)
+    policy_builder(cfg)("some/dir")
+    assert calls == [("some/dir", {"seed": 7, "progress": False})]
