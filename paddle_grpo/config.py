@@ -157,8 +157,9 @@ class ModelArguments:
                                             "reference model is a frozen copy of it.")
     build_actor_if_missing: str = arg("", "(new) When actor_model_name_or_path does not exist yet, build it with this "
                                           "recipe first (quickstart: the embedded default's tiny policy, made "
-                                          "locally in a few minutes). Empty: the directory must exist.",
-                                      choices=("", "quickstart"))
+                                          "locally in a few minutes; quickstart_tools: the tool quickstart's). "
+                                          "Empty: the directory must exist.",
+                                      choices=("", "quickstart", "quickstart_tools"))
     reward_model_name_or_path: str = arg("", "Directory (or hub ID) of a sequence-scoring reward model (one label, e.g. "
                                              "Qwen2ForSequenceClassification) scoring prompt + completion in-process "
                                              "(use_rm_server: false), after reward_funcs; its weight is the last "

@@ -9,7 +9,9 @@
 Seed s builds its own policy (`build/qs_s<s>`, as `build_actor_if_missing` does) and trains into `output/s<s>`; a
 control reuses that policy with `--learning_rate 0` (`output/s<s>_lr0`), so the control differs from its run only by
 the updates. The JSON file names the machine (CPU model, cores, threads, Python, paddle) and gives, per run, the SFT
-steps, the first and last held-out `eval/accuracy` and the wall time. `--tables` prints the markdown that README.md
+steps, the first and last held-out `eval/accuracy` and the wall time; for runs with tools
+(configs/quickstart_tools.yaml) also the first and last tool-use rate and accuracy with and without tools, which
+`--tables` prints as a second table. `--tables` prints the markdown that README.md
 and docs/quickstart.md show (with several files, also the ranges over all machines); tests/tools/test_quickstart_seeds.py
 checks that they agree with the committed JSON files.
 `--config` picks the run's file (default configs/quickstart.yaml); another file's runs go to `output/<name>_s<s>`
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import subprocess
@@ -104,21 +107,42 @@ def run_one(seed: int, control: bool, log_dir: str, overwrite: bool = False, con
     return row
 
 
+# Multi-turn runs (configs/quickstart_tools.yaml) also log these at each evaluation; the summary keeps the first
+# and last value of each under its short name.
+TOOL_METRICS = {"eval/tool_use_rate": "tool_use", "eval/accuracy_with_tools": "accuracy_with_tools",
+                "eval/accuracy_without_tools": "accuracy_without_tools"}
+
+
+def _number(value):
+    """A logged metric as a float, or None (missing, or nan: an accuracy over no sample)."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
 def summarise(seed: int, control: bool, wall_s: float | None = None, root: str = _REPO, prefix: str = "") -> dict:
-    """The row of one finished run, from its metrics.jsonl and its policy's build_info.json."""
+    """The row of one finished run, from its metrics.jsonl and its policy's build_info.json. With tools, also
+    "tools": {short name: [first, last]} of TOOL_METRICS (None where a value is nan)."""
     paths = run_paths(seed, control, prefix)
     evals = []
     with open(os.path.join(root, paths["output"], "metrics.jsonl"), encoding="utf-8") as f:
         for line in f:
             row = json.loads(line)
             if "eval/accuracy" in row:
-                evals.append((row["step"], row["eval/accuracy"]))
+                evals.append(row)
     with open(os.path.join(root, paths["policy"], "build_info.json"), encoding="utf-8") as f:
         build = json.load(f)
-    return {"seed": seed, "learning_rate_0": control, "sft_steps": build["sft_steps"],
-            "eval_first": evals[0][1], "eval_last": evals[-1][1], "last_step": evals[-1][0],
-            "eval_all_min": min(a for _, a in evals), "eval_all_max": max(a for _, a in evals),
-            "wall_s": None if wall_s is None else round(wall_s)}
+    accuracy = [r["eval/accuracy"] for r in evals]
+    out = {"seed": seed, "learning_rate_0": control, "sft_steps": build["sft_steps"],
+           "eval_first": accuracy[0], "eval_last": accuracy[-1], "last_step": evals[-1]["step"],
+           "eval_all_min": min(accuracy), "eval_all_max": max(accuracy),
+           "wall_s": None if wall_s is None else round(wall_s)}
+    if "eval/tool_use_rate" in evals[0]:
+        out["tools"] = {short: [_number(evals[0].get(key)), _number(evals[-1].get(key))]
+                        for key, short in TOOL_METRICS.items()}
+    return out
 
 
 def _pts(x: float) -> str:
@@ -146,6 +170,26 @@ def tables(results: dict) -> str:
         wall = "" if r["wall_s"] is None else f"{r['wall_s']} s"
         lines.append(f"| {label} | {r['sft_steps']} | {r['eval_first']:.3f} | {r['eval_last']:.3f} | {change} | "
                      f"{wall} |")
+    if any("tools" in r for r in results["runs"]):
+        lines += ["", tool_table(results).rstrip("\n")]
+    return "\n".join(lines) + "\n"
+
+
+def _share(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def tool_table(results: dict) -> str:
+    """The tool metrics of multi-turn runs at the first and last evaluation: the share of held-out samples that
+    called a tool, and the accuracy among those that did / did not ("-": no such sample)."""
+    lines = ["| run | tool use, step 0 -> last | accuracy with tools | accuracy without tools |", "|---|---|---|---|"]
+    for r in results["runs"]:
+        if "tools" not in r:
+            continue
+        label = f"`--seed {r['seed']}" + (" --learning_rate 0`" if r["learning_rate_0"] else "`")
+        cells = [f"{_share(first)} -> {_share(last)}" for first, last in
+                 (r["tools"][k] for k in ("tool_use", "accuracy_with_tools", "accuracy_without_tools"))]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -7,7 +7,7 @@ import sys
 from typing import Any, Callable, Optional
 
 # The values of `build_actor_if_missing` that name a recipe (config.py offers exactly these; a test checks it).
-POLICY_RECIPES = ("quickstart",)
+POLICY_RECIPES = ("quickstart", "quickstart_tools")
 
 
 def policy_builder(cfg: Any) -> Optional[Callable[[str], None]]:
@@ -19,10 +19,13 @@ def policy_builder(cfg: Any) -> Optional[Callable[[str], None]]:
         raise ValueError(f"build_actor_if_missing: unknown recipe {name!r}; valid: {', '.join(POLICY_RECIPES)}")
 
     def build(directory: str) -> None:
-        from . import quickstart  # looked up at build time, so a test can stand in for the slow build
+        # looked up at build time, so a test can stand in for the slow build
+        if name == "quickstart_tools":
+            from .quickstart_tools import build_quickstart_tools_policy as builder
+        else:
+            from .quickstart import build_quickstart_policy as builder
 
         # a bar only on a terminal: in a log file its updates would pile up on one line (log lines instead)
-        quickstart.build_quickstart_policy(directory, seed=cfg.seed,
-                                           progress=not cfg.disable_tqdm and sys.stderr.isatty())
+        builder(directory, seed=cfg.seed, progress=not cfg.disable_tqdm and sys.stderr.isatty())
 
     return build
