@@ -155,12 +155,17 @@ def tables(results: dict) -> str:
     controls = [r for r in results["runs"] if r["learning_rate_0"]]
     gains = [r["eval_last"] - r["eval_first"] for r in runs]
     control_gains = [r["eval_last"] - r["eval_first"] for r in controls]
-    lines = [f"Over {len(runs)} seeds: step 0 {min(r['eval_first'] for r in runs):.3f}-"
-             f"{max(r['eval_first'] for r in runs):.3f}, step {runs[0]['last_step']} "
-             f"{min(r['eval_last'] for r in runs):.3f}-{max(r['eval_last'] for r in runs):.3f}, "
-             f"**{_pts(min(gains))} to {_pts(max(gains))} points**" +
-             (f"; with `learning_rate 0`: {_pts(min(control_gains))} to {_pts(max(control_gains))} points."
-              if controls else "."), "",
+    control_line = (f"with `learning_rate 0`: {_pts(min(control_gains))} to {_pts(max(control_gains))} points."
+                    if controls else "")
+    if runs:
+        summary = (f"Over {len(runs)} seeds: step 0 {min(r['eval_first'] for r in runs):.3f}-"
+                   f"{max(r['eval_first'] for r in runs):.3f}, step {runs[0]['last_step']} "
+                   f"{min(r['eval_last'] for r in runs):.3f}-{max(r['eval_last'] for r in runs):.3f}, "
+                   f"**{_pts(min(gains))} to {_pts(max(gains))} points**" +
+                   (f"; {control_line}" if controls else "."))
+    else:  # controls only (--seeds ""): e.g. more controls for a file of earlier runs
+        summary = f"Controls only: {control_line}"
+    lines = [summary, "",
              "| run | SFT steps | step 0 | last step | change | wall time |", "|---|---|---|---|---|---|"]
     for r in results["runs"]:
         label = f"`--seed {r['seed']}" + (" --learning_rate 0`" if r["learning_rate_0"] else "`")

@@ -82,6 +82,16 @@ def test_tables_without_controls(load_tool):
                                                             "0.750-0.750, **+25.0 to +25.0 points**.")
 
 
+def test_tables_of_controls_only(load_tool):
+    # `--seeds "" --controls 1,2` (more controls for a file of earlier runs) printed its tables with a crash
+    tool = load_tool("quickstart_seeds")
+    run = dict(seed=1, learning_rate_0=True, sft_steps=400, eval_first=0.5, eval_last=0.47, last_step=30,
+               eval_all_min=0.46, eval_all_max=0.5, wall_s=100)
+    lines = tool.tables({"runs": [run]}).splitlines()
+    assert lines[0] == "Controls only: with `learning_rate 0`: -3.0 to -3.0 points."
+    assert lines[4] == "| `--seed 1 --learning_rate 0` | 400 | 0.500 | 0.470 | -3.0 (all evals 0.460-0.500) | 100 s |"
+
+
 def test_combined_ranges_over_machines(load_tool):
     tool = load_tool("quickstart_seeds")
 
