@@ -20,7 +20,6 @@ import json
 import logging
 import math
 import os
-import random
 import shutil
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 from ..data import format_qwen_chat, tokenize_prompts
 from ..rewards.base import Completion, completion_text, references
 from ..rewards.registry import register_reward
+from .operand_pairs import OperandPairs
 
 if TYPE_CHECKING:  # numpy and paddle are imported where used: this module's import stays light
     import numpy as np
@@ -59,39 +59,22 @@ def prompt(a: int, b: int) -> str:
     return format_qwen_chat(question(a, b), system=None)
 
 
-def _draw(rng):
-    return rng.randint(MIN_OPERAND, MAX_OPERAND), rng.randint(MIN_OPERAND, MAX_OPERAND)
-
-
-def _distinct(rng, n, exclude=()):
-    out, seen = [], set(exclude)
-    while len(out) < n:
-        p = _draw(rng)
-        if p not in seen:
-            seen.add(p)
-            out.append(p)
-    return out
+_PAIRS = OperandPairs((MIN_OPERAND, MAX_OPERAND), (MIN_OPERAND, MAX_OPERAND), EVAL_SEED, VALIDATION_SEED)
 
 
 def eval_problems(n: int = EVAL_SIZE) -> List[Problem]:
     """The fixed held-out problems: `n` distinct (a, b) pairs, the same for every run."""
-    return _distinct(random.Random(EVAL_SEED), n)
+    return _PAIRS.eval_problems(n)
 
 
 def validation_problems() -> List[Problem]:
     """SFT's own held-out problems (it stops on their loss): fixed, distinct, disjoint from `eval_problems()`."""
-    return _distinct(random.Random(VALIDATION_SEED), SFT["val_size"], exclude=eval_problems())
+    return _PAIRS.validation_problems(SFT["val_size"], EVAL_SIZE)
 
 
 def train_problems(n: int, seed: int) -> List[Problem]:
     """`n` problems drawn with `seed` (repeats allowed), never one of the eval or validation problems."""
-    exclude = set(eval_problems()) | set(validation_problems())
-    rng, out = random.Random(seed), []
-    while len(out) < n:
-        p = _draw(rng)
-        if p not in exclude:
-            out.append(p)
-    return out
+    return _PAIRS.train_problems(n, seed, set(eval_problems()) | set(validation_problems()))
 
 
 def record(a: int, b: int) -> Dict[str, str]:
