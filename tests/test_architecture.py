@@ -123,13 +123,13 @@ RULES = (
          allowed=frozenset({"paddle_grpo.user_code"})),
     Rule("http_util.py imports nothing of the package", "paddle_grpo.http_util",
          allowed=frozenset({"paddle_grpo.http_util"})),
-    Rule("config.py imports only algorithms/ and precision.py", "paddle_grpo.config",
+    Rule("config/ imports only algorithms/ and precision.py", "paddle_grpo.config",
          allowed=frozenset({"paddle_grpo.algorithms", "paddle_grpo.precision"})),
     Rule("precision.py imports nothing of the package", "paddle_grpo.precision",
          allowed=frozenset({"paddle_grpo.precision"}), waits_for=("paddle_grpo/precision.py",)),
     Rule("kernels/ imports only algorithms/", "paddle_grpo.kernels",
          allowed=frozenset({"paddle_grpo.algorithms"}), waits_for=("paddle_grpo/kernels",)),
-    Rule("parallel/ imports only config.py, algorithms/ and kernels/", "paddle_grpo.parallel",
+    Rule("parallel/ imports only config/, algorithms/ and kernels/", "paddle_grpo.parallel",
          allowed=frozenset({"paddle_grpo.config", "paddle_grpo.algorithms", "paddle_grpo.kernels"}),
          waits_for=("paddle_grpo/parallel",)),
     Rule("policy/ imports only algorithms/, kernels/, parallel/, precision, rollout/, cpu_tuning",
@@ -211,7 +211,7 @@ def test_rules_report_violations(tmp_path: Path) -> None:
         "paddle_grpo/recipes/quickstart.py imports paddle.distributed",
         "paddle_grpo/rollout/sampling.py imports paddle.distributed",
         "paddle_grpo/rollout/single_turn.py imports paddle.distributed.fleet"]
-    assert by_name["parallel/ imports only config.py, algorithms/ and kernels/"] == [
+    assert by_name["parallel/ imports only config/, algorithms/ and kernels/"] == [
         "paddle_grpo/parallel/vocab.py imports paddle_grpo.policy.causal"]
     assert by_name["rollout/ imports no model code (the policy hands it a stepper) and no step/"] == [
         "paddle_grpo/rollout/multi_turn.py imports paddle_grpo.step.batch.Batch",

@@ -1,6 +1,6 @@
 """Every config key does what it says, or says why not (issue 14): each field of `Config` has a consumer in
 paddle_grpo/ (a read of `cfg.<key>` / `getattr(cfg, "<key>")`, an estimator's `config_options`, or a function or
-property of config.py that reads it and is itself used outside config.py), or its effect statement says it has no
+property of config/ that reads it and is itself used outside config/), or its effect statement says it has no
 effect on any device, with the reason. The consumers are found by scanning the source, so a key added without
 either fails here."""
 import ast
@@ -19,7 +19,7 @@ PENDING_CONSUMERS = {
     "use_flash_attention", "use_fused_rms_norm", "use_fused_rope", "use_fused_linear",
     "sequence_parallel",
 }
-# Keys config.py resolves into another key when it loads a file (the consumer reads that key): PaddleNLP's
+# Keys config/ resolves into another key when it loads a file (the consumer reads that key): PaddleNLP's
 # use_rule_reward becomes reward_funcs gsm8k (config.resolve_rule_reward); tested below.
 RESOLVED_AT_LOAD = {"use_rule_reward": ({"use_rm_server": False, "use_rule_reward": True}, "reward_funcs", "gsm8k")}
 
@@ -33,10 +33,12 @@ def _read_pattern(name):
 
 
 def consumed_keys():
-    """The config keys read somewhere in paddle_grpo/ outside config.py (directly or through config.py)."""
+    """The config keys read somewhere in paddle_grpo/ outside config/ (directly or through config/'s helpers)."""
     sources = _sources()
-    config_py = PACKAGE / "config.py"
-    outside = "\n".join(text for path, text in sources.items() if path != config_py)
+    config_dir = PACKAGE / "config"
+    inside = {path: text for path, text in sources.items() if path.parent == config_dir}
+    assert len(inside) > 10, "the scan must see the config package's files"
+    outside = "\n".join(text for path, text in sources.items() if path not in inside)
     found = {key for key in FIELDS if _read_pattern(key).search(outside)}
     # Estimators' config_options: the step passes these keys (EstimatorSpec.options(cfg)), read from the registry.
     from paddle_grpo.algorithms import advantage_estimator_spec, available_advantage_estimators
@@ -44,8 +46,8 @@ def consumed_keys():
     for name in available_advantage_estimators():
         found |= set(advantage_estimator_spec(name).config_keys) & set(FIELDS)
     found |= {key for key, (_, into, _) in RESOLVED_AT_LOAD.items() if into in found}
-    # config.py's helpers and derived properties (cfg.eps_low, sharding_options(cfg), ...) used outside it.
-    for node in ast.walk(ast.parse(sources[config_py])):
+    # config/'s helpers and derived properties (cfg.eps_low, sharding_options(cfg), ...) used outside it.
+    for node in (n for text in inside.values() for n in ast.walk(ast.parse(text))):
         if isinstance(node, ast.FunctionDef) and re.search(rf"\b{node.name}\b", outside):
             reads = {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
                      and isinstance(n.value, ast.Name) and n.value.id in ("cfg", "self")}
@@ -68,7 +70,7 @@ def test_every_key_has_a_consumer_or_states_why_not():
         if key not in found and not without_effect_everywhere and key not in PENDING_CONSUMERS:
             silent.append(key)
     assert silent == [], ("these keys are read by nothing in paddle_grpo/ and do not say why (give them a consumer "
-                          "or arg(..., **nowhere(reason)) in config.py)")
+                          "or arg(..., **nowhere(reason)) in config/)")
 
 
 def test_keys_stated_without_effect_are_really_unread():

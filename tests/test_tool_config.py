@@ -1,4 +1,4 @@
-"""The tool keys (config.py ToolArguments; docs/tools.md "Config keys"): parsing, range and URL errors that name the
+"""The tool keys (config/tools.py ToolArguments; docs/tools.md "Config keys"): parsing, range and URL errors that name the
 key, the one-line notes when a key has no effect (tools empty; tool_server_token without tool_server), the refusal
 of an encoder-decoder policy, and the token kept secret."""
 import pytest

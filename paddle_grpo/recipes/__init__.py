@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Optional
 
-# The values of `build_actor_if_missing` that name a recipe (config.py offers exactly these; a test checks it).
+# The values of `build_actor_if_missing` that name a recipe (config/model.py offers exactly these; a test checks it).
 POLICY_RECIPES = ("quickstart", "quickstart_tools")
 
 

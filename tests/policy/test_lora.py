@@ -267,7 +267,7 @@ def _trainer_has_lora():
 
 
 needs_wiring = pytest.mark.skipif(not _trainer_has_lora(), reason="the config has no 'lora' key yet: "
-                                  "paddle_grpo/policy/lora.py is not wired into config.py/trainer.py")
+                                  "paddle_grpo/policy/lora.py is not wired into config/ and trainer.py")
 
 REWARD = '''
 def letter_reward(prompts, completions, **kwargs):

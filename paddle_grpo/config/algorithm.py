@@ -1,0 +1,69 @@
+"""AlgorithmArguments: the advantage estimator, losses, KL, clipping, reward shaping (docs/algorithms.md)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .fields import _from_algorithms, arg, nowhere
+
+
+@dataclass
+class AlgorithmArguments:
+    rl_algorithm: str = arg("grpo", "Advantage estimator.",
+                            choices=_from_algorithms("available_advantage_estimators"))
+    norm_adv_by_std: bool = arg(True, "(new) GRPO: divide by the group std; false gives Dr.GRPO.")
+    kl_coeff: float = arg(0.001, "KL penalty coefficient inside the reward (REINFORCE++ style). With "
+                                 "rl_algorithm grpo (and the other GRPO-family estimators) it has no effect unless "
+                                 "use_kl_in_reward, as in PaddleNLP, whose GRPO ignores it.")
+    use_kl_in_reward: bool = arg(False, "(new) GRPO-family estimators only: also put kl_coeff's KL into the reward, "
+                                        "per sequence (verl's use_kl_in_reward). PaddleNLP's GRPO ignores kl_coeff.")
+    kl_estimator: str = arg("k1", "(new) KL estimator for the KL in the reward.",
+                            choices=_from_algorithms("KL_ESTIMATORS"))
+    kl_loss_coeff: float = arg(0.0, "KL loss coefficient (GRPO style); works for every estimator.")
+    kl_loss_estimator: str = arg("k3", "(new) KL estimator for the KL loss.",
+                                 choices=_from_algorithms("KL_ESTIMATORS"))
+    pg_loss_coeff: float = arg(1.0, "Policy-gradient loss coefficient.")
+    entropy_coeff: float = arg(0.0, "Entropy bonus coefficient.")
+    clip_range_ratio: float = arg(0.2, "PPO clip range of the ratio.")
+    clip_range_ratio_low: Optional[float] = arg(None, "Lower clip range (default: clip_range_ratio).")
+    clip_range_ratio_high: Optional[float] = arg(None, "Upper clip range (default: clip_range_ratio; DAPO's "
+                                                       "clip-higher uses a larger value).")
+    clip_ratio_c: Optional[float] = arg(None, "(new) Dual-clip constant c > 1 for negative advantages (off when "
+                                              "unset).")
+    importance_sampling_level: str = arg("token", "(new) token: per-token ratio; sequence: GSPO's sequence ratio.",
+                                         choices=_from_algorithms("importance_sampling_levels"))
+    loss_agg_mode: str = arg("token-mean", "(new) How per-token losses are averaged.",
+                             choices=_from_algorithms("LOSS_AGG_MODES"))
+    clip_range_score: float = arg(10.0, "Rewards are clipped to [-c, c] (0: no clipping).")
+    clip_range_value: float = arg(5.0, "Critic (ppo, vapo): the value loss's clip range, PaddleNLP's "
+                                       "RLHFValueLoss: 0.5 * token-mean of max((V - R)^2, (V_old + clip(V - V_old, "
+                                       "-c, c) - R)^2), V_old the critic's values at the rollout.")
+    gamma: float = arg(1.0, "Discount factor of GAE (ppo, vapo), in [0, 1]; PaddleNLP hard-codes 1.0.")
+    lam: float = arg(0.95, "GAE's lambda of ppo's advantages and returns, in [0, 1]; PaddleNLP hard-codes 0.95.")
+    lam_critic: float = arg(1.0, "(new) vapo: GAE's lambda of the critic's returns (decoupled GAE, VAPO arXiv "
+                                 "2504.05118), in [0, 1]. The advantages use the length-adaptive lambda of "
+                                 "vapo_alpha.")
+    vapo_alpha: float = arg(0.05, "(new) vapo: alpha of the length-adaptive GAE lambda of the advantages, "
+                                  "lam_policy = max(0, 1 - 1 / (vapo_alpha * l)) per completion of l tokens (the "
+                                  "paper's formula is negative below 1 / vapo_alpha tokens, hence the 0). > 0.")
+    positive_example_lm_coeff: Optional[float] = arg(
+        None, "(new) Coefficient of VAPO's positive-example LM loss: the NLL of the completions with their group's "
+              "highest reward (in groups whose rewards are not all equal), added to the policy loss. Unset "
+              "(null): the estimator's default, 0.1 for rl_algorithm vapo (the paper's recipe), else 0 (off). "
+              "Needs rollout_n > 1: a group of one has no positive example.")
+    normalize_reward: bool = arg(False, "Normalise rewards with running statistics. No effect with rl_algorithm "
+                                        "grpo, as in PaddleNLP (which forces it off for GRPO).")
+    normalize_advantage: bool = arg(False, "Whiten advantages over the global batch. No effect with rl_algorithm "
+                                           "grpo, as in PaddleNLP (which forces it off for GRPO).")
+    enable_overlong_reward_buffer: bool = arg(False, "DAPO overlong shaping of the reward.")
+    overlong_reward_buffer: int = arg(256, "DAPO overlong buffer length L_b.")
+    overlong_penalty_factor: float = arg(1.0, "DAPO overlong penalty factor.")
+    dynamic_sampling: bool = arg(False, "DAPO dynamic sampling: drop groups with zero reward variance and sample "
+                                        "more prompts.")
+    max_gen_batches: int = arg(2, "Most generation rounds per step with dynamic sampling.")
+    use_fp32_compute: bool = arg(True, "Compute log-probs, rewards, advantages and losses in float32.",
+                                 **nowhere("log-probs, rewards, advantages and losses are always float32, "
+                                           "whatever the model's dtype"))
+    sync_ref_model: bool = arg(False, "(new) Periodically mix the policy into the reference model (TR-DPO).")
+    ref_model_mixup_alpha: float = arg(0.9, "(new) ref <- alpha * policy + (1 - alpha) * ref.")
+    ref_model_sync_steps: int = arg(64, "(new) Steps between reference-model syncs.")

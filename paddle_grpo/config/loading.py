@@ -1,0 +1,274 @@
+"""Loading: YAML/JSON files (with each key's line number) and `--key value` overrides, converted by field type,
+then validated; writing the resolved configuration back out."""
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import typing
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import yaml
+
+from .effects import inert_key_messages
+from .fields import ALIASES, SECRET_KEYS, ConfigError, logger
+from .flat import FIELDS, Config
+from .validation import resolve_rule_reward, validate
+
+# ----------------------------------------------------------------------------------------------------- loading
+
+class _Source:
+    """Where a value came from, for error messages: 'file.yaml:12' or 'command line'."""
+
+    def __init__(self, path=None, lines=None):
+        self.path, self.lines = path, lines or {}
+
+    def where(self, key):
+        if self.path is None:
+            return "command line"
+        line = self.lines.get(key)
+        return f"{self.path}:{line}" if line else str(self.path)
+
+
+def _read_file(path):
+    """Flat mapping from a YAML or JSON file, with the line number of each key."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file not found: {path}")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        node = yaml.compose(text)  # JSON is YAML, and the node tree keeps line numbers
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML/JSON: {e}") from None
+    if node is None:
+        return {}, {}
+    if not isinstance(node, yaml.MappingNode):
+        raise ConfigError(f"{path}: the top level must be a mapping of key: value, got a {node.tag.rsplit(':', 1)[-1]}")
+    values = yaml.safe_load(text)
+    lines = {}
+    for key_node, _ in node.value:
+        if key_node.value in lines:
+            raise ConfigError(f"{path}:{key_node.start_mark.line + 1}: key '{key_node.value}' appears twice "
+                              f"(first on line {lines[key_node.value]})")
+        lines[key_node.value] = key_node.start_mark.line + 1
+    return values, lines
+
+
+def _parse_overrides(argv):
+    """`--key value` / `--key=value` pairs; values stay strings and are converted by field type."""
+    out, i = {}, 0
+    while i < len(argv):
+        tok = argv[i]
+        if not tok.startswith("--") or tok == "--":
+            raise ConfigError(f"command line: expected --key value, got '{tok}'")
+        if "=" in tok:
+            key, val = tok[2:].split("=", 1)
+            i += 1
+        else:
+            key = tok[2:]
+            if i + 1 >= len(argv) or (argv[i + 1].startswith("--") and len(argv[i + 1]) > 2):
+                raise ConfigError(f"command line: --{key} needs a value")
+            val = argv[i + 1]
+            i += 2
+        out[key] = val
+    return out
+
+
+_BOOL_STRINGS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False, "on": True,
+                 "off": False}
+
+
+def _convert(value, tp, key, where):
+    """Value of YAML/JSON/command-line origin converted to the field type `tp`, or ConfigError."""
+    origin, targs = typing.get_origin(tp), typing.get_args(tp)
+
+    def bad(expected):
+        return ConfigError(f"{where}: key '{key}' expects {expected}, got {value!r} ({type(value).__name__})")
+
+    if origin is Union:
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if type(None) in targs:
+                return None
+        members = [a for a in targs if a is not type(None)]
+        if len(members) == 1:  # Optional[X]: X's own, more specific message
+            return _convert(value, members[0], key, where)
+        for t in members:
+            try:
+                return _convert(value, t, key, where)
+            except ConfigError:
+                pass
+        raise bad(" or ".join(_type_name(a) for a in members))
+    if origin in (list, List):
+        if isinstance(value, str):  # command line or a YAML scalar: comma-separated
+            value = [v.strip() for v in value.strip("[]").split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise bad("a list")
+        return [_convert(v, targs[0], f"{key}[{i}]", where) for i, v in enumerate(value)]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):  # PaddleNLP scripts write `--recompute 1`
+            return bool(value)
+        if isinstance(value, str) and value.strip().lower() in _BOOL_STRINGS:
+            return _BOOL_STRINGS[value.strip().lower()]
+        raise bad("true or false")
+    if tp is int:
+        if isinstance(value, bool):
+            raise bad("an integer")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                try:
+                    f = float(value)
+                except ValueError:
+                    raise bad("an integer") from None
+                if f.is_integer():
+                    return int(f)
+        raise bad("an integer")
+    if tp is float:
+        if isinstance(value, bool):
+            raise bad("a number")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            # PyYAML reads `5e-7` (no dot) as a string; PaddleNLP's own configs are written that way.
+            try:
+                return float(value.strip())
+            except ValueError:
+                pass
+        raise bad("a number")
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise bad("a string")
+        return "" if value is None else str(value)
+    raise TypeError(f"unsupported field type {tp} for {key}")
+
+
+def _type_name(tp):
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, "a list")
+
+
+def _field_type(f):
+    hints = typing.get_type_hints(Config)
+    return hints[f.name]
+
+
+def _apply(values, source, cfg_values, given):
+    for raw_key, value in values.items():
+        key = ALIASES.get(raw_key, raw_key)
+        if key not in FIELDS:
+            close = difflib.get_close_matches(raw_key, list(FIELDS) + list(ALIASES), n=1, cutoff=0.6)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"{source.where(raw_key)}: unknown key '{raw_key}'{hint}")
+        f = FIELDS[key]
+        cfg_values[key] = _convert(value, _field_type(f), raw_key, source.where(raw_key))
+        given[key] = source.where(raw_key)
+
+
+def load_config(path: Union[str, os.PathLike, None] = None, overrides: Sequence[str] = (), *,
+                device: Optional[str] = None, warn: bool = True) -> Config:
+    """Load `path` (YAML or JSON, flat keys), apply `--key value` `overrides`, validate, and return a `Config`.
+
+    `device` ("cpu"/"gpu"; default: what paddle is compiled for, or "cpu" when paddle is absent) decides which
+    GPU-only keys are reported as having no effect. Raises `ConfigError` on any problem.
+    """
+    values, given = {}, {}
+    if path is not None:
+        file_values, lines = _read_file(path)
+        _apply(file_values, _Source(path, lines), values, given)
+    dirs_before = {k: values.get(k, FIELDS[k].default) for k in ("output_dir", "logging_dir")}
+    command_line = {ALIASES.get(k, k) for k in _parse_overrides(list(overrides))}
+    _apply(_parse_overrides(list(overrides)), _Source(), values, given)
+    _follow_output_dir(values, dirs_before, command_line)
+    cfg = Config(**values)
+    resolve_rule_reward(cfg, given)
+    validate(cfg, given)
+    cfg._given = dict(given)  # given_keys
+    if warn:
+        for message in inert_key_messages(cfg, given, device or default_device()):
+            logger.warning(message)
+    return cfg
+
+
+def _inside(path: str, directory: str) -> bool:
+    path, directory = os.path.abspath(path), os.path.abspath(directory)
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+def _follow_output_dir(values: Dict[str, Any], before: Dict[str, str], command_line: set) -> None:
+    """A logging_dir inside the file's output_dir follows an output_dir given on the command line (the file's
+    `output/quickstart/vdl_log` becomes `X/vdl_log` with `--output_dir X`), so that a second run's VisualDL record
+    does not land in the first run's folder; a logging_dir given on the command line, or one outside the file's
+    output_dir (a folder shared by runs on purpose), stays as it is."""
+    if "output_dir" not in command_line or "logging_dir" in command_line or not before["logging_dir"]:
+        return
+    if not _inside(before["logging_dir"], before["output_dir"]):
+        return
+    rel = os.path.relpath(os.path.abspath(before["logging_dir"]), os.path.abspath(before["output_dir"]))
+    moved = os.path.normpath(os.path.join(values["output_dir"], rel))
+    if moved != os.path.normpath(before["logging_dir"]):
+        values["logging_dir"] = moved
+        logger.info("logging_dir follows --output_dir: %s (the file's %s lies inside its output_dir %s; give "
+                    "--logging_dir to choose another)", moved, before["logging_dir"], before["output_dir"])
+
+
+def default_device() -> str:
+    """"gpu" when paddle is compiled with CUDA and sees a GPU, else "cpu" (also when paddle is absent)."""
+    try:
+        import paddle
+        return "gpu" if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0 else "cpu"
+    except ImportError:
+        return "cpu"
+
+
+def parse_args(argv: Sequence[str]) -> Config:
+    """`[CONFIG.yaml|CONFIG.json] [--key value ...]` -> Config (PaddleNLP's run_rl.py convention)."""
+    argv = list(argv)
+    path = argv.pop(0) if argv and not argv[0].startswith("--") else None
+    return load_config(path, argv)
+
+
+def config_from_dict(values: Dict[str, Any], **kwargs: Any) -> Config:
+    """A validated Config from a plain dict (tests, tools); the same conversions and errors as a file."""
+    cfg_values, given = {}, {}
+    _apply(values, _Source("<dict>"), cfg_values, given)
+    cfg = Config(**cfg_values)
+    resolve_rule_reward(cfg, given)
+    validate(cfg, given)
+    cfg._given = dict(given)  # given_keys
+    return cfg
+
+
+def given_keys(cfg: Config) -> Dict[str, str]:
+    """The keys the file or command line set (key -> 'file:line', 'command line' or '<dict>'); {} for a Config built
+    directly."""
+    return dict(getattr(cfg, "_given", {}))
+
+
+def dump_config(cfg: Config, path: Union[str, os.PathLike]) -> None:
+    """Write the resolved configuration as YAML (JSON if `path` ends in .json)."""
+    with open(path, "w", encoding="utf-8") as f:
+        if str(path).endswith(".json"):
+            json.dump({k: ("***" if k in SECRET_KEYS and v else v) for k, v in cfg.to_dict().items()}, f, indent=2)
+        else:
+            f.write(cfg.format())
+
+
+def write_config(cfg: Config, path: Union[str, os.PathLike]) -> None:
+    """Write the resolved configuration to `path` (a run's `output_dir/config.yaml`). When a previous start of
+    the same run wrote one (a resume), name the keys whose values changed since, rather than replace it silently."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            before = yaml.safe_load(f) or {}
+        now = yaml.safe_load(cfg.format())
+        changed = sorted(k for k in now if k in before and before[k] != now[k])
+        if changed:
+            logger.info("%s: keys changed since the run's previous start: %s", path,
+                        ", ".join(f"{k} {before[k]!r} -> {now[k]!r}" for k in changed))
+    dump_config(cfg, path)

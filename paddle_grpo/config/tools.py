@@ -1,0 +1,33 @@
+"""ToolArguments: tools and multi-turn rollouts (docs/tools.md)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List
+
+from .fields import arg
+
+
+@dataclass
+class ToolArguments:
+    """Multi-turn rollouts with tools (docs/tools.md). With `tools` empty (the default) a rollout is one completion
+    per prompt and the other keys of this group have no effect (each one set says so in one line)."""
+    tools: List[str] = arg(None, "(new) Tools the policy may call: registered names (calculator, python), "
+                                 "`module:function` or `path/file.py:function`, as a list or a comma-separated "
+                                 "string. Set: rollouts are multi-turn (decoding stops at the end of a tool call, "
+                                 "the calls run, their results are appended as a tool turn, decoding goes on); "
+                                 "tool-output tokens are context, not actions (no gradient, KL, entropy, value "
+                                 "loss or length). Empty: single-turn rollouts.", default_factory=list)
+    max_turns: int = arg(4, "(new) Most assistant turns per sample (each but the last may end in tool calls); "
+                            "max_dec_len bounds all of a sample's completion tokens, actions and tool output.")
+    tool_timeout_s: float = arg(10.0, "(new) Time limit in seconds per tool call; a call over it becomes a tool "
+                                      "message saying so (error 'timeout'), the rollout goes on.")
+    tool_max_workers: int = arg(8, "(new) Tool calls running at once (one pool for all sequences of a rollout).")
+    tool_format: str = arg("auto", "(new) The tool-call format: auto (the tokenizer's chat template renders the "
+                                   "tools when it can, Hermes / Qwen2.5 `<tool_call>` JSON otherwise) or a format's "
+                                   "name (docs/tools.md, \"The format\").")
+    max_tool_response_len: int = arg(256, "(new) A tool's output is cut to this many tokens (with a marker saying "
+                                          "so) before it is appended to the conversation.")
+    tool_server: str = arg("", "(new) URL of a server that runs the tools (`python -m reward_server --tool ...`): "
+                               "the calls go there over HTTP (transport failures are retried, then raise; 4xx "
+                               "answers raise). Empty: the tools run in the trainer's process.")
+    tool_server_token: str = arg("", "(new) Bearer token sent to tool_server (empty: none).")

@@ -1,0 +1,255 @@
+"""Validation: ranges, choices and combinations of keys, each error naming the key, its value and where it was set."""
+from __future__ import annotations
+
+import math
+import re
+from typing import Dict, Optional
+
+from .effects import CONSTANT_SCHEDULES, SHARDING_OPTIONS, sharding_options
+from .fields import ConfigError, field_choices, logger
+from .flat import FIELDS, Config
+
+# ------------------------------------------------------------------------------------------------- validation
+
+def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
+    """Check ranges, choices and combinations; raise ConfigError naming the key, its value and where it was set."""
+    given = given or {}
+
+    def fail(key, msg):
+        where = given.get(key)
+        prefix = f"{where}: " if where else ""
+        raise ConfigError(f"{prefix}key '{key}' = {getattr(cfg, key)!r}: {msg}")
+
+    # First: a config for an algorithm this trainer does not have says so before anything else.
+    algorithms = field_choices(FIELDS["rl_algorithm"])
+    if cfg.rl_algorithm not in algorithms:
+        fail("rl_algorithm", f"is not supported: the supported algorithms are {', '.join(algorithms)}")
+
+    for key, f in FIELDS.items():
+        choices = field_choices(f)
+        if choices is not None and getattr(cfg, key) not in choices:
+            fail(key, f"must be one of {', '.join(repr(c) for c in choices)}")
+        value = getattr(cfg, key)
+        if isinstance(value, float) and not math.isfinite(value):
+            fail(key, "must be a finite number")
+
+    positive = ("global_batch_size", "rollout_n", "update_iters", "per_device_logprob_batch_size",
+                "per_device_train_batch_size", "per_device_eval_batch_size", "max_prompt_len", "max_dec_len",
+                "rollout_max_num_seqs", "logging_steps", "tensor_parallel_degree", "pipeline_parallel_degree",
+                "virtual_pp_degree", "max_gen_batches", "max_consecutive_nonfinite", "ref_model_sync_steps",
+                "overlong_reward_buffer", "max_length", "lora_rank", "fused_head_chunk_size",
+                "per_device_value_batch_size", "max_turns", "tool_max_workers", "max_tool_response_len")
+    for key in positive:
+        if getattr(cfg, key) < 1:
+            fail(key, "must be at least 1")
+    non_negative = ("learning_rate", "weight_decay", "max_grad_norm", "clip_range_ratio", "clip_range_score",
+                    "kl_coeff", "kl_loss_coeff", "pg_loss_coeff", "entropy_coeff", "min_dec_len", "warmup_steps",
+                    "overlong_penalty_factor", "adam_epsilon", "reward_server_timeout",
+                    "reward_server_max_wait_s", "reward_timeout_s", "seed", "max_tokens_per_micro_batch",
+                    "min_learning_rate", "critic_learning_rate", "critic_min_learning_rate", "critic_weight_decay",
+                    "pretrain_critic_steps", "clip_range_value", "positive_example_lm_coeff")
+    for key in non_negative:
+        if getattr(cfg, key) is not None and getattr(cfg, key) < 0:
+            fail(key, "must not be negative")
+    if cfg.reward_server_max_retries < -1:
+        fail("reward_server_max_retries", "must be -1 (no limit: reward_server_max_wait_s ends the retries) or >= 0")
+    for key in ("clip_range_ratio_low", "clip_range_ratio_high"):
+        if getattr(cfg, key) is not None and getattr(cfg, key) < 0:
+            fail(key, "must not be negative")
+    if cfg.eps_low >= 1:
+        fail("clip_range_ratio_low" if cfg.clip_range_ratio_low is not None else "clip_range_ratio",
+             "the lower clip range must be below 1 (the ratio is clipped to [1 - low, 1 + high])")
+    if cfg.clip_ratio_c is not None and cfg.clip_ratio_c <= 1:
+        fail("clip_ratio_c", "the dual-clip constant must be greater than 1 (leave it unset to disable dual-clip)")
+    if not 0 < cfg.top_p <= 1:
+        fail("top_p", "must be in (0, 1]")
+    if cfg.top_k < 0:
+        fail("top_k", "must not be negative (0 turns top-k sampling off)")
+    if cfg.temperature <= 0:
+        fail("temperature", "must be greater than 0")
+    if cfg.repetition_penalty <= 0:
+        fail("repetition_penalty", "must be greater than 0")
+    for key in ("adam_beta1", "adam_beta2"):
+        if not 0 <= getattr(cfg, key) < 1:
+            fail(key, "must be in [0, 1)")
+    for key in ("warmup_ratio", "critic_warmup_ratio"):
+        if not 0 <= getattr(cfg, key) < 1:
+            fail(key, "must be in [0, 1)")
+    for key in ("gamma", "lam", "lam_critic"):
+        if not 0 <= getattr(cfg, key) <= 1:
+            fail(key, "must be in [0, 1]")
+    if cfg.vapo_alpha <= 0:
+        fail("vapo_alpha", "must be greater than 0 (lam_policy = 1 - 1 / (vapo_alpha * length))")
+    for floor, peak, schedule in (("min_learning_rate", "learning_rate", "lr_scheduler_type"),
+                                  ("critic_min_learning_rate", "critic_learning_rate", "critic_lr_scheduler_type")):
+        if getattr(cfg, schedule) not in CONSTANT_SCHEDULES and getattr(cfg, floor) > getattr(cfg, peak):
+            fail(floor, f"must not exceed {peak} ({getattr(cfg, peak)}): the {getattr(cfg, schedule)} schedule "
+                        f"({schedule}) decays from {peak} down to it")
+    if not 0 <= cfg.ref_model_mixup_alpha <= 1:
+        fail("ref_model_mixup_alpha", "must be in [0, 1]")
+    for key in ("global_mini_batch_size", "global_gen_batch_size", "sharding_parallel_degree",
+                "rollout_tensor_parallel_degree", "save_total_limit"):
+        if getattr(cfg, key) != -1 and getattr(cfg, key) < 1:
+            fail(key, "must be -1 (automatic) or at least 1")
+    if cfg.max_steps == 0 or cfg.max_steps < -1:
+        fail("max_steps", "must be -1 (from num_train_epochs) or at least 1")
+    if cfg.num_train_epochs < 0 and cfg.max_steps < 1:  # PaddleNLP: max_steps > 0 overrides num_train_epochs
+        fail("num_train_epochs", "must not be negative unless max_steps (which then sets the length) is at least 1")
+    unknown = [x for x in sharding_options(cfg) if x not in SHARDING_OPTIONS]
+    if unknown:
+        fail("sharding_parallel_config", f"unknown option {unknown[0]!r}; the options are "
+                                         f"{', '.join(sorted(SHARDING_OPTIONS))}")
+
+    # Combinations.
+    if cfg.min_dec_len > cfg.max_dec_len:
+        fail("min_dec_len", f"must not exceed max_dec_len ({cfg.max_dec_len})")
+    if cfg.max_length < cfg.max_prompt_len + cfg.max_dec_len:
+        fail("max_length", f"must be at least max_prompt_len + max_dec_len = {cfg.max_prompt_len} + "
+                           f"{cfg.max_dec_len} = {cfg.max_prompt_len + cfg.max_dec_len}")
+    if cfg.global_batch_size % cfg.mini_batch_prompts:
+        fail("global_mini_batch_size", f"must divide global_batch_size ({cfg.global_batch_size}): each rollout is "
+                                       "split into whole mini-batches")
+    if cfg.global_gen_batch_size != -1 and cfg.global_gen_batch_size < cfg.global_batch_size and \
+            not cfg.dynamic_sampling:
+        fail("global_gen_batch_size", f"is smaller than global_batch_size ({cfg.global_batch_size}); it only "
+                                      "differs from it with dynamic_sampling")
+    if cfg.enable_overlong_reward_buffer and cfg.overlong_reward_buffer > cfg.max_dec_len:
+        fail("overlong_reward_buffer", f"must not exceed max_dec_len ({cfg.max_dec_len})")
+    from ..algorithms import advantage_estimator_spec  # paddle: see _from_algorithms
+    estimator = advantage_estimator_spec(cfg.rl_algorithm)
+    if cfg.rollout_n < estimator.min_group_size:
+        fail("rollout_n", f"{cfg.rl_algorithm} needs at least {estimator.min_group_size} samples per prompt (its "
+                          "advantage compares each sample with the others of its group)")
+    unknown_options = [k for k in estimator.config_keys if k not in FIELDS]
+    unknown_options += [k for k, _ in estimator.key_defaults if k not in FIELDS]
+    if unknown_options:
+        fail("rl_algorithm", f"the estimator takes config option {unknown_options[0]!r}, which is not a config key")
+    if estimator.needs_values:
+        critic_refusals(cfg, given)
+    has_rm = bool(cfg.reward_model_name_or_path.strip())
+    if has_rm and cfg.use_rm_server:
+        fail("reward_model_name_or_path", "is set while use_rm_server is true: the reward server hosts the reward "
+                                          "model (python -m reward_server --reward-model DIR); set use_rm_server: "
+                                          "false to score with it in-process")
+    if cfg.per_device_reward_batch_size < 1:
+        fail("per_device_reward_batch_size", "must be at least 1")
+    if cfg.use_rm_server and not cfg.reward_server.strip():
+        fail("reward_server", "is empty while use_rm_server is true")
+    if not cfg.use_rm_server and not cfg.reward_funcs.strip() and not has_rm:
+        fail("reward_funcs", "is empty while use_rm_server is false: name the reward functions to run in-process "
+                             "(for example reward_funcs: kk), or set reward_model_name_or_path (or "
+                             "use_rule_reward: true, PaddleNLP's GSM8K rule reward)")
+    if cfg.reward_weights is not None:
+        n_funcs = len([r for r in cfg.reward_funcs.split(",") if r.strip()]) + has_rm
+        listed = f"{cfg.reward_funcs}, then the reward model, whose weight comes last" if has_rm else cfg.reward_funcs
+        if not cfg.use_rm_server and len(cfg.reward_weights) != n_funcs:
+            fail("reward_weights", f"has {len(cfg.reward_weights)} weights for {n_funcs} reward functions "
+                                   f"({listed.lstrip(', ')})")
+        if cfg.use_rm_server:
+            fail("reward_weights", "applies to in-process reward functions; with use_rm_server the server "
+                                   "weighs its functions (python -m reward_server --weights ...)")
+    if cfg.do_eval and cfg.evaluation_strategy == "steps" and not cfg.eval_datasets.strip():
+        fail("eval_datasets", "is empty while do_eval is true")
+    if cfg.do_eval and cfg.eval_steps < 1:
+        fail("eval_steps", "must be at least 1")
+    if cfg.save_strategy == "steps" and cfg.save_steps < 1:
+        fail("save_steps", "must be at least 1")
+    if cfg.fp16 and cfg.bf16:
+        fail("fp16", "fp16 and bf16 cannot both be true")
+    if cfg.lora_alpha <= 0 and cfg.lora_alpha != -1:
+        fail("lora_alpha", "must be positive (or -1: 2 x lora_rank)")
+    if not 0 <= cfg.lora_dropout < 1:
+        fail("lora_dropout", "must be in [0, 1)")
+    for pattern in cfg.target_modules:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            fail("target_modules", f"'{pattern}' is not a valid regular expression ({e})")
+    if cfg.lora and cfg.sync_ref_model:
+        fail("sync_ref_model", "cannot be used with lora: the reference model is the base model with the adapters "
+                               "disabled; there is no separate copy to mix the policy into")
+    if cfg.tool_timeout_s <= 0:
+        fail("tool_timeout_s", "must be greater than 0")
+    if cfg.tool_server.strip():
+        bad_url = url_problem(cfg.tool_server)
+        if bad_url:
+            fail("tool_server", bad_url)
+    # The tools themselves load where the trainer builds them (step.build_tools) and in --dry_run, as the reward
+    # functions do: an unknown name is refused there with the registered tools listed (config/ imports no tools).
+    return cfg
+
+
+def url_problem(url: str) -> Optional[str]:
+    """Why `url` is not an http(s) URL with a host (None when it is)."""
+    from urllib.parse import urlparse
+    try:
+        parts = urlparse(url.strip())
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as e:
+        return f"is not a URL ({e})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8731"
+    return None
+
+
+def critic_refusals(cfg: Config, given: Dict[str, str]) -> None:
+    """Raise ConfigError for what a critic run (Config.needs_critic) refuses, naming the keys and where they were
+    set: no critic model, pipeline stages (the critic is built whole on each rank: policy/critic.py has no pipeline
+    layers). An encoder-decoder policy is refused by `encoder_decoder_refusal` where the policy's config.json is
+    read (dry run, start-up)."""
+    algorithm = f"rl_algorithm {cfg.rl_algorithm!r} trains a critic (value model)"
+    place = given.get("critic_model_name_or_path") or given.get("rl_algorithm")
+    if not cfg.critic_model_name_or_path.strip():
+        raise ConfigError(f"{place + ': ' if place else ''}key 'critic_model_name_or_path' is empty: {algorithm} "
+                          f"(rl_algorithm: {cfg.rl_algorithm}); name its directory or hub ID (PaddleNLP's configs "
+                          "use the policy's, e.g. Qwen/Qwen2.5-1.5B-Instruct)")
+    if cfg.pipeline_parallel_degree > 1:
+        place = given.get("pipeline_parallel_degree")
+        raise ConfigError(f"{place + ': ' if place else ''}key 'pipeline_parallel_degree' = "
+                          f"{cfg.pipeline_parallel_degree}: must be 1: {algorithm}, and the critic is not built for "
+                          "pipeline stages; use tensor_parallel_degree and sharding instead "
+                          f"(critic_model_name_or_path {cfg.critic_model_name_or_path!r})")
+
+
+def encoder_decoder_refusal(cfg: Config, is_encoder_decoder: bool) -> Optional[str]:
+    """The refusal (a message naming the keys) of a run an encoder-decoder policy cannot do, or None: a critic
+    (a decoder backbone reading prompt + completion as one sequence: an encoder-decoder policy's completions have
+    no such decoder states to value), or tools (the multi-turn rollout appends tool turns to the model's own
+    sequence; an encoder-decoder's decoder holds the answer alone)."""
+    if not is_encoder_decoder:
+        return None
+    if cfg.tools:
+        return (f"actor_model_name_or_path: '{cfg.actor_model_name_or_path}' is an encoder-decoder model, and tools "
+                f"({', '.join(cfg.tools)}) make rollouts multi-turn, whose tool turns continue the model's own "
+                "sequence: not supported for encoder-decoder policies (use a decoder-only policy, or leave tools "
+                "empty)")
+    if not cfg.needs_critic:
+        return None
+    return (f"actor_model_name_or_path: '{cfg.actor_model_name_or_path}' is an encoder-decoder model, and "
+            f"rl_algorithm {cfg.rl_algorithm!r} trains a critic (critic_model_name_or_path), which is a decoder "
+            "backbone valuing the policy's prompt + completion as one sequence: not supported for encoder-decoder "
+            "policies (use a decoder-only policy, or an estimator without a critic)")
+
+
+def resolve_rule_reward(cfg: Config, given: Dict[str, str]) -> None:
+    """PaddleNLP's `use_rule_reward: true` (its PPO configs' GSM8K rule reward, scored in-process) becomes
+    `reward_funcs: gsm8k`, logged; combinations PaddleNLP would resolve by ignoring a key are refused, naming both."""
+    if not cfg.use_rule_reward:
+        return
+    where = given.get("use_rule_reward")
+    prefix = f"{where}: " if where else ""
+    if cfg.use_rm_server:
+        raise ConfigError(f"{prefix}key 'use_rule_reward' = True: scores in-process with the GSM8K rule reward, "
+                          "while use_rm_server is true (the reward server would be ignored); set use_rm_server: "
+                          "false, or use_rule_reward: false to score with the server")
+    if cfg.reward_funcs.strip() not in ("", "gsm8k"):
+        raise ConfigError(f"{prefix}key 'use_rule_reward' = True: means reward_funcs: gsm8k, while reward_funcs is "
+                          f"{cfg.reward_funcs!r}; set one of the two")
+    if cfg.reward_model_name_or_path.strip():
+        raise ConfigError(f"{prefix}key 'use_rule_reward' = True: scores with the GSM8K rule reward, while "
+                          f"reward_model_name_or_path is {cfg.reward_model_name_or_path!r} (it would be ignored, as "
+                          "in PaddleNLP); set one of the two")
+    if not cfg.reward_funcs.strip():
+        cfg.reward_funcs = "gsm8k"
+        logger.info("%suse_rule_reward: true: completions are scored in-process with PaddleNLP's GSM8K rule reward, "
+                    "reward_funcs: gsm8k", prefix)
