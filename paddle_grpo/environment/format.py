@@ -43,7 +43,9 @@ class HermesFormat:
         """(the text outside the calls, stripped; the calls in order). Every `call_start` in the text gives one
         ToolCall; one that cannot be read (no closing marker, not JSON, not an object, no "name" string,
         "arguments" not an object) has error "malformed" and a message saying what is wrong and what a call looks
-        like. "arguments" may be missing (then {}) or a JSON string holding an object (as OpenAI's API sends it)."""
+        like. "arguments" may be missing (then {}) or a JSON string holding an object (as OpenAI's API sends it).
+        The JSON is read by `strict_json` (NaN, Infinity, lone surrogates: malformed). In a rollout whose turns stop
+        at `call_end` (one token in the vocabulary) the text holds one call; a turn ending at EOS may hold several."""
         calls: List[ToolCall] = []
         content: List[str] = []
         pos = 0
