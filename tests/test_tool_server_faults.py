@@ -117,3 +117,19 @@ def test_a_tool_server_gone_mid_run_stops_the_run_and_saves_the_last_step(workdi
     assert [r["step"] for r in rows] == [1] and rows[0]["rollout/tool_timeout_rate"] == 0.0
     state = json.loads((out / "checkpoint-1" / "trainer_state.json").read_text())
     assert state["step"] == 1 and state["sampler"]["position"] == 4  # step 2's draw rewound
+
+
+def test_retries_of_many_waiting_calls_are_logged_at_most_every_5_s(serve, tool_tokenizer, caplog):
+    """8 rows' calls retry at once against a closed port for 1.5 s (about 5 retries each at 0.1 s doubling): one
+    warning line, not one per retry per row (a 600 s budget and 64 rows would otherwise log ~1,600 lines)."""
+    server = serve(create_app([], tools="calculator"))
+    remote = RemoteToolSet(server.url, retries=-1, max_wait_s=1.5, backoff_s=0.1)
+    server.stop()
+    with ToolEnvironment(remote, FMT, tool_tokenizer, max_workers=8) as env:
+        pending = [env.begin(turn_ids(tool_tokenizer, '{"name": "calculator", "arguments": {"expression": "1"}}'),
+                             True) for _ in range(8)]
+        for p in pending:
+            with pytest.raises(ToolServerError):
+                p.result()
+    retries = [r for r in caplog.records if "retrying in" in r.getMessage()]
+    assert len(retries) == 1 and "Connection refused" in retries[0].getMessage()

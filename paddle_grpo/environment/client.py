@@ -27,6 +27,7 @@ from ..http_util import RETRYABLE_4XX, backoff_delay, error_msg, short_error
 from .tool import TOOL_ERRORS, ToolCall, ToolResult, ToolSet, error_result, precheck
 
 logger = logging.getLogger(__name__)
+_WARN_EVERY_S = 5.0  # the calls of many rows retry at once when the server is down: log a retry at most this often
 
 
 class ToolServerError(RuntimeError):
@@ -58,6 +59,7 @@ class RemoteToolSet(ToolSet):
         if retries == -1 and max_wait_s is None:
             raise ValueError("retries -1 (no count limit) needs max_wait_s: the retries must end")
         self.url, self.retries, self.backoff_s, self.max_wait_s = url, retries, backoff_s, max_wait_s
+        self._warned = -math.inf  # when a retry was last logged
         self.timeout = (connect_timeout_s, timeout_s)
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.session = session or requests.Session()
@@ -166,9 +168,11 @@ class RemoteToolSet(ToolSet):
                                       f"{now - first_failure:.1f} s (retries end after {budget}): "
                                       + _join(failures))
             delay = min(backoff_delay(attempt, self.backoff_s, 30.0), left)
-            logger.warning("tool server %s%s failed (attempt %d): %s; retrying in %.1f s%s", self.url, path,
-                           attempt + 1, failure, delay, "" if self.max_wait_s is None else
-                           f" ({left - delay:.1f} s of the {self.max_wait_s:g} s wait budget left)")
+            if now - self._warned >= _WARN_EVERY_S:
+                self._warned = now
+                logger.warning("tool server %s%s failed (attempt %d): %s; retrying in %.1f s%s", self.url, path,
+                               attempt + 1, failure, delay, "" if self.max_wait_s is None else
+                               f" ({left - delay:.1f} s of the {self.max_wait_s:g} s wait budget left)")
             time.sleep(delay)
         raise AssertionError("unreachable")  # itertools.count() never ends
 
