@@ -88,8 +88,9 @@ class ToolEnvironment:
 
     tools: a ToolSet or RemoteToolSet. fmt: the tool-call format (HermesFormat). timeout_s: per call, from its
     start (not applied to a tool set that `times_own_calls`, a RemoteToolSet: its read timeout is the tool's time
-    limit, and its retries end with a ToolServerError that `result()` raises). max_workers: calls running at once. max_response_tokens: a tool output longer than this many tokens is
-    cut to it, followed by a line saying how many tokens were cut."""
+    limit, and its retries end with a ToolServerError that `result()` raises). max_workers: calls running at once.
+    max_response_tokens: a tool output longer than this many tokens is cut to it, followed by a line saying how
+    many tokens were cut."""
 
     def __init__(self, tools: ToolSet, fmt: HermesFormat, tokenizer: Any, *, timeout_s: float = 10,
                  max_workers: int = 8, max_response_tokens: int = 256) -> None:
