@@ -9,6 +9,7 @@
 Tools (paddle_grpo.environment; `--tool`), for rollouts whose tools run on this host (RemoteToolSet):
 
     GET /tools    -> {"error_code": 0, "error_msg": "Success", "tools": [function schema, ...]}
+                     (each schema's keys in their own order: the trainer lists them in the prompt as they come)
     POST /tool    {"name": str, "arguments": {...}}
                -> {"error_code": 0, "error_msg": "Success", "content": str, "error": null | "bad_arguments" | ...,
                    "request_id": "..."}
@@ -25,6 +26,7 @@ when every function does). docs/rewards.md has an example request per built-in r
 matched as text, never evaluated. Start it with `python -m reward_server` (see __main__.py).
 """
 import hmac
+import json
 import logging
 import re
 import time
@@ -135,7 +137,10 @@ def create_app(reward_names_or_fns, weights=None, token=None, max_content_length
     @app.get("/tools")
     def list_tools():
         check_token()
-        return jsonify(error_code=0, error_msg="Success", tools=toolset.schemas())
+        # Not jsonify: Flask sorts keys, and the trainer writes these schemas into the prompt as they come, so
+        # sorted keys would give the policy another prompt than the same tools in-process.
+        body = json.dumps({"error_code": 0, "error_msg": "Success", "tools": toolset.schemas()})
+        return app.response_class(body + "\n", mimetype="application/json")
 
     @app.post("/tool")
     def call_tool():

@@ -4,8 +4,9 @@ eval: names, calls, attributes, strings, comparisons are refused before anything
 Accepted: int and float literals, + - * / // % ** (binary), unary + and -, parentheses. Integers stay exact
 (`123*45` -> `5535`); a float is shown with 15 significant digits (`0.1+0.2` -> `0.3`, `10/4` -> `2.5`, `6/3` ->
 `2`), the digits a double holds exactly. Sizes are bounded so no expression can take long or much memory: at most
-MAX_EXPRESSION_CHARS characters, integer results of at most MAX_RESULT_BITS bits (about 1,200 digits; `9**9**9`
-is refused before it is computed), exponents of at most MAX_EXPONENT. A refusal, a division by zero or an
+MAX_EXPRESSION_CHARS characters, integer results (and every integer computed on the way) at most 2**MAX_RESULT_BITS
+in magnitude (1,234 digits; a power surely above it, like `9**9**9`, is refused before it is computed), exponents of
+at most MAX_EXPONENT. A refusal, a division by zero or an
 overflow is a `bad_arguments` result whose message says what to fix.
 """
 import ast
@@ -19,6 +20,8 @@ from .tool import ToolArgumentError
 MAX_EXPRESSION_CHARS = 1000
 MAX_RESULT_BITS = 4096
 MAX_EXPONENT = 10_000
+_LIMIT = 2 ** MAX_RESULT_BITS
+_LIMIT_DIGITS = len(str(_LIMIT))  # 1234
 
 Number = Union[int, float]
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -85,27 +88,31 @@ def _evaluate(node: ast.AST, expression: str) -> Number:
                                     "number)")
         if isinstance(result, float) and not math.isfinite(result):
             raise ToolArgumentError(f"the result of {_quote(expression)} is too large for a decimal number")
+        _check_result(result, expression)
         return result
     raise ToolArgumentError(f"{_describe(node, expression)} is not allowed; the calculator takes only {_ALLOWED}")
 
 
 def _check_size(op: ast.operator, left: Number, right: Number) -> None:
-    """Refuse integer results beyond MAX_RESULT_BITS before computing them (a bound from the operands' sizes)."""
-    if not (isinstance(left, int) and isinstance(right, int)):
-        if isinstance(op, ast.Pow) and abs(right) > MAX_EXPONENT:
-            raise ToolArgumentError(f"the exponent {format_number(right)} is above the limit of {MAX_EXPONENT}")
-        return  # floats overflow to an error, they do not grow
-    if isinstance(op, ast.Pow):
-        if abs(right) > MAX_EXPONENT and abs(left) > 1:
-            raise ToolArgumentError(f"the exponent {right} is above the limit of {MAX_EXPONENT}")
-        bits = max(abs(left).bit_length() - 1, 0) * right  # log2 of |left|**right, rounded down
-    elif isinstance(op, ast.Mult):
-        bits = abs(left).bit_length() + abs(right).bit_length()
-    else:
-        return
-    if bits > MAX_RESULT_BITS:
-        raise ToolArgumentError(f"the result would be about 2**{bits}, above the limit of 2**{MAX_RESULT_BITS} "
-                                f"({len(str(2 ** MAX_RESULT_BITS))} digits)")
+    """Refuse a power whose integer result is surely beyond MAX_RESULT_BITS before computing it. Only a power can
+    grow so fast that computing it is the danger; every other operation on integers of at most MAX_RESULT_BITS
+    bits is cheap, and its result is checked exactly afterwards (`_check_result`)."""
+    if isinstance(op, ast.Pow) and abs(right) > MAX_EXPONENT and not (isinstance(left, int) and abs(left) <= 1):
+        raise ToolArgumentError(f"the exponent {format_number(right)} is above the limit of {MAX_EXPONENT}")
+    if isinstance(op, ast.Pow) and isinstance(left, int) and isinstance(right, int) and right > 0:
+        # |left|**right >= 2**((bits(|left|) - 1) * right): a lower bound, so a refusal here is never wrong; a
+        # result under it has at most MAX_RESULT_BITS + MAX_EXPONENT bits (cheap) and is checked exactly.
+        at_least = max(abs(left).bit_length() - 1, 0) * right
+        if at_least > MAX_RESULT_BITS:
+            raise ToolArgumentError(f"the result would be at least 2**{at_least}, above the limit of "
+                                    f"2**{MAX_RESULT_BITS} ({_LIMIT_DIGITS} digits)")
+
+
+def _check_result(result: Number, expression: str) -> None:
+    """Refuse an integer result above 2**MAX_RESULT_BITS in magnitude (the documented bound, exactly)."""
+    if isinstance(result, int) and abs(result) > _LIMIT:
+        raise ToolArgumentError(f"the result of {_quote(expression)} is about 2**{abs(result).bit_length() - 1}, "
+                                f"above the limit of 2**{MAX_RESULT_BITS} ({_LIMIT_DIGITS} digits)")
 
 
 def _describe(node: ast.AST, expression: str) -> str:

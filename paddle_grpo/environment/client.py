@@ -6,12 +6,18 @@ offers the same `.names` / `.schemas()` / `.call()` as a ToolSet.
 
 What the policy wrote wrongly comes back as a result, as in-process: the server's 404 (unknown tool) is an
 "unknown_tool" result, 400/422 (bad arguments) a "bad_arguments" result, both with the server's message. A read
-timeout (the tool ran longer than `timeout_s`) is a "timeout" result. What is wrong with the setup raises: 401/403
-(the token), other 4xx, a reply that breaks the protocol, and connection failures / 5xx / 408 / 429 once `retries`
-retries with exponential backoff have failed (RuntimeError naming the URL and every failure), so a tool server
-that is down stops the run rather than teaching the policy that tools fail.
+timeout (the tool ran longer than `timeout_s`) is a "timeout" result. What is wrong with the setup raises
+ToolServerError: 401/403 (the token), other 4xx, a reply that breaks the protocol, and connection failures / 5xx /
+408 / 429 once the retries (exponential backoff, for up to `max_wait_s` seconds from the request's first failure,
+or `retries` of them) have failed, naming the URL and the failures. A RemoteToolSet times its own calls
+(`times_own_calls`): ToolEnvironment does not cut them at its `timeout_s`, so the error reaches the rollout and a
+tool server that is down stops the run (the trainer then saves as for a reward server that is down: faults.py)
+rather than teaching the policy that tools time out.
 """
+import itertools
+import json
 import logging
+import math
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -21,6 +27,7 @@ from ..http_util import RETRYABLE_4XX, backoff_delay, error_msg, short_error
 from .tool import TOOL_ERRORS, ToolCall, ToolResult, ToolSet, error_result, precheck
 
 logger = logging.getLogger(__name__)
+_WARN_EVERY_S = 5.0  # the calls of many rows retry at once when the server is down: log a retry at most this often
 
 
 class ToolServerError(RuntimeError):
@@ -29,19 +36,30 @@ class ToolServerError(RuntimeError):
 
 class RemoteToolSet(ToolSet):
     """The tools a tool server at `url` serves (all, or those in `names`). token: sent as `Authorization: Bearer`.
-    timeout_s: read timeout of a call; connect_timeout_s: of a connection. retries: retries of a failed request
-    (connection error, 5xx, 408, 429), after backoff_s * 2**k seconds (capped at 30 s, +-20 % jitter)."""
+    timeout_s: read timeout of a call; connect_timeout_s: of a connection. A failed request (connection error,
+    5xx, 408, 429) is retried after backoff_s * 2**k seconds (capped at 30 s, +-20 % jitter) for as long as its
+    first failure is less than `max_wait_s` seconds ago (None: no time limit; the last wait is shortened to end at
+    it) and at most `retries` times (-1: no count limit): whichever ends first. The trainer uses retries -1 and
+    max_wait_s = reward_server_max_wait_s, the budget of the reward client, both for GET /tools at start-up and
+    for each call."""
+
+    times_own_calls = True  # each request is bounded by its timeouts and the retry budget (module docstring)
 
     def __init__(self, url: str, token: str = "", timeout_s: float = 10, retries: int = 5,
                  names: Optional[Sequence[str]] = None, connect_timeout_s: float = 5, backoff_s: float = 0.5,
-                 session: Optional[requests.Session] = None) -> None:
+                 session: Optional[requests.Session] = None, max_wait_s: Optional[float] = None) -> None:
         super().__init__([])
         url = (url or "").strip().rstrip("/")
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"tool_server must be a URL starting with http:// or https://, got {url!r}")
-        if retries < 0:
-            raise ValueError(f"retries must be >= 0, got {retries}")
-        self.url, self.retries, self.backoff_s = url, retries, backoff_s
+        if retries < -1:
+            raise ValueError(f"retries must be -1 (no limit: max_wait_s ends them) or >= 0, got {retries}")
+        if max_wait_s is not None and max_wait_s < 0:
+            raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
+        if retries == -1 and max_wait_s is None:
+            raise ValueError("retries -1 (no count limit) needs max_wait_s: the retries must end")
+        self.url, self.retries, self.backoff_s, self.max_wait_s = url, retries, backoff_s, max_wait_s
+        self._warned = -math.inf  # when a retry was last logged
         self.timeout = (connect_timeout_s, timeout_s)
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.session = session or requests.Session()
@@ -74,6 +92,11 @@ class RemoteToolSet(ToolSet):
         early = precheck(call, self.names)
         if early is not None:
             return early
+        try:  # what requests would refuse to send (and retry as a transport failure): the call's own fault
+            json.dumps(call.arguments, allow_nan=False)
+        except (ValueError, TypeError) as exc:
+            return error_result(call.name, "bad_arguments", f"the arguments of {call.name} cannot be sent as JSON "
+                                f"({exc}); write finite numbers")
         start = time.perf_counter()
         try:
             reply = self._request("POST", "/tool", {"name": call.name, "arguments": call.arguments})
@@ -117,10 +140,11 @@ class RemoteToolSet(ToolSet):
         return body
 
     def _request(self, method: str, path: str, payload: Optional[Dict[str, Any]] = None) -> requests.Response:
-        """The reply to a request, retrying connection failures, 5xx, 408 and 429 (a read timeout is not retried:
-        the caller turns it into a "timeout" result)."""
+        """The reply to a request, retrying connection failures, 5xx, 408 and 429 within the retry budget (class
+        docstring; a read timeout is not retried: the caller turns it into a "timeout" result)."""
         failures: List[str] = []
-        for attempt in range(self.retries + 1):
+        first_failure = None
+        for attempt in itertools.count():
             try:
                 reply = self.session.request(method, self.url + path, json=payload, timeout=self.timeout,
                                              headers=self.headers)
@@ -133,9 +157,28 @@ class RemoteToolSet(ToolSet):
                     return reply
                 failure = f"HTTP {reply.status_code}: {error_msg(reply)}"
             failures.append(failure)
-            if attempt < self.retries:
-                delay = backoff_delay(attempt, self.backoff_s, 30.0)
-                logger.warning("tool server %s%s failed (attempt %d of %d): %s; retrying in %.1f s", self.url, path,
-                               attempt + 1, self.retries + 1, failure, delay)
-                time.sleep(delay)
-        raise ToolServerError(f"tool server {self.url}{path} failed {len(failures)} times: " + "; ".join(failures))
+            now = time.monotonic()
+            first_failure = now if first_failure is None else first_failure
+            left = math.inf if self.max_wait_s is None else self.max_wait_s - (now - first_failure)
+            if left <= 0 or 0 <= self.retries <= attempt:
+                budget = " or ".join(([f"{self.retries} retries"] if self.retries >= 0 else []) +
+                                     ([f"max_wait_s = {self.max_wait_s:g} s (the trainer's reward_server_max_wait_s)"]
+                                      if self.max_wait_s is not None else []))
+                raise ToolServerError(f"tool server {self.url}{path} failed {len(failures)} times over "
+                                      f"{now - first_failure:.1f} s (retries end after {budget}): "
+                                      + _join(failures))
+            delay = min(backoff_delay(attempt, self.backoff_s, 30.0), left)
+            if now - self._warned >= _WARN_EVERY_S:
+                self._warned = now
+                logger.warning("tool server %s%s failed (attempt %d): %s; retrying in %.1f s%s", self.url, path,
+                               attempt + 1, failure, delay, "" if self.max_wait_s is None else
+                               f" ({left - delay:.1f} s of the {self.max_wait_s:g} s wait budget left)")
+            time.sleep(delay)
+        raise AssertionError("unreachable")  # itertools.count() never ends
+
+
+def _join(failures: List[str], keep: int = 6) -> str:
+    """The failures of one request, all of them when few, else the first two and the last ones."""
+    if len(failures) <= keep:
+        return "; ".join(failures)
+    return "; ".join(failures[:2]) + f"; ... ({len(failures) - keep} more) ...; " + "; ".join(failures[-(keep - 2):])

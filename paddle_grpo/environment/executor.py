@@ -8,15 +8,23 @@ seconds gives a "timeout" result; Python cannot stop a thread, so its thread is 
 function returns, no longer counted against `max_workers`; being a daemon thread it never keeps the process from
 exiting, which a ThreadPoolExecutor's workers would). The time limit starts when the call starts running, not
 while it waits for a slot. Built-in tools bound themselves (the calculator by sizes, `python` by its own limits);
-a user's tool that can hang should too.
+a user's tool that can hang should too. A RemoteToolSet's calls are not cut at `timeout_s`: they bound themselves
+(a read timeout of `timeout_s` is their "timeout" result) and a tool server out of reach must raise, after the
+client's retry budget, rather than become a "timeout" the policy reads.
+
+The tool turn's tokens (`tool_turn_ids`): the format's own text is tokenized like a prompt, its markers
+(`<|im_end|>`, `<|im_start|>`) special ids; each tool output is plain text, so a special token's string in it
+(`<|im_end|>`, EOS) is its characters, never the token: what a tool prints cannot close the turn, open another,
+or end the sequence. Lone surrogates in an output (which UTF-8 cannot encode) become U+FFFD.
 """
+import re
 import threading
 import time
 from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from ..data import special_token_ids, tokenize_prompts
+from ..data import special_token_ids
 from .format import HermesFormat
 from .tool import ToolCall, ToolResult, ToolSet, error_result, precheck
 
@@ -25,7 +33,8 @@ from .tool import ToolCall, ToolResult, ToolSet, error_result, precheck
 class ToolTurn:
     """The tool turn after an assistant turn: `messages` (one {"role": "tool", "name", "content", "error",
     "latency_s"} per call, content as the policy sees it), `ids` (the tokens of the format's tool_turn_text: the
-    assistant turn closed if needed, the responses, the next assistant turn opened), `results` (the ToolResults)."""
+    assistant turn closed if needed, the responses, the next assistant turn opened; the responses' contents as
+    plain text: `tool_turn_ids`), `results` (the ToolResults)."""
     messages: List[Dict[str, Any]]
     ids: List[int]
     results: List[ToolResult]
@@ -78,8 +87,10 @@ class ToolEnvironment:
     """Tools + format + tokenizer for the multi-turn rollout; a context manager (`close()` refuses new turns).
 
     tools: a ToolSet or RemoteToolSet. fmt: the tool-call format (HermesFormat). timeout_s: per call, from its
-    start. max_workers: calls running at once. max_response_tokens: a tool output longer than this many tokens is
-    cut to it, followed by a line saying how many tokens were cut."""
+    start (not applied to a tool set that `times_own_calls`, a RemoteToolSet: its read timeout is the tool's time
+    limit, and its retries end with a ToolServerError that `result()` raises). max_workers: calls running at once.
+    max_response_tokens: a tool output longer than this many tokens is cut to it, followed by a line saying how
+    many tokens were cut."""
 
     def __init__(self, tools: ToolSet, fmt: HermesFormat, tokenizer: Any, *, timeout_s: float = 10,
                  max_workers: int = 8, max_response_tokens: int = 256) -> None:
@@ -95,6 +106,7 @@ class ToolEnvironment:
         self._active: set = set()  # calls holding a slot
         self._active_lock = threading.Lock()
         self._names = list(tools.names)
+        self._timed = not getattr(tools, "times_own_calls", False)  # a RemoteToolSet's calls end by themselves
         self._closed = False
         self._eos = getattr(tokenizer, "eos_token_id", None)
         self._eos_text = self._decode([self._eos]) if self._eos is not None else None
@@ -181,6 +193,8 @@ class ToolEnvironment:
     def _reap(self) -> None:
         """Free the slots of calls past their time limit (their threads are abandoned), so that calls queued
         behind hung ones start even before anyone waits for the hung ones."""
+        if not self._timed:
+            return
         now = time.monotonic()
         with self._active_lock:
             expired = [r for r in self._active if r.started is not None and now - r.started >= self.timeout_s]
@@ -190,6 +204,8 @@ class ToolEnvironment:
     def _finished(self, item: Union[ToolResult, _Running]) -> bool:
         if isinstance(item, ToolResult) or item.future.done():
             return True
+        if not self._timed:
+            return False
         self._reap()
         started = item.started
         return started is not None and time.monotonic() - started >= self.timeout_s
@@ -197,6 +213,8 @@ class ToolEnvironment:
     def _wait(self, running: _Running) -> ToolResult:
         while not running.started_event.wait(0.05):  # queued behind max_workers running calls
             self._reap()
+        if not self._timed:  # its result, or its ToolServerError raised here (never a "timeout" observation)
+            return running.future.result()
         left = running.started + self.timeout_s - time.monotonic()
         try:
             return running.future.result(timeout=max(left, 0.0))
@@ -208,14 +226,13 @@ class ToolEnvironment:
     # ---- the tool turn's tokens -----------------------------------------------------------------------------------
 
     def _tool_turn(self, results: List[ToolResult], close_turn: bool) -> ToolTurn:
-        shown = [self._cut(r) for r in results]
-        text = self.fmt.tool_turn_text(shown, close_turn)
+        shown = [self._cut(ToolResult(r.name, valid_text(r.content), r.error, r.latency_s)) for r in results]
         messages = [{"role": "tool", "name": r.name, "content": r.content, "error": r.error,
                      "latency_s": r.latency_s} for r in shown]
-        return ToolTurn(messages, tokenize_prompts(self.tokenizer, [text])[0], shown)
+        return ToolTurn(messages, tool_turn_ids(self.tokenizer, self.fmt.tool_turn_parts(shown, close_turn)), shown)
 
     def _cut(self, result: ToolResult) -> ToolResult:
-        ids = tokenize_prompts(self.tokenizer, [result.content])[0]
+        ids = plain_text_ids(self.tokenizer, result.content)
         if len(ids) <= self.max_response_tokens:
             return result
         kept = self._decode(ids[:self.max_response_tokens])
@@ -224,6 +241,55 @@ class ToolEnvironment:
 
     def _decode(self, ids: List[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def valid_text(text: str) -> str:
+    """`text` with every lone surrogate (a str can hold one, e.g. a tool echoing JSON's `"\\ud800"`; UTF-8
+    cannot encode it, so tokenizing it raises) replaced by U+FFFD, as decoding invalid bytes does."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def plain_text_ids(tokenizer: Any, text: str) -> List[int]:
+    """Token ids of `text` as plain text: the string of a special or added token in it (`<|im_end|>`,
+    `<|endoftext|>`, `<tool_call>`) gets the tokens of its characters, never the token's id
+    (`split_special_tokens`, which PaddleNLP's and HF's tokenizers take). A tokenizer that ignores the flag gets
+    the text cut after the first character of each such string, so that no piece holds one whole."""
+    if not text:
+        return []
+    ids = [int(i) for i in tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]]
+    specials = special_token_ids(tokenizer)
+    if set(specials.values()).isdisjoint(ids):
+        return ids
+    cuts = sorted({m.start() + 1 for token in specials if len(token) > 1
+                   for m in re.finditer(f"(?={re.escape(token)})", text)})
+    pieces = [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
+    return [int(i) for piece in pieces if piece
+            for i in tokenizer(piece, add_special_tokens=False)["input_ids"]]
+
+
+def tool_turn_ids(tokenizer: Any, parts: Sequence[Tuple[str, bool]]) -> List[int]:
+    """The tokens of a tool turn given as the format's (text, is_content) pieces: the format's own text is cut at
+    special tokens, each one its id (as prompts are tokenized: data.tokenize_prompts); the text between them and
+    the contents are encoded together as plain text (`plain_text_ids`). So a content without special-token
+    strings gives exactly the tokens of the whole turn tokenized like a prompt, and one with them cannot forge a
+    turn: its `<|im_end|>` is the characters, not the marker."""
+    specials = special_token_ids(tokenizer)
+    pattern = re.compile("(" + "|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)) + ")") \
+        if specials else None
+    ids: List[int] = []
+    plain: List[str] = []  # plain text waiting to be encoded as one piece
+    for text, is_content in parts:
+        for piece in ([text] if is_content or pattern is None else pattern.split(text)):
+            if piece and not is_content and piece in specials:
+                ids += plain_text_ids(tokenizer, "".join(plain)) + [specials[piece]]
+                plain = []
+            elif piece:
+                plain.append(piece)
+    return ids + plain_text_ids(tokenizer, "".join(plain))
 
 
 def _call_json(call: ToolCall) -> Dict[str, Any]:

@@ -11,6 +11,7 @@ objects, so the template is rendered here, from its source string with JSON writ
 otherwise the tools' system text below is put into the system turn.
 """
 import json
+import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..data import format_qwen_chat
@@ -42,7 +43,9 @@ class HermesFormat:
         """(the text outside the calls, stripped; the calls in order). Every `call_start` in the text gives one
         ToolCall; one that cannot be read (no closing marker, not JSON, not an object, no "name" string,
         "arguments" not an object) has error "malformed" and a message saying what is wrong and what a call looks
-        like. "arguments" may be missing (then {}) or a JSON string holding an object (as OpenAI's API sends it)."""
+        like. "arguments" may be missing (then {}) or a JSON string holding an object (as OpenAI's API sends it).
+        The JSON is read by `strict_json` (NaN, Infinity, lone surrogates: malformed). In a rollout whose turns stop
+        at `call_end` (one token in the vocabulary) the text holds one call; a turn ending at EOS may hold several."""
         calls: List[ToolCall] = []
         content: List[str] = []
         pos = 0
@@ -75,7 +78,7 @@ class HermesFormat:
     def _read_call(self, body: str, raw: str) -> ToolCall:
         shape = f"a tool call is one JSON object: {_CALL_SHAPE}"
         try:
-            data = json.loads(body)
+            data = strict_json(body)
         except (ValueError, RecursionError) as exc:
             reason = getattr(exc, "msg", None) or type(exc).__name__
             where = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
@@ -89,8 +92,11 @@ class HermesFormat:
         arguments = data.get("arguments", {})
         if isinstance(arguments, str):
             try:
-                decoded = json.loads(arguments)
-            except ValueError:
+                decoded = strict_json(arguments)
+            except NotJSON as exc:  # NaN or a lone surrogate inside the string: say so, as for the call itself
+                return self._malformed(raw, name, f"\"arguments\" of the call to {name} is not valid JSON "
+                                                  f"({exc.msg}); {shape}")
+            except (ValueError, RecursionError):
                 decoded = None
             if isinstance(decoded, dict):
                 arguments = decoded
@@ -142,9 +148,19 @@ class HermesFormat:
     def tool_turn_text(self, results: Sequence[ToolResult], ended_by_call_end: bool) -> str:
         """The text after the assistant's turn: `turn_end` when the turn ended at the call-end marker (a turn that
         ended at EOS has it already), the user turn of tool responses, and the next assistant turn opened."""
-        responses = "".join(f"\n{self.response_start}\n{r.content}\n{self.response_end}" for r in results)
-        return (f"{self.turn_end if ended_by_call_end else ''}\n{self.turn_start}user{responses}{self.turn_end}\n"
-                f"{self.turn_start}assistant\n")
+        return "".join(text for text, _ in self.tool_turn_parts(results, ended_by_call_end))
+
+    def tool_turn_parts(self, results: Sequence[ToolResult], ended_by_call_end: bool) -> List[Tuple[str, bool]]:
+        """`tool_turn_text` as (text, is_content) pieces: the format's own text (False: its markers are special
+        tokens) and each result's content (True: plain text, whatever it holds). The environment tokenizes the
+        two apart so that a tool cannot write a chat-turn marker or EOS into the policy's context."""
+        parts: List[Tuple[str, bool]] = [(f"{self.turn_end if ended_by_call_end else ''}\n{self.turn_start}user",
+                                          False)]
+        for result in results:
+            parts += [(f"\n{self.response_start}\n", False), (result.content, True),
+                      (f"\n{self.response_end}", False)]
+        parts.append((f"{self.turn_end}\n{self.turn_start}assistant\n", False))
+        return parts
 
     def __repr__(self) -> str:
         return f"HermesFormat({self.call_start!r}, {self.call_end!r})"
@@ -223,6 +239,61 @@ def _compile(source: str) -> Any:
         env.globals["raise_exception"] = raise_exception
         _COMPILED[source] = env.from_string(source)
     return _COMPILED[source]
+
+
+class NotJSON(ValueError):
+    """What `strict_json` refuses although Python's json module reads it; `msg` says what, for the policy."""
+
+    def __init__(self, msg: str) -> None:
+        super().__init__(msg)
+        self.msg = msg
+
+
+def _refuse_constant(name: str) -> Any:
+    raise NotJSON(f"{name} is not a JSON number; write a number or a string")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999: float() gives inf, which no JSON encoder writes back
+        raise NotJSON(f"the number {text[:40]} is too large for a JSON number (a double)")
+    return value
+
+
+def strict_json(text: str) -> Any:
+    """`json.loads(text)` as RFC 8259 / I-JSON read it: NaN, Infinity, -Infinity and numbers beyond a double
+    (Python's json reads them as float nan / inf, which JSON cannot carry: a tool server request or the reward
+    server's `turns` would then fail to serialize) and strings holding a lone surrogate (`"\\ud800"`: not a
+    character; UTF-8 cannot encode it, so a tokenizer fails on it) raise NotJSON (a ValueError) saying which."""
+    data = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    bad = _lone_surrogate(data)
+    if bad is not None:
+        raise NotJSON(f"the string {json.dumps(bad[:40])} holds a lone surrogate ({_surrogate_escape(bad)}), which "
+                      "is half of a UTF-16 pair, not a character")
+    return data
+
+
+def _lone_surrogate(value: Any) -> Optional[str]:
+    """The first string (key or value) in a decoded JSON value that UTF-8 cannot encode, or None."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return item
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
+
+
+def _surrogate_escape(text: str) -> str:
+    first = next(c for c in text if 0xD800 <= ord(c) <= 0xDFFF)
+    return f"\\u{ord(first):04x}"
 
 
 def _tojson(value: Any) -> str:

@@ -14,9 +14,10 @@ gives `{"type": "function", "function": {"name": "calculator", "description": "E
 Type hints map to JSON types: str -> string, int -> integer, float -> number, bool -> boolean, list / List[X] /
 tuple -> array (with `items` when X maps), dict / Dict -> object, Literal[a, b] -> enum, Optional[X] -> X (None is
 then accepted too). A parameter without a hint (or with a hint outside this list, e.g. Any) gets no "type": any
-JSON value is accepted and the function checks it itself. `**kwargs` adds `"additionalProperties": true`. Required: the parameters without a default. The
-description is the docstring's first paragraph; a parameter's, its line in the "Args:" section (Google style,
-`name: text` or `name (type): text`, continuation lines indented further).
+JSON value is accepted and the function checks it itself. `**kwargs` adds `"additionalProperties": true`.
+Required: the parameters without a default. The description is the docstring's first paragraph; a parameter's,
+its line in the "Args:" section (Google style, `name: text` or `name (type): text`, continuation lines indented
+further).
 """
 import inspect
 import re

@@ -176,7 +176,10 @@ def precheck(call: ToolCall, names: Sequence[str]) -> Optional[ToolResult]:
 
 
 class ToolSet:
-    """The tools of a run, by name. `.call` never raises."""
+    """The tools of a run, by name. `.call` never raises. `times_own_calls` False: ToolEnvironment bounds each call
+    by its `timeout_s` (a RemoteToolSet's calls bound themselves, and its transport failures must reach the run)."""
+
+    times_own_calls = False
 
     def __init__(self, tools: Sequence[Tool]) -> None:
         self.tools: Dict[str, Tool] = {}

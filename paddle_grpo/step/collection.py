@@ -32,8 +32,9 @@ def build_tools(cfg: Any, tokenizer: Any, policy: Optional[Policy] = None,
     from ..environment import ToolEnvironment, get_format, load_tools
     where = f"tool_server {cfg.tool_server.strip()!r}: " if cfg.tool_server.strip() else ""
     try:
+        # A tool server that is down waits like a reward server (reward_server_max_wait_s), then stops the run.
         toolset = load_tools(cfg.tools, server=cfg.tool_server.strip(), token=cfg.tool_server_token,
-                             timeout_s=cfg.tool_timeout_s)
+                             timeout_s=cfg.tool_timeout_s, retries=-1, max_wait_s=cfg.reward_server_max_wait_s)
     except Exception as e:  # noqa: BLE001 - a user's module may raise anything: said with the key, cause chained
         raise ConfigError(f"key 'tools' ({', '.join(cfg.tools)}): {where}{_text(e)}") from e
     try:

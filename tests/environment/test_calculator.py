@@ -41,8 +41,9 @@ def test_values(expression, expected):
     ("1 << 100", "the operator << ('1 << 100') is not allowed"),
     ("~1", "the operator ~ ('~1') is not allowed"),
     ("9**9**9", "the exponent 387420489 is above the limit of 10000"),
-    ("2**4097", "the result would be about 2**4097, above the limit of 2**4096 (1234 digits)"),
-    ("(10**1000)*(10**1000)", "the result would be about 2**6644"),
+    ("2**4097", "the result would be at least 2**4097, above the limit of 2**4096 (1234 digits)"),
+    ("(10**1000)*(10**1000)", "the result of '(10**1000)*(10**1000)' is about 2**6643, above the limit"),
+    ("3**4096", "the result of '3**4096' is about 2**6492, above the limit of 2**4096 (1234 digits)"),
     ("1/0", "division by zero in '1/0'"), ("5 // 0", "division by zero"), ("5 % 0", "division by zero"),
     ("0**-1", "division by zero"),
     ("1e308*10", "too large for a decimal number"), ("2.0**5000", "too large for a decimal number"),
@@ -58,3 +59,24 @@ def test_refusals_are_bad_arguments_with_a_message(expression, message):
     assert result.error == "bad_arguments" and result.content.startswith("error: ")
     assert message in result.content, result.content
     assert time.perf_counter() - start < 1.0  # refused, not computed (9**9**9 would take hours)
+
+
+# Integer results at and around the documented bound, 2**4096 in magnitude (1,234 digits): powers of every base
+# size (the pre-check's bound bits(|base|) - 1 per factor is loose for 3, 5, 7: 3**4096 has 6,493 bits), products
+# and sums of big operands, intermediate results beyond the bound. The reference is Python's own integer arithmetic.
+BOUND_CASES = ["2**4096", "-(2**4096)", "(-2)**4096", "2**4096+1", "2**4096-1", "-(2**4096)-1", "3**4096",
+               "3**2584", "3**2585", "5**1764", "5**1765", "7**1459", "7**1460", "(2**2048)*(2**2048)",
+               "(2**2048)*(2**2048)*2", "(2**2048+1)*(2**2048)", "2**4096+2**4096", "(2**4096+2**4096)//2",
+               "(3**4096)//(3**4000)", "(2**4095)*2", "2**4095*3", "1**100000", "(-1)**100001", "0**10000"]
+
+
+@pytest.mark.parametrize("expression", BOUND_CASES)
+def test_integer_results_are_bounded_by_2_to_the_4096_exactly(expression):
+    result = get_tool("calculator").call({"expression": expression})
+    steps_ok = expression not in ("(2**4096+2**4096)//2", "(3**4096)//(3**4000)")  # over the bound on the way
+    value = eval(expression)  # noqa: S307 - the test's own literals: the independent reference
+    if steps_ok and abs(value) <= 2 ** 4096:
+        assert (result.error, result.content) == (None, str(value))
+    else:
+        assert result.error == "bad_arguments" and "above the limit of 2**4096 (1234 digits)" in result.content
+    assert len(str(2 ** 4096)) == 1234  # the documented digit count

@@ -45,6 +45,24 @@ def test_parse_several_calls_and_whitespace():
                                                'string; ' + SHAPE),
     ('{"name": "c", "arguments": null}', "c", '"arguments" of the call to c must be a JSON object, got a JSON '
                                               'null; ' + SHAPE),
+    # What Python's json reads but JSON cannot carry (a request to a tool server, the reward server's `turns`,
+    # would fail to serialize) or UTF-8 cannot encode (the tokenizer would raise): malformed, each saying why.
+    ('{"name": "c", "arguments": {"x": NaN}}', "", "the tool call is not valid JSON (NaN is not a JSON number; write "
+                                                   "a number or a string); " + SHAPE),
+    ('{"name": "c", "arguments": {"x": [Infinity]}}', "", "the tool call is not valid JSON (Infinity is not a JSON "
+                                                          "number; write a number or a string); " + SHAPE),
+    ('{"name": "c", "arguments": {"x": -Infinity}}', "", "the tool call is not valid JSON (-Infinity is not a JSON "
+                                                         "number; write a number or a string); " + SHAPE),
+    ('{"name": "c", "arguments": {"x": 1e999}}', "", "the tool call is not valid JSON (the number 1e999 is too large "
+                                                     "for a JSON number (a double)); " + SHAPE),
+    ('{"name": "c", "arguments": {"x": "a\\ud800"}}', "", 'the tool call is not valid JSON (the string "a\\ud800" '
+                                                          "holds a lone surrogate (\\ud800), which is half of a "
+                                                          "UTF-16 pair, not a character); " + SHAPE),
+    ('{"name": "c", "arguments": {"\\udc00": 1}}', "", 'the tool call is not valid JSON (the string "\\udc00" holds '
+                                                       "a lone surrogate (\\udc00), which is half of a UTF-16 pair, "
+                                                       "not a character); " + SHAPE),
+    ('{"name": "c", "arguments": "{\\"x\\": NaN}"}', "c", '"arguments" of the call to c is not valid JSON (NaN is '
+                                                          "not a JSON number; write a number or a string); " + SHAPE),
 ])
 def test_parse_malformed_calls(body, name, message):
     text = f"before <tool_call>{body}</tool_call> after"
@@ -54,6 +72,18 @@ def test_parse_malformed_calls(body, name, message):
     call = calls[0]
     assert (call.name, call.arguments, call.error, call.message) == (name, None, "malformed", message)
     assert call.raw == f"<tool_call>{body}</tool_call>"
+
+
+def test_parsed_arguments_are_json_that_serializes_strictly():
+    """Every call parse accepts serializes with allow_nan=False and encodes as UTF-8 (what requests and the reward
+    client send); finite floats and surrogate pairs are kept."""
+    for body in ('{"name": "c", "arguments": {"x": 1.5e308, "y": -0.0, "z": "\\ud83d\\ude00", "w": [1e-320]}}',
+                 '{"name": "c", "arguments": "{\\"x\\": 2.5}"}'):
+        (call,) = FMT.parse(f"<tool_call>{body}</tool_call>")[1]
+        assert call.error is None
+        json.dumps(call.arguments, allow_nan=False, ensure_ascii=False).encode("utf-8")
+    assert FMT.parse('<tool_call>{"name": "c", "arguments": {"z": "\\ud83d\\ude00"}}</tool_call>')[1][0] \
+        .arguments == {"z": "\U0001F600"}
 
 
 def test_parse_accepted_variants():

@@ -56,3 +56,21 @@ def test_the_limits_stated_are_the_constants(repo_root):
     assert (builtins.MAX_EXPRESSION_CHARS, builtins.MAX_RESULT_BITS, builtins.MAX_EXPONENT) == (1000, 4096, 10000)
     assert "at most 1,000 characters, integer results up to 2**4096 (1,234 digits), exponents up to 10,000" in text
     assert len(str(2 ** 4096)) == 1234
+
+
+def test_the_docs_say_what_a_turn_holds_and_what_a_dead_tool_server_does(repo_root, tool_tokenizer):
+    """A turn stops at the first `</tool_call>` when it is one token (the rollout test
+    tests/rollout/test_multi_turn.py::test_a_turn_stops_at_the_first_call_end_token checks the behaviour); the page
+    says so, and no longer that a turn may hold several calls. A dead tool server waits reward_server_max_wait_s
+    and stops the run (tests/test_tool_server_faults.py)."""
+    from paddle_grpo.environment import ToolEnvironment, ToolSet
+
+    _, text = blocks(repo_root, "text")
+    flat = " ".join(text.split())
+    assert "a turn may hold several calls" not in flat
+    assert "So with Qwen2.5's vocabulary **a turn holds one call**: the rollout stops at the first `</tool_call>`" \
+        in flat
+    env = ToolEnvironment(ToolSet([get_tool("calculator")]), HermesFormat(), tool_tokenizer)
+    assert env.stop_token_ids() == [tool_tokenizer.get_vocab()["</tool_call>"]]
+    assert "for up to `reward_server_max_wait_s`" in flat and "the rollout raises `ToolServerError`" in flat
+    assert "**a tool's output is plain text**" in flat
