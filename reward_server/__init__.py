@@ -150,7 +150,8 @@ def create_app(reward_names_or_fns, weights=None, token=None, max_content_length
         # header names it) or by a cross-origin request (its Origin header names it). Programs send neither.
         given_host = request.environ.get("HTTP_HOST")  # (missing: an HTTP/1.0 client; a browser always sends it)
         if given_host is not None and not host_allowed(_host_name(given_host)):
-            raise RequestError(400, f"Host header {given_host[:100]!r} is not a name this server answers to; "
+            # 421 Misdirected Request: not a 400, which the tool client reads as the policy's bad arguments.
+            raise RequestError(421, f"Host header {given_host[:100]!r} is not a name this server answers to; "
                                     "start it with --allowed-hosts NAME to answer to another name")
         origin = request.headers.get("Origin")
         if origin is not None and not host_allowed(_host_name(origin.split("://", 1)[-1])):

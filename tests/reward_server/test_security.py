@@ -169,7 +169,7 @@ def test_a_foreign_host_header_is_refused(tool_server, reward_server):
         reply = requests.get(url + path, headers=headers, timeout=10) if body is None else \
             post(url + path, body, headers)
         assert (reply.status_code, reply.json()["error_msg"]) == (
-            400, f"Host header 'attacker.example:{port}' is not a name this server answers to; start it with "
+            421, f"Host header 'attacker.example:{port}' is not a name this server answers to; start it with "
                  "--allowed-hosts NAME to answer to another name"), path
     for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost", "LOCALHOST.", f"[::1]:{port}"):
         assert requests.get(tool_server.url + "/health", headers={"Host": host}, timeout=10).status_code == 200, host
@@ -178,15 +178,15 @@ def test_a_foreign_host_header_is_refused(tool_server, reward_server):
 def test_allowed_hosts_and_a_wildcard_bind(serve):
     named = serve(create_app("kk", allowed_hosts=["gpu-box.lan"]))
     assert requests.get(named.url + "/health", headers={"Host": "gpu-box.lan:1"}, timeout=10).status_code == 200
-    assert requests.get(named.url + "/health", headers={"Host": "other.lan"}, timeout=10).status_code == 400
+    assert requests.get(named.url + "/health", headers={"Host": "other.lan"}, timeout=10).status_code == 421
     anything = serve(create_app("kk", allowed_hosts=["*"]))
     assert requests.get(anything.url + "/health", headers={"Host": "other.lan"}, timeout=10).status_code == 200
     # An app told it is bound to 0.0.0.0 (served here on loopback): IP addresses pass, foreign names do not.
     wildcard = serve(create_app("kk", host="0.0.0.0"))
-    for host, status in (("10.1.2.3:8731", 200), ("[fe80::1]:8731", 200), ("attacker.example:8731", 400)):
+    for host, status in (("10.1.2.3:8731", 200), ("[fe80::1]:8731", 200), ("attacker.example:8731", 421)):
         assert requests.get(wildcard.url + "/health", headers={"Host": host}, timeout=10).status_code == status
     specific = serve(create_app("kk", host="10.1.2.3"))
-    for host, status in (("10.1.2.3:8731", 200), ("10.9.9.9:8731", 400), ("localhost", 200)):
+    for host, status in (("10.1.2.3:8731", 200), ("10.9.9.9:8731", 421), ("localhost", 200)):
         assert requests.get(specific.url + "/health", headers={"Host": host}, timeout=10).status_code == status
 
 
@@ -197,12 +197,24 @@ def test_an_origin_of_this_server_is_accepted(reward_server):
     assert post(reward_server.url + "/", BATCH, {**JSON, "Origin": "null"}).status_code == 403
 
 
+def test_a_misdirected_host_stops_the_tool_client_instead_of_failing_calls(serve):
+    # A Host the server does not answer to stops the trainer's RemoteToolSet at start-up (GET /tools) with the
+    # server's reason. (The status is 421, not 400: on POST /tool the client reads a 400 as the policy's bad
+    # arguments, which a refused request is not.)
+    from paddle_grpo.environment import ToolServerError, load_tools
+
+    # An app that answers to 127.0.0.1 only, reached at 127.0.0.2 (loopback too: all of 127/8 is).
+    server = serve(create_app([], tools="calculator", host="127.0.0.1"), host="127.0.0.2")
+    with pytest.raises(ToolServerError, match="answered HTTP 421: Host header '127.0.0.2:"):
+        load_tools("calculator", server=server.url)
+
+
 def test_attacker_summary(tool_server):
     # The review's attempts in one place, each answered before any code runs: (status, error_msg's start).
     url = tool_server.url + "/tool"
     attempts = {
         "text/plain from a page": (BROWSER, 403),
-        "foreign Host": ({**JSON, "Authorization": "Bearer T0k", "Host": "attacker.example"}, 400),
+        "foreign Host": ({**JSON, "Authorization": "Bearer T0k", "Host": "attacker.example"}, 421),
         "no token": (JSON, 401),
         "wrong token": ({**JSON, "Authorization": "Bearer nope"}, 401),
         "no Bearer": ({**JSON, "Authorization": "T0k"}, 401),
