@@ -19,9 +19,9 @@ JSON, no "name", "arguments" not an object) is a 400, a tool this server does no
 tool 'x'; tools: ..."). A server may serve rewards, tools or both; POST / on a server without rewards is a 404.
 
 Who may call (safe by default; docs/tools.md, "Security"): every route answers only requests whose Host header
-names this server (its bind address, localhost, or --allowed-hosts; DNS rebinding sends another name) and that
-carry no Origin of another host (a web page's request); POST / and POST /tool accept only `Content-Type:
-application/json` (a page cannot send that without a CORS preflight, which is never granted). Serving a tool other
+names this server (its bind address, localhost, or --allowed-hosts; DNS rebinding sends another name: 421) and that
+carry no Origin of another host (a web page's request: 403); POST / and POST /tool accept only `Content-Type:
+application/json` (415; a page cannot send JSON without a CORS preflight, which is never granted). Serving a tool other
 than the built-in calculator (`python` runs code; a tool of your own may do anything) needs a token unless
 `insecure_no_token` is set.
 

@@ -180,7 +180,7 @@ def test_namespaces_bound_the_number_of_processes(monkeypatch):
     # RLIMIT_NPROC of `nobody`: a fork bomb stops at the limit, and the call ends with everything killed.
     monkeypatch.setattr(sandbox, "MAX_PROCESSES", 20)
     marker = f"bomb-{uuid.uuid4().hex}"
-    code = f"""
+    code = """
 import os, sys, time
 started = 0
 try:
