@@ -1,10 +1,14 @@
 """What a `python` tool snippet can reach, measured with real snippets in real subprocesses, for both isolation
 modes: "namespaces" (root on Linux: what tests and CI run here) and "process" (the fallback, forced here; what a
 user who is not root gets). docs/tools.md's "What a snippet can reach" states these results."""
+import json
 import os
+import pathlib
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import uuid
 
 import pytest
@@ -201,3 +205,66 @@ except OSError as exc:
 def test_an_unknown_isolation_is_refused():
     with pytest.raises(ValueError, match="isolation must be 'auto', 'namespaces' or 'process', got 'chroot'"):
         run_python("print(1)", isolation="chroot")
+
+
+def _python_for(uid, gid):
+    """An interpreter the user `uid` can run (this one, or the system's), or None."""
+    for exe in (sys.executable, "/usr/bin/python3"):
+        try:
+            done = subprocess.run([exe, "-I", "-c", "print(1)"], user=uid, group=gid, extra_groups=[],
+                                  capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if done.stdout == "1\n":
+            return exe
+    return None
+
+
+def run_launcher_as(uid, gid, python, isolation, code, base):
+    """The launcher run as user `uid` (what a trainer that is not root runs), in a directory of `base`: (its JSON
+    report, the snippet's stdout)."""
+    workdir = base / f"work-{isolation}"
+    workdir.mkdir()
+    os.chown(workdir, uid, gid)
+    settings = {"code": code, "cpu_s": 5, "memory": 1 << 30, "fsize": 4 << 20, "wall_s": 10.0,
+                "workdir": str(workdir), "isolation": isolation, "tmp_mb": 16, "nproc": 64, "nobody": [uid, gid]}
+    read_end, write_end = os.pipe()
+    try:
+        done = subprocess.run([python, "-I", sandbox._LAUNCHER, json.dumps(settings), str(write_end)],
+                              user=uid, group=gid, extra_groups=[], cwd=str(workdir), env={}, pass_fds=(write_end,),
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        report = json.loads(f.read())
+    assert "cannot start" not in done.stderr, done.stderr
+    return report, done.stdout
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="switching to another user needs root")
+def test_a_user_who_is_not_root_gets_the_process_fallback(tmp_path):
+    # The launcher itself, run as `nobody` as a user's trainer would run as that user: "auto" falls back to
+    # "process" (the snippet runs as that user), detached processes still die (a subreaper needs no privilege),
+    # and "namespaces" is refused with its reason rather than run without them.
+    uid, gid = sandbox._nobody()
+    python = _python_for(uid, gid)
+    if python is None:
+        pytest.skip("no interpreter that `nobody` can run")
+    marker = f"nonroot-{uuid.uuid4().hex}"
+    code = f"""
+import os, subprocess, sys, time
+subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', '{marker}'], start_new_session=True)
+time.sleep(0.5)
+print(os.getuid())
+"""
+    base = pathlib.Path(tempfile.mkdtemp(prefix="sandbox_nonroot_"))  # (pytest's tmp_path is root's, mode 700)
+    try:
+        os.chmod(base, 0o755)
+        report, stdout = run_launcher_as(uid, gid, python, "auto", code, base)
+        assert (report["mode"], report["error"], report["timed_out"], report["status"]) == ("process", None, False, 0)
+        assert stdout == f"{uid}\n"
+        assert running_with(marker) == []
+        report, _ = run_launcher_as(uid, gid, python, "namespaces", "print(1)", base)
+        assert report["error"] == "isolation 'namespaces' is not available here (needs root)"
+    finally:
+        shutil.rmtree(base)
