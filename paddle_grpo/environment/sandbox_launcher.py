@@ -19,8 +19,10 @@ import ctypes
 import json
 import os
 import resource
+import select
 import signal
 import sys
+import time
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = \
     0x00020000, 0x04000000, 0x08000000, 0x20000000, 0x40000000
@@ -31,10 +33,6 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "
 DEVICES = ("null", "zero", "full", "random", "urandom")
 
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-
-
-class Timeout(Exception):
-    pass
 
 
 def _check(result, what):
@@ -157,26 +155,44 @@ def kill_descendants():
                 pass
 
 
+def wait_at_most(pid, seconds):
+    """The wait status of child `pid`, or None when it is still running after `seconds`. Without signals (an alarm
+    could fire after the child was reaped): a pidfd polled with select where there is one (Linux 5.3+), else a
+    short sleep between non-blocking waits."""
+    deadline = time.monotonic() + seconds
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    try:
+        delay = 0.001
+        while True:
+            waited, status = os.waitpid(pid, os.WNOHANG)
+            if waited:
+                return status
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            if pidfd is not None:
+                select.select([pidfd], [], [], left)
+            else:
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, 0.01)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
 def supervise(settings, workdir, drop_to, in_namespace):
     """Start the snippet, wait at most the wall time, kill everything left. Returns the status dict."""
     pid = os.fork()
     if pid == 0:
         run_snippet(settings, workdir, drop_to)
-
-    def alarm(signum, frame):
-        raise Timeout()
-
-    signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, settings["wall_s"])
-    timed_out = False
-    try:
-        _, status = os.waitpid(pid, 0)
-    except Timeout:
-        timed_out = True
+    status = wait_at_most(pid, settings["wall_s"])
+    timed_out = status is None
+    if timed_out:
         os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
     if in_namespace:
         try:
             os.kill(-1, signal.SIGKILL)  # as PID 1: every other process of the namespace (then reaped below)
@@ -184,11 +200,7 @@ def supervise(settings, workdir, drop_to, in_namespace):
             pass
     if _libc is not None:
         kill_descendants()
-    else:  # pragma: no cover - macOS: no subreaper; the snippet's own process group
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    # (macOS: no subreaper; what stayed in the launcher's process group dies when sandbox.run_python kills it.)
     return {"status": status, "timed_out": timed_out}
 
 
