@@ -25,8 +25,8 @@ import shlex
 import tempfile
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .config import (FIELDS, GROUPS, Config, ConfigError, dump_config, encoder_decoder_refusal, given_keys,
-                     run_key_effect, yaml_value)
+from .config import (FIELDS, GROUPS, SECRET_KEYS, Config, ConfigError, dump_config, encoder_decoder_refusal,
+                     given_keys, run_key_effect, yaml_value)
 
 MAX_PROCESSES = 1024  # the launch sizes tried, as multiples of the model-parallel ranks
 MAX_LENGTH_CHECKS = 20000  # prompts tokenized per data key (about a minute); beyond, an even sample of this many
@@ -76,15 +76,33 @@ def required_processes(cfg: Config) -> int:
     raise ConfigError(f"no number of processes fits this layout: with {base}: {first_error}")
 
 
+def redact_secrets(argv: Sequence[str]) -> List[str]:
+    """argv with the values of SECRET_KEYS (`--key value` and `--key=value`) replaced by *** (printed commands end up
+    in logs and terminals' scrollback)."""
+    out: List[str] = []
+    hide_next = False
+    for arg in argv:
+        key, eq, _ = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
+        if hide_next:
+            out.append("***")
+        elif key in SECRET_KEYS and eq:
+            out.append(f"--{key}=***")
+        else:
+            out.append(arg)
+        hide_next = not hide_next and key in SECRET_KEYS and not eq
+    return out
+
+
 def launch_command(cfg: Config, argv: Sequence[str], device: str, script: str = "run_rl.py") -> str:
     """The command that starts this run (`argv`: the config file and overrides, without --dry_run) with the number
     of processes the config needs: plain `python run_rl.py ...` for one process, else paddle.distributed.launch
-    (CPU: `--devices "" --nproc_per_node N`; GPU: `--devices "0,1,..."`)."""
+    (CPU: `--devices "" --nproc_per_node N`; GPU: `--devices "0,1,..."`). Tokens given on the command line are
+    printed as *** (redact_secrets)."""
     try:
         n = required_processes(cfg)
     except ConfigError:
         n = model_ranks(cfg)
-    tail = " ".join([shlex.quote(script)] + [shlex.quote(a) for a in argv])
+    tail = " ".join([shlex.quote(script)] + [shlex.quote(a) for a in redact_secrets(argv)])
     if n == 1:
         return f"python {tail}"
     devices = '--devices "" --nproc_per_node ' + str(n) if device == "cpu" else \

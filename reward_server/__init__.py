@@ -19,6 +19,13 @@ server's --timeout-s is a "timeout") is a 200 with `error` set as in-process; a 
 JSON, no "name", "arguments" not an object) is a 400, a tool this server does not serve a 404 (error_msg: "unknown
 tool 'x'; tools: ..."). A server may serve rewards, tools or both; POST / on a server without rewards is a 404.
 
+Who may call (safe by default; docs/tools.md, "Security"): every route answers only requests whose Host header
+names this server (its bind address, localhost, or --allowed-hosts; DNS rebinding sends another name: 421) and that
+carry no Origin of another host (a web page's request: 403); POST / and POST /tool accept only `Content-Type:
+application/json` (415; a page cannot send JSON without a CORS preflight, which is never granted). Serving a tool other
+than the built-in calculator (`python` runs code; a tool of your own may do anything) needs a token unless
+`insecure_no_token` is set.
+
 Rejected requests get a 4xx status and `{"error_code": <the status>, "error_msg": "<what was wrong>"}`. A sample
 on which a reward function failed (raised, timed out) gets `score` null with the reason in `errors`; the batch
 still succeeds. A function that returns None for a sample is left out of that sample's weighted sum (null only
@@ -26,16 +33,18 @@ when every function does). docs/rewards.md has an example request per built-in r
 matched as text, never evaluated. Start it with `python -m reward_server` (see __main__.py).
 """
 import hmac
+import ipaddress
 import json
 import logging
 import re
+import socket
 import time
 import uuid
 
 from flask import Flask, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from paddle_grpo.environment import ToolCall, ToolSet, load_tools, precheck
+from paddle_grpo.environment import ToolCall, ToolSet, builtins, load_tools, precheck
 from paddle_grpo.environment.tool import error_result
 from paddle_grpo.rewards import RewardModel, RewardSet
 from paddle_grpo.rewards.combine import RewardTimeout, _call_with_timeout
@@ -48,6 +57,53 @@ logger = logging.getLogger("reward_server")
 DEFAULT_MAX_CONTENT_LENGTH = 100 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 30.0
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+# Tools that compute from their arguments only (no code, files, network): served without a token on request.
+TOKENLESS_TOOLS = (builtins.calculator,)
+
+
+class InsecureServerError(ValueError):
+    """A server that would run code for whoever reaches it: a tool that needs a token is served without one."""
+
+
+def tools_needing_a_token(toolset: ToolSet) -> list:
+    """Names of the tools a server may serve only with a token: all but TOKENLESS_TOOLS (`python` runs code; a
+    tool of your own can do anything, and the server cannot tell what)."""
+    return [name for name, tool in toolset.tools.items() if tool.fn not in TOKENLESS_TOOLS]
+
+
+def _host_name(value: str) -> str:
+    """The host part of a Host header or an Origin's netloc (`name`, `name:port`, `[v6]:port`), lowercase."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1:value.find("]")] if "]" in value else value
+    if value.count(":") == 1:
+        value = value.split(":")[0]
+    return value.rstrip(".")
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return False
+
+
+def allowed_host_check(host: str, allowed_hosts=None):
+    """A function name -> bool: may a request whose Host header names `name` be answered by a server bound to
+    `host`? Allowed: the bind address and the loopback names; on a wildcard bind (0.0.0.0, ::) also any IP address
+    and this machine's host names (a DNS rebinding attack always sends a DNS name of its own, never an IP); plus
+    `allowed_hosts` (names; "*" allows every Host: no check)."""
+    extra = {_host_name(h) for h in (allowed_hosts or ()) if h.strip()}
+    if "*" in extra:
+        return lambda name: True
+    names = {_host_name(host), *LOOPBACK_NAMES, *extra}
+    wildcard = host.strip() in WILDCARD_HOSTS
+    if wildcard:
+        names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+    return lambda name: name in names or (wildcard and _is_ip(name))
 
 
 def _error(status, message):
@@ -57,15 +113,25 @@ def _error(status, message):
 
 
 def create_app(reward_names_or_fns, weights=None, token=None, max_content_length=DEFAULT_MAX_CONTENT_LENGTH,
-               timeout_s=DEFAULT_TIMEOUT_S, tools=None):
+               timeout_s=DEFAULT_TIMEOUT_S, tools=None, host="127.0.0.1", allowed_hosts=None,
+               insecure_no_token=False):
     """The Flask app scoring with `RewardSet(reward_names_or_fns, weights, timeout_s)` and serving `tools` (tool
     specs, a comma-separated string of them, or a ToolSet; see paddle_grpo.environment.load_tools).
 
     reward_names_or_fns may be empty when tools are given (a tool server). token: when set, POST /, GET /tools and
     POST /tool need `Authorization: Bearer <token>` (401 otherwise); /health stays open. max_content_length: request
     body limit in bytes (413 above it). timeout_s (None: no limit) bounds each reward-function call and each tool
-    call (a tool over it is answered 200 with error "timeout", its thread abandoned as in-process)."""
+    call (a tool over it is answered 200 with error "timeout", its thread abandoned as in-process). host: the address
+    the server binds (for the Host check; see allowed_host_check), allowed_hosts: more names it answers to ("*":
+    any). A tool other than the calculator without a token raises InsecureServerError unless insecure_no_token."""
     toolset = tools if isinstance(tools, ToolSet) else load_tools(tools)
+    risky = tools_needing_a_token(toolset)
+    if risky and not token and not insecure_no_token:
+        raise InsecureServerError(
+            f"serving {', '.join(risky)} needs a token: anyone who can reach the port could run code as this "
+            "server's user. Set one in $REWARD_SERVER_TOKEN or a file (--token-file), and the same in the "
+            "trainer's tool_server_token (or start with --insecure-no-token to accept that risk)")
+    host_allowed = allowed_host_check(host, allowed_hosts)
     given = reward_names_or_fns
     has_rewards = bool(given.strip()) if isinstance(given, str) else callable(given) or bool(given)
     if not has_rewards and not len(toolset):
@@ -82,6 +148,17 @@ def create_app(reward_names_or_fns, weights=None, token=None, max_content_length
         given = request.headers.get("X-Request-Id", "")
         g.request_id = given if _SAFE_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex[:16]
         g.batch_size = 0
+        # A web page can reach a server on this host: through DNS rebinding (its own name resolving here: the Host
+        # header names it) or by a cross-origin request (its Origin header names it). Programs send neither.
+        given_host = request.environ.get("HTTP_HOST")  # (missing: an HTTP/1.0 client; a browser always sends it)
+        if given_host is not None and not host_allowed(_host_name(given_host)):
+            # 421 Misdirected Request: not a 400, which the tool client reads as the policy's bad arguments.
+            raise RequestError(421, f"Host header {given_host[:100]!r} is not a name this server answers to; "
+                                    "start it with --allowed-hosts NAME to answer to another name")
+        origin = request.headers.get("Origin")
+        if origin is not None and not host_allowed(_host_name(origin.split("://", 1)[-1])):
+            raise RequestError(403, f"request from a web page ({origin[:100]!r}) refused: this server answers "
+                                    "programs, not browsers")
 
     @app.after_request
     def log_request(response):
@@ -118,12 +195,23 @@ def create_app(reward_names_or_fns, weights=None, token=None, max_content_length
 
     def check_token():
         if token is not None:
-            auth = request.headers.get("Authorization", "")
-            given = auth[len("Bearer "):] if auth.startswith("Bearer ") else ""
-            if not given:
+            auth = request.headers.get("Authorization")
+            if auth is None or not auth.strip():
                 raise RequestError(401, "missing token: send the header 'Authorization: Bearer <token>'")
-            if not hmac.compare_digest(given.encode(), token.encode()):
+            scheme, _, given = auth.strip().partition(" ")
+            if scheme.lower() != "bearer" or not given.strip():
+                raise RequestError(401, "malformed Authorization header: it must be 'Bearer <token>' (the word "
+                                        "Bearer, a space, the token)")
+            if not hmac.compare_digest(given.strip().encode(), token.encode()):
                 raise RequestError(401, "wrong token in the Authorization header")
+
+    def check_json():
+        # Only JSON: a web page can POST text/plain or a form without asking, application/json only after a CORS
+        # preflight, which this server never grants. Every client of the protocol sends application/json.
+        if request.mimetype != "application/json":
+            got = request.headers.get("Content-Type")
+            raise RequestError(415, f"Content-Type must be application/json, got {got[:100]!r}" if got else
+                               "Content-Type must be application/json (the request has none)")
 
     @app.get("/health")
     def health():
@@ -144,6 +232,7 @@ def create_app(reward_names_or_fns, weights=None, token=None, max_content_length
 
     @app.post("/tool")
     def call_tool():
+        check_json()
         check_token()
         name, arguments = parse_tool_call(request.get_data(cache=False))
         g.batch_size = 1
@@ -160,6 +249,7 @@ def create_app(reward_names_or_fns, weights=None, token=None, max_content_length
 
     @app.post("/")
     def score():
+        check_json()
         check_token()
         if rewards is None:
             raise RequestError(404, f"this server serves no reward functions, only tools ({', '.join(toolset.names)})"

@@ -32,14 +32,15 @@ def tools():
 
 
 def test_get_tools_keeps_key_order_and_the_prompts_are_equal(serve, tool_tokenizer, monkeypatch):
-    url = serve(create_app([], tools=tools())).url
+    token = "schema-order-token"  # a tool of one's own is served only behind a token (docs/tools.md, Security)
+    url = serve(create_app([], tools=tools(), token=token)).url
     local = tools()
-    served = requests.get(url + "/tools", timeout=10).json()["tools"]
+    served = requests.get(url + "/tools", headers={"Authorization": f"Bearer {token}"}, timeout=10).json()["tools"]
     # Key order is part of the text: json.dumps (which keeps it) must give the same string.
     assert [json.dumps(s) for s in served] == [json.dumps(s) for s in local.schemas()]
     assert json.dumps(served[1]).startswith('{"type": "function", "function": {"name": "shop", "description"')
     assert list(served[1]["function"]["parameters"]["properties"]) == ["zeta", "alpha", "middle"]
-    remote = load_tools("calculator,shop", server=url)
+    remote = load_tools("calculator,shop", server=url, token=token)
     fmt = HermesFormat()
     for tok in (tool_tokenizer, None):  # the built-in Qwen2.5 text (no template) through the trainer's encoder
         texts = [PromptEncoder(None, tok, "auto", 512, ToolEnvironment(t, fmt, tool_tokenizer)).text("Buy milk.")

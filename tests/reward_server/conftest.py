@@ -39,13 +39,16 @@ def wait_healthy(url, proc=None, timeout_s=30.0):
 
 @pytest.fixture
 def start_cli(repo_root, tmp_path):
-    """start_cli(port, *args, wait=True) -> Popen of `python -m reward_server --port PORT ARGS`, its stderr in
-    `proc.log_path` (a file, so a chatty server never blocks on a full pipe); killed after the test."""
+    """start_cli(port, *args, wait=True, env=None) -> Popen of `python -m reward_server --port PORT ARGS` (`env`:
+    variables added to its environment), its stderr in `proc.log_path` (a file, so a chatty server never blocks on
+    a full pipe); killed after the test."""
     procs = []
 
-    def start(port, *args, wait=True):
+    def start(port, *args, wait=True, env=None):
+        extra = env or {}
         env = {**os.environ, "PYTHONPATH": str(repo_root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         env.pop("REWARD_SERVER_TOKEN", None)
+        env.update(extra)
         log_path = tmp_path / f"server-{port}-{len(procs)}.log"
         with open(log_path, "wb") as log:
             proc = subprocess.Popen([sys.executable, "-m", "reward_server", "--port", str(port), *args],

@@ -7,6 +7,8 @@ docs), except that the numbers of a server with a reward model are compared to a
 Each curl runs twice: with the real curl through bash, as a user pastes it, and parsed with shlex and sent with
 requests, so the check does not depend on curl being installed. A `python tools/build_tiny_reward_model.py DIR`
 block builds the reward model the next server serves; it runs as written, with DIR moved into the test's tmp_path.
+The block making a token file (MAKE_TOKEN) runs as written in the test's tmp_path; a server's `--token-file
+server_token` and a curl's `$(cat server_token)` then read that file.
 """
 import json
 import pathlib
@@ -26,6 +28,9 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 DOC_PORT = "http://127.0.0.1:8731"
 DOC_RM_DIR = "/tmp/tiny_reward_model"  # where the page builds its tiny reward model
 BUILD_RM = "python tools/build_tiny_reward_model.py"
+TOKEN_FILE = "server_token"
+MAKE_TOKEN = f'python -c "import secrets; print(secrets.token_urlsafe(24))" > {TOKEN_FILE} && chmod 600 {TOKEN_FILE}'
+CAT_TOKEN = f"$(cat {TOKEN_FILE})"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 REQUEST_ID = re.compile(r'"request_id":"([^"]*)"')
 # A JSON string (skipped: digits in it are text) or a JSON number (compared as a number).
@@ -70,14 +75,19 @@ def sections(text):
             i += 1
         elif command.startswith(BUILD_RM):
             assert command == f"{BUILD_RM} {DOC_RM_DIR}", f"docs: build the model in {DOC_RM_DIR}"
+        elif command == MAKE_TOKEN:
+            pass  # run by test_documented_example_matches_a_real_server before a server with --token-file
         else:
             raise AssertionError(f"docs: a bash block that is neither a server start nor a curl: "
                                  f"{command[:80]!r}")
     return out
 
 
-def send_like_curl(command):
-    """The reply body to `command` (curl -s [-H H]... [-d DATA] URL), sent with requests."""
+def send_like_curl(command, token=None):
+    """The reply body to `command` (curl -s [-H H]... [-d DATA] URL), sent with requests (`token`: the value of the
+    command's $(cat server_token))."""
+    if token is not None:
+        command = command.replace(CAT_TOKEN, token)
     args = shlex.split(command)
     assert args[0] == "curl", command
     headers, data, url = {}, None, None
@@ -163,10 +173,23 @@ def build_documented_reward_model(argv, out_dir, repo_root):
     return [str(out_dir) if a == DOC_RM_DIR else a for a in argv]
 
 
+def make_documented_token(argv, tmp_path):
+    """(argv with the page's token file in tmp_path, the token) after running MAKE_TOKEN there as written, when argv
+    reads the token file; else (argv, None)."""
+    if TOKEN_FILE not in argv:
+        return argv, None
+    done = subprocess.run(["bash", "-c", MAKE_TOKEN], cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    path = tmp_path / TOKEN_FILE
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    return [str(path) if a == TOKEN_FILE else a for a in argv], path.read_text().strip()
+
+
 def test_documented_example_matches_a_real_server(section, start_cli, free_port, repo_root, tmp_path):
     argv, examples = section
     rm_dir = tmp_path / "tiny_reward_model"
     argv = build_documented_reward_model(argv, rm_dir, repo_root)
+    argv, token = make_documented_token(argv, tmp_path)
     tol = REWARD_MODEL_TOL if "--reward-model" in argv else 0.0
     port = free_port()
     proc = start_cli(port, *argv)
@@ -174,18 +197,23 @@ def test_documented_example_matches_a_real_server(section, start_cli, free_port,
     for command, documented in examples:
         local = command.replace(DOC_PORT, url)
         assert local != command, f"the example does not use {DOC_PORT}: {command[:80]!r}"
-        if shutil.which("curl") and shutil.which("bash"):
-            done = subprocess.run(["bash", "-c", local], capture_output=True, text=True, timeout=120)
+        if shutil.which("curl") and shutil.which("bash"):  # (from tmp_path, where the token file is)
+            done = subprocess.run(["bash", "-c", local], capture_output=True, text=True, timeout=120,
+                                  cwd=str(tmp_path))
             assert done.returncode == 0, done.stderr
             assert_same_reply(documented, done.stdout.replace(str(rm_dir), DOC_RM_DIR), command, tol)
-        assert_same_reply(documented, send_like_curl(local).replace(str(rm_dir), DOC_RM_DIR), command, tol)
+        assert CAT_TOKEN not in local or token is not None, f"a curl reads {TOKEN_FILE}, its server does not"
+        assert_same_reply(documented, send_like_curl(local, token).replace(str(rm_dir), DOC_RM_DIR), command, tol)
     if argv == ["--reward", "kk"]:  # the start-up line the page quotes is the one this server logged
         quoted = re.search(r"`(reward server listening on [^`]*)`", doc_text(repo_root)).group(1)
         assert quoted.replace(DOC_PORT, url) in proc.log_path.read_text()
 
 
-def test_every_server_command_in_readme_and_docs_parses_and_loads(repo_root, tiny_reward_model_dir):
-    # A literal `[--token T]` or a misspelt reward in any page fails here, not in a user's terminal.
+def test_every_server_command_in_readme_and_docs_parses_and_loads(repo_root, tiny_reward_model_dir, tmp_path):
+    # A literal `[--token T]` or a misspelt reward in any page fails here, not in a user's terminal; so does a page
+    # serving python without a token (InsecureServerError).
+    token_file = tmp_path / TOKEN_FILE
+    token_file.write_text("doc-token\n")
     from reward_server import create_app
     from reward_server.__main__ import build_rewards, parse_args
 
@@ -196,13 +224,14 @@ def test_every_server_command_in_readme_and_docs_parses_and_loads(repo_root, tin
             for line in body.splitlines():
                 if lang != "bash" or not line.strip().startswith("python -m reward_server"):
                     continue
-                argv = [tiny_reward_model_dir if a == DOC_RM_DIR else a
+                argv = [tiny_reward_model_dir if a == DOC_RM_DIR else str(token_file) if a == TOKEN_FILE else a
                         for a in shlex.split(line, comments=True)[3:] if a != "&"]
                 try:
                     args = parse_args(argv)
                 except SystemExit:
                     raise AssertionError(f"{page.name}: `{line.strip()}` is rejected by the CLI") from None
                 create_app(build_rewards(args), weights=args.weights, token=args.token,
-                           timeout_s=args.timeout_s or None, tools=args.tool)
+                           timeout_s=args.timeout_s or None, tools=args.tool, host=args.host,
+                           allowed_hosts=args.allowed_hosts, insecure_no_token=args.insecure_no_token)
                 seen += 1
     assert seen >= 15, seen

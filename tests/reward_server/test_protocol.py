@@ -21,9 +21,10 @@ def url(serve):
     return serve(create_app("kk,tag_format", weights=[1.0, 0.5], max_content_length=4096)).url
 
 
-def post(url, body, **kwargs):
+def post(url, body, headers=None, **kwargs):
     data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    return requests.post(url + "/", data=data, timeout=10, **kwargs)
+    return requests.post(url + "/", data=data, timeout=10, headers={"Content-Type": "application/json",
+                                                                    **(headers or {})}, **kwargs)
 
 
 def test_scores_batch(url):
@@ -78,7 +79,7 @@ def test_body_over_limit(url):
 def test_chunked_body_over_limit(url):
     # No Content-Length: the limit is enforced while reading the stream.
     chunks = (part.encode() for part in ['{"src": ["', "y" * 5000, '"], "tgt": ["t"], "response": ["r"]}'])
-    reply = requests.post(url + "/", data=chunks, timeout=10)
+    reply = requests.post(url + "/", data=chunks, timeout=10, headers={"Content-Type": "application/json"})
     assert reply.status_code == 413
     assert "exceeds the limit of 4096 bytes" in reply.json()["error_msg"]
 
@@ -96,13 +97,18 @@ def test_unknown_route_and_method(url):
 
 def test_token(serve):
     url = serve(create_app("kk", token="s3cret")).url
-    cases = [({}, "missing token"), ({"Authorization": "Bearer nope"}, "wrong token"),
-             ({"Authorization": "s3cret"}, "missing token"), ({"Authorization": "Token s3cret"}, "missing token")]
+    # A header without the Bearer scheme is malformed, not missing (it was reported as "missing token").
+    malformed = "malformed Authorization header: it must be 'Bearer <token>' (the word Bearer, a space, the token)"
+    cases = [({}, "missing token: send the header 'Authorization: Bearer <token>'"),
+             ({"Authorization": "Bearer nope"}, "wrong token in the Authorization header"),
+             ({"Authorization": "s3cret"}, malformed), ({"Authorization": "Token s3cret"}, malformed),
+             ({"Authorization": "Bearer "}, malformed)]
     for headers, message in cases:
         reply = post(url, VALID, headers=headers)
         assert reply.status_code == 401, headers
-        assert reply.json()["error_code"] == 401 and message in reply.json()["error_msg"]
+        assert reply.json() == {"error_code": 401, "error_msg": message}, headers
     assert post(url, VALID, headers={"Authorization": "Bearer s3cret"}).json()["score"] == [3.0, -0.5, -3.0]
+    assert post(url, VALID, headers={"Authorization": "bearer s3cret"}).status_code == 200  # the scheme's case: free
     assert requests.get(url + "/health", timeout=5).status_code == 200  # health stays open
 
 

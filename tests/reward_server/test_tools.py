@@ -38,7 +38,8 @@ def get(url, path, token="T0k"):
 def post(url, path, body, token="T0k"):
     data = body if isinstance(body, (bytes, str)) else json.dumps(body)
     return requests.post(url + path, data=data, timeout=10,
-                         headers={"Authorization": f"Bearer {token}"} if token else {})
+                         headers={"Content-Type": "application/json",
+                                  **({"Authorization": f"Bearer {token}"} if token else {})})
 
 
 def test_tools_and_health(tool_url):
@@ -100,7 +101,8 @@ def test_a_slow_remote_tool_is_a_timeout_result(serve):
         time.sleep(seconds)
         return "awake"
 
-    url = serve(create_app([], tools=ToolSet([Tool.from_function(nap)]))).url
+    # (insecure_no_token: a tool of the test's own; what is checked here is the time limit, not access)
+    url = serve(create_app([], tools=ToolSet([Tool.from_function(nap)]), insecure_no_token=True)).url
     remote = RemoteToolSet(url, timeout_s=0.5)
     assert remote.call(ToolCall("nap", {"seconds": 0.01})).content == "awake"
     slow = remote.call(ToolCall("nap", {"seconds": 2}))
@@ -118,7 +120,7 @@ def test_the_servers_time_limit_answers_a_hung_tool(serve):
         return x
 
     url = serve(create_app([], tools=ToolSet([Tool.from_function(hang), get_tool("calculator")]),
-                           timeout_s=0.3)).url
+                           timeout_s=0.3, insecure_no_token=True)).url
     try:
         start = time.perf_counter()
         reply = RemoteToolSet(url, timeout_s=10).call(ToolCall("hang", {"x": "hi"}))

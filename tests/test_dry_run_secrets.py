@@ -1,0 +1,38 @@
+"""The dry run's `launch:` line never prints a token given on the command line (reward_server_token,
+tool_server_token: config.SECRET_KEYS), in either spelling (`--key value`, `--key=value`)."""
+import pytest
+
+from dry_run_helpers import base_args, run_rl_main
+
+from paddle_grpo.config import SECRET_KEYS, config_from_dict
+from paddle_grpo.dry_run import launch_command, redact_secrets
+
+
+@pytest.fixture
+def base(tmp_path, tiny_policy_dir):
+    """Arguments of a valid in-process-reward run on the tiny model (no config file)."""
+    return base_args(tmp_path, tiny_policy_dir)
+
+
+def test_redact_secrets():
+    assert set(SECRET_KEYS) == {"reward_server_token", "tool_server_token"}
+    argv = ["cfg.yaml", "--tool_server_token", "T0k-1", "--reward_server_token=T0k-2", "--seed", "3",
+            "--tool_server", "http://h:1"]
+    assert redact_secrets(argv) == ["cfg.yaml", "--tool_server_token", "***", "--reward_server_token=***", "--seed",
+                                    "3", "--tool_server", "http://h:1"]
+    line = launch_command(config_from_dict({}), argv, "cpu")
+    assert "T0k" not in line and line == ("python run_rl.py cfg.yaml --tool_server_token '***' "
+                                          "'--reward_server_token=***' --seed 3 --tool_server http://h:1")
+
+
+def test_the_dry_runs_launch_line_hides_the_tool_server_token(base, serve, capsys):
+    # Before: the launch line ended `--tool_server_token T0k-secret` (the command-line arguments as given).
+    from reward_server import create_app
+
+    url = serve(create_app([], tools="calculator", token="T0k-secret")).url
+    status, out, _ = run_rl_main([*base, "--tools", "calculator", "--tool_server", url, "--tool_server_token",
+                                  "T0k-secret", "--dry_run"], capsys)
+    assert status == 0, out
+    launch = next(line for line in out.splitlines() if line.startswith("launch: "))
+    assert "--tool_server_token '***'" in launch
+    assert "T0k-secret" not in out
