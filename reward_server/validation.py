@@ -7,6 +7,8 @@ the request from the message alone.
 """
 import json
 
+from paddle_grpo.environment.format import strict_json
+
 FIELDS = ("src", "tgt", "response")
 
 
@@ -34,20 +36,21 @@ def json_type(value):
     return "object"
 
 
-def _json_body(body, shape):
+def _json_body(body, shape, loads=json.loads):
     if not body:
         raise RequestError(400, f"empty request body; send JSON {shape}")
     try:
-        return json.loads(body)
+        return loads(body)
     except (ValueError, RecursionError) as exc:  # RecursionError: absurdly nested arrays
         raise RequestError(400, f"request body is not valid JSON: {str(exc)[:200]}") from None
 
 
 def parse_tool_call(body):
     """(name, arguments) of a tool call, POST /tool's body `{"name": str, "arguments": {...}}`, or
-    RequestError(400)."""
+    RequestError(400). Read as the trainer reads a policy's call (strict_json): NaN, Infinity, numbers beyond a
+    double and lone surrogates are refused, so every client's call meets the same rules."""
     shape = '{"name": "<tool>", "arguments": {...}}'
-    data = _json_body(body, shape)
+    data = _json_body(body, shape, strict_json)
     if not isinstance(data, dict):
         raise RequestError(400, f"request body must be a JSON object {shape}; got a JSON {json_type(data)}")
     name = data.get("name")

@@ -8,7 +8,8 @@ tool-call format of the chat template, and the runner that executes the calls of
         pending = env.begin(turn_ids, ended_by_call_end=True)   # starts the calls, returns at once
         turn = pending.result()                                  # ToolTurn: messages, ids (context tokens)
 
-Built-ins: `calculator` (builtins.py) and `python` (sandbox.py: a resource limit, not a security boundary).
+Built-ins: `calculator` (builtins.py) and `python` (sandbox.py: limits, and every process a snippet starts dies with
+its call; isolated only as root on Linux: docs/tools.md, "What a snippet can reach").
 docs/tools.md explains the format, writing a tool and serving tools over HTTP (`RemoteToolSet`).
 This package sits below the rollout: it imports only data.py, user_code.py and http_util.py of the package.
 """

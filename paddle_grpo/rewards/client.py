@@ -8,6 +8,7 @@ that): after its retries (by default for up to 10 minutes: `reward_server_max_wa
 RewardServerError saying which servers were tried and how each failed.
 """
 import itertools
+import json
 import logging
 import math
 import time
@@ -114,6 +115,7 @@ class RewardClient:
                              f"{len(batch['tgt'])}, {n}")
         if n == 0:
             return RewardResult([], {}, [])
+        body = _json_body(batch)
         request_id = uuid.uuid4().hex[:16]
         first = next(self._turn)
         failures: List[str] = []
@@ -121,8 +123,9 @@ class RewardClient:
         for attempt in itertools.count():
             url = self.urls[(first + attempt) % len(self.urls)]
             try:
-                reply = self.session.post(url + "/", json=batch, timeout=self.timeout,
-                                          headers={**self.headers, "X-Request-Id": request_id})
+                reply = self.session.post(url + "/", data=body, timeout=self.timeout,
+                                          headers={**self.headers, "X-Request-Id": request_id,
+                                                   "Content-Type": "application/json"})
             except requests.RequestException as exc:
                 failure = short_error(exc)
             else:
@@ -151,6 +154,20 @@ class RewardClient:
                            failure, delay, left - delay, self.max_wait_s)
             time.sleep(delay)
         raise AssertionError("unreachable")  # itertools.count() never ends
+
+
+def _json_body(batch: dict) -> bytes:
+    """The request body, serialized once for every attempt. A value JSON cannot carry (NaN, Infinity: what a
+    reward function's `turns` may hold) raises RewardRequestError naming the field at once: sending the same batch
+    again cannot help (requests' own InvalidJSONError is a RequestException, so it used to be retried until
+    reward_server_max_wait_s ran out)."""
+    for field, value in batch.items():
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise RewardRequestError(f"the batch's field '{field}' cannot be sent as JSON ({exc}): JSON has no NaN, "
+                                     "Infinity or non-JSON objects; the reward server was not asked") from None
+    return json.dumps(batch, allow_nan=False).encode("utf-8")
 
 
 def _join_failures(failures: List[str], keep: int = 6) -> str:

@@ -67,6 +67,11 @@ def test_a_call(tool_url):
     ("/tool", {"name": "calculator", "arguments": [1]}, "T0k", 400,
      "field 'arguments' must be a JSON object, got a JSON array"),
     ("/tool", {"name": "calc", "arguments": {}}, "T0k", 404, "unknown tool 'calc'; tools: calculator, python"),
+    # What JSON cannot carry (Python's json reads them): refused as the trainer's own parser refuses them.
+    ("/tool", b'{"name": "calculator", "arguments": {"expression": NaN}}', "T0k", 400, "NaN"),
+    ("/tool", b'{"name": "calculator", "arguments": {"expression": -Infinity}}', "T0k", 400, "-Infinity"),
+    ("/tool", b'{"name": "calculator", "arguments": {"expression": 1e999}}', "T0k", 400, "1e999"),
+    ("/tool", b'{"name": "calculator", "arguments": {"expression": "\\ud800"}}', "T0k", 400, "lone surrogate"),
     ("/tool", {"name": "calculator", "arguments": {}}, None, 401, "missing token"),
     ("/tool", {"name": "calculator", "arguments": {}}, "wrong", 401, "wrong token in the Authorization header"),
     ("/tools", None, "wrong", 401, "wrong token in the Authorization header"),

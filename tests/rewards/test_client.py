@@ -127,6 +127,20 @@ def test_connection_refused_names_url():
     assert time.monotonic() - started < 5
 
 
+def test_a_batch_json_cannot_carry_is_refused_at_once_not_retried(serve):
+    # requests raises InvalidJSONError (a RequestException) for NaN; retrying the same batch cannot help, so the
+    # client must say so at once rather than stall for reward_server_max_wait_s (it was retried as a transport
+    # failure: 3 attempts, all logged as 'reward server failed').
+    server = Scripted(ok([1.0]))
+    url = serve(server).url
+    started = time.monotonic()
+    with pytest.raises(RewardRequestError, match="field 'turns' cannot be sent as JSON") as info:
+        fast_client(url, max_retries=5, backoff=0.5).score_detailed(["p"], ["t"], ["r"],
+                                                                      turns=[[{"role": "tool", "x": float("nan")}]])
+    assert "NaN" in str(info.value) or "nan" in str(info.value)
+    assert server.hits == 0 and time.monotonic() - started < 0.5
+
+
 def test_round_robin_and_failover(serve):
     a, b = Scripted(ok([1, 1])), Scripted(ok([2, 2]))
     url_a, url_b = serve(a).url, serve(b).url
