@@ -292,6 +292,20 @@ def test_unknown_key_names_file_line_and_suggestion(tmp_path):
     assert msg.endswith("unknown key 'zzzz_qqq'")
 
 
+def test_every_unknown_key_is_named_in_one_error(tmp_path):
+    # three typos (two in the file, one on the command line) and a bad value: one run names all three typos, each
+    # with its place and suggestion, before any value is converted
+    path = tmp_path / "cfg.yaml"
+    msg = error_of(tmp_path, "learning_rat: 1e-6\nseed: 1\nrollout_m: 4\nrollout_n: eight\n",
+                   ["--max_step", "3"])
+    assert msg == ("3 unknown keys:\n"
+                   f"  {path}:1: unknown key 'learning_rat' (did you mean 'learning_rate'?)\n"
+                   f"  {path}:3: unknown key 'rollout_m' (did you mean 'rollout_n'?)\n"
+                   "  command line: unknown key 'max_step' (did you mean 'max_steps'?)")
+    with pytest.raises(ConfigError, match=r"^2 unknown keys:\n  <dict>: unknown key 'sede' \(did you mean 'seed'"):
+        config_from_dict({"sede": 1, "zzzz_qqq": 2})
+
+
 @pytest.mark.parametrize("line, expected", [
     ("rollout_n: eight", "key 'rollout_n' expects an integer, got 'eight' (str)"),
     ("rollout_n: 2.5", "key 'rollout_n' expects an integer, got 2.5 (float)"),
