@@ -358,11 +358,11 @@ def test_out_of_range_values(tmp_path, text, expected):
 
 @pytest.mark.parametrize("text, expected", [
     ("global_batch_size: 8\nglobal_mini_batch_size: 3",
-     "key 'global_mini_batch_size' = 3: must divide global_batch_size (8)"),
+     "key 'global_mini_batch_size' = 3: must divide global_batch_size (8, "),
     ("max_prompt_len: 512\nmax_dec_len: 1024\nmax_length: 1000",
      "key 'max_length' = 1000: must be at least max_prompt_len + max_dec_len = 512 + 1024 = 1536"),
-    ("min_dec_len: 64\nmax_dec_len: 32\nmax_length: 1024", "key 'min_dec_len' = 64: must not exceed max_dec_len (32)"),
-    ("use_rm_server: false", "key 'reward_funcs' = '': is empty while use_rm_server is false"),
+    ("min_dec_len: 64\nmax_dec_len: 32\nmax_length: 1024", "key 'min_dec_len' = 64: must not exceed max_dec_len (32, "),
+    ("use_rm_server: false", "key 'reward_funcs' = '' (the default): is empty while use_rm_server is false"),
     ("use_rm_server: false\nreward_funcs: kk,gsm8k\nreward_weights: [1.0]",
      "key 'reward_weights' = [1.0]: has 1 weights for 2 reward functions (kk,gsm8k)"),
     ("reward_weights: [1.0]", "key 'reward_weights' = [1.0]: applies to in-process reward functions"),
@@ -372,14 +372,47 @@ def test_out_of_range_values(tmp_path, text, expected):
     ("use_rm_server: false\nreward_model_name_or_path: my/rm\nreward_funcs: kk\nreward_weights: [1.0]",
      "key 'reward_weights' = [1.0]: has 1 weights for 2 reward functions (kk, then the reward model, whose weight "
      "comes last)"),
-    ("do_eval: true", "key 'eval_datasets' = '': is empty while do_eval is true"),
+    ("do_eval: true", "key 'eval_datasets' = '' (the default): is empty while do_eval is true"),
     ("use_rm_server: true\nreward_server: ''", "key 'reward_server' = '': is empty while use_rm_server is true"),
-    ("global_gen_batch_size: 4", "key 'global_gen_batch_size' = 4: is smaller than global_batch_size (8)"),
+    ("global_gen_batch_size: 4", "key 'global_gen_batch_size' = 4: is smaller than global_batch_size (8, the default)"),
     ("enable_overlong_reward_buffer: true\nmax_dec_len: 128\nmax_length: 1024\noverlong_reward_buffer: 256",
-     "key 'overlong_reward_buffer' = 256: must not exceed max_dec_len (128)"),
+     "key 'overlong_reward_buffer' = 256: must not exceed max_dec_len (128, "),
 ])
 def test_inconsistent_combinations(tmp_path, text, expected):
     assert expected in error_of(tmp_path, text + "\n")
+
+
+def test_a_combination_error_says_which_value_is_the_default_and_what_to_set(tmp_path):
+    # min_dec_len is not in the file: its 32 is the default, max_dec_len's 8 comes from line 1
+    path = tmp_path / "cfg.yaml"
+    assert error_of(tmp_path, "max_dec_len: 8\nmax_length: 64\n") == (
+        f"key 'min_dec_len' = 32 (the default): must not exceed max_dec_len (8, {path}:1); set min_dec_len to at "
+        "most 8")
+    assert error_of(tmp_path, "max_prompt_len: 4096\nmax_dec_len: 1024\n") == (
+        "key 'max_length' = 4608 (the default): must be at least max_prompt_len + max_dec_len = 4096 + 1024 = "
+        "5120; set max_length to 5120 or more")
+    # 8 prompts split into mini-batches of 3: the largest divisor of 8 up to 3 is 2
+    assert error_of(tmp_path, "global_batch_size: 8\nglobal_mini_batch_size: 3\n").endswith(
+        "key 'global_mini_batch_size' = 3: must divide global_batch_size (8, "
+        f"{path}:1): each rollout is split into whole mini-batches; set global_mini_batch_size to 2 (its divisors: "
+        "1, 2, 4, 8; -1: one mini-batch)")
+
+
+def test_per_device_train_batch_size_error_suggests_the_largest_divisor(repo_root):
+    # the quickstart with --global_batch_size 4: 4 prompts x 8 samples = 32 sequences per mini-batch, which
+    # per_device_train_batch_size 256 does not divide; 32 (the largest divisor of 32 up to 256) does
+    cfg = load_config(repo_root / "configs" / "quickstart.yaml", ["--global_batch_size", "4"], device="cpu")
+    with pytest.raises(ConfigError) as e:
+        cfg.batch_geometry(1)
+    assert str(e.value).endswith("x rollout_n (8) = 32; set per_device_train_batch_size to 32 (the largest divisor "
+                                 "of 32 up to 256)")
+    cfg = config_from_dict({"global_batch_size": 6, "rollout_n": 2, "per_device_train_batch_size": 8})
+    with pytest.raises(ConfigError, match=r"= 12; set per_device_train_batch_size to 6 \(the largest divisor of 12 "
+                                          r"up to 8\)$"):
+        cfg.batch_geometry(1)
+    # the suggested value works: 12 sequences in 2 micro-batches of 6
+    assert config_from_dict({"global_batch_size": 6, "rollout_n": 2,
+                             "per_device_train_batch_size": 6}).batch_geometry(1).grad_accum_steps == 2
 
 
 def test_combination_error_names_where_the_key_was_set(tmp_path):
@@ -618,7 +651,7 @@ def test_min_learning_rate_ratios_and_their_bound():
     assert cfg.min_lr_ratio == pytest.approx(0.25, rel=1e-15)
     assert cfg.critic_min_lr_ratio == pytest.approx(0.25, rel=1e-15)
     assert config_from_dict({"learning_rate": 0.0}).min_lr_ratio == 0.0
-    with pytest.raises(ConfigError, match=r"key 'min_learning_rate' = 2e-06: must not exceed learning_rate \(1e-06\): "
+    with pytest.raises(ConfigError, match=r"key 'min_learning_rate' = 2e-06: must not exceed learning_rate \(1e-06, <dict>\): "
                                           r"the linear schedule \(lr_scheduler_type\) decays"):
         config_from_dict({"learning_rate": 1e-6, "min_learning_rate": 2e-6, "lr_scheduler_type": "linear"})
     # A constant schedule never reaches the floor: PaddleNLP's files set it above or equal, and they load.

@@ -13,12 +13,19 @@ from .flat import FIELDS, Config
 
 def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
     """Check ranges, choices and combinations; raise ConfigError naming the key, its value and where it was set."""
+    known = given is not None  # the loader says where each key was set: an unset key is at its default
     given = given or {}
 
     def fail(key, msg):
         where = given.get(key)
         prefix = f"{where}: " if where else ""
-        raise ConfigError(f"{prefix}key '{key}' = {getattr(cfg, key)!r}: {msg}")
+        default = " (the default)" if known and not where else ""
+        raise ConfigError(f"{prefix}key '{key}' = {getattr(cfg, key)!r}{default}: {msg}")
+
+    def ref(key):
+        """`key (value, where it was set)`: the other key of a combination, so both sides can be found."""
+        where = given.get(key) or ("the default" if known else "")
+        return f"{key} ({getattr(cfg, key)}{', ' + where if where else ''})"
 
     # First: a config for an algorithm this trainer does not have says so before anything else.
     algorithms = field_choices(FIELDS["rl_algorithm"])
@@ -83,7 +90,7 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
     for floor, peak, schedule in (("min_learning_rate", "learning_rate", "lr_scheduler_type"),
                                   ("critic_min_learning_rate", "critic_learning_rate", "critic_lr_scheduler_type")):
         if getattr(cfg, schedule) not in CONSTANT_SCHEDULES and getattr(cfg, floor) > getattr(cfg, peak):
-            fail(floor, f"must not exceed {peak} ({getattr(cfg, peak)}): the {getattr(cfg, schedule)} schedule "
+            fail(floor, f"must not exceed {ref(peak)}: the {getattr(cfg, schedule)} schedule "
                         f"({schedule}) decays from {peak} down to it")
     if not 0 <= cfg.ref_model_mixup_alpha <= 1:
         fail("ref_model_mixup_alpha", "must be in [0, 1]")
@@ -102,19 +109,24 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
 
     # Combinations.
     if cfg.min_dec_len > cfg.max_dec_len:
-        fail("min_dec_len", f"must not exceed max_dec_len ({cfg.max_dec_len})")
+        fail("min_dec_len", f"must not exceed {ref('max_dec_len')}; set min_dec_len to at most {cfg.max_dec_len}")
     if cfg.max_length < cfg.max_prompt_len + cfg.max_dec_len:
         fail("max_length", f"must be at least max_prompt_len + max_dec_len = {cfg.max_prompt_len} + "
-                           f"{cfg.max_dec_len} = {cfg.max_prompt_len + cfg.max_dec_len}")
+                           f"{cfg.max_dec_len} = {cfg.max_prompt_len + cfg.max_dec_len}; set max_length to "
+                           f"{cfg.max_prompt_len + cfg.max_dec_len} or more")
     if cfg.global_batch_size % cfg.mini_batch_prompts:
-        fail("global_mini_batch_size", f"must divide global_batch_size ({cfg.global_batch_size}): each rollout is "
-                                       "split into whole mini-batches")
+        divisors = [d for d in range(1, cfg.global_batch_size + 1) if cfg.global_batch_size % d == 0]
+        fail("global_mini_batch_size", f"must divide {ref('global_batch_size')}: each rollout is split into whole "
+                                       f"mini-batches; set global_mini_batch_size to "
+                                       f"{max(d for d in divisors if d <= cfg.mini_batch_prompts)} (its divisors: "
+                                       f"{', '.join(map(str, divisors[:12]))}{', ...' if len(divisors) > 12 else ''}"
+                                       "; -1: one mini-batch)")
     if cfg.global_gen_batch_size != -1 and cfg.global_gen_batch_size < cfg.global_batch_size and \
             not cfg.dynamic_sampling:
-        fail("global_gen_batch_size", f"is smaller than global_batch_size ({cfg.global_batch_size}); it only "
+        fail("global_gen_batch_size", f"is smaller than {ref('global_batch_size')}; it only "
                                       "differs from it with dynamic_sampling")
     if cfg.enable_overlong_reward_buffer and cfg.overlong_reward_buffer > cfg.max_dec_len:
-        fail("overlong_reward_buffer", f"must not exceed max_dec_len ({cfg.max_dec_len})")
+        fail("overlong_reward_buffer", f"must not exceed {ref('max_dec_len')}")
     from ..algorithms import advantage_estimator_spec  # paddle: see _from_algorithms
     estimator = advantage_estimator_spec(cfg.rl_algorithm)
     if cfg.rollout_n < estimator.min_group_size:
