@@ -18,6 +18,7 @@ directory or a missing data file is reported by its key there too, not by Paddle
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -300,11 +301,10 @@ def check_tools(cfg: Config, tokenizer: Any = None, get: Optional[Callable] = No
     else:
         from .environment import load_tools
 
-        try:
+        problems += tool_problems(cfg)
+        if not problems:
             toolset = load_tools(cfg.tools)
             print(f"  tools: {', '.join(toolset.names)} ({len(toolset.schemas())} schemas)")
-        except Exception as e:  # noqa: BLE001  a user's module may raise anything on import
-            problems.append(f"tools: {e.args[0] if isinstance(e, KeyError) and e.args else e}")
     if tokenizer is not None:
         from .environment import get_format
 
@@ -315,12 +315,33 @@ def check_tools(cfg: Config, tokenizer: Any = None, get: Optional[Callable] = No
     return problems
 
 
+def tool_problems(cfg: Config) -> List[str]:
+    """One line per tool of `cfg.tools` that does not load in this process (none with tool_server: the server's
+    GET /tools answers for its tools), with the closest registered name for a misspelt one. Loads each tool
+    (environment.get_tool: a registered name, or imports `module:function`), never calls one."""
+    if not cfg.tools or cfg.tool_server.strip():
+        return []
+    from .environment import available_tools, get_tool
+
+    problems = []
+    for spec in cfg.tools:
+        try:
+            get_tool(spec)
+        except Exception as e:  # noqa: BLE001  a user's module may raise anything on import
+            message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+            close = difflib.get_close_matches(str(spec), available_tools(), n=1, cutoff=0.6) \
+                if ":" not in str(spec) else []
+            problems.append(f"tools: {message}" + (f" (did you mean '{close[0]}'?)" if close else ""))
+    return problems
+
+
 def preflight(cfg: Config) -> List[str]:
     """What a real run checks at its start, before loading anything (run_rl.py; exit 2 with these lines): every
     data file exists (named with its key), and every local model directory holds config.json, tokenizer_config.json
-    and its weight files, so that a missing file is reported by its key, not by PaddleNLP's loader. File names only
-    (and, for a critic or tools run, a local policy's config.json: an encoder-decoder policy is refused): no weights are read,
-    no hub ID is looked up (the run resolves and downloads those itself, with its own message)."""
+    and its weight files, so that a missing file is reported by its key, not by PaddleNLP's loader; and every
+    in-process tool loads (tool_problems). File names only (and, for a critic or tools run, a local policy's
+    config.json: an encoder-decoder policy is refused): no weights are read, no hub ID is looked up (the run
+    resolves and downloads those itself, with its own message)."""
     from .policy import hub
 
     problems = [] if cfg.train_datasets.replace(",", "").strip() else \
@@ -334,6 +355,7 @@ def preflight(cfg: Config) -> List[str]:
         elif not hub.looks_like_hub_id(name):
             problems.append(f"{key}: '{name}' is not a local model directory (nor a hub ID such as "
                             "'Qwen/Qwen2.5-1.5B-Instruct'); point it at a directory written by save_pretrained")
+    problems += tool_problems(cfg)  # a misspelt tool is named now, not after the model has loaded
     actor = cfg.actor_model_name_or_path
     if (cfg.needs_critic or cfg.tools) and os.path.isfile(os.path.join(actor, "config.json")):  # hub ID: trainer
         with open(os.path.join(actor, "config.json"), encoding="utf-8") as f:

@@ -415,6 +415,18 @@ def test_per_device_train_batch_size_error_suggests_the_largest_divisor(repo_roo
                              "per_device_train_batch_size": 6}).batch_geometry(1).grad_accum_steps == 2
 
 
+def test_max_turns_1_with_tools_is_refused(tmp_path):
+    # docs/tools.md: the last assistant turn's calls are recorded but never run; with max_turns 1 it is the only one
+    path = tmp_path / "cfg.yaml"
+    assert error_of(tmp_path, "use_rm_server: false\nreward_funcs: kk\ntools: [calculator]\nmax_turns: 1\n") == (
+        f"{path}:4: key 'max_turns' = 1: with tools (calculator) no tool call could run: the last assistant turn "
+        "ends the sample and its calls are not run, and with max_turns 1 the only turn is the last (docs/tools.md, "
+        "The rollout); set max_turns to 2 or more (a call, then the answer that reads its result), or leave tools "
+        "empty")
+    assert config_from_dict({"tools": ["calculator"], "max_turns": 2}).max_turns == 2
+    assert config_from_dict({"max_turns": 1}).max_turns == 1  # without tools the key has no effect
+
+
 def test_combination_error_names_where_the_key_was_set(tmp_path):
     msg = error_of(tmp_path, "global_batch_size: 8\n", ["--global_mini_batch_size", "3"])
     assert msg.startswith("command line: key 'global_mini_batch_size' = 3")

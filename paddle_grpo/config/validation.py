@@ -180,6 +180,11 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
     if cfg.lora and cfg.sync_ref_model:
         fail("sync_ref_model", "cannot be used with lora: the reference model is the base model with the adapters "
                                "disabled; there is no separate copy to mix the policy into")
+    if cfg.tools and cfg.max_turns == 1:  # docs/tools.md: the last turn's calls are recorded, never run
+        fail("max_turns", f"with tools ({', '.join(map(str, cfg.tools))}) no tool call could run: the last assistant "
+                          "turn ends the sample and its calls are not run, and with max_turns 1 the only turn is "
+                          "the last (docs/tools.md, The rollout); set max_turns to 2 or more (a call, then the "
+                          "answer that reads its result), or leave tools empty")
     if cfg.tool_timeout_s <= 0:
         fail("tool_timeout_s", "must be greater than 0")
     if cfg.tool_server.strip():
