@@ -790,3 +790,37 @@ def test_report_to_wandb_or_tensorboard_logs_to_visualdl(tmp_path, report_to, wr
     log.close()
     assert (tmp_path / "vdl").is_dir() == writes_visualdl
     assert json.loads((tmp_path / "out" / "metrics.jsonl").read_text())["train/reward"] == 1.0
+
+
+@pytest.mark.parametrize("path, marks", [
+    ("/models/Qwen2.5-1.5B-Instruc", "'Qwen', '1.5B'"),     # a mistyped path to a real model
+    ("Qwen/Qwen2.5-0.5B", "'Qwen', '0.5B'"),                 # a hub ID: the toy would be built in ./Qwen/...
+    ("ckpt/llama-7b", "'llama', '7b'"),
+])
+def test_build_actor_if_missing_refuses_a_path_named_like_a_real_model(tmp_path, monkeypatch, path, marks):
+    # a config copied from quickstart.yaml keeps build_actor_if_missing: quickstart; a real model's path that does
+    # not exist must not get the 0.6 M-parameter toy built there and trained
+    monkeypatch.chdir(tmp_path)
+    cfg_path = write(tmp_path, f"actor_model_name_or_path: {path}\nbuild_actor_if_missing: quickstart\n"
+                               "use_rm_server: false\nreward_funcs: kk\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(cfg_path, device="cpu")
+    relative = "" if path.startswith("/") else f" (relative to the working directory {tmp_path})"
+    assert str(e.value) == (
+        f"{cfg_path}:1: key 'actor_model_name_or_path' = '{path}': does not exist{relative}, and "
+        f"build_actor_if_missing: quickstart ({cfg_path}:2) would build the 'quickstart' recipe's tiny toy policy "
+        f"(about 0.6 M parameters) there and train it; its name looks like a real model's ({marks}), so it is not "
+        "built. Check the path (a directory written by save_pretrained, or a hub ID such as "
+        "Qwen/Qwen2.5-1.5B-Instruct) and set build_actor_if_missing: '' for your own model; to build the toy "
+        "policy, name a path that does not look like a model's (the quickstart's is build/quickstart_policy)")
+
+
+@pytest.mark.parametrize("path", ["build/quickstart_policy", "build/quickstart_tools_policy", "build/qs_s42",
+                                  "build/qs_ppo_s1", "policy", "built_policy"])
+def test_build_actor_if_missing_builds_at_a_toy_name(tmp_path, monkeypatch, path):
+    # the names the quickstarts, tools/quickstart_seeds.py and the tests build at; and an existing real-looking
+    # directory is simply used (nothing to build)
+    monkeypatch.chdir(tmp_path)
+    assert config_from_dict({"actor_model_name_or_path": path, "build_actor_if_missing": "quickstart"})
+    (tmp_path / "Qwen2.5-0.5B").mkdir()
+    assert config_from_dict({"actor_model_name_or_path": "Qwen2.5-0.5B", "build_actor_if_missing": "quickstart"})

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from typing import Dict, Optional
 
@@ -191,6 +192,9 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
         bad_url = url_problem(cfg.tool_server)
         if bad_url:
             fail("tool_server", bad_url)
+    refusal = build_target_refusal(cfg, given)
+    if refusal:
+        raise ConfigError(refusal)
     # The tools themselves load where the trainer builds them (step.build_tools) and in --dry_run, as the reward
     # functions do: an unknown name is refused there with the registered tools listed (config/ imports no tools).
     return cfg
@@ -270,3 +274,40 @@ def resolve_rule_reward(cfg: Config, given: Dict[str, str]) -> None:
         cfg.reward_funcs = "gsm8k"
         logger.info("%suse_rule_reward: true: completions are scored in-process with PaddleNLP's GSM8K rule reward, "
                     "reward_funcs: gsm8k", prefix)
+
+
+# What names a real model's directory or hub ID: a parameter count (1.5B, 7b, 125M) or a model family's name.
+_MODEL_SIZE = re.compile(r"(?<![a-z0-9])\d+(?:\.\d+)?[bm](?![a-z])", re.I)
+_MODEL_FAMILY = re.compile(r"(?<![a-z])(qwen|llama|mistral|mixtral|gemma|phi|deepseek|baichuan|chatglm|glm|internlm|"
+                           r"ernie|gpt|bloom|falcon|t5|bart|instruct)(?![a-z])", re.I)
+
+
+def real_model_name_marks(path: str) -> list:
+    """The parts of the last component of `path` that name a real model (a parameter count such as 1.5B, a model
+    family such as Qwen), [] when none do (build/quickstart_policy, build/qs_s1)."""
+    name = os.path.basename(os.path.normpath(path))
+    return [m.group(0) for m in _MODEL_FAMILY.finditer(name)] + [m.group(0) for m in _MODEL_SIZE.finditer(name)]
+
+
+def build_target_refusal(cfg: Config, given: Dict[str, str]) -> Optional[str]:
+    """Why build_actor_if_missing must not build at actor_model_name_or_path, or None. The recipes build a tiny toy
+    policy (about 0.6 M parameters) wherever the path does not exist yet: a config copied from quickstart.yaml
+    keeps the key, and a mistyped path to a real model (.../Qwen2.5-1.5B-Instruc) or a hub ID would get that toy
+    built there and trained. So a missing path whose name looks like a real model's is refused, not built."""
+    path = cfg.actor_model_name_or_path.strip()
+    if not cfg.build_actor_if_missing or not path or os.path.isdir(path):
+        return None
+    marks = real_model_name_marks(path)
+    if not marks:
+        return None
+    where = given.get("actor_model_name_or_path")
+    recipe_where = given.get("build_actor_if_missing")
+    relative = "" if os.path.isabs(path) else f" (relative to the working directory {os.getcwd()})"
+    return (f"{where + ': ' if where else ''}key 'actor_model_name_or_path' = {path!r}: does not exist{relative}, "
+            f"and build_actor_if_missing: {cfg.build_actor_if_missing}"
+            f"{' (' + recipe_where + ')' if recipe_where else ''} would build the {cfg.build_actor_if_missing!r} "
+            "recipe's tiny toy policy (about 0.6 M parameters) there and train it; its name looks like a real "
+            f"model's ({', '.join(repr(m) for m in marks)}), so it is not built. Check the path (a directory written "
+            "by save_pretrained, or a hub ID such as Qwen/Qwen2.5-1.5B-Instruct) and set build_actor_if_missing: '' "
+            "for your own model; to build the toy policy, name a path that does not look like a model's (the "
+            "quickstart's is build/quickstart_policy)")
