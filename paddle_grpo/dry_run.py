@@ -541,10 +541,11 @@ def visible_gpus() -> int:
 
 
 def resolved_config_file(cfg: Config) -> str:
-    """Write the whole resolved configuration to a file in the temporary directory, named by its content (the same
-    configuration, the same file), and return its path: a dry run writes nothing into output_dir."""
-    text = cfg.format()
-    digest = hashlib.sha1(text.encode("utf-8")).hexdigest()[:12]
+    """Write the whole resolved configuration to a file in the temporary directory and return its path: a dry run
+    writes nothing into output_dir. The file is named by the run's output_dir (its absolute path), so every dry run
+    of one run overwrites the same file rather than leaving one more behind each time a value changes."""
+    run = os.path.abspath(cfg.output_dir)
+    digest = hashlib.sha1(run.encode("utf-8")).hexdigest()[:12]
     path = os.path.join(tempfile.gettempdir(), f"paddle_grpo_dry_run_{digest}.yaml")
     dump_config(cfg, path)
     return path

@@ -99,6 +99,23 @@ def test_a_valid_single_process_run_passes(base, tmp_path, capsys):
     assert not (tmp_path / "out").exists()  # nothing was trained or written
 
 
+def test_dry_runs_of_one_run_overwrite_one_resolved_config_file(base, tmp_path, capsys):
+    # each dry run used to leave a new paddle_grpo_dry_run_<content hash>.yaml in the temporary directory; the
+    # dry runs of one output_dir now share one file, holding the latest configuration
+    files = []
+    for seed in (1, 2):
+        status, out, err = run_rl_main([*base, "--seed", seed, "--dry_run"], capsys)
+        assert status == 0, out + err
+        files.append(pathlib.Path(re.search(r"resolved: (\S+\.yaml);", out).group(1)))
+    assert files[0] == files[1]
+    assert yaml.safe_load(files[1].read_text(encoding="utf-8"))["seed"] == 2
+    status, out, _ = run_rl_main([*base, "--output_dir", tmp_path / "other", "--dry_run"], capsys)
+    other = pathlib.Path(re.search(r"resolved: (\S+\.yaml);", out).group(1))
+    assert other != files[0]  # another run's dry run does not overwrite this one's
+    for path in {files[0], other}:
+        path.unlink()
+
+
 def test_data_error_names_file_and_line(base, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"src": "q", "tgt": "a"}\n{"src": "q2", "tgt": \n', encoding="utf-8")
