@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .config import (FIELDS, GROUPS, Config, ConfigError, dump_config, encoder_decoder_refusal, given_keys,
                      run_key_effect, yaml_value)
+from .config.loading import relative_path_note
 
 MAX_PROCESSES = 1024  # the launch sizes tried, as multiples of the model-parallel ranks
 MAX_LENGTH_CHECKS = 20000  # prompts tokenized per data key (about a minute); beyond, an even sample of this many
@@ -127,6 +128,9 @@ def check_data(cfg: Config, records: Optional[Dict[Tuple[str, str], list]] = Non
         if not getattr(cfg, key).replace(",", "").strip():
             problems.append(f"{key}: is empty; name the JSONL/parquet file(s) to read")
     for key, path in data_files(cfg):
+        if not os.path.isfile(path):
+            problems.append(f"{key}: {path}: file not found{relative_path_note(cfg, path)}")
+            continue
         try:
             rows = read_jsonl(path, prompt_key=cfg.prompt_key, response_key=cfg.response_key)
         except (DataError, OSError) as e:
@@ -172,16 +176,18 @@ def model_dir_problems(path: str, key: str) -> List[str]:
             f"{', '.join(missing)} (it holds {', '.join(held[:8]) + (', ...' if len(held) > 8 else '') or 'nothing'})"]
 
 
-def inspect_model(name: str, key: str, labels: Optional[int] = None) -> Tuple[List[str], Any, Any]:
+def inspect_model(name: str, key: str, labels: Optional[int] = None, cfg: Optional[Config] = None
+                  ) -> Tuple[List[str], Any, Any]:
     """(problems, config, tokenizer) of model `name`: its files are there, and its config.json and tokenizer load
     with PaddleNLP's Auto classes. No weights are read and nothing is downloaded. `labels`: the num_labels the
-    config must have (1 for a reward model). config and tokenizer are None when they were not loaded."""
+    config must have (1 for a reward model). config and tokenizer are None when they were not loaded. `cfg`: the
+    configuration `name` comes from, for where a relative path was looked for (relative_path_note)."""
     if not name:
         return [f"{key}: is empty; name the model directory (or a PaddleNLP model ID)"], None, None
     try:
         path, note = resolve_model(name, key)
     except (OSError, ValueError, ConfigError) as e:
-        return [_keyed(key, str(e))], None, None
+        return [_keyed(key, str(e)) + (relative_path_note(cfg, name) if cfg is not None else "")], None, None
     if path is None:
         print(f"  note: {note}")
         return [], None, None
@@ -346,15 +352,17 @@ def preflight(cfg: Config) -> List[str]:
 
     problems = [] if cfg.train_datasets.replace(",", "").strip() else \
         ["train_datasets: is empty; name the JSONL/parquet file(s) to read"]
-    problems += [f"{key}: {path}: file not found" for key, path in data_files(cfg) if not os.path.isfile(path)]
+    problems += [f"{key}: {path}: file not found{relative_path_note(cfg, path)}" for key, path in data_files(cfg)
+                 if not os.path.isfile(path)]
     models = [] if cfg.build_actor_if_missing and not os.path.isdir(cfg.actor_model_name_or_path) else \
         [("actor_model_name_or_path", cfg.actor_model_name_or_path)]
     for key, name in models + reward_model_specs(cfg) + critic_spec(cfg):
         if os.path.isdir(name):
             problems += (critic_dir_problems if key == CRITIC_KEY else model_dir_problems)(name, key)
         elif not hub.looks_like_hub_id(name):
-            problems.append(f"{key}: '{name}' is not a local model directory (nor a hub ID such as "
-                            "'Qwen/Qwen2.5-1.5B-Instruct'); point it at a directory written by save_pretrained")
+            problems.append(f"{key}: '{name}' is not a local model directory{relative_path_note(cfg, name)} (nor "
+                            "a hub ID such as 'Qwen/Qwen2.5-1.5B-Instruct'); point it at a directory written by "
+                            "save_pretrained")
     problems += tool_problems(cfg)  # a misspelt tool is named now, not after the model has loaded
     actor = cfg.actor_model_name_or_path
     if (cfg.needs_critic or cfg.tools) and os.path.isfile(os.path.join(actor, "config.json")):  # hub ID: trainer
@@ -567,7 +575,8 @@ def dry_run(cfg: Config, argv: Sequence[str], device: str, script: str = "run_rl
         print(f"  actor_model_name_or_path: '{cfg.actor_model_name_or_path}' will be built first by the "
               f"'{cfg.build_actor_if_missing}' recipe (prompt lengths not checked: its tokenizer is built with it)")
     else:
-        model_problems, config, tokenizer = inspect_model(cfg.actor_model_name_or_path, "actor_model_name_or_path")
+        model_problems, config, tokenizer = inspect_model(cfg.actor_model_name_or_path, "actor_model_name_or_path",
+                                                          cfg=cfg)
         problems += model_problems
         if config is not None:  # the LM head the run will use (chunked or full logits), as the run says it
             print(f"  {cfg.lm_head_decision(int(config.vocab_size))[1]}")

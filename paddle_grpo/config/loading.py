@@ -214,6 +214,7 @@ def load_config(path: Union[str, os.PathLike, None] = None, overrides: Sequence[
     resolve_rule_reward(cfg, given)
     validate(cfg, given)
     cfg._given = dict(given)  # given_keys
+    cfg._file = os.path.abspath(path) if path is not None else None  # config_file
     if warn:
         for message in inert_key_messages(cfg, given, device or default_device()):
             logger.warning(message)
@@ -274,6 +275,29 @@ def given_keys(cfg: Config) -> Dict[str, str]:
     """The keys the file or command line set (key -> 'file:line', 'command line' or '<dict>'); {} for a Config built
     directly."""
     return dict(getattr(cfg, "_given", {}))
+
+
+def config_file(cfg: Config) -> Optional[str]:
+    """The absolute path of the file `cfg` was loaded from (None: no file, or a Config built directly)."""
+    return getattr(cfg, "_file", None)
+
+
+def relative_path_note(cfg: Config, path: str) -> str:
+    """What to add to a 'not found' message about `path`, a path given in the config: paths resolve against the
+    working directory, as in PaddleNLP (its configs' relative paths are written for the directory a run starts
+    in), so a relative path says so; and when the path exists relative to the config file's directory, that path.
+    '' for an absolute path."""
+    if os.path.isabs(path):
+        return ""
+    note = f" (relative to the working directory {os.getcwd()}"
+    source = config_file(cfg)
+    if source is not None:
+        beside = os.path.normpath(os.path.join(os.path.dirname(source), path))
+        if os.path.exists(beside) and beside != os.path.abspath(path):
+            note += (f"; {beside} exists: paths in a config resolve against the working directory, as in "
+                     f"PaddleNLP, not against the file's directory: start the run from "
+                     f"{os.path.dirname(source)} or give that path")
+    return note + ")"
 
 
 def dump_config(cfg: Config, path: Union[str, os.PathLike]) -> None:
