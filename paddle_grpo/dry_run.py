@@ -99,12 +99,22 @@ def keys_without_effect(cfg: Config, device: str, given: Optional[Mapping[str, s
     """(key, value, where it was set, reason) of every key set in the file or on the command line (`given`: key ->
     'file:line' or 'command line'; default: what `cfg` was loaded from) that has no effect on `device`, in the
     documentation's order. The effect is the key's in this run (config.run_key_effect: the device's statement, or
-    why the configured algorithm or schedule does not use it, e.g. the critic's keys with rl_algorithm grpo)."""
+    why the configured algorithm or schedule does not use it, e.g. the critic's keys with rl_algorithm grpo); the
+    reason of a key without effect on any device starts with 'on every device: '."""
     given = given_keys(cfg) if given is None else given
     effects = {name: run_key_effect(cfg, name, device) for name in given if name in FIELDS}
-    return [(f.name, yaml_value(getattr(cfg, f.name)), given[f.name], effects[f.name].note)
+    return [(f.name, yaml_value(getattr(cfg, f.name)), given[f.name], _on_every_device(f.name, effects[f.name].note))
             for group in GROUPS for f in group.__dataclass_fields__.values()
             if f.name in effects and not effects[f.name].active]
+
+
+def _on_every_device(key: str, reason: str) -> str:
+    """`reason`, prefixed with 'on every device: ' for a key that has no effect on any device (a PaddleNLP key
+    accepted and not implemented here, e.g. sequence_parallel): not something a GPU would change."""
+    from .config.effects import key_effect
+    from .config.fields import DEVICES
+
+    return reason if any(key_effect(key, d).active for d in DEVICES) else f"on every device: {reason}"
 
 
 def _keyed(key: str, message: str) -> str:

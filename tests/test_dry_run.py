@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from dry_run_helpers import REPO, base_args, closed_port, run_rl_main
-from paddle_grpo.config import FIELDS, Config, ConfigError, config_from_dict, yaml_value
+from paddle_grpo.config import FIELDS, Config, ConfigError, config_from_dict, parse_args, yaml_value
 from paddle_grpo.dry_run import keys_without_effect, launch_command, required_processes, split_dry_run
 from reward_server import create_app
 
@@ -78,6 +78,17 @@ def test_keys_without_effect_are_only_the_keys_set(tmp_path):
     assert [(key, value, where) for key, value, where, _ in rows] == [
         ("use_flash_attention", "true", f"{tmp_path / 'c.yaml'}:1"), ("bf16", "true", "command line")]
     assert keys_without_effect(parse_args([]), "cpu") == []
+
+
+def test_keys_without_effect_on_any_device_say_so(tmp_path):
+    # sequence_parallel (PaddleNLP's files, the shipped ppo.yaml) does nothing on a GPU either: the table says so,
+    # unlike bf16, which a GPU would use
+    (tmp_path / "c.yaml").write_text("sequence_parallel: true\nbf16: true\n")
+    cfg = parse_args([str(tmp_path / "c.yaml")])
+    reasons = {key: reason for key, _, _, reason in keys_without_effect(cfg, "cpu")}
+    assert reasons["sequence_parallel"].startswith("on every device: PaddleNLP's sequence-parallel models")
+    assert not reasons["bf16"].startswith("on every device")
+    assert [key for key, _, _, _ in keys_without_effect(cfg, "gpu")] == ["sequence_parallel"]
 
 
 def test_a_valid_single_process_run_passes(base, tmp_path, capsys):
