@@ -572,6 +572,26 @@ def test_configuration_doc_is_generated_from_the_fields_and_current(repo_root):
     doc = (repo_root / "docs" / "configuration.md").read_text(encoding="utf-8")
     missing = [k for k in FIELDS if f"| `{k}` |" not in doc]
     assert missing == []
+    # a pipe inside a cell is escaped (GitHub's tables show `\|` as `|`, in code spans too), not replaced: the
+    # chat_template row shows Qwen's marker as it is; and every table row still has its 5 cells
+    assert "`<\\|im_start\\|>`" in doc and "</im_start/>" not in doc
+    for row in (line for line in doc.splitlines() if line.startswith("| `")):
+        assert len(re.split(r"(?<!\\)\|", row)) == 7, row  # 5 cells between 6 unescaped pipes
+
+
+def test_help_texts_cite_no_issue_numbers(repo_root):
+    # user-facing text says what and why, not which tracker entry: config help, argparse help of tools/, and
+    # run_rl.py's usage
+    texts = {f"config key {k}": f.metadata["help"] for k, f in FIELDS.items()}
+    texts.update({f"effect of {k}": e.note for k, f in FIELDS.items() for e in f.metadata["effect"].values()})
+    for path in [repo_root / "run_rl.py", *sorted((repo_root / "tools").glob("*.py"))]:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        texts[f"{path.name} docstring"] = ast.get_docstring(tree) or ""
+        for node in ast.walk(tree):
+            if isinstance(node, ast.keyword) and node.arg in ("help", "description", "epilog"):
+                texts[f"{path.name} {node.arg} at line {node.value.lineno}"] = ast.unparse(node.value)
+    cited = {where: text for where, text in texts.items() if re.search(r"\bissues?\b\s*#?\d", text, re.I)}
+    assert cited == {}
 
 
 def test_sharding_parallel_config_options_are_checked_and_explained(tmp_path, caplog):
