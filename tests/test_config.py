@@ -844,3 +844,14 @@ def test_build_actor_if_missing_builds_at_a_toy_name(tmp_path, monkeypatch, path
     assert config_from_dict({"actor_model_name_or_path": path, "build_actor_if_missing": "quickstart"})
     (tmp_path / "Qwen2.5-0.5B").mkdir()
     assert config_from_dict({"actor_model_name_or_path": "Qwen2.5-0.5B", "build_actor_if_missing": "quickstart"})
+
+
+def test_the_recipe_refuses_to_build_at_a_real_model_name_even_unvalidated(tmp_path):
+    # a Config built directly skips validation: the recipe's build itself refuses the name, before building
+    from paddle_grpo.recipes import policy_builder
+
+    build = policy_builder(Config(build_actor_if_missing="quickstart"))
+    with pytest.raises(ValueError, match=r"refusing to build the tiny toy policy at '.*Qwen2.5-1.5B-Instruc', whose "
+                                         r"name looks like a real model's \('Qwen', '1.5B'\)"):
+        build(str(tmp_path / "Qwen2.5-1.5B-Instruc"))
+    assert not (tmp_path / "Qwen2.5-1.5B-Instruc").exists()

@@ -30,6 +30,7 @@ def test_missing_model_directory_is_one_line_not_a_traceback(repo_root, tmp_path
 def test_help(repo_root, tmp_path):
     out = run(repo_root, "--help", cwd=tmp_path)
     assert out.returncode == 0 and "python run_rl.py CONFIG.yaml" in out.stdout
+    assert all(name in out.stdout.splitlines()[0] for name in ("GRPO", "REINFORCE++", "PPO", "VAPO", "tools"))
 
 
 def test_a_relative_path_not_found_names_the_working_directory_and_the_files_directory(repo_root, tmp_path):
