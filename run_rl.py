@@ -1,4 +1,4 @@
-"""Train a PaddleNLP language model with GRPO / REINFORCE++.
+"""Train a PaddleNLP language model with reinforcement learning: GRPO, REINFORCE++, RLOO, PPO, VAPO, with tools.
 
     python run_rl.py CONFIG.yaml [--key value ...]
     python run_rl.py CONFIG.yaml [--key value ...] --dry_run    # check everything, print the launch command

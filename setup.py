@@ -72,7 +72,8 @@ if __name__ == "__main__":  # setuptools runs this file as __main__; tests impor
     setup(
         name="paddle_grpo",
         version="0.1.0",
-        description="GRPO / REINFORCE++ reinforcement learning for PaddlePaddle / PaddleNLP language models",
+        description="Reinforcement learning (GRPO, REINFORCE++, RLOO, PPO, VAPO; multi-turn with tools) for "
+                    "PaddlePaddle / PaddleNLP language models",
         long_description=open(os.path.join(HERE, "README.md"), encoding="utf-8").read(),
         long_description_content_type="text/markdown",
         # PaddleNLP 3.0.0b4 and our pins are used on 3.9-3.11; CI and every measurement in the docs use 3.11.

@@ -18,6 +18,7 @@ directory or a missing data file is reported by its key there too, not by Paddle
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -25,8 +26,8 @@ import shlex
 import tempfile
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .config import (FIELDS, GROUPS, SECRET_KEYS, Config, ConfigError, dump_config, encoder_decoder_refusal,
-                     given_keys, run_key_effect, yaml_value)
+from .config import (DEVICES, FIELDS, GROUPS, SECRET_KEYS, Config, ConfigError, dump_config, encoder_decoder_refusal,
+                     given_keys, key_effect, relative_path_note, run_key_effect, yaml_value)
 
 MAX_PROCESSES = 1024  # the launch sizes tried, as multiples of the model-parallel ranks
 MAX_LENGTH_CHECKS = 20000  # prompts tokenized per data key (about a minute); beyond, an even sample of this many
@@ -115,12 +116,19 @@ def keys_without_effect(cfg: Config, device: str, given: Optional[Mapping[str, s
     """(key, value, where it was set, reason) of every key set in the file or on the command line (`given`: key ->
     'file:line' or 'command line'; default: what `cfg` was loaded from) that has no effect on `device`, in the
     documentation's order. The effect is the key's in this run (config.run_key_effect: the device's statement, or
-    why the configured algorithm or schedule does not use it, e.g. the critic's keys with rl_algorithm grpo)."""
+    why the configured algorithm or schedule does not use it, e.g. the critic's keys with rl_algorithm grpo); the
+    reason of a key without effect on any device starts with 'on every device: '."""
     given = given_keys(cfg) if given is None else given
     effects = {name: run_key_effect(cfg, name, device) for name in given if name in FIELDS}
-    return [(f.name, yaml_value(getattr(cfg, f.name)), given[f.name], effects[f.name].note)
+    return [(f.name, yaml_value(getattr(cfg, f.name)), given[f.name], _on_every_device(f.name, effects[f.name].note))
             for group in GROUPS for f in group.__dataclass_fields__.values()
             if f.name in effects and not effects[f.name].active]
+
+
+def _on_every_device(key: str, reason: str) -> str:
+    """`reason`, prefixed with 'on every device: ' for a key that has no effect on any device (a PaddleNLP key
+    accepted and not implemented here, e.g. sequence_parallel): not something a GPU would change."""
+    return reason if any(key_effect(key, d).active for d in DEVICES) else f"on every device: {reason}"
 
 
 def _keyed(key: str, message: str) -> str:
@@ -144,6 +152,9 @@ def check_data(cfg: Config, records: Optional[Dict[Tuple[str, str], list]] = Non
         if not getattr(cfg, key).replace(",", "").strip():
             problems.append(f"{key}: is empty; name the JSONL/parquet file(s) to read")
     for key, path in data_files(cfg):
+        if not os.path.isfile(path):
+            problems.append(f"{key}: {path}: file not found{relative_path_note(cfg, path)}")
+            continue
         try:
             rows = read_jsonl(path, prompt_key=cfg.prompt_key, response_key=cfg.response_key)
         except (DataError, OSError) as e:
@@ -189,16 +200,18 @@ def model_dir_problems(path: str, key: str) -> List[str]:
             f"{', '.join(missing)} (it holds {', '.join(held[:8]) + (', ...' if len(held) > 8 else '') or 'nothing'})"]
 
 
-def inspect_model(name: str, key: str, labels: Optional[int] = None) -> Tuple[List[str], Any, Any]:
+def inspect_model(name: str, key: str, labels: Optional[int] = None, cfg: Optional[Config] = None
+                  ) -> Tuple[List[str], Any, Any]:
     """(problems, config, tokenizer) of model `name`: its files are there, and its config.json and tokenizer load
     with PaddleNLP's Auto classes. No weights are read and nothing is downloaded. `labels`: the num_labels the
-    config must have (1 for a reward model). config and tokenizer are None when they were not loaded."""
+    config must have (1 for a reward model). config and tokenizer are None when they were not loaded. `cfg`: the
+    configuration `name` comes from, for where a relative path was looked for (relative_path_note)."""
     if not name:
         return [f"{key}: is empty; name the model directory (or a PaddleNLP model ID)"], None, None
     try:
         path, note = resolve_model(name, key)
     except (OSError, ValueError, ConfigError) as e:
-        return [_keyed(key, str(e))], None, None
+        return [_keyed(key, str(e)) + (relative_path_note(cfg, name) if cfg is not None else "")], None, None
     if path is None:
         print(f"  note: {note}")
         return [], None, None
@@ -318,11 +331,10 @@ def check_tools(cfg: Config, tokenizer: Any = None, get: Optional[Callable] = No
     else:
         from .environment import load_tools
 
-        try:
+        problems += tool_problems(cfg)
+        if not problems:
             toolset = load_tools(cfg.tools)
             print(f"  tools: {', '.join(toolset.names)} ({len(toolset.schemas())} schemas)")
-        except Exception as e:  # noqa: BLE001  a user's module may raise anything on import
-            problems.append(f"tools: {e.args[0] if isinstance(e, KeyError) and e.args else e}")
     if tokenizer is not None:
         from .environment import get_format
 
@@ -333,25 +345,49 @@ def check_tools(cfg: Config, tokenizer: Any = None, get: Optional[Callable] = No
     return problems
 
 
+def tool_problems(cfg: Config) -> List[str]:
+    """One line per tool of `cfg.tools` that does not load in this process (none with tool_server: the server's
+    GET /tools answers for its tools), with the closest registered name for a misspelt one. Loads each tool
+    (environment.get_tool: a registered name, or imports `module:function`), never calls one."""
+    if not cfg.tools or cfg.tool_server.strip():
+        return []
+    from .environment import available_tools, get_tool
+
+    problems = []
+    for spec in cfg.tools:
+        try:
+            get_tool(spec)
+        except Exception as e:  # noqa: BLE001  a user's module may raise anything on import
+            message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+            close = difflib.get_close_matches(str(spec), available_tools(), n=1, cutoff=0.6) \
+                if ":" not in str(spec) else []
+            problems.append(f"tools: {message}" + (f" (did you mean '{close[0]}'?)" if close else ""))
+    return problems
+
+
 def preflight(cfg: Config) -> List[str]:
     """What a real run checks at its start, before loading anything (run_rl.py; exit 2 with these lines): every
     data file exists (named with its key), and every local model directory holds config.json, tokenizer_config.json
-    and its weight files, so that a missing file is reported by its key, not by PaddleNLP's loader. File names only
-    (and, for a critic or tools run, a local policy's config.json: an encoder-decoder policy is refused): no weights are read,
-    no hub ID is looked up (the run resolves and downloads those itself, with its own message)."""
+    and its weight files, so that a missing file is reported by its key, not by PaddleNLP's loader; and every
+    in-process tool loads (tool_problems). File names only (and, for a critic or tools run, a local policy's
+    config.json: an encoder-decoder policy is refused): no weights are read, no hub ID is looked up (the run
+    resolves and downloads those itself, with its own message)."""
     from .policy import hub
 
     problems = [] if cfg.train_datasets.replace(",", "").strip() else \
         ["train_datasets: is empty; name the JSONL/parquet file(s) to read"]
-    problems += [f"{key}: {path}: file not found" for key, path in data_files(cfg) if not os.path.isfile(path)]
+    problems += [f"{key}: {path}: file not found{relative_path_note(cfg, path)}" for key, path in data_files(cfg)
+                 if not os.path.isfile(path)]
     models = [] if cfg.build_actor_if_missing and not os.path.isdir(cfg.actor_model_name_or_path) else \
         [("actor_model_name_or_path", cfg.actor_model_name_or_path)]
     for key, name in models + reward_model_specs(cfg) + critic_spec(cfg):
         if os.path.isdir(name):
             problems += (critic_dir_problems if key == CRITIC_KEY else model_dir_problems)(name, key)
         elif not hub.looks_like_hub_id(name):
-            problems.append(f"{key}: '{name}' is not a local model directory (nor a hub ID such as "
-                            "'Qwen/Qwen2.5-1.5B-Instruct'); point it at a directory written by save_pretrained")
+            problems.append(f"{key}: '{name}' is not a local model directory{relative_path_note(cfg, name)} (nor "
+                            "a hub ID such as 'Qwen/Qwen2.5-1.5B-Instruct'); point it at a directory written by "
+                            "save_pretrained")
+    problems += tool_problems(cfg)  # a misspelt tool is named now, not after the model has loaded
     actor = cfg.actor_model_name_or_path
     if (cfg.needs_critic or cfg.tools) and os.path.isfile(os.path.join(actor, "config.json")):  # hub ID: trainer
         with open(os.path.join(actor, "config.json"), encoding="utf-8") as f:
@@ -537,10 +573,11 @@ def visible_gpus() -> int:
 
 
 def resolved_config_file(cfg: Config) -> str:
-    """Write the whole resolved configuration to a file in the temporary directory, named by its content (the same
-    configuration, the same file), and return its path: a dry run writes nothing into output_dir."""
-    text = cfg.format()
-    digest = hashlib.sha1(text.encode("utf-8")).hexdigest()[:12]
+    """Write the whole resolved configuration to a file in the temporary directory and return its path: a dry run
+    writes nothing into output_dir. The file is named by the run's output_dir (its absolute path), so every dry run
+    of one run overwrites the same file rather than leaving one more behind each time a value changes."""
+    run = os.path.abspath(cfg.output_dir)
+    digest = hashlib.sha1(run.encode("utf-8")).hexdigest()[:12]
     path = os.path.join(tempfile.gettempdir(), f"paddle_grpo_dry_run_{digest}.yaml")
     dump_config(cfg, path)
     return path
@@ -562,7 +599,8 @@ def dry_run(cfg: Config, argv: Sequence[str], device: str, script: str = "run_rl
         print(f"  actor_model_name_or_path: '{cfg.actor_model_name_or_path}' will be built first by the "
               f"'{cfg.build_actor_if_missing}' recipe (prompt lengths not checked: its tokenizer is built with it)")
     else:
-        model_problems, config, tokenizer = inspect_model(cfg.actor_model_name_or_path, "actor_model_name_or_path")
+        model_problems, config, tokenizer = inspect_model(cfg.actor_model_name_or_path, "actor_model_name_or_path",
+                                                          cfg=cfg)
         problems += model_problems
         if config is not None:  # the LM head the run will use (chunked or full logits), as the run says it
             print(f"  {cfg.lm_head_decision(int(config.vocab_size))[1]}")

@@ -22,10 +22,13 @@ def eval_key(rows: List[dict]) -> Optional[str]:
 
 def run_summary(rows: List[dict], *, output_dir: str, logging_dir: str, checkpoint: Optional[str],
                 wall_s: float, steps_this_run: int, last_step: int) -> Dict:
-    """A plain dict of the run: first, last and best evaluation (value and step), timings and paths."""
+    """A plain dict of the run: first, last and best evaluation (value and step), timings and paths (`samples`:
+    rollouts.jsonl, None when the run wrote no sample completions)."""
+    samples = os.path.join(output_dir, "rollouts.jsonl")
     out: Dict = {"last_step": last_step, "steps_this_run": steps_this_run, "wall_s": round(wall_s, 1),
                  "metrics": os.path.join(output_dir, "metrics.jsonl"),
-                 "samples": os.path.join(output_dir, "rollouts.jsonl"),
+                 # sample completions are logged every few steps: a short run may have written none
+                 "samples": samples if os.path.isfile(samples) else None,
                  "config": os.path.join(output_dir, "config.yaml"), "checkpoint": checkpoint,
                  "visualdl_logdir": logging_dir or None}
     key = eval_key(rows)
@@ -48,7 +51,8 @@ def format_summary(s: Dict) -> str:
                      f"{ev['last_step']} ({100 * (ev['last'] - ev['first']):+.1f} points; best {ev['best']:.3f} at "
                      f"step {ev['best_step']})")
     lines.append(f"  metrics:    {s['metrics']}")
-    lines.append(f"  samples:    {s['samples']}")
+    if s.get("samples"):
+        lines.append(f"  samples:    {s['samples']}")
     if s.get("checkpoint"):
         lines.append(f"  checkpoint: {s['checkpoint']}")
     lines.append(f"  config:     {s['config']}")

@@ -292,6 +292,20 @@ def test_unknown_key_names_file_line_and_suggestion(tmp_path):
     assert msg.endswith("unknown key 'zzzz_qqq'")
 
 
+def test_every_unknown_key_is_named_in_one_error(tmp_path):
+    # three typos (two in the file, one on the command line) and a bad value: one run names all three typos, each
+    # with its place and suggestion, before any value is converted
+    path = tmp_path / "cfg.yaml"
+    msg = error_of(tmp_path, "learning_rat: 1e-6\nseed: 1\nrollout_m: 4\nrollout_n: eight\n",
+                   ["--max_step", "3"])
+    assert msg == ("3 unknown keys:\n"
+                   f"  {path}:1: unknown key 'learning_rat' (did you mean 'learning_rate'?)\n"
+                   f"  {path}:3: unknown key 'rollout_m' (did you mean 'rollout_n'?)\n"
+                   "  command line: unknown key 'max_step' (did you mean 'max_steps'?)")
+    with pytest.raises(ConfigError, match=r"^2 unknown keys:\n  <dict>: unknown key 'sede' \(did you mean 'seed'"):
+        config_from_dict({"sede": 1, "zzzz_qqq": 2})
+
+
 @pytest.mark.parametrize("line, expected", [
     ("rollout_n: eight", "key 'rollout_n' expects an integer, got 'eight' (str)"),
     ("rollout_n: 2.5", "key 'rollout_n' expects an integer, got 2.5 (float)"),
@@ -344,11 +358,11 @@ def test_out_of_range_values(tmp_path, text, expected):
 
 @pytest.mark.parametrize("text, expected", [
     ("global_batch_size: 8\nglobal_mini_batch_size: 3",
-     "key 'global_mini_batch_size' = 3: must divide global_batch_size (8)"),
+     "key 'global_mini_batch_size' = 3: must divide global_batch_size (8, "),
     ("max_prompt_len: 512\nmax_dec_len: 1024\nmax_length: 1000",
      "key 'max_length' = 1000: must be at least max_prompt_len + max_dec_len = 512 + 1024 = 1536"),
-    ("min_dec_len: 64\nmax_dec_len: 32\nmax_length: 1024", "key 'min_dec_len' = 64: must not exceed max_dec_len (32)"),
-    ("use_rm_server: false", "key 'reward_funcs' = '': is empty while use_rm_server is false"),
+    ("min_dec_len: 64\nmax_dec_len: 32\nmax_length: 1024", "key 'min_dec_len' = 64: must not exceed max_dec_len (32, "),
+    ("use_rm_server: false", "key 'reward_funcs' = '' (the default): is empty while use_rm_server is false"),
     ("use_rm_server: false\nreward_funcs: kk,gsm8k\nreward_weights: [1.0]",
      "key 'reward_weights' = [1.0]: has 1 weights for 2 reward functions (kk,gsm8k)"),
     ("reward_weights: [1.0]", "key 'reward_weights' = [1.0]: applies to in-process reward functions"),
@@ -358,14 +372,59 @@ def test_out_of_range_values(tmp_path, text, expected):
     ("use_rm_server: false\nreward_model_name_or_path: my/rm\nreward_funcs: kk\nreward_weights: [1.0]",
      "key 'reward_weights' = [1.0]: has 1 weights for 2 reward functions (kk, then the reward model, whose weight "
      "comes last)"),
-    ("do_eval: true", "key 'eval_datasets' = '': is empty while do_eval is true"),
+    ("do_eval: true", "key 'eval_datasets' = '' (the default): is empty while do_eval is true"),
     ("use_rm_server: true\nreward_server: ''", "key 'reward_server' = '': is empty while use_rm_server is true"),
-    ("global_gen_batch_size: 4", "key 'global_gen_batch_size' = 4: is smaller than global_batch_size (8)"),
+    ("global_gen_batch_size: 4", "key 'global_gen_batch_size' = 4: is smaller than global_batch_size (8, the default)"),
     ("enable_overlong_reward_buffer: true\nmax_dec_len: 128\nmax_length: 1024\noverlong_reward_buffer: 256",
-     "key 'overlong_reward_buffer' = 256: must not exceed max_dec_len (128)"),
+     "key 'overlong_reward_buffer' = 256: must not exceed max_dec_len (128, "),
 ])
 def test_inconsistent_combinations(tmp_path, text, expected):
     assert expected in error_of(tmp_path, text + "\n")
+
+
+def test_a_combination_error_says_which_value_is_the_default_and_what_to_set(tmp_path):
+    # min_dec_len is not in the file: its 32 is the default, max_dec_len's 8 comes from line 1
+    path = tmp_path / "cfg.yaml"
+    assert error_of(tmp_path, "max_dec_len: 8\nmax_length: 64\n") == (
+        f"key 'min_dec_len' = 32 (the default): must not exceed max_dec_len (8, {path}:1); set min_dec_len to at "
+        "most 8")
+    assert error_of(tmp_path, "max_prompt_len: 4096\nmax_dec_len: 1024\n") == (
+        "key 'max_length' = 4608 (the default): must be at least max_prompt_len + max_dec_len = 4096 + 1024 = "
+        "5120; set max_length to 5120 or more")
+    # 8 prompts split into mini-batches of 3: the largest divisor of 8 up to 3 is 2
+    assert error_of(tmp_path, "global_batch_size: 8\nglobal_mini_batch_size: 3\n").endswith(
+        "key 'global_mini_batch_size' = 3: must divide global_batch_size (8, "
+        f"{path}:1): each rollout is split into whole mini-batches; set global_mini_batch_size to 2 (its divisors: "
+        "1, 2, 4, 8; -1: one mini-batch)")
+
+
+def test_per_device_train_batch_size_error_suggests_the_largest_divisor(repo_root):
+    # the quickstart with --global_batch_size 4: 4 prompts x 8 samples = 32 sequences per mini-batch, which
+    # per_device_train_batch_size 256 does not divide; 32 (the largest divisor of 32 up to 256) does
+    cfg = load_config(repo_root / "configs" / "quickstart.yaml", ["--global_batch_size", "4"], device="cpu")
+    with pytest.raises(ConfigError) as e:
+        cfg.batch_geometry(1)
+    assert str(e.value).endswith("x rollout_n (8) = 32; set per_device_train_batch_size to 32 (the largest divisor "
+                                 "of 32 up to 256)")
+    cfg = config_from_dict({"global_batch_size": 6, "rollout_n": 2, "per_device_train_batch_size": 8})
+    with pytest.raises(ConfigError, match=r"= 12; set per_device_train_batch_size to 6 \(the largest divisor of 12 "
+                                          r"up to 8\)$"):
+        cfg.batch_geometry(1)
+    # the suggested value works: 12 sequences in 2 micro-batches of 6
+    assert config_from_dict({"global_batch_size": 6, "rollout_n": 2,
+                             "per_device_train_batch_size": 6}).batch_geometry(1).grad_accum_steps == 2
+
+
+def test_max_turns_1_with_tools_is_refused(tmp_path):
+    # docs/tools.md: the last assistant turn's calls are recorded but never run; with max_turns 1 it is the only one
+    path = tmp_path / "cfg.yaml"
+    assert error_of(tmp_path, "use_rm_server: false\nreward_funcs: kk\ntools: [calculator]\nmax_turns: 1\n") == (
+        f"{path}:4: key 'max_turns' = 1: with tools (calculator) no tool call could run: the last assistant turn "
+        "ends the sample and its calls are not run, and with max_turns 1 the only turn is the last (docs/tools.md, "
+        "The rollout); set max_turns to 2 or more (a call, then the answer that reads its result), or leave tools "
+        "empty")
+    assert config_from_dict({"tools": ["calculator"], "max_turns": 2}).max_turns == 2
+    assert config_from_dict({"max_turns": 1}).max_turns == 1  # without tools the key has no effect
 
 
 def test_combination_error_names_where_the_key_was_set(tmp_path):
@@ -513,6 +572,26 @@ def test_configuration_doc_is_generated_from_the_fields_and_current(repo_root):
     doc = (repo_root / "docs" / "configuration.md").read_text(encoding="utf-8")
     missing = [k for k in FIELDS if f"| `{k}` |" not in doc]
     assert missing == []
+    # a pipe inside a cell is escaped (GitHub's tables show `\|` as `|`, in code spans too), not replaced: the
+    # chat_template row shows Qwen's marker as it is; and every table row still has its 5 cells
+    assert "`<\\|im_start\\|>`" in doc and "</im_start/>" not in doc
+    for row in (line for line in doc.splitlines() if line.startswith("| `")):
+        assert len(re.split(r"(?<!\\)\|", row)) == 7, row  # 5 cells between 6 unescaped pipes
+
+
+def test_help_texts_cite_no_issue_numbers(repo_root):
+    # user-facing text says what and why, not which tracker entry: config help, argparse help of tools/, and
+    # run_rl.py's usage
+    texts = {f"config key {k}": f.metadata["help"] for k, f in FIELDS.items()}
+    texts.update({f"effect of {k}": e.note for k, f in FIELDS.items() for e in f.metadata["effect"].values()})
+    for path in [repo_root / "run_rl.py", *sorted((repo_root / "tools").glob("*.py"))]:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        texts[f"{path.name} docstring"] = ast.get_docstring(tree) or ""
+        for node in ast.walk(tree):
+            if isinstance(node, ast.keyword) and node.arg in ("help", "description", "epilog"):
+                texts[f"{path.name} {node.arg} at line {node.value.lineno}"] = ast.unparse(node.value)
+    cited = {where: text for where, text in texts.items() if re.search(r"\bissues?\b\s*#?\d", text, re.I)}
+    assert cited == {}
 
 
 def test_sharding_parallel_config_options_are_checked_and_explained(tmp_path, caplog):
@@ -604,7 +683,7 @@ def test_min_learning_rate_ratios_and_their_bound():
     assert cfg.min_lr_ratio == pytest.approx(0.25, rel=1e-15)
     assert cfg.critic_min_lr_ratio == pytest.approx(0.25, rel=1e-15)
     assert config_from_dict({"learning_rate": 0.0}).min_lr_ratio == 0.0
-    with pytest.raises(ConfigError, match=r"key 'min_learning_rate' = 2e-06: must not exceed learning_rate \(1e-06\): "
+    with pytest.raises(ConfigError, match=r"key 'min_learning_rate' = 2e-06: must not exceed learning_rate \(1e-06, <dict>\): "
                                           r"the linear schedule \(lr_scheduler_type\) decays"):
         config_from_dict({"learning_rate": 1e-6, "min_learning_rate": 2e-6, "lr_scheduler_type": "linear"})
     # A constant schedule never reaches the floor: PaddleNLP's files set it above or equal, and they load.
@@ -731,3 +810,48 @@ def test_report_to_wandb_or_tensorboard_logs_to_visualdl(tmp_path, report_to, wr
     log.close()
     assert (tmp_path / "vdl").is_dir() == writes_visualdl
     assert json.loads((tmp_path / "out" / "metrics.jsonl").read_text())["train/reward"] == 1.0
+
+
+@pytest.mark.parametrize("path, marks", [
+    ("/models/Qwen2.5-1.5B-Instruc", "'Qwen', '1.5B'"),     # a mistyped path to a real model
+    ("Qwen/Qwen2.5-0.5B", "'Qwen', '0.5B'"),                 # a hub ID: the toy would be built in ./Qwen/...
+    ("ckpt/llama-7b", "'llama', '7b'"),
+])
+def test_build_actor_if_missing_refuses_a_path_named_like_a_real_model(tmp_path, monkeypatch, path, marks):
+    # a config copied from quickstart.yaml keeps build_actor_if_missing: quickstart; a real model's path that does
+    # not exist must not get the 0.6 M-parameter toy built there and trained
+    monkeypatch.chdir(tmp_path)
+    cfg_path = write(tmp_path, f"actor_model_name_or_path: {path}\nbuild_actor_if_missing: quickstart\n"
+                               "use_rm_server: false\nreward_funcs: kk\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(cfg_path, device="cpu")
+    relative = "" if path.startswith("/") else f" (relative to the working directory {tmp_path})"
+    assert str(e.value) == (
+        f"{cfg_path}:1: key 'actor_model_name_or_path' = '{path}': does not exist{relative}, and "
+        f"build_actor_if_missing: quickstart ({cfg_path}:2) would build the 'quickstart' recipe's tiny toy policy "
+        f"(about 0.6 M parameters) there and train it; its name looks like a real model's ({marks}), so it is not "
+        "built. Check the path (a directory written by save_pretrained, or a hub ID such as "
+        "Qwen/Qwen2.5-1.5B-Instruct) and set build_actor_if_missing: '' for your own model; to build the toy "
+        "policy, name a path that does not look like a model's (the quickstart's is build/quickstart_policy)")
+
+
+@pytest.mark.parametrize("path", ["build/quickstart_policy", "build/quickstart_tools_policy", "build/qs_s42",
+                                  "build/qs_ppo_s1", "policy", "built_policy"])
+def test_build_actor_if_missing_builds_at_a_toy_name(tmp_path, monkeypatch, path):
+    # the names the quickstarts, tools/quickstart_seeds.py and the tests build at; and an existing real-looking
+    # directory is simply used (nothing to build)
+    monkeypatch.chdir(tmp_path)
+    assert config_from_dict({"actor_model_name_or_path": path, "build_actor_if_missing": "quickstart"})
+    (tmp_path / "Qwen2.5-0.5B").mkdir()
+    assert config_from_dict({"actor_model_name_or_path": "Qwen2.5-0.5B", "build_actor_if_missing": "quickstart"})
+
+
+def test_the_recipe_refuses_to_build_at_a_real_model_name_even_unvalidated(tmp_path):
+    # a Config built directly skips validation: the recipe's build itself refuses the name, before building
+    from paddle_grpo.recipes import policy_builder
+
+    build = policy_builder(Config(build_actor_if_missing="quickstart"))
+    with pytest.raises(ValueError, match=r"refusing to build the tiny toy policy at '.*Qwen2.5-1.5B-Instruc', whose "
+                                         r"name looks like a real model's \('Qwen', '1.5B'\)"):
+        build(str(tmp_path / "Qwen2.5-1.5B-Instruc"))
+    assert not (tmp_path / "Qwen2.5-1.5B-Instruc").exists()

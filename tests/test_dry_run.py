@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from dry_run_helpers import REPO, base_args, closed_port, run_rl_main
-from paddle_grpo.config import FIELDS, Config, ConfigError, config_from_dict, yaml_value
+from paddle_grpo.config import FIELDS, Config, ConfigError, config_from_dict, parse_args, yaml_value
 from paddle_grpo.dry_run import keys_without_effect, launch_command, required_processes, split_dry_run
 from reward_server import create_app
 
@@ -80,6 +80,17 @@ def test_keys_without_effect_are_only_the_keys_set(tmp_path):
     assert keys_without_effect(parse_args([]), "cpu") == []
 
 
+def test_keys_without_effect_on_any_device_say_so(tmp_path):
+    # sequence_parallel (PaddleNLP's files, the shipped ppo.yaml) does nothing on a GPU either: the table says so,
+    # unlike bf16, which a GPU would use
+    (tmp_path / "c.yaml").write_text("sequence_parallel: true\nbf16: true\n")
+    cfg = parse_args([str(tmp_path / "c.yaml")])
+    reasons = {key: reason for key, _, _, reason in keys_without_effect(cfg, "cpu")}
+    assert reasons["sequence_parallel"].startswith("on every device: PaddleNLP's sequence-parallel models")
+    assert not reasons["bf16"].startswith("on every device")
+    assert [key for key, _, _, _ in keys_without_effect(cfg, "gpu")] == ["sequence_parallel"]
+
+
 def test_a_valid_single_process_run_passes(base, tmp_path, capsys):
     status, out, err = run_rl_main([*base, "--dry_run"], capsys)
     assert status == 0, out + err
@@ -97,6 +108,23 @@ def test_a_valid_single_process_run_passes(base, tmp_path, capsys):
     assert "\nlaunch: python run_rl.py --actor_model_name_or_path " in out
     assert out.rstrip().endswith("dry run: ok")
     assert not (tmp_path / "out").exists()  # nothing was trained or written
+
+
+def test_dry_runs_of_one_run_overwrite_one_resolved_config_file(base, tmp_path, capsys):
+    # each dry run used to leave a new paddle_grpo_dry_run_<content hash>.yaml in the temporary directory; the
+    # dry runs of one output_dir now share one file, holding the latest configuration
+    files = []
+    for seed in (1, 2):
+        status, out, err = run_rl_main([*base, "--seed", seed, "--dry_run"], capsys)
+        assert status == 0, out + err
+        files.append(pathlib.Path(re.search(r"resolved: (\S+\.yaml);", out).group(1)))
+    assert files[0] == files[1]
+    assert yaml.safe_load(files[1].read_text(encoding="utf-8"))["seed"] == 2
+    status, out, _ = run_rl_main([*base, "--output_dir", tmp_path / "other", "--dry_run"], capsys)
+    other = pathlib.Path(re.search(r"resolved: (\S+\.yaml);", out).group(1))
+    assert other != files[0]  # another run's dry run does not overwrite this one's
+    for path in {files[0], other}:
+        path.unlink()
 
 
 def test_data_error_names_file_and_line(base, tmp_path, capsys):

@@ -77,3 +77,32 @@ def test_prompt_lengths_are_those_of_the_prompts_listing_the_tools(tmp_path, bas
     assert status == 0 and "none longer than max_prompt_len (64)" in out, out
     status, out, _ = run_rl_main([*args, "--tools", "calculator", "--dry_run"], capsys)
     assert "train_datasets: 4 of 4 prompts are longer than max_prompt_len (64)" in out, out
+
+
+def test_a_misspelt_tool_gets_the_closest_name_and_every_bad_tool_is_named(base, capsys):
+    status, out, _ = run_rl_main([*base, "--tools", "calculater,pyhton", "--dry_run"], capsys)
+    assert status == 2
+    assert "  - tools: unknown tool 'calculater'; registered tools: calculator, python; or give 'module:function' / " \
+           "'path/to/file.py:function' (did you mean 'calculator'?)" in out
+    assert "  - tools: unknown tool 'pyhton'; registered tools: calculator, python; or give 'module:function' / " \
+           "'path/to/file.py:function' (did you mean 'python'?)" in out
+
+
+def test_a_real_run_names_a_misspelt_tool_before_loading_the_model(tmp_path, base, capsys):
+    # the model directory is emptied of its weights: a run that got as far as loading it would fail there, with
+    # another message; the tool is named first, at start-up, as --dry_run names it
+    import shutil
+
+    args = list(base)
+    policy = tmp_path / "policy"
+    shutil.copytree(args[args.index("--actor_model_name_or_path") + 1], policy)
+    for weights in policy.glob("*.safetensors"):
+        weights.unlink()
+    for weights in policy.glob("*.pdparams"):
+        weights.unlink()
+    args[args.index("--actor_model_name_or_path") + 1] = policy
+    status, _, err = run_rl_main([*args, "--tools", "calculater"], capsys)
+    assert status == 2
+    assert "run_rl.py: error: tools: unknown tool 'calculater'; registered tools: calculator, python; or give " \
+           "'module:function' / 'path/to/file.py:function' (did you mean 'calculator'?)" in err
+    assert not (tmp_path / "out").exists()  # nothing started

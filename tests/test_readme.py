@@ -67,3 +67,28 @@ def test_bring_your_paddlenlp_config_commands_work(repo_root, tiny_policy_dir, s
     shown = re.search(r"```text\n(launch: .*) \.\.\.\n```", section).group(1)
     launch = next(line for line in out.splitlines() if line.startswith("launch: "))
     assert launch.startswith(shown.replace("build/quickstart_policy", tiny_policy_dir))
+
+
+def test_readme_names_every_key_without_effect_on_any_device(repo_root):
+    # PaddleNLP keys accepted but inert everywhere (sequence_parallel is set by the shipped ppo.yaml): the
+    # differences a PaddleNLP user reads must name them, not only the dry run's table
+    from paddle_grpo.config import DEVICES, FIELDS, key_effect
+
+    inert = [k for k in FIELDS if not any(key_effect(k, d).active for d in DEVICES)]
+    assert "sequence_parallel" in inert
+    section = (repo_root / "README.md").read_text(encoding="utf-8").split("## Bring your PaddleNLP config")[1]
+    section = section.split("\n## ")[0]
+    assert [k for k in inert if f"`{k}`" not in section] == []
+
+
+def test_the_first_screen_says_what_it_is_and_how_to_install_run_and_test(repo_root):
+    # a new user's first screen (about 30 lines): the algorithms, a clone, the install, the run and the test commands
+    head = "\n".join((repo_root / "README.md").read_text(encoding="utf-8").splitlines()[:30])
+    for word in ("GRPO", "REINFORCE++", "PPO", "VAPO", "tools", "git clone"):
+        assert word in head, word
+    commands = fenced_commands(head + "\n```")
+    assert commands[:4] == ["python -m venv .venv && . .venv/bin/activate", 'pip install -e ".[test]"',
+                            "python run_rl.py configs/quickstart.yaml", "python -m pytest"]
+    setup = (repo_root / "setup.py").read_text(encoding="utf-8")
+    description = re.search(r'description="([^"]*)"', setup).group(1)
+    assert all(word in description for word in ("GRPO", "PPO", "VAPO", "tools")), description

@@ -28,3 +28,14 @@ def test_summary_without_eval_or_visualdl():
     text = format_summary(s)
     assert "eval" not in s and "VisualDL" not in text and "checkpoint:" not in text
     assert "--metrics train/reward --out o/plot.png" in text
+
+
+def test_summary_names_rollouts_jsonl_only_when_the_run_wrote_it(tmp_path):
+    # a short run logs no sample completions: the summary must not send the user to a file that is not there
+    args = dict(output_dir=str(tmp_path), logging_dir="", checkpoint=None, wall_s=5, steps_this_run=2, last_step=2)
+    s = run_summary([{"step": 2}], **args)
+    assert s["samples"] is None and "samples:" not in format_summary(s)
+    (tmp_path / "rollouts.jsonl").write_text('{"step": 1, "kind": "rollout"}\n', encoding="utf-8")
+    s = run_summary([{"step": 2}], **args)
+    assert s["samples"] == str(tmp_path / "rollouts.jsonl")
+    assert f"  samples:    {tmp_path / 'rollouts.jsonl'}" in format_summary(s)

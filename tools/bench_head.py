@@ -1,4 +1,4 @@
-"""The update's LM head with full logits against the chunked head, at several vocabulary sizes (issue 22 item 5).
+"""The update's LM head with full logits against the chunked head, at several vocabulary sizes (docs/PERFORMANCE.md).
 
     python tools/bench_head.py [--vocabs 128,512,2048,8192,32768,151936] [--rows 8] [--tokens 128]
                                [--hidden 896] [--chunk 512] [--threads 2] [--repeats 3]

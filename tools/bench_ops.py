@@ -1,4 +1,4 @@
-"""Time every op on the rollout's decode step and the update's LM head at a given vocabulary (issue 15 item 2).
+"""Time every op on the rollout's decode step and the update's LM head at a given vocabulary.
 
     python tools/bench_ops.py --vocab 151936 --rows 8 --threads 2 [--hidden 896] [--tokens 128] [--chunks 512]
 

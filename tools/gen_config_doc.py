@@ -30,7 +30,13 @@ HEADER = """# Configuration reference
 One flat YAML (or JSON) file; every key is optional. Keys are PaddleNLP's (`llm/config/qwen/grpo_argument.yaml`
 loads unchanged); keys marked **(new)** are this project's. Values given on the command line after the file
 (`python run_rl.py cfg.yaml --learning_rate 1e-6 --do_eval false`) override the file. Every value is checked when the
-run starts: an unknown key names the closest known one, a wrong type or range names the file, line and key.
+run starts: every unknown key is named in one error with the closest known one, a wrong type or range names the
+file, line and key, and a value left at its default says so.
+
+**Paths** (data files, model directories, `output_dir`, ...) resolve against the working directory, as in PaddleNLP,
+not against the config file's directory: the shipped configs' `data/...` and `build/...` are meant for a run started
+in the repository's root. A relative path that is not found is reported with the working directory it was looked
+for in, and with the path relative to the config file when that one exists.
 
 The CPU and GPU columns say what each key does on that device: "yes" (what the meaning says), "yes: ..." (with a
 caveat), or "**no**: why". Setting a key to a non-default value where it has no effect logs a one-line warning that
@@ -43,10 +49,15 @@ Old PaddleNLP names still load as the key they became: {aliases}.
 """
 
 
+def cell(text: str) -> str:
+    """`text` safe inside a Markdown table cell: a pipe is escaped as `\\|`, which GitHub's tables read as a
+    literal `|` also inside a code span (`<|im_start|>` stays readable; replacing it changed its meaning)."""
+    return text.replace("|", "\\|")
+
+
 def effect_cell(effect: Any) -> str:
     """A config.Effect as a table cell: yes, yes: caveat, or **no**: reason."""
-    text = ("yes" if effect.active else "**no**") + (f": {effect.note}" if effect.note else "")
-    return text.replace("|", "/")
+    return cell(("yes" if effect.active else "**no**") + (f": {effect.note}" if effect.note else ""))
 
 
 def render() -> str:
@@ -62,7 +73,7 @@ def render() -> str:
             if choices:
                 text += " One of: " + ", ".join(f"`{c}`" if c else '`""`' for c in choices) + "."
             effects = " | ".join(effect_cell(meta["effect"][device]) for device in DEVICES)
-            out.append(f"| `{f.name}` | `{yaml_value(default)}` | {text.replace('|', '/')} | {effects} |")
+            out.append(f"| `{f.name}` | {cell(f'`{yaml_value(default)}`')} | {cell(text)} | {effects} |")
     return "\n".join(out) + "\n"
 
 

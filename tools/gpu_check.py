@@ -1,4 +1,4 @@
-"""A few training steps of every precision mode and GPU kernel, each compared with float32 (issue 22 item 6).
+"""A few training steps of every precision mode and GPU kernel, each compared with float32.
 
     python tools/gpu_check.py [--steps 3] [--seed 0]
 

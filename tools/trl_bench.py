@@ -1,4 +1,4 @@
-"""The PyTorch peer of tools/bench.py: TRL's GRPOTrainer on a random Qwen2 of a SHAPE.json's sizes (issue 22).
+"""The PyTorch peer of tools/bench.py: TRL's GRPOTrainer on a random Qwen2 of a SHAPE.json's sizes.
 
     python -m venv .peer-venv && PADDLE_GRPO_PEER_ONLY=1 .peer-venv/bin/pip install -e ".[peer]"   # once
     .peer-venv/bin/python tools/trl_bench.py --shape tools/shapes/default.json [--threads 2] [--set KEY=VALUE]

@@ -58,7 +58,8 @@ from .fields import (
 )
 from .flat import FIELDS, GROUPS, BatchGeometry, Config
 from .kernels import KernelArguments
-from .loading import config_from_dict, default_device, dump_config, given_keys, load_config, parse_args, write_config
+from .loading import (config_from_dict, default_device, dump_config, given_keys, load_config, parse_args,
+                      relative_path_note, write_config)
 from .logs import LoggingArguments
 from .lora import LoRAArguments
 from .model import ModelArguments
@@ -66,6 +67,18 @@ from .parallel import ParallelArguments
 from .rollout import RolloutArguments
 from .tools import ToolArguments
 from .training import TrainingArguments
-from .validation import critic_refusals, encoder_decoder_refusal, resolve_rule_reward, url_problem, validate
+from .validation import (critic_refusals, encoder_decoder_refusal, real_model_name_marks, resolve_rule_reward,
+                         url_problem, validate)
 
-__all__ = ['logger', 'LR_SCHEDULERS', 'REPORT_TO', 'VISUALDL_STANDS_IN', 'ALIASES', 'SECRET_KEYS', 'CPU_FLOAT32', 'HOST_MEMORY', 'DEFAULT_HEAD_CHUNK_SIZE', 'HEAD_CHUNK_MIN_VOCAB', 'ConfigError', 'LayoutError', 'Choices', 'field_choices', 'Effect', 'ON', 'DEVICES', 'off', 'on', 'nowhere', 'arg', 'yaml_value', 'ModelArguments', 'LoRAArguments', 'DataArguments', 'ParallelArguments', 'RolloutArguments', 'TrainingArguments', 'AlgorithmArguments', 'EvalArguments', 'LoggingArguments', 'KernelArguments', 'CriticArguments', 'ToolArguments', 'BatchGeometry', 'Config', 'GROUPS', 'FIELDS', 'key_effect', 'SHARDING_OPTIONS', 'sharding_options', 'inert_key_messages', 'CRITIC_KEYS', 'CONSTANT_SCHEDULES', 'TOOL_KEYS', 'run_key_notes', 'run_key_effect', 'reward_kl_notes', 'validate', 'url_problem', 'critic_refusals', 'encoder_decoder_refusal', 'resolve_rule_reward', 'load_config', 'default_device', 'parse_args', 'config_from_dict', 'given_keys', 'dump_config', 'write_config']
+__all__ = [
+    'logger', 'LR_SCHEDULERS', 'REPORT_TO', 'VISUALDL_STANDS_IN', 'ALIASES', 'SECRET_KEYS', 'CPU_FLOAT32',
+    'HOST_MEMORY', 'DEFAULT_HEAD_CHUNK_SIZE', 'HEAD_CHUNK_MIN_VOCAB', 'ConfigError', 'LayoutError', 'Choices',
+    'field_choices', 'Effect', 'ON', 'DEVICES', 'off', 'on', 'nowhere', 'arg', 'yaml_value', 'ModelArguments',
+    'LoRAArguments', 'DataArguments', 'ParallelArguments', 'RolloutArguments', 'TrainingArguments',
+    'AlgorithmArguments', 'EvalArguments', 'LoggingArguments', 'KernelArguments', 'CriticArguments',
+    'ToolArguments', 'BatchGeometry', 'Config', 'GROUPS', 'FIELDS', 'key_effect', 'SHARDING_OPTIONS',
+    'sharding_options', 'inert_key_messages', 'CRITIC_KEYS', 'CONSTANT_SCHEDULES', 'TOOL_KEYS', 'run_key_notes',
+    'run_key_effect', 'reward_kl_notes', 'validate', 'url_problem', 'critic_refusals', 'encoder_decoder_refusal',
+    'resolve_rule_reward', 'load_config', 'default_device', 'parse_args', 'config_from_dict', 'given_keys',
+    'dump_config', 'write_config', 'relative_path_note', 'real_model_name_marks',
+]

@@ -200,7 +200,9 @@ class BatchGeometry:
             raise ConfigError(
                 f"per_device_train_batch_size ({cfg.per_device_train_batch_size}) must divide the sequences of one "
                 f"mini-batch on one rank: global_mini_batch_size ({mini}) / data-parallel degree ({dp}) x rollout_n "
-                f"({cfg.rollout_n}) = {seqs_per_mini}")
+                f"({cfg.rollout_n}) = {seqs_per_mini}; set per_device_train_batch_size to "
+                f"{max(d for d in range(1, cfg.per_device_train_batch_size + 1) if seqs_per_mini % d == 0)} (the "
+                f"largest divisor of {seqs_per_mini} up to {cfg.per_device_train_batch_size})")
         per_rank = cfg.global_batch_size // dp
         return cls(data_parallel_degree=dp, prompts_per_rank=per_rank, sequences_per_rank=per_rank * cfg.rollout_n,
                    mini_batches_per_rollout=cfg.global_batch_size // mini, sequences_per_mini_batch=seqs_per_mini,

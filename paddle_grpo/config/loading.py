@@ -6,7 +6,7 @@ import difflib
 import json
 import os
 import typing
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import yaml
 
@@ -158,13 +158,34 @@ def _field_type(f):
     return hints[f.name]
 
 
+def _unknown_keys(values: Dict[str, Any], source: _Source) -> List[str]:
+    """One line per key of `values` that is not a config key (nor an old alias): where it was set, and the closest
+    key when one is close."""
+    lines = []
+    for raw_key in values:
+        if ALIASES.get(raw_key, raw_key) in FIELDS:
+            continue
+        close = difflib.get_close_matches(str(raw_key), list(FIELDS) + list(ALIASES), n=1, cutoff=0.6)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        lines.append(f"{source.where(raw_key)}: unknown key '{raw_key}'{hint}")
+    return lines
+
+
+def _refuse_unknown_keys(*sources: Tuple[Dict[str, Any], _Source]) -> None:
+    """Raise one ConfigError naming every unknown key of every source (file, then command line), so that several
+    typos are found in one run, not one per run."""
+    lines = [line for values, source in sources for line in _unknown_keys(values, source)]
+    if len(lines) == 1:
+        raise ConfigError(lines[0])
+    if lines:
+        raise ConfigError(f"{len(lines)} unknown keys:\n" + "\n".join(f"  {line}" for line in lines))
+
+
 def _apply(values, source, cfg_values, given):
+    """Convert each of `values` (known keys: _refuse_unknown_keys ran first) to its field's type into
+    `cfg_values`, and record where it was set in `given`."""
     for raw_key, value in values.items():
         key = ALIASES.get(raw_key, raw_key)
-        if key not in FIELDS:
-            close = difflib.get_close_matches(raw_key, list(FIELDS) + list(ALIASES), n=1, cutoff=0.6)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ConfigError(f"{source.where(raw_key)}: unknown key '{raw_key}'{hint}")
         f = FIELDS[key]
         cfg_values[key] = _convert(value, _field_type(f), raw_key, source.where(raw_key))
         given[key] = source.where(raw_key)
@@ -178,17 +199,22 @@ def load_config(path: Union[str, os.PathLike, None] = None, overrides: Sequence[
     GPU-only keys are reported as having no effect. Raises `ConfigError` on any problem.
     """
     values, given = {}, {}
+    file_values, file_source = {}, _Source(path)
     if path is not None:
         file_values, lines = _read_file(path)
-        _apply(file_values, _Source(path, lines), values, given)
+        file_source = _Source(path, lines)
+    overridden = _parse_overrides(list(overrides))
+    _refuse_unknown_keys((file_values, file_source), (overridden, _Source()))
+    _apply(file_values, file_source, values, given)
     dirs_before = {k: values.get(k, FIELDS[k].default) for k in ("output_dir", "logging_dir")}
-    command_line = {ALIASES.get(k, k) for k in _parse_overrides(list(overrides))}
-    _apply(_parse_overrides(list(overrides)), _Source(), values, given)
+    command_line = {ALIASES.get(k, k) for k in overridden}
+    _apply(overridden, _Source(), values, given)
     _follow_output_dir(values, dirs_before, command_line)
     cfg = Config(**values)
     resolve_rule_reward(cfg, given)
     validate(cfg, given)
     cfg._given = dict(given)  # given_keys
+    cfg._file = os.path.abspath(path) if path is not None else None  # config_file
     if warn:
         for message in inert_key_messages(cfg, given, device or default_device()):
             logger.warning(message)
@@ -236,6 +262,7 @@ def parse_args(argv: Sequence[str]) -> Config:
 def config_from_dict(values: Dict[str, Any], **kwargs: Any) -> Config:
     """A validated Config from a plain dict (tests, tools); the same conversions and errors as a file."""
     cfg_values, given = {}, {}
+    _refuse_unknown_keys((values, _Source("<dict>")))
     _apply(values, _Source("<dict>"), cfg_values, given)
     cfg = Config(**cfg_values)
     resolve_rule_reward(cfg, given)
@@ -248,6 +275,29 @@ def given_keys(cfg: Config) -> Dict[str, str]:
     """The keys the file or command line set (key -> 'file:line', 'command line' or '<dict>'); {} for a Config built
     directly."""
     return dict(getattr(cfg, "_given", {}))
+
+
+def config_file(cfg: Config) -> Optional[str]:
+    """The absolute path of the file `cfg` was loaded from (None: no file, or a Config built directly)."""
+    return getattr(cfg, "_file", None)
+
+
+def relative_path_note(cfg: Config, path: str) -> str:
+    """What to add to a 'not found' message about `path`, a path given in the config: paths resolve against the
+    working directory, as in PaddleNLP (its configs' relative paths are written for the directory a run starts
+    in), so a relative path says so; and when the path exists relative to the config file's directory, that path.
+    '' for an absolute path."""
+    if os.path.isabs(path):
+        return ""
+    note = f" (relative to the working directory {os.getcwd()}"
+    source = config_file(cfg)
+    if source is not None:
+        beside = os.path.normpath(os.path.join(os.path.dirname(source), path))
+        if os.path.exists(beside) and beside != os.path.abspath(path):
+            note += (f"; {beside} exists: paths in a config resolve against the working directory, as in "
+                     f"PaddleNLP, not against the file's directory: start the run from "
+                     f"{os.path.dirname(source)} or give that path")
+    return note + ")"
 
 
 def dump_config(cfg: Config, path: Union[str, os.PathLike]) -> None:

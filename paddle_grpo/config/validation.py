@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from typing import Dict, Optional
 
@@ -13,12 +14,19 @@ from .flat import FIELDS, Config
 
 def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
     """Check ranges, choices and combinations; raise ConfigError naming the key, its value and where it was set."""
+    known = given is not None  # the loader says where each key was set: an unset key is at its default
     given = given or {}
 
     def fail(key, msg):
         where = given.get(key)
         prefix = f"{where}: " if where else ""
-        raise ConfigError(f"{prefix}key '{key}' = {getattr(cfg, key)!r}: {msg}")
+        default = " (the default)" if known and not where else ""
+        raise ConfigError(f"{prefix}key '{key}' = {getattr(cfg, key)!r}{default}: {msg}")
+
+    def ref(key):
+        """`key (value, where it was set)`: the other key of a combination, so both sides can be found."""
+        where = given.get(key) or ("the default" if known else "")
+        return f"{key} ({getattr(cfg, key)}{', ' + where if where else ''})"
 
     # First: a config for an algorithm this trainer does not have says so before anything else.
     algorithms = field_choices(FIELDS["rl_algorithm"])
@@ -83,7 +91,7 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
     for floor, peak, schedule in (("min_learning_rate", "learning_rate", "lr_scheduler_type"),
                                   ("critic_min_learning_rate", "critic_learning_rate", "critic_lr_scheduler_type")):
         if getattr(cfg, schedule) not in CONSTANT_SCHEDULES and getattr(cfg, floor) > getattr(cfg, peak):
-            fail(floor, f"must not exceed {peak} ({getattr(cfg, peak)}): the {getattr(cfg, schedule)} schedule "
+            fail(floor, f"must not exceed {ref(peak)}: the {getattr(cfg, schedule)} schedule "
                         f"({schedule}) decays from {peak} down to it")
     if not 0 <= cfg.ref_model_mixup_alpha <= 1:
         fail("ref_model_mixup_alpha", "must be in [0, 1]")
@@ -102,19 +110,24 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
 
     # Combinations.
     if cfg.min_dec_len > cfg.max_dec_len:
-        fail("min_dec_len", f"must not exceed max_dec_len ({cfg.max_dec_len})")
+        fail("min_dec_len", f"must not exceed {ref('max_dec_len')}; set min_dec_len to at most {cfg.max_dec_len}")
     if cfg.max_length < cfg.max_prompt_len + cfg.max_dec_len:
         fail("max_length", f"must be at least max_prompt_len + max_dec_len = {cfg.max_prompt_len} + "
-                           f"{cfg.max_dec_len} = {cfg.max_prompt_len + cfg.max_dec_len}")
+                           f"{cfg.max_dec_len} = {cfg.max_prompt_len + cfg.max_dec_len}; set max_length to "
+                           f"{cfg.max_prompt_len + cfg.max_dec_len} or more")
     if cfg.global_batch_size % cfg.mini_batch_prompts:
-        fail("global_mini_batch_size", f"must divide global_batch_size ({cfg.global_batch_size}): each rollout is "
-                                       "split into whole mini-batches")
+        divisors = [d for d in range(1, cfg.global_batch_size + 1) if cfg.global_batch_size % d == 0]
+        fail("global_mini_batch_size", f"must divide {ref('global_batch_size')}: each rollout is split into whole "
+                                       f"mini-batches; set global_mini_batch_size to "
+                                       f"{max(d for d in divisors if d <= cfg.mini_batch_prompts)} (its divisors: "
+                                       f"{', '.join(map(str, divisors[:12]))}{', ...' if len(divisors) > 12 else ''}"
+                                       "; -1: one mini-batch)")
     if cfg.global_gen_batch_size != -1 and cfg.global_gen_batch_size < cfg.global_batch_size and \
             not cfg.dynamic_sampling:
-        fail("global_gen_batch_size", f"is smaller than global_batch_size ({cfg.global_batch_size}); it only "
+        fail("global_gen_batch_size", f"is smaller than {ref('global_batch_size')}; it only "
                                       "differs from it with dynamic_sampling")
     if cfg.enable_overlong_reward_buffer and cfg.overlong_reward_buffer > cfg.max_dec_len:
-        fail("overlong_reward_buffer", f"must not exceed max_dec_len ({cfg.max_dec_len})")
+        fail("overlong_reward_buffer", f"must not exceed {ref('max_dec_len')}")
     from ..algorithms import advantage_estimator_spec  # paddle: see _from_algorithms
     estimator = advantage_estimator_spec(cfg.rl_algorithm)
     if cfg.rollout_n < estimator.min_group_size:
@@ -168,12 +181,20 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
     if cfg.lora and cfg.sync_ref_model:
         fail("sync_ref_model", "cannot be used with lora: the reference model is the base model with the adapters "
                                "disabled; there is no separate copy to mix the policy into")
+    if cfg.tools and cfg.max_turns == 1:  # docs/tools.md: the last turn's calls are recorded, never run
+        fail("max_turns", f"with tools ({', '.join(map(str, cfg.tools))}) no tool call could run: the last assistant "
+                          "turn ends the sample and its calls are not run, and with max_turns 1 the only turn is "
+                          "the last (docs/tools.md, The rollout); set max_turns to 2 or more (a call, then the "
+                          "answer that reads its result), or leave tools empty")
     if cfg.tool_timeout_s <= 0:
         fail("tool_timeout_s", "must be greater than 0")
     if cfg.tool_server.strip():
         bad_url = url_problem(cfg.tool_server)
         if bad_url:
             fail("tool_server", bad_url)
+    refusal = build_target_refusal(cfg, given)
+    if refusal:
+        raise ConfigError(refusal)
     # The tools themselves load where the trainer builds them (step.build_tools) and in --dry_run, as the reward
     # functions do: an unknown name is refused there with the registered tools listed (config/ imports no tools).
     return cfg
@@ -253,3 +274,40 @@ def resolve_rule_reward(cfg: Config, given: Dict[str, str]) -> None:
         cfg.reward_funcs = "gsm8k"
         logger.info("%suse_rule_reward: true: completions are scored in-process with PaddleNLP's GSM8K rule reward, "
                     "reward_funcs: gsm8k", prefix)
+
+
+# What names a real model's directory or hub ID: a parameter count (1.5B, 7b, 125M) or a model family's name.
+_MODEL_SIZE = re.compile(r"(?<![a-z0-9])\d+(?:\.\d+)?[bm](?![a-z])", re.I)
+_MODEL_FAMILY = re.compile(r"(?<![a-z])(qwen|llama|mistral|mixtral|gemma|phi|deepseek|baichuan|chatglm|glm|internlm|"
+                           r"ernie|gpt|bloom|falcon|t5|bart|instruct)(?![a-z])", re.I)
+
+
+def real_model_name_marks(path: str) -> list:
+    """The parts of the last component of `path` that name a real model (a parameter count such as 1.5B, a model
+    family such as Qwen), [] when none do (build/quickstart_policy, build/qs_s1)."""
+    name = os.path.basename(os.path.normpath(path))
+    return [m.group(0) for m in _MODEL_FAMILY.finditer(name)] + [m.group(0) for m in _MODEL_SIZE.finditer(name)]
+
+
+def build_target_refusal(cfg: Config, given: Dict[str, str]) -> Optional[str]:
+    """Why build_actor_if_missing must not build at actor_model_name_or_path, or None. The recipes build a tiny toy
+    policy (about 0.6 M parameters) wherever the path does not exist yet: a config copied from quickstart.yaml
+    keeps the key, and a mistyped path to a real model (.../Qwen2.5-1.5B-Instruc) or a hub ID would get that toy
+    built there and trained. So a missing path whose name looks like a real model's is refused, not built."""
+    path = cfg.actor_model_name_or_path.strip()
+    if not cfg.build_actor_if_missing or not path or os.path.isdir(path):
+        return None
+    marks = real_model_name_marks(path)
+    if not marks:
+        return None
+    where = given.get("actor_model_name_or_path")
+    recipe_where = given.get("build_actor_if_missing")
+    relative = "" if os.path.isabs(path) else f" (relative to the working directory {os.getcwd()})"
+    return (f"{where + ': ' if where else ''}key 'actor_model_name_or_path' = {path!r}: does not exist{relative}, "
+            f"and build_actor_if_missing: {cfg.build_actor_if_missing}"
+            f"{' (' + recipe_where + ')' if recipe_where else ''} would build the {cfg.build_actor_if_missing!r} "
+            "recipe's tiny toy policy (about 0.6 M parameters) there and train it; its name looks like a real "
+            f"model's ({', '.join(repr(m) for m in marks)}), so it is not built. Check the path (a directory written "
+            "by save_pretrained, or a hub ID such as Qwen/Qwen2.5-1.5B-Instruct) and set build_actor_if_missing: '' "
+            "for your own model; to build the toy policy, name a path that does not look like a model's (the "
+            "quickstart's is build/quickstart_policy)")

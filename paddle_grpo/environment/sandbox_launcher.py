@@ -23,6 +23,7 @@ import select
 import signal
 import sys
 import time
+from typing import Any, Dict, List, Optional, Tuple
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = \
     0x00020000, 0x04000000, 0x08000000, 0x20000000, 0x40000000
@@ -35,29 +36,30 @@ DEVICES = ("null", "zero", "full", "random", "urandom")
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 
-def _check(result, what):
+def _check(result: int, what: str) -> None:
     if result != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def prctl(option, value):
+def prctl(option: int, value: int) -> None:
     _check(_libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0), f"prctl({option})")
 
 
-def mount(source, target, fstype, flags, data=None):
+def mount(source: Optional[str], target: str, fstype: Optional[str], flags: int,
+          data: Optional[str] = None) -> None:
     enc = (lambda s: s.encode() if s is not None else None)
     _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
            f"mount {source or ''} on {target}")
 
 
-def bind_read_only(source, target):
+def bind_read_only(source: str, target: str) -> None:
     """`source` at `target`, read-only (a bind mount is made first, then remounted read-only)."""
     mount(source, target, None, MS_BIND | MS_REC)
     mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
-def python_dirs():
+def python_dirs() -> List[str]:
     """The directories the interpreter needs (its prefixes, real paths), outermost only."""
     dirs = {os.path.realpath(d) for d in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
     dirs.add(os.path.dirname(os.path.realpath(sys.executable)))
@@ -65,7 +67,7 @@ def python_dirs():
     return sorted(d for d in dirs if not any(d != o and d.startswith(o.rstrip("/") + "/") for o in dirs))
 
 
-def build_root(root, tmp_mb, workdir_name):
+def build_root(root: str, tmp_mb: int, workdir_name: str) -> str:
     """Make `root` (an empty directory) the snippet's whole file system (see the module docstring); chroot there.
     Runs in the new mount namespace, as PID 1 of the new PID namespace. Returns the working directory to use."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates to the host's mounts
@@ -96,7 +98,7 @@ def build_root(root, tmp_mb, workdir_name):
     return workdir
 
 
-def run_snippet(settings, workdir, drop_to):
+def run_snippet(settings: Dict[str, Any], workdir: str, drop_to: Optional[Tuple[int, int]]) -> None:
     """In the forked child: the limits, the user, then exec the snippet's interpreter. Never returns."""
     try:
         for name, value in (("RLIMIT_CPU", (settings["cpu_s"], settings["cpu_s"] + 1)),
@@ -120,7 +122,7 @@ def run_snippet(settings, workdir, drop_to):
     os._exit(126)
 
 
-def children(pid):
+def children(pid: int) -> List[int]:
     """PIDs whose parent is `pid` (from /proc)."""
     found = []
     for name in os.listdir("/proc"):
@@ -135,7 +137,7 @@ def children(pid):
     return found
 
 
-def kill_descendants():
+def kill_descendants() -> None:
     """SIGKILL every process below this one, round after round: killing a process re-parents its children to
     this subreaper, so the next round sees them. Ends when none is left."""
     me = os.getpid()
@@ -155,7 +157,7 @@ def kill_descendants():
                 pass
 
 
-def wait_at_most(pid, seconds):
+def wait_at_most(pid: int, seconds: float) -> Optional[int]:
     """The wait status of child `pid`, or None when it is still running after `seconds`. Without signals (an alarm
     could fire after the child was reaped): a pidfd polled with select where there is one (Linux 5.3+), else a
     short sleep between non-blocking waits."""
@@ -183,7 +185,8 @@ def wait_at_most(pid, seconds):
             os.close(pidfd)
 
 
-def supervise(settings, workdir, drop_to, in_namespace):
+def supervise(settings: Dict[str, Any], workdir: str, drop_to: Optional[Tuple[int, int]],
+              in_namespace: bool) -> Dict[str, Any]:
     """Start the snippet, wait at most the wall time, kill everything left. Returns the status dict."""
     pid = os.fork()
     if pid == 0:
@@ -204,7 +207,7 @@ def supervise(settings, workdir, drop_to, in_namespace):
     return {"status": status, "timed_out": timed_out}
 
 
-def main(argv):
+def main(argv: List[str]) -> int:
     settings, status_fd = json.loads(argv[1]), int(argv[2])
     os.set_inheritable(status_fd, False)  # the snippet never gets it
     isolation = settings["isolation"]

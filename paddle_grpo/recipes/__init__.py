@@ -19,6 +19,13 @@ def policy_builder(cfg: Any) -> Optional[Callable[[str], None]]:
         raise ValueError(f"build_actor_if_missing: unknown recipe {name!r}; valid: {', '.join(POLICY_RECIPES)}")
 
     def build(directory: str) -> None:
+        from ..config import real_model_name_marks
+
+        marks = real_model_name_marks(directory)
+        if marks:  # load_config refuses this already; a Config built directly is not validated
+            raise ValueError(f"build_actor_if_missing: {name}: refusing to build the tiny toy policy at "
+                             f"'{directory}', whose name looks like a real model's ({', '.join(map(repr, marks))}); "
+                             "check actor_model_name_or_path")
         # looked up at build time, so a test can stand in for the slow build
         if name == "quickstart_tools":
             from .quickstart_tools import build_quickstart_tools_policy as builder

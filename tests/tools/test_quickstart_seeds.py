@@ -41,8 +41,8 @@ def test_tables_give_ranges_over_seeds_and_controls(load_tool):
 
 
 def test_readme_and_quickstart_doc_show_the_recorded_runs(load_tool, repo_root):
-    """The numbers README.md and docs/quickstart.md give are the ones tools/quickstart_seeds.py recorded, on the
-    machine they name."""
+    """The numbers docs/quickstart.md gives are the ones tools/quickstart_seeds.py recorded, on the machine they
+    name; README.md gives the overall range (its first screen and its status table)."""
     tool = load_tool("quickstart_seeds")
     with open(repo_root / "docs" / "results" / "quickstart_seeds.json", encoding="utf-8") as f:
         results = json.load(f)
@@ -50,27 +50,26 @@ def test_readme_and_quickstart_doc_show_the_recorded_runs(load_tool, repo_root):
     doc = (repo_root / "docs" / "quickstart.md").read_text(encoding="utf-8")
     text = tool.tables(results)
     summary_line, table = text.split("\n", 1)
-    assert summary_line in readme and summary_line in doc
+    assert summary_line in doc
     assert table.strip() in doc
-    for claim in (readme, doc):
-        assert results["machine"]["cpu"] in claim and f"{results['machine']['cores']} cores" in claim
-    # the README's wall-time range is the recorded one of the runs that built their own policy (not the controls)
+    assert results["machine"]["cpu"] in doc and f"{results['machine']['cores']} cores" in doc
+    # the wall-time range is the recorded one of the runs that built their own policy (not the controls)
     walls = [r["wall_s"] for r in results["runs"] if r["wall_s"] is not None and not r["learning_rate_0"]]
-    assert f"{min(walls) / 60:.1f}-{max(walls) / 60:.1f} min" in readme
+    assert f"{min(walls) / 60:.1f}-{max(walls) / 60:.1f} min" in doc
     # the second machine's runs (docs/results/quickstart_seeds_amd.json) and the ranges over both machines
     with open(repo_root / "docs" / "results" / "quickstart_seeds_amd.json", encoding="utf-8") as f:
         amd = json.load(f)
     amd_line, amd_table = tool.tables(amd).split("\n", 1)
-    assert amd_line in doc and amd_table.strip() in doc and amd_line in readme
-    for claim in (readme, doc):
-        assert amd["machine"]["cpu"] in claim and f"{amd['machine']['cores']} cores" in claim
-        assert tool.combined([results, amd]).strip() in claim
+    assert amd_line in doc and amd_table.strip() in doc
+    assert amd["machine"]["cpu"] in doc and f"{amd['machine']['cores']} cores" in doc
+    assert tool.combined([results, amd]).strip() in doc
     runs = [r for res in (results, amd) for r in res["runs"] if not r["learning_rate_0"]]
     controls = [r for res in (results, amd) for r in res["runs"] if r["learning_rate_0"]]
     gains = [100 * (r["eval_last"] - r["eval_first"]) for r in runs]
     control_gains = [100 * (r["eval_last"] - r["eval_first"]) for r in controls]
     assert (f"{min(gains):+.1f} to {max(gains):+.1f} points held-out accuracy over {len(runs)} runs on two "
             f"machines") in readme
+    assert (f"rises by {min(gains):.1f} to {max(gains):.1f} points ({len(runs)} runs on two machines") in readme
     assert f"`learning_rate: 0` {min(control_gains):+.1f} to {max(control_gains):+.1f}" in readme
 
 
@@ -123,7 +122,7 @@ def test_another_config_gets_its_own_paths_and_the_critic_follows_the_policy(loa
 
 
 def test_ppo_results_match_the_docs(load_tool, repo_root):
-    """The PPO quickstart's numbers in README.md and docs/quickstart.md are the ones recorded in
+    """The PPO quickstart's numbers in docs/quickstart.md (and README.md's status table) are the ones recorded in
     docs/results/quickstart_ppo_seeds.json (tools/quickstart_seeds.py --config configs/quickstart_ppo.yaml)."""
     tool = load_tool("quickstart_seeds")
     with open(repo_root / "docs" / "results" / "quickstart_ppo_seeds.json", encoding="utf-8") as f:
@@ -132,7 +131,9 @@ def test_ppo_results_match_the_docs(load_tool, repo_root):
     readme = (repo_root / "README.md").read_text(encoding="utf-8")
     doc = (repo_root / "docs" / "quickstart.md").read_text(encoding="utf-8")
     summary_line, table = tool.tables(results).split("\n", 1)
-    assert summary_line in readme and summary_line in doc and table.strip() in doc
+    assert summary_line in doc and table.strip() in doc
+    gains = [100 * (r["eval_last"] - r["eval_first"]) for r in results["runs"] if not r["learning_rate_0"]]
+    assert f"{min(gains):+.1f} to {max(gains):+.1f} points over {len(gains)} seeds" in readme
     assert results["machine"]["cpu"] in doc
     runs = [r for r in results["runs"] if not r["learning_rate_0"]]
     assert len(runs) >= 3 and min(r["eval_last"] - r["eval_first"] for r in runs) >= 0.15  # the issue's bar
@@ -166,7 +167,7 @@ def test_tool_runs_record_tool_use_and_accuracy_with_and_without_tools(load_tool
 
 
 def test_tools_results_match_the_docs(load_tool, repo_root):
-    """The tool quickstart's numbers in docs/quickstart.md (and the line README.md shows) are the ones recorded in
+    """The tool quickstart's numbers in docs/quickstart.md (and README.md's status table) are the ones recorded in
     docs/results/quickstart_tools_seeds.json (tools/quickstart_seeds.py --config configs/quickstart_tools.yaml),
     and they meet the issue's bar: every seed gains at least 20 points within 15 minutes including the policy
     build; the learning_rate 0 control stays within the evaluation's noise."""
@@ -187,4 +188,5 @@ def test_tools_results_match_the_docs(load_tool, repo_root):
     # 500 problems: standard error of a difference of two evaluations at most 100 * sqrt(2 * 0.25 / 500) = 3.2
     # points; 3 standard errors
     assert all(abs(r["eval_last"] - r["eval_first"]) < 0.095 for r in controls)
-    assert summary_line in readme
+    gains = [100 * (r["eval_last"] - r["eval_first"]) for r in runs]
+    assert f"{min(gains):+.1f} to {max(gains):+.1f} points over {len(runs)} seeds" in readme
