@@ -29,7 +29,7 @@ from typing import Any, Iterable
 import numpy as np
 
 __all__ = ["ConversionPlan", "WeightFormatError", "conversion_cache_dir", "loadable_dir", "plan", "read_header",
-           "read_safetensors", "weight_format", "write_safetensors"]
+           "read_safetensors", "to_paddlenlp", "weight_format", "write_safetensors"]
 
 logger = logging.getLogger("paddle_grpo.policy")
 
@@ -215,6 +215,28 @@ def _check_names(directory: str, names: Iterable[str], by_source: dict, required
                                 f"{config.architectures[0]}: {'; '.join(parts)}")
 
 
+def to_paddlenlp(directory: str, tensors: Iterable[tuple[str, str, np.ndarray]],
+                 names: Iterable[str]) -> list[tuple[str, str, np.ndarray]]:
+    """(PaddleNLP name, dtype tag, array) of each (transformers name, tag, array) of `tensors`, for the model whose
+    config.json is in `directory`: PaddleNLP's own name mapping of its class (renames, [out, in] -> [in, out]).
+    `names`: every tensor name of the checkpoint, checked first (`_check_names`: all map, none is missing);
+    redundant tensors (a tied LM head, rotary tables) are dropped."""
+    by_source, required, config = _mapping(directory)
+    _check_names(directory, names, by_source, required, config)
+    # A tied causal LM's head is its embedding; PaddleNLP's save_pretrained writes it under lm_head.weight too, and
+    # its loader warns that lm_head.weight is "newly initialized" when it is absent (it is not: it is tied).
+    tied_head = bool(getattr(config, "tie_word_embeddings", False)) and \
+        any(a.endswith("ForCausalLM") for a in config.architectures or [])
+    out = []
+    for name, tag, array in tensors:
+        if name in by_source:
+            m = by_source[name]
+            out.append((m.target_name, tag, m.run({name: array}, name)))  # PaddleNLP's action, on numpy arrays
+            if tied_head and name.endswith("embed_tokens.weight"):
+                out.append(("lm_head.weight", tag, out[-1][2]))
+    return out
+
+
 def plan(directory: str) -> ConversionPlan:
     """How the weights of model directory `directory` will load (headers and config only: nothing converted).
     WeightFormatError when PaddleNLP cannot read them and they cannot be converted (an unknown `format`, a model
@@ -243,27 +265,22 @@ def _convert(p: ConversionPlan) -> None:
     """Write the PaddleNLP copy of `p.source` into `p.target`: each shard converted on its own (tensor by tensor,
     memory-mapped), the index's names mapped, every other file copied. Built in a temporary sibling and renamed
     into place, so concurrent ranks and an interrupted conversion never leave a half-written copy."""
-    by_source, _, config = _mapping(p.source)
     tmp = f"{p.target}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    renamed: dict[str, str] = {}
-    for shard in weight_files(p.source):
+    shards = weight_files(p.source)
+    names = [n for shard in shards for n in read_header(os.path.join(p.source, shard))[0]]
+    weight_map = {}
+    for shard in shards:
         tensors, _ = read_safetensors(os.path.join(p.source, shard))
-        out = []
-        for name, (tag, array) in tensors.items():
-            if name not in by_source:  # _check_names let only redundant tensors through
-                continue
-            m = by_source[name]
-            converted = m.run({name: array}, name)  # PaddleNLP's action (transpose, ...) on numpy arrays
-            renamed[name] = m.target_name
-            out.append((m.target_name, tag, converted))
+        out = to_paddlenlp(p.source, ((n, tag, a) for n, (tag, a) in tensors.items()), names)
         write_safetensors(os.path.join(tmp, shard), out, {"format": "np"})
+        weight_map.update({name: shard for name, _, _ in out})
     index = os.path.join(p.source, INDEX)
     if os.path.isfile(index):
         with open(index, encoding="utf-8") as f:
             data = json.load(f)
-        data["weight_map"] = {renamed[k]: v for k, v in data["weight_map"].items() if k in renamed}
+        data["weight_map"] = weight_map
         with open(os.path.join(tmp, INDEX), "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2)
     skip = set(weight_files(p.source)) | {INDEX}
