@@ -377,6 +377,12 @@ def critic_dir_problems(path: str, key: str = CRITIC_KEY) -> List[str]:
 
     missing = [m for m in hub.missing_files(path) if m != hub.TOKENIZER_CONFIG_FILE]
     if not missing:
+        from .policy import hf_weights
+
+        try:  # PyTorch-written safetensors convert as the policy's do; anything else PaddleNLP refuses is named
+            hf_weights.plan(path)
+        except (hf_weights.WeightFormatError, OSError, ValueError) as e:
+            return [_keyed(key, str(e))]
         return []
     held = sorted(os.listdir(path))
     return [f"{key}: '{path}' is not a whole model directory: it lacks {', '.join(missing)} (it holds "
