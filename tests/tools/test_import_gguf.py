@@ -269,15 +269,14 @@ def numpy_llama_logits(w, ids, theta=1e5, eps=1e-5):
 
 
 def test_paddlenlps_llama_on_the_imported_directory_computes_the_files_model(imported):
-    """Logits of run_rl.py's own loader (load_policy: PaddleNLP's LlamaForCausalLM, not the lean Qwen2 path) equal
-    a float64 numpy forward pass of the weights the file holds, within float32 rounding of that depth."""
-    from paddle_grpo.policy import fast_qwen2, load_policy
-    from paddle_grpo.policy.causal import PaddleNLPStepper, stepper_for
+    """run_rl.py's own loader (load_policy) builds PaddleNLP's LlamaForCausalLM from the directory; its logits, and
+    the completion log-probs the trainer computes (whichever forward the run picks for it), equal a float64 numpy
+    forward pass of the weights the file holds, within float32 rounding of that depth."""
+    from paddle_grpo.policy import load_policy
 
     out, _, held, tok, _, _ = imported
     policy = load_policy(out, trainable=False)
     assert type(policy.model).__name__ == "LlamaForCausalLM"
-    assert not fast_qwen2.enabled_for(policy.model) and stepper_for(policy.model) is PaddleNLPStepper
     ids = tok.encode(CORPUS[0]).ids
     with paddle.no_grad():
         got = policy.model(paddle.to_tensor([ids]), return_dict=True).logits.numpy()[0]
@@ -287,6 +286,16 @@ def test_paddlenlps_llama_on_the_imported_directory_computes_the_files_model(imp
     tol = f32_sum_tol(INTER, np.abs(expected).max() + 1, depth=9 * LAYERS + 2)
     assert np.abs(got - expected).max() < tol, (np.abs(got - expected).max(), tol)
     assert np.abs(expected).max() > 0.5  # not a degenerate model
+    L = 10
+    ones = lambda n: paddle.ones([1, n], dtype="int64")  # noqa: E731
+    with paddle.no_grad():
+        logprobs, _ = policy.logprobs(paddle.to_tensor([ids[:L]]), ones(L), paddle.to_tensor([ids[L:]]),
+                                      ones(len(ids) - L))
+    shifted = expected - expected.max(-1, keepdims=True)
+    log_softmax = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    reference = log_softmax[np.arange(L - 1, len(ids) - 1), ids[L:]]
+    # plus the log-softmax's own sum over the vocabulary (numerics.tiny_lm_tol's 2 * vocab * u)
+    assert np.abs(logprobs.numpy()[0] - reference).max() < tol + f32_sum_tol(len(expected[0]), 1.0)
 
 
 def test_the_tokenizer_is_the_files(imported):
