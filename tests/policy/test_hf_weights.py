@@ -152,6 +152,11 @@ def test_tensors_that_do_not_map_are_named(tmp_path, tiny_policy_dir, ppnlp_cach
                           extra={"model.layers.0.self_attn.q_norm.weight": np.ones(16, np.float32)})
     with pytest.raises(hf_weights.WeightFormatError, match="q_norm.weight"):
         resolve_model_dir(hf)
+    # the dry run and the run's preflight (exit 2 before loading) name it with the key
+    from paddle_grpo.dry_run import model_dir_problems
+
+    [problem] = model_dir_problems(hf, "actor_model_name_or_path")
+    assert problem.startswith("actor_model_name_or_path: ") and "q_norm.weight" in problem
     hf2 = write_torch_copy(tiny_policy_dir, str(tmp_path / "tf"), fmt="tf")
     with pytest.raises(hf_weights.WeightFormatError, match="format 'tf'"):
         resolve_model_dir(hf2)
