@@ -62,6 +62,14 @@ INSTALL_REQUIRES = PADDLE + [
 # (install that first from PyTorch's CPU wheel index where it is not already at hand; pip then keeps it).
 PEER = ["torch==2.13.0", "trl==1.16.0"]
 
+# `.[gguf]`: tools/import_gguf.py (a llama.cpp GGUF file -> a PaddleNLP model directory; docs/models.md). `gguf` is
+# llama.cpp's own reader and numpy dequantizer (it needs only numpy, pyyaml, requests, tqdm; no torch). Pinned to the
+# version the importer was verified with: its reader API (ReaderField.contents) and quantization tables changed
+# between releases, and the importer's results are compared bit for bit with this version's.
+GGUF = ["gguf==0.19.0"]
+# The tests include the importer's (tiny GGUF files written by gguf's own writer; no download), so `.[test]` has it.
+TEST = ["pytest>=7.4"] + GGUF
+
 
 def requirements(environ=os.environ):
     """install_requires: INSTALL_REQUIRES, or nothing for the peer's own environment (PADDLE_GRPO_PEER_ONLY=1)."""
@@ -82,7 +90,7 @@ if __name__ == "__main__":  # setuptools runs this file as __main__; tests impor
         packages=find_packages(include=["paddle_grpo", "paddle_grpo.*", "reward_server", "reward_server.*"]),
         py_modules=["run_rl"],
         install_requires=requirements(),
-        extras_require={"test": ["pytest>=7.4"], "peer": PEER},
+        extras_require={"test": TEST, "peer": PEER, "gguf": GGUF},
         entry_points={"console_scripts": ["paddle-grpo-reward-server=reward_server.__main__:main"]},
         license="Apache-2.0",
     )

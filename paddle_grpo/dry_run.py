@@ -188,12 +188,17 @@ def resolve_model(name: str, key: str) -> Tuple[Optional[str], Optional[str]]:
 
 
 def model_dir_problems(path: str, key: str) -> List[str]:
-    """What local model directory `path` lacks (config.json, tokenizer_config.json, weight files): file names only,
-    nothing is read."""
-    from .policy import hub
+    """What local model directory `path` lacks (config.json, tokenizer_config.json, weight files), and whether its
+    safetensors load as the run will load them (policy.hf_weights.plan: PaddleNLP's format as is, PyTorch's
+    converted at start-up, anything else refused): file names and the weight files' headers only."""
+    from .policy import hf_weights, hub
 
     missing = hub.missing_files(path)
     if not missing:
+        try:
+            hf_weights.plan(path)
+        except (hf_weights.WeightFormatError, OSError, ValueError) as e:
+            return [_keyed(key, str(e))]
         return []
     held = sorted(os.listdir(path))
     return [f"{key}: '{path}' is not a whole model directory (as save_pretrained writes it): it lacks "
@@ -233,6 +238,11 @@ def inspect_model(name: str, key: str, labels: Optional[int] = None, cfg: Option
         return ([f"{key}: '{path}' has num_labels {getattr(config, 'num_labels', None)} in its config.json; a reward "
                  f"model has {labels} (one score per sequence)"], config, tokenizer)
     print(f"  {key}: {path} ({type(config).__name__}, {type(tokenizer).__name__}, vocabulary {len(tokenizer)})")
+    from .policy import hf_weights
+
+    weights = hf_weights.plan(path)  # checked by model_dir_problems above
+    if weights.convert:  # what the run will load: the PaddleNLP copy of PyTorch-written safetensors
+        print(f"  {weights.line(key)}")
     return [], config, tokenizer
 
 
@@ -421,6 +431,12 @@ def critic_dir_problems(path: str, key: str = CRITIC_KEY) -> List[str]:
 
     missing = [m for m in hub.missing_files(path) if m != hub.TOKENIZER_CONFIG_FILE]
     if not missing:
+        from .policy import hf_weights
+
+        try:  # PyTorch-written safetensors convert as the policy's do; anything else PaddleNLP refuses is named
+            hf_weights.plan(path)
+        except (hf_weights.WeightFormatError, OSError, ValueError) as e:
+            return [_keyed(key, str(e))]
         return []
     held = sorted(os.listdir(path))
     return [f"{key}: '{path}' is not a whole model directory: it lacks {', '.join(missing)} (it holds "

@@ -84,17 +84,21 @@ def resolve_model_dir(name_or_path: str, *, key: str = "actor_model_name_or_path
     what is missing through PaddleNLP when its server answers within `timeout` seconds (`download=False`: the
     cache only, e.g. for a check that must not fetch gigabytes).
 
+    Safetensors written by PyTorch (transformers' save_pretrained), which PaddleNLP refuses, are converted once into
+    PaddleNLP's layout and that copy's directory is returned (hf_weights.loadable_dir; not with `download=False`,
+    which returns the directory as found: the dry run reports the conversion with hf_weights.plan).
+
     Raises FileNotFoundError naming `key`, the name, the cache directory searched and PPNLP_HOME when the name is
     neither a directory nor an available hub model."""
     name = os.fspath(name_or_path) if name_or_path else ""
     if name and os.path.isdir(name):
-        return name
+        return _loadable(name, key) if download else name
     if not looks_like_hub_id(name):
         raise FileNotFoundError(f"{key}: '{name}' is not a local model directory (nor a hub ID such as "
                                 "'Qwen/Qwen2.5-1.5B-Instruct'); point it at a directory written by save_pretrained")
     cache = hub_cache_dir(name)
     if is_complete_model_dir(cache):
-        return cache
+        return _loadable(cache, key) if download else cache
     reason = download_blocker(timeout) if download else "not attempted (download=False)"
     if reason is None:
         try:
@@ -103,9 +107,18 @@ def resolve_model_dir(name_or_path: str, *, key: str = "actor_model_name_or_path
             reason = f"the download failed ({type(e).__name__}: {' '.join(str(e).split())[:300]})"
         else:
             if is_complete_model_dir(cache):
-                return cache
+                return _loadable(cache, key)
             reason = f"the download left {', '.join(missing_files(cache))} missing"
     raise FileNotFoundError(_miss_message(key, name, cache, reason))
+
+
+def _loadable(directory: str, key: str) -> str:
+    """`directory`, or the PaddleNLP copy of its PyTorch-written safetensors (hf_weights.loadable_dir)."""
+    if not any(os.path.isfile(os.path.join(directory, n)) for n in WEIGHT_FILES if "safetensors" in n):
+        return directory  # .pdparams, or no weights at all (a tokenizer-only directory): nothing to convert
+    from .hf_weights import loadable_dir
+
+    return loadable_dir(directory, key)
 
 
 def download_blocker(timeout: float = 10.0) -> str | None:
