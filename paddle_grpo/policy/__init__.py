@@ -1,5 +1,5 @@
 """The policy room: the `Policy` interface over causal and encoder-decoder models (loading, sampling, log-probs,
-LoRA, saving), the fast Qwen2 forward (fast_qwen2.py) and LoRA (lora.py).
+LoRA, saving), the fast Qwen2 forward (fast_decoder.py) and LoRA (lora.py).
 
     policy = load_policy(path)          # CausalPolicy or Seq2SeqPolicy, from the model's config
     rollout = policy.generate(prompt_ids, prompt_mask, num_samples=G, ...)

@@ -16,7 +16,7 @@ fewer and cheaper paddle ops, and it shares work between the G samples of a prom
 - Decoding: a preallocated KV cache `[N, kv_heads, L + max_new, d]` written in place, instead of a concat per step;
   with `keep` (multi-turn rollouts) each row writes its own next slot, so its tokens stay consecutive.
 
-Numbers equal PaddleNLP's forward up to float32 rounding (tests/policy/test_fast_qwen2.py compares logits, log-probs,
+Numbers equal PaddleNLP's forward up to float32 rounding (tests/policy/test_fast_decoder.py compares logits, log-probs,
 greedy generations and gradients against `Qwen2ForCausalLM.forward`).
 
 Switch: `enabled_for(model)` is True for a plain float32 `Qwen2ForCausalLM` or the critic's
@@ -96,7 +96,7 @@ def recompute_granularity(model: Qwen2ForCausalLM) -> Optional[str]:
     return c.recompute_granularity
 
 
-class Qwen2Fast:
+class FastDecoder:
     """The lean forward bound to one PaddleNLP Qwen2ForCausalLM. Holds no parameters; build one per call (the fused
     weights are concatenations of the current parameters, inside autograd when gradients are on)."""
 

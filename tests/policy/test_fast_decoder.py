@@ -1,4 +1,4 @@
-"""The lean Qwen2 path (paddle_grpo/policy/fast_qwen2.py) against PaddleNLP's own `Qwen2ForCausalLM.forward`.
+"""The lean Qwen2 path (paddle_grpo/policy/fast_decoder.py) against PaddleNLP's own `Qwen2ForCausalLM.forward`.
 
 Every comparison runs the same model object twice: once with the fast path and once with `PADDLE_GRPO_FAST=0`
 (PaddleNLP's forward; the straightforward code that tests/policy/test_causal.py and tests/rollout/ check against
@@ -14,7 +14,7 @@ from batch_helpers import grouped_batch
 from numerics import tiny_lm_tol
 from paddlenlp.transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from paddle_grpo.policy import fast_qwen2
+from paddle_grpo.policy import fast_decoder
 from paddle_grpo.policy.causal import completion_logprobs, generate
 from paddle_grpo.rollout.sampling import row_keys
 
@@ -46,44 +46,44 @@ def batch_of(**kwargs):
 
 def both_paths(monkeypatch, fn):
     """(fn() with the fast path, fn() with PaddleNLP's forward)."""
-    monkeypatch.setenv(fast_qwen2.ENV_SWITCH, "1")
+    monkeypatch.setenv(fast_decoder.ENV_SWITCH, "1")
     fast = fn()
-    monkeypatch.setenv(fast_qwen2.ENV_SWITCH, "0")
+    monkeypatch.setenv(fast_decoder.ENV_SWITCH, "0")
     slow = fn()
-    monkeypatch.delenv(fast_qwen2.ENV_SWITCH)
+    monkeypatch.delenv(fast_decoder.ENV_SWITCH)
     return fast, slow
 
 
 def test_switch(monkeypatch):
     model = make_model()
-    assert fast_qwen2.enabled_for(model)
-    monkeypatch.setenv(fast_qwen2.ENV_SWITCH, "0")
-    assert not fast_qwen2.enabled_for(model)
-    monkeypatch.delenv(fast_qwen2.ENV_SWITCH)
+    assert fast_decoder.enabled_for(model)
+    monkeypatch.setenv(fast_decoder.ENV_SWITCH, "0")
+    assert not fast_decoder.enabled_for(model)
+    monkeypatch.delenv(fast_decoder.ENV_SWITCH)
     model.config.tensor_parallel_degree = 2
-    assert not fast_qwen2.enabled_for(model)
+    assert not fast_decoder.enabled_for(model)
     model.config.tensor_parallel_degree = 1
     model.config.recompute = True  # recompute runs on the lean path (tests/policy/test_recompute.py)
-    assert fast_qwen2.enabled_for(model)
+    assert fast_decoder.enabled_for(model)
     model.config.recompute = False
-    assert fast_qwen2.enabled_for(model)
+    assert fast_decoder.enabled_for(model)
     from paddlenlp.peft import LoRAConfig, LoRAModel
 
     lora = LoRAModel(model, LoRAConfig(target_modules=[".*q_proj"], r=2, lora_alpha=4))
-    assert not fast_qwen2.enabled_for(lora)        # the wrapper
-    assert not fast_qwen2.enabled_for(lora.model)  # the model with LoRA layers inside
+    assert not fast_decoder.enabled_for(lora)        # the wrapper
+    assert not fast_decoder.enabled_for(lora.model)  # the model with LoRA layers inside
     llama = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=4))
-    assert not fast_qwen2.enabled_for(llama)
+    assert not fast_decoder.enabled_for(llama)
 
 
 def test_unique_rows_finds_groups():
     ids = np.array([[0, 5, 6], [0, 5, 6], [7, 8, 9], [0, 5, 6], [1, 5, 6]])
     mask = np.array([[0, 1, 1], [0, 1, 1], [1, 1, 1], [0, 1, 1], [0, 1, 1]])
-    rows, first = fast_qwen2.unique_rows(ids, mask)
+    rows, first = fast_decoder.unique_rows(ids, mask)
     assert rows.tolist() == [0, 0, 1, 0, 2] and first.tolist() == [0, 2, 4]
     mask[1, 0] = 1  # same ids, different mask: a different prompt
-    rows, _ = fast_qwen2.unique_rows(ids, mask)
+    rows, _ = fast_decoder.unique_rows(ids, mask)
     assert rows.tolist() == [0, 1, 2, 0, 3]
 
 
@@ -147,7 +147,7 @@ def test_decode_logits_match_full_forward():
     model = make_model()
     model.eval()
     pid, pm, cid, _ = batch_of(P=2, G=3, T=5)
-    fast = fast_qwen2.Qwen2Fast(model)
+    fast = fast_decoder.FastDecoder(model)
     with paddle.no_grad():
         steps = [fast.start_decoding(pid[::3], pm[::3], 3, 5)]
         for t in range(4):
