@@ -3,10 +3,11 @@
 Models are PaddleNLP causal LMs loaded with `AutoModelForCausalLM` from a local directory or a hub ID (hub.py).
 Log-probs are computed from the decoder's hidden states at the completion positions only, so the `[bs, T, V]`
 logits of the prompt positions are never materialised (with a 150k vocabulary they would dominate memory).
-For a plain Qwen2 model (no tensor parallelism) `completion_logprobs` runs the lean forward of fast_decoder.py, which
-also computes each group's shared prompt once; other models use PaddleNLP's forward. `PADDLE_GRPO_FAST=0` forces
-PaddleNLP's forward everywhere. Sampling (`generate`) is rollout/'s decode loop, run through this module's steppers
-(`stepper_for`): the rollout knows no model, the policy hands it the model's side of the loop.
+For a plain float32 Qwen2 or Llama model (no tensor parallelism, no LoRA layers: fast_decoder.refusal lists the
+rest) `completion_logprobs` runs the lean forward of fast_decoder.py, which also computes each group's shared prompt
+once; other models use PaddleNLP's forward. `PADDLE_GRPO_FAST=0` forces PaddleNLP's forward everywhere.
+`decoder_path` is the start-up line that says which. Sampling (`generate`) is rollout/'s decode loop, run through
+this module's steppers (`stepper_for`): the rollout knows no model, the policy hands it the model's side of the loop.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def load_causal_lm(path: str, *, trainable: bool = True, recompute: bool = False
 
     `recompute` (trainable models only: frozen ones run without gradients) checkpoints the decoder in backward with
     PaddleNLP's `recompute_granularity` ("full" layers, "full_attn" attention sub-blocks, "core_attn" the core
-    attention) and `recompute_use_reentrant`, in PaddleNLP's forward and in the lean Qwen2 path (fast_decoder.py).
+    attention) and `recompute_use_reentrant`, in PaddleNLP's forward and in the lean decoder path (fast_decoder.py).
 
     With `tensor_parallel_degree > 1` this rank's shard is loaded (PaddleNLP splits the full checkpoint); its
     forward then returns full-vocabulary logits (gathered), which generation needs, while `completion_logprobs`
@@ -111,7 +112,7 @@ def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, promp
     positions at a time and never holds the [bs, T, V] logits (lm_head.py); None: full logits.
     """
     if vocab_parallel is None and fast_decoder.enabled_for(model):
-        # Lean Qwen2 forward with each group's shared prompt computed once (fast_decoder.py); same numbers.
+        # Lean decoder forward (Qwen2, Llama) with each group's shared prompt computed once (fast_decoder.py).
         fast = fast_decoder.FastDecoder(model)
         hidden = fast.final_hidden(fast.prompt_completion_hidden(prompt_ids, prompt_mask, completion_ids,
                                                                  completion_mask))
@@ -155,8 +156,14 @@ def generate(model: paddle.nn.Layer, prompt_ids: paddle.Tensor | np.ndarray, pro
     return rollout.generate(model, prompt_ids, prompt_mask, **kwargs)
 
 
+def decoder_path(model: paddle.nn.Layer) -> str:
+    """The start-up line naming the path `completion_logprobs` and `stepper_for` take for `model`:
+    "decoder: fast path (llama)" or "decoder: PaddleNLP's forward (<why the fast path refuses it>)"."""
+    return fast_decoder.describe(model)
+
+
 def stepper_for(model: paddle.nn.Layer) -> type[Stepper]:
-    """The decode stepper class of `model` (rollout.Stepper): the lean Qwen2 path when it computes exactly what
+    """The decode stepper class of `model` (rollout.Stepper): the lean decoder path when it computes exactly what
     the model's forward would (`fast_decoder.enabled_for`), else the model's own decoder."""
     return FastDecoderStepper if fast_decoder.enabled_for(model) else PaddleNLPStepper
 

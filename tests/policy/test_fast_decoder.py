@@ -1,4 +1,5 @@
-"""The lean Qwen2 path (paddle_grpo/policy/fast_decoder.py) against PaddleNLP's own `Qwen2ForCausalLM.forward`.
+"""The lean decoder path (paddle_grpo/policy/fast_decoder.py) against PaddleNLP's own `Qwen2ForCausalLM.forward` and
+`LlamaForCausalLM.forward`, and its switch (`refusal`: what it accepts, and the reason for everything else).
 
 Every comparison runs the same model object twice: once with the fast path and once with `PADDLE_GRPO_FAST=0`
 (PaddleNLP's forward; the straightforward code that tests/policy/test_causal.py and tests/rollout/ check against
@@ -6,6 +7,10 @@ unpadded full forwards and naive loops). Float32 tolerances, derived (tests/nume
 orders, so log-probs, entropies and logits agree within LP_TOL absolutely (tiny_lm_tol of make_model's sizes), and
 gradients within GRAD_TOL of each parameter's largest gradient (the backward is as deep again); greedy and
 key-sampled generations must be identical token for token (a flip would need a rounding-sized tie).
+
+Both families are built tiny and random with grouped-query attention: Qwen2 8 query / 2 key-value heads with random
+q/k/v biases; Llama 4 / 2 heads (no biases), rope_theta 100,000 and rms_norm_eps 1e-5 (SmolLM2's values, not the
+defaults 10,000 and 1e-6, so that reading either from the config is observable), tied and untied embeddings.
 """
 import numpy as np
 import paddle
@@ -15,27 +20,36 @@ from numerics import tiny_lm_tol
 from paddlenlp.transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from paddle_grpo.policy import fast_decoder
-from paddle_grpo.policy.causal import completion_logprobs, generate
+from paddle_grpo.policy.causal import completion_logprobs, decoder_path, generate
 from paddle_grpo.rollout.sampling import row_keys
 
 pytestmark = pytest.mark.numerics  # compares float results: CI reruns it on other CPU kernels
 
 V = 96
-LP_TOL = tiny_lm_tol(160, 2, V)  # 3.9e-4: make_model (intermediate 160, 2 layers) covers the 1-layer Llama too
+LP_TOL = tiny_lm_tol(160, 2, V)  # 3.9e-4: make_model's sizes (intermediate 160 the longest sum, 2 layers), both families
 GRAD_TOL = 2 * LP_TOL
+FAMILIES = ["qwen2", "llama"]
 
 
-def make_model(seed=0, **overrides):
-    kw = dict(vocab_size=V, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=8,
-              num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, dtype="float32")
+def make_model(family="qwen2", seed=0, **overrides):
+    """A tiny random `family` causal LM (hidden 64, intermediate 160, 2 layers, GQA), float32."""
+    kw = dict(vocab_size=V, hidden_size=64, intermediate_size=160, num_hidden_layers=2, max_position_embeddings=64,
+              dtype="float32")
+    if family == "qwen2":
+        kw.update(num_attention_heads=8, num_key_value_heads=2, rms_norm_eps=1e-6)
+    else:
+        kw.update(num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=100000.0)
     kw.update(overrides)
     paddle.seed(seed)
-    model = Qwen2ForCausalLM(Qwen2Config(**kw))
-    # PaddleNLP initialises biases to 0; random biases make the q/k/v bias fusion observable.
+    model = (Qwen2ForCausalLM(Qwen2Config(**kw)) if family == "qwen2" else LlamaForCausalLM(LlamaConfig(**kw)))
+    # PaddleNLP initialises norms to 1 and biases to 0; random ones make the q/k/v bias fusion and the norm weights
+    # observable.
     with paddle.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias"):
                 p.set_value(paddle.randn(p.shape) * 0.1)
+            elif "norm" in name:
+                p.set_value(1.0 + paddle.randn(p.shape) * 0.1)
     return model
 
 
@@ -44,37 +58,145 @@ def batch_of(**kwargs):
     return grouped_batch(V, **kwargs)
 
 
-def both_paths(monkeypatch, fn):
-    """(fn() with the fast path, fn() with PaddleNLP's forward)."""
+def both_paths(monkeypatch, fn, expect_fast=True):
+    """(fn() with the fast path, fn() with PaddleNLP's forward). Checks that the first run did build the lean forward
+    (else a refused model would compare PaddleNLP's forward with itself) and the second did not."""
+    built = []
+    original = fast_decoder.FastDecoder.__init__
+
+    def counting(self, model):
+        built.append(type(model).__name__)
+        original(self, model)
+
+    monkeypatch.setattr(fast_decoder.FastDecoder, "__init__", counting)
     monkeypatch.setenv(fast_decoder.ENV_SWITCH, "1")
     fast = fn()
+    assert bool(built) == expect_fast, built
     monkeypatch.setenv(fast_decoder.ENV_SWITCH, "0")
     slow = fn()
+    assert bool(built) == expect_fast, built  # nothing more built
     monkeypatch.delenv(fast_decoder.ENV_SWITCH)
+    monkeypatch.setattr(fast_decoder.FastDecoder, "__init__", original)
     return fast, slow
 
 
-def test_switch(monkeypatch):
-    model = make_model()
-    assert fast_decoder.enabled_for(model)
-    monkeypatch.setenv(fast_decoder.ENV_SWITCH, "0")
-    assert not fast_decoder.enabled_for(model)
-    monkeypatch.delenv(fast_decoder.ENV_SWITCH)
-    model.config.tensor_parallel_degree = 2
-    assert not fast_decoder.enabled_for(model)
-    model.config.tensor_parallel_degree = 1
-    model.config.recompute = True  # recompute runs on the lean path (tests/policy/test_recompute.py)
-    assert fast_decoder.enabled_for(model)
-    model.config.recompute = False
-    assert fast_decoder.enabled_for(model)
-    from paddlenlp.peft import LoRAConfig, LoRAModel
+# ------------------------------------------------------------------------------------------------ the switch
 
+def test_accepts_both_families_and_says_so():
+    for family in FAMILIES:
+        for tied in (False, True):
+            model = make_model(family, tie_word_embeddings=tied)
+            assert fast_decoder.refusal(model) is None, (family, tied)
+            assert decoder_path(model) == f"decoder: fast path ({family})"
+    # SmolLM2's config.json spells out fields PaddleNLP's LlamaConfig does not read; at these values they say what
+    # the model computes, so the fast path still applies.
+    smol = make_model("llama", tie_word_embeddings=True, head_dim=16, attention_bias=False, mlp_bias=False,
+                      rope_scaling=None, hidden_act="silu", attention_dropout=0.0, pretraining_tp=1)
+    assert decoder_path(smol) == "decoder: fast path (llama)"
+    assert decoder_path(make_model("qwen2", attention_bias=True)) == "decoder: fast path (qwen2)"
+
+
+# config field -> (value, the reason's text): set on a built model, where the check reads them (the model's layers
+# are as PaddleNLP built them; the field says something this path does not implement).
+REFUSED_FIELDS = {
+    "tensor_parallel_degree": (2, "tensor_parallel_degree is 2"),
+    "context_parallel_degree": (2, "context_parallel_degree is 2"),
+    "sep_parallel_degree": (2, "sep_parallel_degree is 2"),
+    "sequence_parallel": (True, "sequence_parallel is True"),
+    "fuse_attention_qkv": (True, "fuse_attention_qkv is True"),
+    "fuse_attention_ffn": (True, "fuse_attention_ffn is True"),
+    "refined_recompute": ({"mlp_row_ln": 1}, "refined_recompute is {'mlp_row_ln': 1}"),
+    "use_flash_attention": (True, "use_flash_attention is set"),
+    "use_fused_rms_norm": (True, "use_fused_rms_norm is set"),
+    "use_fused_rope": (True, "use_fused_rope is set"),
+    "use_flash_attention_for_generation": (True, "use_flash_attention_for_generation is set"),
+    "alibi": (True, "alibi is True"),
+    "use_long_sequence_strategies": (True, "use_long_sequence_strategies is True"),
+    "use_sliding_window": (True, "use_sliding_window is True"),
+    "mlp_bias": (True, "mlp_bias is True"),
+    "rope_scaling": ({"rope_type": "llama3", "factor": 8.0}, "rope_scaling is {'rope_type': 'llama3', 'factor': 8.0}"),
+    "rope_scaling_type": ("linear", "rope_scaling_type is 'linear'"),
+    "hidden_act": ("gelu", "hidden_act is 'gelu' (SiLU only)"),
+    "attention_dropout": (0.1, "attention_dropout is 0.1"),
+    "head_dim": (32, "head_dim is 32, not hidden_size / num_attention_heads"),
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("field", list(REFUSED_FIELDS))
+def test_each_refused_config_field_gives_its_reason(family, field):
+    model = make_model(family, num_hidden_layers=1)
+    value, reason = REFUSED_FIELDS[field]
+    setattr(model.config, field, value)
+    assert not fast_decoder.enabled_for(model)
+    assert reason in fast_decoder.refusal(model)
+    assert decoder_path(model).startswith(f"decoder: PaddleNLP's forward ({reason}")
+
+
+def test_refused_models_and_layers_give_their_reason(monkeypatch):
+    from paddlenlp.peft import LoRAConfig, LoRAModel
+    from paddlenlp.transformers import LlamaModel, Qwen2Model
+
+    model = make_model("llama", num_hidden_layers=1)
+    monkeypatch.setenv(fast_decoder.ENV_SWITCH, "0")
+    assert fast_decoder.refusal(model) == "PADDLE_GRPO_FAST=0"
+    monkeypatch.delenv(fast_decoder.ENV_SWITCH)
+    # Llama has no q/k/v biases in PaddleNLP: a config asking for them would have its bias weights dropped.
+    model.config.attention_bias = True
+    assert fast_decoder.refusal(model) == "attention_bias is True"
+    model.config.attention_bias = False
+    qwen = make_model("qwen2", num_hidden_layers=1)
+    qwen.config.attention_bias = False  # Qwen2's layers have them: the field contradicts the model
+    assert fast_decoder.refusal(qwen) == "attention_bias is False"
+    # Another class, a subclass (exact type only), the bare decoder, a LoRA wrapper and the model inside it
+    assert fast_decoder.refusal(Qwen2Model(qwen.config)).startswith("Qwen2Model is not a class it implements")
+    assert fast_decoder.refusal(type("MyLlama", (LlamaForCausalLM,), {})(model.config)).startswith("MyLlama is not")
+    assert fast_decoder.refusal(LlamaModel(model.config)).startswith("LlamaModel is not")
     lora = LoRAModel(model, LoRAConfig(target_modules=[".*q_proj"], r=2, lora_alpha=4))
-    assert not fast_decoder.enabled_for(lora)        # the wrapper
-    assert not fast_decoder.enabled_for(lora.model)  # the model with LoRA layers inside
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=4))
-    assert not fast_decoder.enabled_for(llama)
+    assert fast_decoder.refusal(lora).startswith("LoRA adapters (LoRAModel)")
+    assert fast_decoder.refusal(lora.model) == "layer 0 q_proj is LoRALinear, not a plain nn.Linear"
+    # A bias PaddleNLP's builder would not make, on one projection only
+    llama = make_model("llama", num_hidden_layers=1)
+    o = llama.llama.layers[0].self_attn.o_proj
+    o.bias = o.create_parameter([o.weight.shape[1]], is_bias=True)
+    assert fast_decoder.refusal(llama) == "layer 0 o_proj has a bias"
+    k = qwen.qwen2.layers[0].self_attn.k_proj
+    k.bias = None
+    assert fast_decoder.refusal(qwen) == "layer 0 has a bias on some of q/k/v_proj only"
+    # Rope scaling built into the model (PaddleNLP's other rotary classes)
+    scaled = make_model("llama", num_hidden_layers=1, rope_scaling_type="ntk", rope_scaling_factor=2.0)
+    assert fast_decoder.refusal(scaled).startswith("the rotary embedding is LlamaNTKScalingRotaryEmbedding")
+    # Low precision and AMP
+    half = make_model("llama", num_hidden_layers=1)
+    half.to(dtype="bfloat16")
+    assert fast_decoder.refusal(half) == "the parameters are bfloat16 (float32 only)"
+    with paddle.amp.auto_cast(True, level="O1", dtype="bfloat16"):
+        if paddle.amp.is_autocast_enabled():  # paddle builds without CPU autocast keep it off
+            assert fast_decoder.refusal(make_model("llama", num_hidden_layers=1)) == "an autocast (AMP) is active"
+
+
+def test_a_refused_model_computes_paddlenlps_numbers(monkeypatch):
+    """Refused means PaddleNLP's forward, not something else: with NTK rope scaling (which the fast path does not
+    implement) the lean forward is never built, and log-probs and generations equal PADDLE_GRPO_FAST=0's bit for
+    bit (the same code)."""
+    scaled = make_model("llama", rope_scaling_type="ntk", rope_scaling_factor=4.0)
+    scaled.eval()
+    batch = batch_of()
+
+    def never(*args, **kwargs):
+        raise AssertionError("the lean forward was built for a refused model")
+
+    monkeypatch.setattr(fast_decoder.FastDecoder, "__init__", never)
+
+    def run():
+        with paddle.no_grad():
+            lp = completion_logprobs(scaled, *batch)[0].numpy()
+        r = generate(scaled, batch[0][::4], batch[1][::4], max_new_tokens=4, eos_token_ids=[1], do_sample=False)
+        return lp, r.completion_ids.numpy()
+
+    (lp_f, ids_f), (lp_s, ids_s) = both_paths(monkeypatch, run, expect_fast=False)
+    np.testing.assert_array_equal(lp_f, lp_s)
+    np.testing.assert_array_equal(ids_f, ids_s)
 
 
 def test_unique_rows_finds_groups():
@@ -87,10 +209,11 @@ def test_unique_rows_finds_groups():
     assert rows.tolist() == [0, 1, 2, 0, 3]
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("T", [6, 1])
 @pytest.mark.parametrize("tied", [False, True])
-def test_logprobs_and_entropy_match_paddlenlp(monkeypatch, T, tied):
-    model = make_model(tie_word_embeddings=tied)
+def test_logprobs_and_entropy_match_paddlenlp(monkeypatch, T, tied, family):
+    model = make_model(family, tie_word_embeddings=tied)
     model.eval()
     batch = batch_of(T=T)
 
@@ -105,8 +228,10 @@ def test_logprobs_and_entropy_match_paddlenlp(monkeypatch, T, tied):
     np.testing.assert_allclose(ent_f[m], ent_s[m], atol=LP_TOL)
 
 
-def test_gradients_match_paddlenlp(monkeypatch):
-    model = make_model()
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("tied", [False, True])
+def test_gradients_match_paddlenlp(monkeypatch, family, tied):
+    model = make_model(family, tie_word_embeddings=tied)
     model.train()
     batch = batch_of()
     weights = paddle.to_tensor(np.random.default_rng(1).standard_normal(batch[2].shape).astype("float32"))
@@ -127,24 +252,32 @@ def test_gradients_match_paddlenlp(monkeypatch):
         np.testing.assert_allclose(fast[name], slow[name], atol=GRAD_TOL * scale, err_msg=name)
 
 
-def test_positions_beyond_the_rope_cache(monkeypatch):
-    """Sequences longer than max_position_embeddings: both paths extend the RoPE table the same way."""
-    model = make_model(max_position_embeddings=8)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_positions_beyond_the_rope_cache(monkeypatch, family):
+    """Sequences longer than max_position_embeddings: the lean path extends the RoPE table. PaddleNLP's Qwen2 does
+    too; PaddleNLP's Llama slices its table at max_position_embeddings (NaN log-probs there on this CPU), so for
+    Llama the reference is PaddleNLP's forward of the same weights with a table long enough."""
+    model = make_model(family, max_position_embeddings=8)
     model.eval()
     batch = batch_of(L=7, T=6)
 
-    def run():
+    def run(m):
         with paddle.no_grad():
-            return completion_logprobs(model, *batch)[0].numpy()
+            return completion_logprobs(m, *batch)[0].numpy()
 
-    fast, slow = both_paths(monkeypatch, run)
+    fast, slow = both_paths(monkeypatch, lambda: run(model))
+    if family == "llama":
+        monkeypatch.setenv(fast_decoder.ENV_SWITCH, "0")
+        slow = run(make_model(family, max_position_embeddings=64))  # same seed: the same weights
     m = batch[3].numpy().astype(bool)
+    assert np.isfinite(fast[m]).all()
     np.testing.assert_allclose(fast[m], slow[m], atol=LP_TOL)
 
 
-def test_decode_logits_match_full_forward():
+@pytest.mark.parametrize("family", FAMILIES)
+def test_decode_logits_match_full_forward(family):
     """Prefill + cached decode steps give the logits of a full forward over the whole sequence."""
-    model = make_model()
+    model = make_model(family)
     model.eval()
     pid, pm, cid, _ = batch_of(P=2, G=3, T=5)
     fast = fast_decoder.FastDecoder(model)
@@ -161,9 +294,10 @@ def test_decode_logits_match_full_forward():
         np.testing.assert_allclose(logits.numpy(), full[:, L - 1 + t], atol=LP_TOL)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("penalty,min_new", [(1.0, 0), (1.3, 4)])
-def test_greedy_generations_identical(monkeypatch, penalty, min_new):
-    model = make_model()
+def test_greedy_generations_identical(monkeypatch, penalty, min_new, family):
+    model = make_model(family)
     pid, pm, _, _ = batch_of(G=1)
     first = generate(model, pid, pm, max_new_tokens=6, eos_token_ids=[1], do_sample=False).completion_ids.numpy()
     eos = [int(first[0, 3])]  # row 0 meets it at its 4th token (and others maybe elsewhere): EOS handling is tested
@@ -178,10 +312,11 @@ def test_greedy_generations_identical(monkeypatch, penalty, min_new):
     np.testing.assert_allclose(lp_f, lp_s, atol=LP_TOL)
 
 
-def test_keyed_sampling_identical(monkeypatch):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_keyed_sampling_identical(monkeypatch, family):
     """With counter-based row keys both paths draw the same tokens (float rounding could flip a draw only when a
     uniform lands within ~1e-6 of a CDF boundary; it does not happen for this seed)."""
-    model = make_model()
+    model = make_model(family)
     pid, pm, _, _ = batch_of(G=1)
     keys = row_keys(seed=3, step=0, rows=np.arange(3 * 4))
 
@@ -195,10 +330,11 @@ def test_keyed_sampling_identical(monkeypatch):
     np.testing.assert_allclose(lp_f, lp_s, atol=LP_TOL)
 
 
-def test_updated_weights_still_load_with_paddlenlp(tmp_path):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_updated_weights_still_load_with_paddlenlp(tmp_path, family):
     """The fast path trains PaddleNLP's own parameters: a checkpoint saved after an update loads with
     AutoModelForCausalLM and gives the same log-probs."""
-    model = make_model()
+    model = make_model(family)
     model.train()
     batch = batch_of()
     opt = paddle.optimizer.AdamW(learning_rate=1e-2, parameters=model.parameters())
