@@ -26,7 +26,7 @@ from paddle_grpo.rollout.sampling import row_keys
 pytestmark = pytest.mark.numerics  # compares float results: CI reruns it on other CPU kernels
 
 V = 96
-LP_TOL = tiny_lm_tol(160, 2, V)  # 3.9e-4: make_model's sizes (intermediate 160 the longest sum, 2 layers), both families
+LP_TOL = tiny_lm_tol(160, 2, V)  # 3.9e-4: make_model's sizes (intermediate 160 the longest sum, 2 layers)
 GRAD_TOL = 2 * LP_TOL
 FAMILIES = ["qwen2", "llama"]
 
@@ -349,3 +349,111 @@ def test_updated_weights_still_load_with_paddlenlp(tmp_path, family):
         a = completion_logprobs(model, *batch)[0].numpy()
         b = completion_logprobs(loaded, *batch)[0].numpy()
     np.testing.assert_array_equal(a, b)
+
+
+# ------------------------------------------------------------------------------------------------ LoRA, critic
+
+def test_llama_lora_merged_into_the_weights_runs_the_fast_path_with_the_lora_models_numbers(monkeypatch):
+    """A LoRA-wrapped Llama runs PaddleNLP's forward (its LoRALinear layers); with its adapters merged into the
+    weights (W + scaling A B) it is a plain LlamaForCausalLM again, on the lean path, with the same log-probs; and
+    with its adapters disabled it computes the base model, which the lean path computes from an identical copy."""
+    from paddle_grpo.policy.lora import adapters_disabled, apply_lora, merge_adapters
+
+    batch = batch_of()
+    m = batch[3].numpy().astype(bool)
+
+    def logprobs(model):
+        with paddle.no_grad():
+            return completion_logprobs(model, *batch, temperature=0.8)[0].numpy()
+
+    base = make_model("llama", tie_word_embeddings=True)
+    base.eval()
+    monkeypatch.setenv(fast_decoder.ENV_SWITCH, "1")
+    base_fast = logprobs(base)
+    lora = apply_lora(make_model("llama", tie_word_embeddings=True), rank=2, alpha=4)  # same seed: base's weights
+    lora.eval()
+    with paddle.no_grad():  # B is 0 at init (the base model): random B so that the adapters change the numbers
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.set_value(paddle.randn(p.shape) * 0.2)
+    assert fast_decoder.refusal(lora).startswith("LoRA adapters")
+    with adapters_disabled(lora):
+        disabled = logprobs(lora)
+    np.testing.assert_allclose(disabled[m], base_fast[m], atol=LP_TOL)
+    with_adapters = logprobs(lora)  # PaddleNLP's forward through the LoRA layers
+    merged = merge_adapters(lora)
+    assert type(merged) is LlamaForCausalLM and fast_decoder.enabled_for(merged)
+    merged_fast = logprobs(merged)
+    # the adapters matter (well above rounding), and merging them into W changes nothing beyond rounding: the
+    # merged product adds one rank-2 sum per weight to LP_TOL's sums
+    assert np.abs(with_adapters[m] - base_fast[m]).max() > 10 * LP_TOL
+    np.testing.assert_allclose(merged_fast[m], with_adapters[m], atol=LP_TOL)
+
+
+def test_llama_critic_value_model_runs_the_fast_path(monkeypatch):
+    """The critic of a Llama (a ValueModel: LlamaModel + value head, PaddleNLP 3.0.0b4 has no Llama sequence
+    classifier) on the lean path: values and every gradient equal PaddleNLP's forward's."""
+    from paddle_grpo.policy.critic import CAUSAL_LM, Critic
+    from paddle_grpo.policy.value_model import ValueModel, new_head
+
+    model = make_model("llama")
+    w = np.random.default_rng(4).normal(size=(64, 1)).astype("float32") / 8.0  # |value| ~ 1
+    value_model = ValueModel(model.llama, new_head(64, weight=w))
+    critic = Critic(value_model, value_model.llama, value_model.score, CAUSAL_LM)
+    assert fast_decoder.describe(value_model) == "decoder: fast path (llama)"
+    batch = batch_of()
+    coeff = paddle.to_tensor(np.random.default_rng(5).normal(size=batch[3].shape).astype("float32"))
+    coeff = coeff * batch[3].astype("float32")
+
+    def run():
+        for p in value_model.parameters():
+            p.clear_gradient(False)
+        values = critic.values(*batch)
+        (values * coeff).sum().backward()
+        return values.numpy(), {n: p.grad.numpy().copy() for n, p in value_model.named_parameters()}
+
+    (fast, fast_grads), (slow, slow_grads) = both_paths(monkeypatch, run)
+    m = batch[3].numpy().astype(bool)
+    # a value is the final hidden state (each element within LP_TOL relative to its size, at most hidden_max)
+    # weighted by the head: within LP_TOL * hidden_max * sum|w|
+    with paddle.no_grad():
+        hidden_max = float(paddle.abs(value_model.llama(input_ids=paddle.concat([batch[0], batch[2]], 1),
+                                                        return_dict=True).last_hidden_state).max())
+    np.testing.assert_allclose(fast[m], slow[m], atol=LP_TOL * hidden_max * np.abs(w).sum())
+    for name in slow_grads:
+        scale = np.abs(slow_grads[name]).max()
+        assert scale > 0, name
+        np.testing.assert_allclose(fast_grads[name], slow_grads[name], atol=GRAD_TOL * scale, err_msg=name)
+
+
+@pytest.mark.parametrize("granularity", ["full", "full_attn", "core_attn"])
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non_reentrant"])
+def test_llama_recompute_leaves_gradients_unchanged(monkeypatch, granularity, reentrant):
+    """Recompute on the lean path for Llama, whose attention sub-block has no q/k/v bias (None goes through paddle's
+    recompute): the same loss and gradients as without (no dropout: the rerun computes the same values; rtol 1e-6,
+    as tests/policy/test_recompute.py asserts for Qwen2), and the layers really are rerun."""
+    from paddle_grpo.parallel import recompute
+
+    batch = batch_of()
+
+    def loss_and_grads(model):
+        model.train()
+        lp, _ = completion_logprobs(model, *batch, temperature=0.9)
+        loss = (lp * batch[3].astype("float32")).sum()
+        loss.backward()
+        return float(loss), {n: p.grad.numpy() for n, p in model.named_parameters()}
+
+    monkeypatch.setenv(fast_decoder.ENV_SWITCH, "1")
+    loss0, grads0 = loss_and_grads(make_model("llama"))
+    model = make_model("llama")
+    model.config.recompute, model.config.recompute_granularity = True, granularity
+    model.config.recompute_use_reentrant = reentrant
+    assert fast_decoder.enabled_for(model) and fast_decoder.recompute_granularity(model) == granularity
+    calls = []
+    original = recompute.checkpoint
+    monkeypatch.setattr(fast_decoder, "checkpoint", lambda *a, **k: calls.append(1) or original(*a, **k))
+    loss1, grads1 = loss_and_grads(model)
+    assert len(calls) >= model.config.num_hidden_layers  # per layer; core_attn: per prompt and completion block
+    assert loss1 == pytest.approx(loss0, rel=1e-6)
+    for name in grads0:
+        np.testing.assert_allclose(grads1[name], grads0[name], rtol=1e-6, atol=1e-9, err_msg=name)
