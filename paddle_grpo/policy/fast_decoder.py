@@ -99,6 +99,13 @@ def refusal(model: paddle.nn.Layer) -> Optional[str]:
         return (f"{type(model).__name__} is not a class it implements ({', '.join(FAMILIES)}, or the critic's "
                 f"ValueModel over {' / '.join(BACKBONES)})")
     c, decoder = model.config, decoder_of(model)
+    # First the layouts that change the layers' classes (named by their key rather than by the layer they make).
+    for key in ("tensor_parallel_degree", "context_parallel_degree", "sep_parallel_degree"):
+        if int(getattr(c, key, 1) or 1) > 1:
+            return f"{key} is {getattr(c, key)}"
+    for key in ("sequence_parallel", "fuse_attention_qkv", "fuse_attention_ffn"):
+        if getattr(c, key, None):
+            return f"{key} is {getattr(c, key)!r}"
     qkv_bias: list[bool] = []
     for layer_index, layer in enumerate(decoder.layers):
         # Plain nn.Linear only: a LoRA (or quantised) layer inside the model has extra weights that this path,
@@ -127,11 +134,7 @@ def refusal(model: paddle.nn.Layer) -> Optional[str]:
     for flag in KERNEL_FLAGS:
         if getattr(c, flag, False):
             return f"{flag} is set (PaddleNLP's kernels)"
-    for key in ("tensor_parallel_degree", "context_parallel_degree", "sep_parallel_degree"):
-        if int(getattr(c, key, 1) or 1) > 1:
-            return f"{key} is {getattr(c, key)}"
-    for key in ("sequence_parallel", "fuse_attention_qkv", "fuse_attention_ffn", "refined_recompute", "alibi",
-                "use_long_sequence_strategies", "use_sliding_window", "mlp_bias"):
+    for key in ("refined_recompute", "alibi", "use_long_sequence_strategies", "use_sliding_window", "mlp_bias"):
         if getattr(c, key, None):
             return f"{key} is {getattr(c, key)!r}"
     # HF-style configs spell out the q/k/v biases (Qwen2: true, Llama: false); PaddleNLP's layers do not read the
