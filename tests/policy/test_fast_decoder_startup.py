@@ -59,3 +59,17 @@ def test_the_start_up_line_names_the_decoder_path(tmp_path, tiny_policy_dir, cap
     assert lines == [expected]
     metrics = trainer.train_step()
     assert math.isfinite(metrics["train/policy_loss"]) and math.isfinite(metrics["train/kl_loss"])
+
+
+def test_the_critics_start_up_line_names_its_decoder_path(tmp_path, tiny_policy_dir, caplog, monkeypatch):
+    from paddle_grpo.policy import load_critic
+
+    model = _llama_policy(tmp_path, tiny_policy_dir)
+    with caplog.at_level(logging.INFO, logger="paddle_grpo.policy"):
+        load_critic(model)
+        monkeypatch.setenv("PADDLE_GRPO_FAST", "0")
+        load_critic(model)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("critic:")]
+    assert len(lines) == 2 and all("is a causal LM (LlamaForCausalLM)" in line for line in lines), lines
+    assert lines[0].endswith("; decoder: fast path (llama)")
+    assert lines[1].endswith("; decoder: PaddleNLP's forward (PADDLE_GRPO_FAST=0)")
