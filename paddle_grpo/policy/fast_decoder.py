@@ -134,7 +134,10 @@ def refusal(model: paddle.nn.Layer) -> Optional[str]:
     for flag in KERNEL_FLAGS:
         if getattr(c, flag, False):
             return f"{flag} is set (PaddleNLP's kernels)"
-    for key in ("refined_recompute", "alibi", "use_long_sequence_strategies", "use_sliding_window", "mlp_bias"):
+    # rope_interleaved (SmolLM2's config.json spells it out, false): rotating pairs of adjacent dimensions instead
+    # of the two halves, which neither PaddleNLP's layers nor this path do.
+    for key in ("refined_recompute", "alibi", "use_long_sequence_strategies", "use_sliding_window", "mlp_bias",
+                "rope_interleaved"):
         if getattr(c, key, None):
             return f"{key} is {getattr(c, key)!r}"
     # HF-style configs spell out the q/k/v biases (Qwen2: true, Llama: false); PaddleNLP's layers do not read the

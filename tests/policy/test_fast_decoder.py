@@ -96,6 +96,34 @@ def test_accepts_both_families_and_says_so():
     assert decoder_path(make_model("qwen2", attention_bias=True)) == "decoder: fast path (qwen2)"
 
 
+# SmolLM2-135M-Instruct's config.json (the Llama this path is for next), as published.
+SMOLLM2_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 1,
+    "eos_token_id": 2, "head_dim": 64, "hidden_act": "silu", "hidden_size": 576,
+    "initializer_range": 0.041666666666666664, "intermediate_size": 1536, "is_llama_config": True,
+    "max_position_embeddings": 8192, "mlp_bias": False, "model_type": "llama", "num_attention_heads": 9,
+    "num_hidden_layers": 30, "num_key_value_heads": 3, "pad_token_id": 2, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_interleaved": False, "rope_scaling": None, "rope_theta": 100000, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "transformers_version": "4.42.3", "use_cache": True, "vocab_size": 49152,
+}
+
+
+def test_smollm2s_config_takes_the_fast_path(tmp_path):
+    """Its config.json read by PaddleNLP (AutoConfig), one layer built (the fields are per model, not per layer):
+    every field it spells out is one the lean path implements at that value."""
+    import json
+
+    from paddlenlp.transformers import AutoConfig
+
+    (tmp_path / "config.json").write_text(json.dumps(SMOLLM2_CONFIG))
+    config = AutoConfig.from_pretrained(str(tmp_path))
+    config.num_hidden_layers = 1
+    paddle.seed(0)
+    model = LlamaForCausalLM(config)
+    assert model.lm_head.transpose_y and model.llama.layers[0].self_attn.rotary_emb.base == 100000
+    assert decoder_path(model) == "decoder: fast path (llama)"
+
+
 # config field -> (value, the reason's text): set on a built model, where the check reads them (the model's layers
 # are as PaddleNLP built them; the field says something this path does not implement).
 REFUSED_FIELDS = {
@@ -119,6 +147,7 @@ REFUSED_FIELDS = {
     "hidden_act": ("gelu", "hidden_act is 'gelu' (SiLU only)"),
     "attention_dropout": (0.1, "attention_dropout is 0.1"),
     "head_dim": (32, "head_dim is 32, not hidden_size / num_attention_heads"),
+    "rope_interleaved": (True, "rope_interleaved is True"),
 }
 
 
