@@ -22,8 +22,8 @@ from .data import PromptSampler, read_json_rows, read_jsonl
 from .logging import MetricsLogger
 from .faults import StepGuard
 from .parallel import ParallelContext, build_once, plan_storage
-from .policy import (freeze, head_chunk_size, load_policy, load_tokenizer, mix_into, parameters_by_decay,
-                     quiet_paddlenlp, resolve_model_dir)
+from .policy import (decoder_path, freeze, head_chunk_size, load_policy, load_tokenizer, mix_into,
+                     parameters_by_decay, quiet_paddlenlp, resolve_model_dir)
 from .precision import plan_for_run
 from .rewards.client import make_rewarder
 from .rollout.sampling import row_keys
@@ -76,6 +76,8 @@ class Trainer:
             else:
                 self.policy.apply_lora(cfg.lora_rank, cfg.lora_alpha_value, cfg.lora_dropout,
                                        cfg.target_modules or None, base_model_name_or_path=cfg.actor_model_name_or_path)
+        if par.is_main and not self.policy.is_encoder_decoder:  # after LoRA, which changes the path
+            logger.info(decoder_path(self.policy.model))  # "decoder: fast path (llama)" or "PaddleNLP's forward (why)"
         self.reference = None
         if cfg.needs_reference_model and not cfg.lora:
             self.reference = load_policy(cfg.actor_model_name_or_path, trainable=False, **load)

@@ -1,4 +1,4 @@
-"""Shared by the policy tests (tests/policy/test_fast_qwen2.py, tests/policy/test_recompute.py): a grouped batch; by
+"""Shared by the policy tests (tests/policy/test_fast_decoder.py, tests/policy/test_recompute.py): a grouped batch; by
 tests/test_padding.py and tests/test_tool_masks.py: a tiny Qwen2 with random biases."""
 import numpy as np
 import paddle

@@ -26,7 +26,7 @@ from paddle_grpo.algorithms import LOSS_AGG_MODES
 from paddle_grpo.config import ConfigError, config_from_dict
 from paddle_grpo.data import balance_rows, balanced_partition, form_micro_batches, row_extents
 from paddle_grpo.parallel import ParallelContext
-from paddle_grpo.policy import fast_qwen2
+from paddle_grpo.policy import fast_decoder
 from paddle_grpo.policy.causal import CausalPolicy
 from paddle_grpo.rewards import RewardResult
 from paddle_grpo.rollout import Rollout
@@ -274,7 +274,7 @@ def test_computed_positions_shrink_on_a_skewed_batch():
 @pytest.mark.parametrize("values", [dict(use_remove_padding=True), dict(max_tokens_per_micro_batch=50),
                                     dict(max_tokens_per_micro_batch=1)])
 def test_logprobs_equal_the_padded_path(monkeypatch, fast, values):
-    monkeypatch.setenv(fast_qwen2.ENV_SWITCH, fast)
+    monkeypatch.setenv(fast_decoder.ENV_SWITCH, fast)
     policy, b = CausalPolicy(make_model()), skewed_batch()
     lp0, e0 = step.logprobs(policy, b, cfg_of(), with_entropy=True)
     lp1, e1 = step.logprobs(policy, b, cfg_of(**values), with_entropy=True)
@@ -310,7 +310,7 @@ def test_encoder_decoder_logprobs_equal_the_padded_path(tmp_path, arch):
 def run_update(cfg, fast, monkeypatch, old_lp=False, kl=False):
     """One `step.update` (2 mini-batches) on a fresh copy of the model; (metrics, updated parameters, the
     gradients of the last mini-batch are gone, so the parameters carry them)."""
-    monkeypatch.setenv(fast_qwen2.ENV_SWITCH, fast)
+    monkeypatch.setenv(fast_decoder.ENV_SWITCH, fast)
     model = make_model()
     policy, b = CausalPolicy(model), skewed_batch()
     rng = np.random.default_rng(5)

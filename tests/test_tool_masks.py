@@ -25,7 +25,7 @@ from paddle_grpo import step
 from paddle_grpo.algorithms import LOSS_AGG_MODES
 from paddle_grpo.config import config_from_dict
 from paddle_grpo.parallel import ParallelContext
-from paddle_grpo.policy import fast_qwen2
+from paddle_grpo.policy import fast_decoder
 from paddle_grpo.policy.causal import CausalPolicy, logprobs_from_completion_logits
 from paddle_grpo.policy.critic import Critic
 from paddle_grpo.rewards import RewardResult
@@ -117,7 +117,7 @@ def test_batch_carries_the_tool_mask_and_turns_through_take_groups_concat():
 def test_forward_attends_over_tool_output_as_context(monkeypatch, fast):
     """The lean forward (fast "1") and PaddleNLP's decoder with an attention mask ("0"), in micro-batches sorted
     and trimmed by the union (use_remove_padding), against whole unpadded rows."""
-    monkeypatch.setenv(fast_qwen2.ENV_SWITCH, fast)
+    monkeypatch.setenv(fast_decoder.ENV_SWITCH, fast)
     model, batch, cfg = make_model(), tool_batch(), cfg_of(use_remove_padding=True)
     policy = CausalPolicy(model)
     ref = reference_logprobs(model, batch, cfg.temperature)
@@ -225,7 +225,7 @@ def make_critic(model):
 
 
 def test_critic_values_attend_over_tool_output_and_the_value_loss_ignores_it(monkeypatch):
-    monkeypatch.setenv(fast_qwen2.ENV_SWITCH, "0")
+    monkeypatch.setenv(fast_decoder.ENV_SWITCH, "0")
     model, batch = make_model(), tool_batch()
     critic = make_critic(model)
     cfg = cfg_of(rl_algorithm="ppo", critic_model_name_or_path="unused", use_remove_padding=True,

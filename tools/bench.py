@@ -600,9 +600,9 @@ def run(shape, threads, workdir, profile_dir=None, algorithm="grpo"):
         profiler.summary(sorted_by=paddle.profiler.SortedKeys.CPUTotal, op_detail=True, thread_sep=False,
                          time_unit="ms")
     step_median = statistics.median(per_step["step"])
-    from paddle_grpo.policy import fast_qwen2
+    from paddle_grpo.policy import fast_decoder
 
-    fast = fast_qwen2.enabled_for(trainer.policy.model)
+    fast = fast_decoder.enabled_for(trainer.policy.model)
     # The work actually run: batches max-length wide (padded rows included), the rollout decoding that many tokens.
     gflop = flops({**shape, "completion_len": int(statistics.median(widths))}, fast, critic=algorithm != "grpo")
     result = {
@@ -644,8 +644,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2, help="CPU threads for paddle's kernels (default 2)")
     ap.add_argument("--repeat", type=int, default=1, help="run the benchmark this many times, each in a fresh process")
     ap.add_argument("--fast", choices=("auto", "off"), default="auto",
-                    help="auto: the lean Qwen2 path where it applies (paddle_grpo/policy/fast_qwen2.py); off: PaddleNLP's "
-                         "forward everywhere (sets PADDLE_GRPO_FAST=0)")
+                    help="auto: the lean decoder path where it applies (paddle_grpo/policy/fast_decoder.py); off: "
+                         "PaddleNLP's forward everywhere (sets PADDLE_GRPO_FAST=0)")
     ap.add_argument("--cpu-tuning", choices=("on", "off"), default="on",
                     help="off: skip paddle_grpo/cpu_tuning.py (sets PADDLE_GRPO_CPU_TUNING=0)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -116,7 +116,7 @@ def _amp_effect(key: str) -> Dict[str, Effect]:
 
 
 # recompute / recompute_granularity / recompute_use_reentrant on GPU: device-independent code (paddle's recompute).
-_RECOMPUTE_GPU = on("the same paddle recompute as on CPU (policy/fast_qwen2.py, PaddleNLP's forward); verified only "
+_RECOMPUTE_GPU = on("the same paddle recompute as on CPU (policy/fast_decoder.py, PaddleNLP's forward); verified only "
                     "on CPU")
 
 

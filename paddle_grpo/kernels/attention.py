@@ -1,8 +1,8 @@
 """Attention over blocks of queries: the `[rows, heads, Sq, Sk]` scores of a long completion never exist at once.
 
-The lean Qwen2 forward (policy/fast_qwen2.py) materialises, per layer, the scores, the softmax probabilities (kept by
-autograd for the backward) and one additive mask of that shape. At 8 completions of 2,048 tokens with 14 heads each is
-8 x 14 x 2,047 x 2,111 float32 = 1.9 GB, so a 2-layer model needs over 8 GB for attention alone.
+The lean decoder forward (policy/fast_decoder.py) materialises, per layer, the scores, the softmax probabilities (kept
+by autograd for the backward) and one additive mask of that shape. At 8 completions of 2,048 tokens with 14 heads
+each is 8 x 14 x 2,047 x 2,111 float32 = 1.9 GB, so a 2-layer model needs over 8 GB for attention alone.
 `blockwise_attention` computes the same attention `block` queries at a time, forward and backward
 (`_BlockwiseAttention`, a `paddle.autograd.PyLayer` that keeps only q, k, v, the output and two numbers per query,
 the row max and the log of the sum, and recomputes each block's probabilities in backward, as FlashAttention does;

@@ -11,7 +11,7 @@ gradients) at once. For 8 completions of 2,048 tokens at Qwen2.5-0.5B's intermed
 The gradients are the same ops as autograd's: swiglu's own backward kernel (through `paddle.grad`) and the matrix
 products of the two projections, accumulated over the blocks.
 
-policy/fast_qwen2.py chooses by size (`mlp_plan`): autograd below KEEP_GU_ABOVE activation elements (the tiny models
+policy/fast_decoder.py chooses by size (`mlp_plan`): autograd below KEEP_GU_ABOVE activation elements (the tiny models
 of the quickstart and tests keep their exact path), `keep_gu` up to RECOMPUTE_GU_ABOVE, recomputing gu beyond.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Activation recompute (gradient checkpointing): paddle's own `recompute`, behind the rule that only parallel/
 imports paddle.distributed (fleet's recompute lives there although it is not distributed).
 
-Used by policy/fast_qwen2.py for the config keys `recompute` / `recompute_granularity` / `recompute_use_reentrant`
+Used by policy/fast_decoder.py for the config keys `recompute` / `recompute_granularity` / `recompute_use_reentrant`
 (PaddleNLP's forward calls the same paddle function itself).
 """
 from __future__ import annotations

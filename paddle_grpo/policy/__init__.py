@@ -1,5 +1,5 @@
 """The policy room: the `Policy` interface over causal and encoder-decoder models (loading, sampling, log-probs,
-LoRA, saving), the fast Qwen2 forward (fast_qwen2.py) and LoRA (lora.py).
+LoRA, saving), the fast decoder forward for Qwen2 and Llama (fast_decoder.py) and LoRA (lora.py).
 
     policy = load_policy(path)          # CausalPolicy or Seq2SeqPolicy, from the model's config
     rollout = policy.generate(prompt_ids, prompt_mask, num_samples=G, ...)
@@ -11,14 +11,15 @@ LoRA, saving), the fast Qwen2 forward (fast_qwen2.py) and LoRA (lora.py).
 """
 from .base import (Policy, freeze, is_encoder_decoder, load_tokenizer, mix_into, parameters_by_decay,
                    position_ids_from_mask, quiet_paddlenlp)
-from .causal import CausalPolicy
+from .causal import CausalPolicy, decoder_path
 from .critic import Critic, load_critic
 from .hub import resolve_model_dir
 from .load import head_chunk_size, load_policy, model_vocab_size, policy_class
 from .seq2seq import Seq2SeqPolicy
 
 __all__ = [
-    "CausalPolicy", "Critic", "Policy", "Seq2SeqPolicy", "freeze", "head_chunk_size", "is_encoder_decoder",
+    "CausalPolicy", "Critic", "Policy", "Seq2SeqPolicy", "decoder_path", "freeze", "head_chunk_size",
+    "is_encoder_decoder",
     "load_critic", "load_policy", "load_tokenizer", "mix_into", "model_vocab_size", "parameters_by_decay",
     "policy_class", "position_ids_from_mask", "quiet_paddlenlp", "resolve_model_dir",
 ]

@@ -3,10 +3,11 @@
 Models are PaddleNLP causal LMs loaded with `AutoModelForCausalLM` from a local directory or a hub ID (hub.py).
 Log-probs are computed from the decoder's hidden states at the completion positions only, so the `[bs, T, V]`
 logits of the prompt positions are never materialised (with a 150k vocabulary they would dominate memory).
-For a plain Qwen2 model (no tensor parallelism) `completion_logprobs` runs the lean forward of fast_qwen2.py, which
-also computes each group's shared prompt once; other models use PaddleNLP's forward. `PADDLE_GRPO_FAST=0` forces
-PaddleNLP's forward everywhere. Sampling (`generate`) is rollout/'s decode loop, run through this module's steppers
-(`stepper_for`): the rollout knows no model, the policy hands it the model's side of the loop.
+For a plain float32 Qwen2 or Llama model (no tensor parallelism, no LoRA layers: fast_decoder.refusal lists the
+rest) `completion_logprobs` runs the lean forward of fast_decoder.py, which also computes each group's shared prompt
+once; other models use PaddleNLP's forward. `PADDLE_GRPO_FAST=0` forces PaddleNLP's forward everywhere.
+`decoder_path` is the start-up line that says which. Sampling (`generate`) is rollout/'s decode loop, run through
+this module's steppers (`stepper_for`): the rollout knows no model, the policy hands it the model's side of the loop.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from .. import cpu_tuning, rollout
 from ..algorithms import logprobs_from_logits
 from ..precision import full_precision
 from ..rollout import Rollout, Stepper
-from . import fast_qwen2
+from . import fast_decoder
 from .base import Policy, freeze, position_ids_from_mask
 from .hub import resolve_model_dir
 from .lm_head import LMHead, entropy, head_logprobs
@@ -40,7 +41,7 @@ def load_causal_lm(path: str, *, trainable: bool = True, recompute: bool = False
 
     `recompute` (trainable models only: frozen ones run without gradients) checkpoints the decoder in backward with
     PaddleNLP's `recompute_granularity` ("full" layers, "full_attn" attention sub-blocks, "core_attn" the core
-    attention) and `recompute_use_reentrant`, in PaddleNLP's forward and in the lean Qwen2 path (fast_qwen2.py).
+    attention) and `recompute_use_reentrant`, in PaddleNLP's forward and in the lean decoder path (fast_decoder.py).
 
     With `tensor_parallel_degree > 1` this rank's shard is loaded (PaddleNLP splits the full checkpoint); its
     forward then returns full-vocabulary logits (gathered), which generation needs, while `completion_logprobs`
@@ -68,8 +69,8 @@ def model_config(path: str, *, trainable: bool = True, recompute: bool = False, 
     config = AutoConfig.from_pretrained(path)
     config.recompute = bool(recompute and trainable)
     if config.recompute:
-        if recompute_granularity not in fast_qwen2.GRANULARITIES:
-            raise ValueError(f"recompute_granularity must be one of {fast_qwen2.GRANULARITIES}, "
+        if recompute_granularity not in fast_decoder.GRANULARITIES:
+            raise ValueError(f"recompute_granularity must be one of {fast_decoder.GRANULARITIES}, "
                              f"got {recompute_granularity!r}")
         config.recompute_granularity = recompute_granularity
         config.recompute_use_reentrant = bool(recompute_use_reentrant)
@@ -110,9 +111,9 @@ def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, promp
     parallelism. `chunk_size` (Policy.head_chunk_size; use_fused_head_and_loss_fn): the LM head runs `chunk_size`
     positions at a time and never holds the [bs, T, V] logits (lm_head.py); None: full logits.
     """
-    if vocab_parallel is None and fast_qwen2.enabled_for(model):
-        # Lean Qwen2 forward with each group's shared prompt computed once (fast_qwen2.py); same numbers.
-        fast = fast_qwen2.Qwen2Fast(model)
+    if vocab_parallel is None and fast_decoder.enabled_for(model):
+        # Lean decoder forward (Qwen2, Llama) with each group's shared prompt computed once (fast_decoder.py).
+        fast = fast_decoder.FastDecoder(model)
         hidden = fast.final_hidden(fast.prompt_completion_hidden(prompt_ids, prompt_mask, completion_ids,
                                                                  completion_mask))
         return head_logprobs(hidden, LMHead(fast.head, fast.head_t), completion_ids, temperature=temperature,
@@ -155,10 +156,16 @@ def generate(model: paddle.nn.Layer, prompt_ids: paddle.Tensor | np.ndarray, pro
     return rollout.generate(model, prompt_ids, prompt_mask, **kwargs)
 
 
+def decoder_path(model: paddle.nn.Layer) -> str:
+    """The start-up line naming the path `completion_logprobs` and `stepper_for` take for `model`:
+    "decoder: fast path (llama)" or "decoder: PaddleNLP's forward (<why the fast path refuses it>)"."""
+    return fast_decoder.describe(model)
+
+
 def stepper_for(model: paddle.nn.Layer) -> type[Stepper]:
-    """The decode stepper class of `model` (rollout.Stepper): the lean Qwen2 path when it computes exactly what
-    the model's forward would (`fast_qwen2.enabled_for`), else the model's own decoder."""
-    return FastQwen2Stepper if fast_qwen2.enabled_for(model) else PaddleNLPStepper
+    """The decode stepper class of `model` (rollout.Stepper): the lean decoder path when it computes exactly what
+    the model's forward would (`fast_decoder.enabled_for`), else the model's own decoder."""
+    return FastDecoderStepper if fast_decoder.enabled_for(model) else PaddleNLPStepper
 
 
 class PaddleNLPStepper:
@@ -205,20 +212,20 @@ class PaddleNLPStepper:
         return logits
 
 
-class FastQwen2Stepper:
-    """A `rollout.Stepper`: decoding through fast_qwen2 (preallocated KV cache, lean ops), for the models
-    `fast_qwen2.enabled_for` accepts."""
+class FastDecoderStepper:
+    """A `rollout.Stepper`: decoding through fast_decoder (preallocated KV cache, lean ops), for the models
+    `fast_decoder.enabled_for` accepts."""
 
     def __init__(self, model: paddle.nn.Layer):
-        self.fast = fast_qwen2.Qwen2Fast(model)
+        self.fast = fast_decoder.FastDecoder(model)
 
     def start(self, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, G: int,
               max_new_tokens: int) -> paddle.Tensor:
-        """Prefill [P, L]; the next-token logits [P * G, V] float32 (fast_qwen2.Qwen2Fast.start_decoding)."""
+        """Prefill [P, L]; the next-token logits [P * G, V] float32 (fast_decoder.FastDecoder.start_decoding)."""
         return self.fast.start_decoding(prompt_ids, prompt_mask, G, max_new_tokens)
 
     def step(self, token: paddle.Tensor, keep: paddle.Tensor | None = None) -> paddle.Tensor:
-        """token [N] -> next-token logits [N, V] float32; keep bool [N] (None: all): `Qwen2Fast.decode`."""
+        """token [N] -> next-token logits [N, V] float32; keep bool [N] (None: all): `FastDecoder.decode`."""
         return self.fast.decode(token, keep)
 
 

@@ -35,9 +35,11 @@ apply to it. Attention mask and position ids are the policy's (causal.completion
 positions counted over real tokens). Under tensor parallelism the backbone is this rank's shard (PaddleNLP splits
 the checkpoint) and its final hidden state is replicated on every rank; the value head is a plain replicated Linear,
 so its gradient, computed from the same hidden states and loss on each rank, is identical on every rank.
-Recompute, dtype and kernel flags are set as for the policy (causal.model_config). A plain float32 Qwen2 critic
-runs the policy's lean forward (fast_qwen2.py: each group's shared prompt computed once, the same numbers); other
-models, tensor parallelism, AMP and `PADDLE_GRPO_FAST=0` run PaddleNLP's.
+Recompute, dtype and kernel flags are set as for the policy (causal.model_config). A plain float32 Qwen2 or Llama
+critic (Qwen2ForSequenceClassification, or the ValueModel over a LlamaModel) runs the policy's lean forward
+(fast_decoder.py: each group's shared prompt computed once, the same numbers); other models, tensor parallelism,
+AMP and `PADDLE_GRPO_FAST=0` run PaddleNLP's. The start-up line ends with which (`; decoder: fast path (llama)` or
+`; decoder: PaddleNLP's forward (<why>)`).
 """
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ from typing import Any
 
 import paddle
 
-from . import fast_qwen2
+from . import fast_decoder
 from .base import is_encoder_decoder, position_ids_from_mask
 from .causal import model_config, prepare_loaded
 from .hub import resolve_model_dir
@@ -111,9 +113,9 @@ class Critic:
         Column t is the head applied to the backbone's final hidden state (after the final norm) at position
         L + t - 1 of prompt + completion, the position whose output predicts completion token t (as in
         causal.completion_logprobs). Positions where completion_mask is 0 hold meaningless values."""
-        if fast_qwen2.enabled_for(self.model):
-            # The policy's lean Qwen2 forward, each group's shared prompt computed once; same numbers.
-            fast = fast_qwen2.Qwen2Fast(self.model)
+        if fast_decoder.enabled_for(self.model):
+            # The policy's lean decoder forward, each group's shared prompt computed once; same numbers.
+            fast = fast_decoder.FastDecoder(self.model)
             hidden = fast.final_hidden(fast.prompt_completion_hidden(prompt_ids, prompt_mask, completion_ids,
                                                                      completion_mask))
         else:
@@ -238,7 +240,7 @@ def load_critic(name_or_path: str, *, trainable: bool = True, recompute: bool = 
         model, backbone, head = _load_sequence_classifier(path, config, dtype, key, kind)
     model.config.score_type = CRITIC_SCORE_TYPE
     prepare_loaded(model, trainable)
-    logger.info(f"critic: {name_or_path} is {line}")
+    logger.info(f"critic: {name_or_path} is {line}; {fast_decoder.describe(model)}")
     return Critic(model, backbone, head, kind, source=path)
 
 

@@ -6,7 +6,7 @@ by prompt: rows `i*G .. i*G+G-1` are the samples of prompt `i`.
 
 The model runs through a "stepper" (prefill, then one token per step), the interface the policy hands in: this
 module knows no model. For a decoder-only model policy/causal.py's `generate` passes the lean forward of
-fast_qwen2.py with a preallocated KV cache for a plain float32 Qwen2, otherwise the model's own decoder with
+fast_decoder.py with a preallocated KV cache for a plain float32 Qwen2 or Llama, otherwise the model's own decoder with
 PaddleNLP's `past_key_values` and its LM head on the last position only (`causal.stepper_for`; `PADDLE_GRPO_FAST=0`
 forces the latter); policy/seq2seq.py passes its encoder-decoder stepper. Both causal steppers give the same logits
 up to float32 rounding, so greedy decoding is identical and keyed sampling (`row_keys`) draws the same tokens unless

@@ -14,7 +14,7 @@ from numerics import tiny_lm_tol
 
 from paddle_grpo.kernels import attention
 from paddle_grpo.kernels.attention import blockwise_attention, query_block
-from paddle_grpo.policy import fast_qwen2
+from paddle_grpo.policy import fast_decoder
 
 pytestmark = pytest.mark.numerics  # compares float results: CI reruns it on other CPU kernels
 
@@ -59,7 +59,7 @@ def test_blockwise_equals_unblocked_attention_and_its_gradients(block, kernels, 
     ref = _reference(q, k, v, keep)
     ref[1, :, :, 0] = v[1].mean(1)[:, None]  # the query without keys: the mean of all values
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
-    # Gradients against paddle's autograd through the unblocked formula (the full-shape bias of fast_qwen2).
+    # Gradients against paddle's autograd through the unblocked formula (the full-shape bias of fast_decoder).
     weights = paddle.to_tensor(np.random.default_rng(1).normal(size=out.shape).astype("float32"))
     (out * weights).sum().backward()
     grads = [t.grad.numpy() for t in (tq, tk, tv)]
@@ -93,7 +93,7 @@ def tiny_qwen2():
     paddle.seed(1)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2))
-    assert fast_qwen2.enabled_for(model)
+    assert fast_decoder.enabled_for(model)
     return model
 
 
@@ -123,7 +123,7 @@ def test_long_completions_take_the_blocked_path_with_the_same_numbers(tiny_qwen2
     assert calls == []
     monkeypatch.setattr(attention, "BLOCK_ABOVE", 0)
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 1)
-    monkeypatch.setattr(fast_qwen2, "query_block", lambda *a: attention.query_block(*a, block_elements=1, above=0))
+    monkeypatch.setattr(fast_decoder, "query_block", lambda *a: attention.query_block(*a, block_elements=1, above=0))
     numpy_blocks = []  # the model's compact mask and scores take the numpy kernels (numpy_kernels.py) on CPU
     real_heads = attention._over_heads
     monkeypatch.setattr(attention, "_over_heads", lambda *a: numpy_blocks.append(1) or real_heads(*a))

@@ -14,7 +14,7 @@ import pytest
 from numerics import f32_sum_tol, tiny_lm_tol
 
 from paddle_grpo.kernels import mlp
-from paddle_grpo.policy import fast_qwen2
+from paddle_grpo.policy import fast_decoder
 
 pytestmark = pytest.mark.numerics  # compares float results: CI reruns it on other CPU kernels
 
@@ -70,7 +70,7 @@ def test_lean_forward_gradients_are_unchanged(monkeypatch, keep_gu_above, recomp
     paddle.seed(3)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2))
-    assert fast_qwen2.enabled_for(model)
+    assert fast_decoder.enabled_for(model)
     rng = np.random.default_rng(1)
     pid, cid = (paddle.to_tensor(rng.integers(3, 40, (3, n))) for n in (4, 6))
     pm, cm = paddle.ones([3, 4], dtype="int64"), paddle.ones([3, 6], dtype="int64")

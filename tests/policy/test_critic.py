@@ -333,9 +333,9 @@ def test_gradient_flows_to_head_and_backbone(tiny_reward_model_dir):
 
 
 def test_the_lean_qwen2_path_equals_paddlenlps_forward(tiny_reward_model_dir, monkeypatch):
-    """A plain Qwen2 critic runs fast_qwen2 (prompts shared by identical rows); PADDLE_GRPO_FAST=0 runs PaddleNLP's
+    """A plain Qwen2 critic runs fast_decoder (prompts shared by identical rows); PADDLE_GRPO_FAST=0 runs PaddleNLP's
     forward. Rows 0-2 share one prompt (a group of 3 samples), row 3 has another."""
-    from paddle_grpo.policy import fast_qwen2
+    from paddle_grpo.policy import fast_decoder
 
     prompt_ids, prompt_mask, completion_ids, completion_mask = _batch()
     group = (np.repeat(prompt_ids[:1], 3, 0), np.repeat(prompt_mask[:1], 3, 0))
@@ -345,9 +345,9 @@ def test_the_lean_qwen2_path_equals_paddlenlps_forward(tiny_reward_model_dir, mo
     coeff = (np.random.default_rng(2).normal(size=args[3].shape) * args[3]).astype("float32")
     results = []
     for switch in ("1", "0"):
-        monkeypatch.setenv(fast_qwen2.ENV_SWITCH, switch)
+        monkeypatch.setenv(fast_decoder.ENV_SWITCH, switch)
         critic = load_critic(tiny_reward_model_dir)
-        assert fast_qwen2.enabled_for(critic.model) is (switch == "1")
+        assert fast_decoder.enabled_for(critic.model) is (switch == "1")
         values = critic.values(*_tensors(*args))
         (values * paddle.to_tensor(coeff)).sum().backward()
         results.append((values.numpy(), {n: p.grad.numpy() for n, p in critic.model.named_parameters()}))

@@ -17,7 +17,7 @@ TARGETS = [r".*\.q_proj", r".*\.v_proj", r".*\.down_proj"]
 
 @pytest.fixture
 def paddlenlp_forward(monkeypatch):
-    """Plain Qwen2 models may take the lean forward of fast_qwen2.py (equal up to float rounding), a LoRAModel
+    """Plain Qwen2 models may take the lean forward of fast_decoder.py (equal up to float rounding), a LoRAModel
     never does; bit-for-bit comparisons between the two need the same forward: PaddleNLP's."""
     monkeypatch.setenv("PADDLE_GRPO_FAST", "0")
 

@@ -2,7 +2,7 @@
 
 Each case loads the same tiny Qwen2 twice with `load_causal_lm` (without and with recompute) and compares the loss
 and every parameter gradient of one update-like backward (log-probs and entropy of grouped completions with ragged
-lengths), on the lean path (fast_qwen2.py) and on PaddleNLP's forward (PADDLE_GRPO_FAST=0). Recompute reruns the
+lengths), on the lean path (fast_decoder.py) and on PaddleNLP's forward (PADDLE_GRPO_FAST=0). Recompute reruns the
 same float32 ops on the same inputs, so the numbers are expected bitwise equal; the assertion allows float32
 rounding (rtol 1e-6) so that a kernel choosing another summation order would not fail it. That recompute happened
 is checked by counting calls of the recomputed pieces: each runs once in forward and once more in backward.
@@ -17,7 +17,7 @@ from batch_helpers import grouped_batch
 from paddlenlp.transformers.qwen2 import modeling as qwen2_modeling
 
 from paddle_grpo.parallel.recompute import checkpoint, needs_grad
-from paddle_grpo.policy import fast_qwen2
+from paddle_grpo.policy import fast_decoder
 from paddle_grpo.policy import lora as L
 from paddle_grpo.policy.causal import completion_logprobs, load_causal_lm
 
@@ -49,7 +49,8 @@ def counting(counts, key, fn):
 def count_pieces(monkeypatch, model, counts):
     """Count calls of the pieces each granularity recomputes, on the lean path and in PaddleNLP's layers."""
     for name in ("qkv", "attend", "mlp_block"):
-        monkeypatch.setattr(fast_qwen2.Qwen2Fast, name, counting(counts, name, getattr(fast_qwen2.Qwen2Fast, name)))
+        monkeypatch.setattr(fast_decoder.FastDecoder, name,
+                            counting(counts, name, getattr(fast_decoder.FastDecoder, name)))
     for cls, key in ((qwen2_modeling.Qwen2DecoderLayer, "layer"), (qwen2_modeling.Qwen2Attention, "attention"),
                      (qwen2_modeling.Qwen2MLP, "mlp")):
         monkeypatch.setattr(cls, "forward", counting(counts, key, cls.forward))
@@ -77,7 +78,7 @@ def assert_same(reference, result):
 @pytest.mark.parametrize("granularity", GRANULARITIES)
 @pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non_reentrant"])
 def test_gradients_unchanged_and_recompute_happens(monkeypatch, tiny_policy_dir, fast, granularity, reentrant):
-    monkeypatch.setenv(fast_qwen2.ENV_SWITCH, "1" if fast else "0")
+    monkeypatch.setenv(fast_decoder.ENV_SWITCH, "1" if fast else "0")
     plain = load_causal_lm(tiny_policy_dir)
     batch = grouped_batch(plain.config.vocab_size, P=2, G=3, L=6, T=7)
     counts0, counts1 = Counter(), Counter()
@@ -86,7 +87,7 @@ def test_gradients_unchanged_and_recompute_happens(monkeypatch, tiny_policy_dir,
         reference = loss_and_grads(plain, batch)
     model = load_causal_lm(tiny_policy_dir, recompute=True, recompute_granularity=granularity,
                            recompute_use_reentrant=reentrant)
-    assert fast_qwen2.enabled_for(model) == fast  # recompute no longer switches the lean path off
+    assert fast_decoder.enabled_for(model) == fast  # recompute no longer switches the lean path off
     assert (model.config.recompute_granularity, model.config.recompute_use_reentrant) == (granularity, reentrant)
     with monkeypatch.context() as m:
         count_pieces(m, model, counts1)
@@ -100,12 +101,12 @@ def test_gradients_unchanged_and_recompute_happens(monkeypatch, tiny_policy_dir,
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "paddlenlp"])
 def test_no_recompute_without_gradients(monkeypatch, tiny_policy_dir, fast):
     """Old/reference log-probs run under no_grad: nothing is recomputed (and nothing to rerun in a backward)."""
-    monkeypatch.setenv(fast_qwen2.ENV_SWITCH, "1" if fast else "0")
+    monkeypatch.setenv(fast_decoder.ENV_SWITCH, "1" if fast else "0")
     model = load_causal_lm(tiny_policy_dir, recompute=True)
     batch = grouped_batch(model.config.vocab_size, P=2, G=3, L=6, T=7)
     calls = []
-    for module in (fast_qwen2, qwen2_modeling):  # would break the forward if called
-        monkeypatch.setattr(module, "checkpoint" if module is fast_qwen2 else "recompute",
+    for module in (fast_decoder, qwen2_modeling):  # would break the forward if called
+        monkeypatch.setattr(module, "checkpoint" if module is fast_decoder else "recompute",
                             lambda *a, **k: calls.append(1))
     with paddle.no_grad():
         completion_logprobs(model, *batch)
@@ -117,14 +118,14 @@ def test_frozen_models_get_no_recompute_settings(tiny_policy_dir):
     frozen = load_causal_lm(tiny_policy_dir, trainable=False, recompute=True, recompute_granularity="core_attn",
                             recompute_use_reentrant=False)
     assert not frozen.config.recompute and not frozen.qwen2.enable_recompute
-    assert frozen.config.recompute_granularity == "full" and fast_qwen2.recompute_granularity(frozen) is None
+    assert frozen.config.recompute_granularity == "full" and fast_decoder.recompute_granularity(frozen) is None
     with pytest.raises(ValueError, match="recompute_granularity"):
         load_causal_lm(tiny_policy_dir, recompute=True, recompute_granularity="attn")
 
 
 def test_no_recompute_layers_are_honoured(monkeypatch, tiny_policy_dir):
     """PaddleNLP's `no_recompute_layers` keeps listed layers' activations; the lean path does the same."""
-    monkeypatch.setenv(fast_qwen2.ENV_SWITCH, "1")
+    monkeypatch.setenv(fast_decoder.ENV_SWITCH, "1")
     model = load_causal_lm(tiny_policy_dir, recompute=True, config_overrides={"no_recompute_layers": [0]})
     batch = grouped_batch(model.config.vocab_size, P=2, G=3, L=6, T=7)
     counts = Counter()
@@ -194,4 +195,4 @@ def test_load_policy_passes_the_settings_through(tiny_policy_dir):
     c = policy.model.config
     assert (c.recompute, c.recompute_granularity, c.recompute_use_reentrant) == (True, "full_attn", False)
     assert all(layer.enable_recompute for layer in policy.model.qwen2.layers)
-    assert fast_qwen2.recompute_granularity(policy.model) == "full_attn"
+    assert fast_decoder.recompute_granularity(policy.model) == "full_attn"

@@ -15,7 +15,7 @@ from tool_policy_helpers import DELAYS, FMT, environment, prompt_text
 from paddle_grpo.data import tokenize_prompts
 from paddle_grpo.environment import Tool, ToolEnvironment, ToolSet, get_tool
 from paddle_grpo.policy import load_tokenizer
-from paddle_grpo.policy.causal import (FastQwen2Stepper, PaddleNLPStepper, completion_logprobs, generate,
+from paddle_grpo.policy.causal import (FastDecoderStepper, PaddleNLPStepper, completion_logprobs, generate,
                                        load_causal_lm)
 from paddle_grpo.rollout.sampling import row_keys
 
@@ -115,7 +115,7 @@ def recording(stepper_cls):
     return Recording
 
 
-@pytest.mark.parametrize("stepper", [FastQwen2Stepper, PaddleNLPStepper], ids=["fast", "paddlenlp"])
+@pytest.mark.parametrize("stepper", [FastDecoderStepper, PaddleNLPStepper], ids=["fast", "paddlenlp"])
 def test_kv_cache_kept_across_turns_matches_a_full_forward(tool_policy, stepper):
     """The sample log-probs of the actions equal a full forward over prompt + completion (attention mask
     completion_mask | tool_mask): the cache holds exactly the row's tokens, tool turns included, at the right
@@ -218,7 +218,7 @@ def test_a_slow_tool_does_not_stall_the_other_rows(tool_policy):
     RecordingStepper.log = []
     with environment(tok) as env:
         r = run(model, tok, ["Look up zeta.", "What is 12*34?", "Look up eta.", "Say hi."], env, max_turns=3,
-                stepper=recording(FastQwen2Stepper))
+                stepper=recording(FastDecoderStepper))
     assert not r.truncated.any() and len(r.turns[0]) == 3 and r.turns[0][1]["latency_s"] >= 1.5
     keep = np.stack(RecordingStepper.log)  # [steps, rows]
     assert keep.any(axis=1).all()  # every model step appended a token for some row
@@ -283,7 +283,7 @@ def test_tool_sync_holds_a_tool_turn_until_every_rank_has_it(tool_policy):
     kwargs = dict(max_turns=3, num_samples=2, do_sample=True, temperature=1.0, row_keys=row_keys(9, 0, np.arange(4)))
     with environment(tok) as env:
         RecordingStepper.log = []
-        alone = run(model, tok, questions, env, stepper=recording(FastQwen2Stepper), **kwargs)
+        alone = run(model, tok, questions, env, stepper=recording(FastDecoderStepper), **kwargs)
         idle_alone = idle_before_last_token(np.stack(RecordingStepper.log)[:, 0])
         polls = []
 
@@ -295,7 +295,7 @@ def test_tool_sync_holds_a_tool_turn_until_every_rank_has_it(tool_policy):
             return ready & other
 
         RecordingStepper.log = []
-        synced = run(model, tok, questions, env, stepper=recording(FastQwen2Stepper), tool_sync=other_rank_has,
+        synced = run(model, tok, questions, env, stepper=recording(FastDecoderStepper), tool_sync=other_rank_has,
                      **kwargs)
         idle_synced = idle_before_last_token(np.stack(RecordingStepper.log)[:, 0])
     assert len(polls) > 40 and alone.tool_mask.numpy()[0].sum() > 0

@@ -1,5 +1,5 @@
 """The steppers' per-row `keep` (multi-turn rollouts idle the rows that wait for a tool): a row's logits after idle
-steps equal its logits when decoded alone, on the lean stepper (fast_qwen2.py: per-row cache slots) and on
+steps equal its logits when decoded alone, on the lean stepper (fast_decoder.py: per-row cache slots) and on
 PaddleNLP's (`past_key_values` with holes in the attention mask); `keep=None` is the single-turn path, unchanged."""
 import numpy as np
 import paddle
@@ -7,7 +7,7 @@ import pytest
 from numerics import tiny_lm_tol
 
 from paddle_grpo.policy import load_tokenizer
-from paddle_grpo.policy.causal import FastQwen2Stepper, PaddleNLPStepper, load_causal_lm
+from paddle_grpo.policy.causal import FastDecoderStepper, PaddleNLPStepper, load_causal_lm
 
 pytestmark = pytest.mark.numerics
 
@@ -60,7 +60,7 @@ SCHEDULE = [None, [1, 0, 1], [1, 0, 1], [1, 0, 1], [1, 1, 1], [1, 1, 0], [1, 1, 
             [1, 1, 1], [1, 1, 1], [1, 1, 1]]
 
 
-@pytest.mark.parametrize("stepper_cls", [FastQwen2Stepper, PaddleNLPStepper], ids=["fast", "paddlenlp"])
+@pytest.mark.parametrize("stepper_cls", [FastDecoderStepper, PaddleNLPStepper], ids=["fast", "paddlenlp"])
 def test_idle_steps_leave_a_rows_logits_those_of_its_own_sequence(policy, stepper_cls):
     model, tok = policy
     ids, pid, mask = _prompts(tok)
@@ -82,9 +82,9 @@ def test_lean_stepper_row_numbers_do_not_depend_on_idle_steps(policy):
     model, tok = policy
     _, pid, mask = _prompts(tok)
     tokens = np.random.default_rng(1).integers(3, 300, size=(3, STEPS)).astype("int64")
-    aligned = _run(FastQwen2Stepper(model), pid, mask, tokens, [None] * STEPS)
-    all_kept = _run(FastQwen2Stepper(model), pid, mask, tokens, [np.ones(3, dtype=bool)] * STEPS)
-    idled = _run(FastQwen2Stepper(model), pid, mask, tokens,
+    aligned = _run(FastDecoderStepper(model), pid, mask, tokens, [None] * STEPS)
+    all_kept = _run(FastDecoderStepper(model), pid, mask, tokens, [np.ones(3, dtype=bool)] * STEPS)
+    idled = _run(FastDecoderStepper(model), pid, mask, tokens,
                  [None] + [np.asarray(k, dtype=bool) for k in SCHEDULE[1:STEPS + 1]])
     for i in range(3):
         np.testing.assert_array_equal(np.stack(all_kept[i]), np.stack(aligned[i]))
@@ -99,11 +99,11 @@ def test_lean_stepper_with_shared_prompts_and_a_full_row(policy):
     _, pid, mask = _prompts(tok)
     pid, mask = pid[:2], mask[:2]
     tokens = np.random.default_rng(2).integers(3, 300, size=(4, STEPS)).astype("int64")
-    aligned = _run(FastQwen2Stepper(model), pid, mask, tokens, [None] * STEPS, G=2)
+    aligned = _run(FastDecoderStepper(model), pid, mask, tokens, [None] * STEPS, G=2)
     # Row 0 takes all STEPS tokens, then idles for 3 more steps while the others catch up.
     sched = ([np.array([1, 1, 0, 1], bool)] * 3 + [np.array([1, 1, 1, 1], bool)] * (STEPS - 3)
              + [np.array([0, 0, 1, 0], bool)] * 3)
-    idled = _run(FastQwen2Stepper(model), pid, mask, tokens, sched, G=2)
+    idled = _run(FastDecoderStepper(model), pid, mask, tokens, sched, G=2)
     assert [len(r) for r in idled] == [STEPS + 1, STEPS + 1, STEPS + 1, STEPS + 1]
     for i in range(4):
         np.testing.assert_array_equal(np.stack(idled[i]), np.stack(aligned[i]))

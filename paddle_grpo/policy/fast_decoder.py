@@ -1,4 +1,6 @@
-"""A lean forward pass of PaddleNLP's `Qwen2ForCausalLM` for the RL hot paths (log-probs, updates, decoding).
+"""A lean forward pass of PaddleNLP's decoder family `Qwen2ForCausalLM` / `LlamaForCausalLM` for the RL hot paths
+(log-probs, updates, decoding). The two share their blocks (pre-norm RMSNorm, grouped-query attention with RoPE,
+SwiGLU MLP, tied or untied LM head); Llama's q/k/v projections have no bias, which is the only difference here.
 
 It computes the same function with the SAME parameter tensors (read from the PaddleNLP model object at each call,
 so gradients, optimizer updates and checkpoints are PaddleNLP's own; nothing is copied or renamed), written with
@@ -16,14 +18,15 @@ fewer and cheaper paddle ops, and it shares work between the G samples of a prom
 - Decoding: a preallocated KV cache `[N, kv_heads, L + max_new, d]` written in place, instead of a concat per step;
   with `keep` (multi-turn rollouts) each row writes its own next slot, so its tokens stay consecutive.
 
-Numbers equal PaddleNLP's forward up to float32 rounding (tests/policy/test_fast_qwen2.py compares logits, log-probs,
-greedy generations and gradients against `Qwen2ForCausalLM.forward`).
+Numbers equal PaddleNLP's forward up to float32 rounding (tests/policy/test_fast_decoder.py compares logits, log-probs,
+greedy generations and gradients against `Qwen2ForCausalLM.forward` and `LlamaForCausalLM.forward`).
 
-Switch: `enabled_for(model)` is True for a plain float32 `Qwen2ForCausalLM` or the critic's
-`Qwen2ForSequenceClassification` (critic.py: hidden states only, no LM head) (exact type: not a `paddle.DataParallel`
-or LoRA wrapper) whose projections are all `nn.Linear` (no LoRA/quantised layers inside), without tensor/sequence
-parallelism, fused-qkv/ffn layouts, refined recompute, attention dropout, GPU kernel flags or an active autocast,
-unless the environment sets `PADDLE_GRPO_FAST=0`. Everything else uses PaddleNLP's forward (modeling.py / rollout/).
+Switch: `enabled_for(model)` / `refusal(model)` accept a plain float32 `Qwen2ForCausalLM` or `LlamaForCausalLM`, or
+the critic's `Qwen2ForSequenceClassification` or ValueModel (critic.py: hidden states only, no LM head), built as
+PaddleNLP builds the family, and refuse, with the reason, any class, layer or config value this path does not
+implement (LoRA/quantised layers, tensor/sequence parallelism, fused layouts, rope scaling, another head_dim, extra
+biases, GPU kernel flags, AMP, ...), or everything when the environment sets `PADDLE_GRPO_FAST=0`. A refused model
+runs PaddleNLP's forward (modeling.py / rollout/); `describe(model)` is the start-up line that says which.
 
 Recompute: with the model config's `recompute` (PaddleNLP's key; causal.load_causal_lm sets it on the trainable
 policy only) and gradients being recorded, `prompt_completion_hidden` checkpoints per `recompute_granularity`, as
@@ -37,7 +40,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -47,60 +50,150 @@ from ..parallel.recompute import checkpoint, needs_grad
 from ..kernels.attention import blockwise_attention, query_block
 from ..kernels.mlp import mlp, mlp_plan
 
-if TYPE_CHECKING:
-    from paddlenlp.transformers import Qwen2ForCausalLM
-
 ENV_SWITCH = "PADDLE_GRPO_FAST"
+
+# The PaddleNLP classes the lean forward implements, by family. Both families have the same decoder blocks (pre-norm
+# RMSNorm, grouped-query attention with rotary positions, SwiGLU MLP, final RMSNorm, optional tied head); Qwen2's
+# q/k/v projections have biases, Llama's have none. A sequence classifier / ValueModel is the critic (critic.py:
+# hidden states only, no LM head).
+FAMILIES = {
+    "Qwen2ForCausalLM": "qwen2", "Qwen2ForSequenceClassification": "qwen2", "LlamaForCausalLM": "llama",
+}
+# ValueModel (value_model.py) backbones: the critic of a family without a sequence classifier (Llama).
+BACKBONES = {"Qwen2Model": "qwen2", "LlamaModel": "llama"}
+# PaddleNLP rotary classes whose cached cos/sin tables are plain RoPE at the config's rope_theta (no scaling).
+PLAIN_ROTARY = ("Qwen2RotaryEmbedding", "LlamaRotaryEmbedding")
+# Kernel flags (the precision plan's, or a config's): PaddleNLP's GPU kernels, not this path's ops.
+KERNEL_FLAGS = ("use_flash_attention", "use_fused_rms_norm", "use_fused_rope", "use_flash_attention_for_generation")
+
+
+def decoder_of(model: paddle.nn.Layer) -> paddle.nn.Layer:
+    """The decoder (embeddings, layers, final norm) of a model `refusal` accepts: `model.<base_model_prefix>`."""
+    return getattr(model, model.base_model_prefix)
+
+
+def family(model: paddle.nn.Layer) -> Optional[str]:
+    """"qwen2" or "llama": the family of `model`'s exact class (FAMILIES; a ValueModel by its backbone's class), or
+    None for any other model."""
+    name = type(model).__name__
+    if name == "ValueModel" and type(model).__module__.endswith("policy.value_model"):
+        return BACKBONES.get(type(decoder_of(model)).__name__)
+    if name in FAMILIES and type(model).__module__.startswith("paddlenlp.transformers."):
+        return FAMILIES[name]
+    return None
+
+
+def refusal(model: paddle.nn.Layer) -> Optional[str]:
+    """None when the lean path computes exactly what `model`'s own forward would; otherwise why not, naming the
+    class, layer or config field (and its value) that it does not implement. Accepted: a float32 model of FAMILIES
+    (exact type: not a `paddle.DataParallel` or LoRA wrapper), or the critic's ValueModel over one of BACKBONES,
+    built as its family builds it: plain `nn.Linear` projections, q/k/v biases all present (Qwen2) or all absent
+    (Llama) and no other bias, SiLU gating, plain RoPE at the config's rope_theta, head_dim = hidden / heads,
+    rms_norm_eps and tied or untied embeddings as configured; PaddleNLP's recompute keys are implemented too."""
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return f"{ENV_SWITCH}=0"
+    fam = family(model)
+    if type(model).__name__ == "LoRAModel":
+        return "LoRA adapters (LoRAModel): its LoRA layers run in PaddleNLP's forward"
+    if fam is None:
+        return (f"{type(model).__name__} is not a class it implements ({', '.join(FAMILIES)}, or the critic's "
+                f"ValueModel over {' / '.join(BACKBONES)})")
+    c, decoder = model.config, decoder_of(model)
+    # First the layouts that change the layers' classes (named by their key rather than by the layer they make).
+    for key in ("tensor_parallel_degree", "context_parallel_degree", "sep_parallel_degree"):
+        if int(getattr(c, key, 1) or 1) > 1:
+            return f"{key} is {getattr(c, key)}"
+    for key in ("sequence_parallel", "fuse_attention_qkv", "fuse_attention_ffn"):
+        if getattr(c, key, None):
+            return f"{key} is {getattr(c, key)!r}"
+    qkv_bias: list[bool] = []
+    for layer_index, layer in enumerate(decoder.layers):
+        # Plain nn.Linear only: a LoRA (or quantised) layer inside the model has extra weights that this path,
+        # which reads `.weight`/`.bias`, would silently ignore; fused layouts have other names.
+        a, m = layer.self_attn, layer.mlp
+        for part, names in ((a, ("q_proj", "k_proj", "v_proj", "o_proj")), (m, ("gate_proj", "up_proj", "down_proj"))):
+            for name in names:
+                if type(getattr(part, name, None)) is not paddle.nn.Linear:
+                    found = type(getattr(part, name, None)).__name__
+                    return f"layer {layer_index} {name} is {found}, not a plain nn.Linear"
+        qkv_bias = [getattr(a, name).bias is not None for name in ("q_proj", "k_proj", "v_proj")]
+        if len(set(qkv_bias)) > 1:
+            return f"layer {layer_index} has a bias on some of q/k/v_proj only"
+        for part, name in ((a, "o_proj"), (m, "gate_proj"), (m, "up_proj"), (m, "down_proj")):
+            if getattr(part, name).bias is not None:
+                return f"layer {layer_index} {name} has a bias"
+        rotary = type(getattr(a, "rotary_emb", None)).__name__
+        if rotary not in PLAIN_ROTARY:
+            return f"the rotary embedding is {rotary} (plain RoPE only)"
+    dtype = decoder.embed_tokens.weight.dtype
+    if dtype != paddle.float32:
+        # PaddleNLP's RMSNorm upcasts bf16/fp16 activations, which this path does not replicate.
+        return f"the parameters are {str(dtype).replace('paddle.', '')} (float32 only)"
+    if paddle.amp.is_autocast_enabled():
+        return "an autocast (AMP) is active"
+    for flag in KERNEL_FLAGS:
+        if getattr(c, flag, False):
+            return f"{flag} is set (PaddleNLP's kernels)"
+    # rope_interleaved (SmolLM2's config.json spells it out, false): rotating pairs of adjacent dimensions instead
+    # of the two halves, which neither PaddleNLP's layers nor this path do.
+    for key in ("refined_recompute", "alibi", "use_long_sequence_strategies", "use_sliding_window", "mlp_bias",
+                "rope_interleaved"):
+        if getattr(c, key, None):
+            return f"{key} is {getattr(c, key)!r}"
+    # HF-style configs spell out the q/k/v biases (Qwen2: true, Llama: false); PaddleNLP's layers do not read the
+    # field (Qwen2 always has them, Llama never), so a value that contradicts the built layers means checkpoint
+    # weights PaddleNLP's model does not compute with: refused rather than guessed.
+    bias = getattr(c, "attention_bias", None)
+    if bias is not None and bool(bias) != any(qkv_bias):
+        return f"attention_bias is {bias!r}"
+    for key in ("rope_scaling", "rope_scaling_type"):
+        if getattr(c, key, None) is not None:
+            return f"{key} is {getattr(c, key)!r} (plain RoPE only)"
+    act = getattr(c, "hidden_act", "silu")  # PaddleNLP's Llama has no such field: its MLP is SwiGLU
+    if act != "silu":
+        return f"hidden_act is {act!r} (SiLU only)"
+    if float(getattr(c, "attention_dropout", 0.0) or 0.0) != 0.0:
+        return f"attention_dropout is {c.attention_dropout}"
+    head_dim = getattr(c, "head_dim", None)
+    if head_dim is not None and int(head_dim) != c.hidden_size // c.num_attention_heads:
+        return (f"head_dim is {head_dim}, not hidden_size / num_attention_heads = "
+                f"{c.hidden_size // c.num_attention_heads} (PaddleNLP's layers use the latter)")
+    return None
 
 
 def enabled_for(model: paddle.nn.Layer) -> bool:
-    """Whether the lean path computes exactly what `model`'s own forward would (see the module docstring)."""
-    if os.environ.get(ENV_SWITCH, "1") == "0":
-        return False
-    try:
-        from paddlenlp.transformers import Qwen2ForCausalLM, Qwen2ForSequenceClassification
-    except ImportError:
-        return False
-    if type(model) not in (Qwen2ForCausalLM, Qwen2ForSequenceClassification):  # the latter: the critic (no LM head)
-        return False
-    c = model.config
-    # Plain nn.Linear projections only: a LoRA (or quantised) layer put inside the model has extra weights that
-    # this path, which reads `.weight`/`.bias`, would silently ignore.
-    plain = all(type(getattr(part, name, None)) is paddle.nn.Linear
-                for layer in model.qwen2.layers
-                for part, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
-                                    (layer.mlp, ("gate_proj", "up_proj", "down_proj")))
-                for name in names)
-    # float32 only, and not under AMP: PaddleNLP's RMSNorm upcasts bf16/fp16 activations, which this path does not
-    # replicate. Kernels the precision plan switched on (flash attention, fused RMSNorm/RoPE) are PaddleNLP's.
-    kernels = any(getattr(c, k, False) for k in ("use_flash_attention", "use_fused_rms_norm", "use_fused_rope"))
-    return (plain and model.qwen2.embed_tokens.weight.dtype == paddle.float32 and not kernels
-            and not paddle.amp.is_autocast_enabled()
-            and c.tensor_parallel_degree <= 1 and not c.sequence_parallel and not c.fuse_attention_qkv
-            and not c.fuse_attention_ffn and c.hidden_act == "silu" and not getattr(c, "refined_recompute", None)
-            and float(c.attention_dropout or 0.0) == 0.0)
+    """Whether the lean path computes exactly what `model`'s own forward would (`refusal` says why not)."""
+    return refusal(model) is None
+
+
+def describe(model: paddle.nn.Layer) -> str:
+    """The start-up line of the path `model`'s log-probs and decoding take: "decoder: fast path (llama)" or
+    "decoder: PaddleNLP's forward (<why>)"."""
+    why = refusal(model)
+    return f"decoder: fast path ({family(model)})" if why is None else f"decoder: PaddleNLP's forward ({why})"
 
 
 GRANULARITIES = ("full", "full_attn", "core_attn")
 
 
-def recompute_granularity(model: Qwen2ForCausalLM) -> Optional[str]:
+def recompute_granularity(model: paddle.nn.Layer) -> Optional[str]:
     """None, or what the lean path recomputes in backward: the config's `recompute_granularity` when its `recompute`
     is on (or PaddleNLP's Trainer switched the decoder's `enable_recompute` on: the same two ways PaddleNLP's forward
     is told)."""
     c = model.config
-    if not (c.recompute or model.qwen2.enable_recompute):
+    if not (c.recompute or decoder_of(model).enable_recompute):
         return None
     if c.recompute_granularity not in GRANULARITIES:
         raise ValueError(f"recompute_granularity must be one of {GRANULARITIES}, got {c.recompute_granularity!r}")
     return c.recompute_granularity
 
 
-class Qwen2Fast:
-    """The lean forward bound to one PaddleNLP Qwen2ForCausalLM. Holds no parameters; build one per call (the fused
-    weights are concatenations of the current parameters, inside autograd when gradients are on)."""
+class FastDecoder:
+    """The lean forward bound to one model `refusal` accepts (a Qwen2 or Llama causal LM, or the critic's classifier
+    / ValueModel over their decoder). Holds no parameters; build one per call (the fused weights are concatenations
+    of the current parameters, inside autograd when gradients are on)."""
 
-    def __init__(self, model: Qwen2ForCausalLM):
+    def __init__(self, model: paddle.nn.Layer):
         self.model = model
         c = model.config
         self.H, self.KV = c.num_attention_heads, c.num_key_value_heads
@@ -109,7 +202,7 @@ class Qwen2Fast:
         self.g = self.H // self.KV
         self.eps = c.rms_norm_eps
         self.neg = float(np.finfo(np.float32).min)  # PaddleNLP's additive mask value (finfo(dtype).min)
-        decoder = model.qwen2
+        decoder = decoder_of(model)
         self.embed = decoder.embed_tokens.weight
         self.final_norm = decoder.norm.weight
         head = getattr(model, "lm_head", None)  # none in the critic (critic.py), which reads final_hidden only
@@ -120,7 +213,9 @@ class Qwen2Fast:
             self.layers.append(dict(
                 ln1=layer.input_layernorm.weight, ln2=layer.post_attention_layernorm.weight,
                 wqkv=paddle.concat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], axis=1),
-                bqkv=paddle.concat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias], axis=0),
+                # Qwen2's q/k/v biases; None for Llama (no bias: `refusal` checked they are all or none)
+                bqkv=(paddle.concat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias], axis=0)
+                      if a.q_proj.bias is not None else None),
                 wo=a.o_proj.weight,
                 wgu=paddle.concat([m.gate_proj.weight, m.up_proj.weight], axis=1), wd=m.down_proj.weight))
         self.rotary = decoder.layers[0].self_attn.rotary_emb
