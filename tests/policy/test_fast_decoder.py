@@ -58,9 +58,10 @@ def batch_of(**kwargs):
     return grouped_batch(V, **kwargs)
 
 
-def both_paths(monkeypatch, fn, expect_fast=True):
+def both_paths(monkeypatch, fn, expect_fast=True, only_fast=False):
     """(fn() with the fast path, fn() with PaddleNLP's forward). Checks that the first run did build the lean forward
-    (else a refused model would compare PaddleNLP's forward with itself) and the second did not."""
+    (else a refused model would compare PaddleNLP's forward with itself) and the second did not. `only_fast`:
+    (fn() with the fast path, None)."""
     built = []
     original = fast_decoder.FastDecoder.__init__
 
@@ -72,6 +73,8 @@ def both_paths(monkeypatch, fn, expect_fast=True):
     monkeypatch.setenv(fast_decoder.ENV_SWITCH, "1")
     fast = fn()
     assert bool(built) == expect_fast, built
+    if only_fast:
+        return fast, None
     monkeypatch.setenv(fast_decoder.ENV_SWITCH, "0")
     slow = fn()
     assert bool(built) == expect_fast, built  # nothing more built
@@ -294,10 +297,14 @@ def test_positions_beyond_the_rope_cache(monkeypatch, family):
         with paddle.no_grad():
             return completion_logprobs(m, *batch)[0].numpy()
 
-    fast, slow = both_paths(monkeypatch, lambda: run(model))
     if family == "llama":
+        # PaddleNLP's own Llama forward past its table is not run at all: what it does there depends on the kernel
+        # (NaN on one run, a gather index error after other tests set paddle's flags), and it is not the reference.
+        fast, _ = both_paths(monkeypatch, lambda: run(model), only_fast=True)
         monkeypatch.setenv(fast_decoder.ENV_SWITCH, "0")
         slow = run(make_model(family, max_position_embeddings=64))  # same seed: the same weights
+    else:
+        fast, slow = both_paths(monkeypatch, lambda: run(model))
     m = batch[3].numpy().astype(bool)
     assert np.isfinite(fast[m]).all()
     np.testing.assert_allclose(fast[m], slow[m], atol=LP_TOL)
