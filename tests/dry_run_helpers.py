@@ -46,6 +46,30 @@ def base_args(tmp_path, policy_dir):
             "--kl_coeff", "0", "--output_dir", tmp_path / "out"]
 
 
+LENGTH_REWARD = """
+def length_reward(prompts, completions, **kwargs):
+    return [0.1 * len(c) for c in completions]
+"""
+
+
+def one_step_run_argv(tmp_path, model):
+    """(argv of `python run_rl.py ...` training one GRPO step of 4 prompts x 4 samples on `model` (a directory or
+    a hub ID) with a length reward from a file, its output_dir). Writes the data and the reward file."""
+    rows = [{"src": f"<|im_start|>user\nWho is {n}?<|im_end|>\n<|im_start|>assistant\n", "tgt": n}
+            for n in ("Ann", "Bob", "Cid", "Dan")]
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (tmp_path / "rewards.py").write_text(LENGTH_REWARD)
+    out_dir = tmp_path / "out"
+    args = dict(actor_model_name_or_path=model, use_rm_server="false",
+                reward_funcs=f"{tmp_path / 'rewards.py'}:length_reward", train_datasets=tmp_path / "train.jsonl",
+                output_dir=out_dir, logging_dir=out_dir / "vdl", max_prompt_len=32, max_dec_len=8, min_dec_len=1,
+                max_length=40, global_batch_size=4, rollout_n=4, per_device_train_batch_size=8,
+                per_device_logprob_batch_size=16, learning_rate=2e-3, max_steps=1, kl_coeff=0.0,
+                save_strategy="no", disable_tqdm="true", seed=7)
+    argv = [str(REPO / "run_rl.py")] + [str(x) for k, v in args.items() for x in (f"--{k}", v)]
+    return argv, out_dir
+
+
 def closed_port():
     """A port on 127.0.0.1 that was free a moment ago (nothing listens on it)."""
     with socket.socket() as s:

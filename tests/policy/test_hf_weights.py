@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import paddle
 import pytest
+from dry_run_helpers import one_step_run_argv
 from safetensors.numpy import save_file
 
 from paddle_grpo.policy import hf_weights, load_policy, load_tokenizer, resolve_model_dir
@@ -181,19 +182,7 @@ def test_dry_run_and_real_run_load_pytorch_safetensors(tmp_path, tiny_policy_dir
     """A transformers-written Qwen2 passes --dry_run, which names the conversion, and the real run then trains a
     step from it (before, the dry run said ok and the run died in PaddleNLP's loader)."""
     hf = write_torch_copy(tiny_policy_dir, str(tmp_path / "hf"))
-    rows = [{"src": f"<|im_start|>user\nWho is {n}?<|im_end|>\n<|im_start|>assistant\n", "tgt": n}
-            for n in ("Ann", "Bob", "Cid", "Dan")]
-    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    (tmp_path / "rewards.py").write_text("def length_reward(prompts, completions, **kw):\n"
-                                         "    return [0.1 * len(c) for c in completions]\n")
-    out_dir = tmp_path / "out"
-    args = dict(actor_model_name_or_path=hf, use_rm_server="false",
-                reward_funcs=f"{tmp_path / 'rewards.py'}:length_reward", train_datasets=tmp_path / "train.jsonl",
-                output_dir=out_dir, logging_dir=out_dir / "vdl", max_prompt_len=32, max_dec_len=8, min_dec_len=1,
-                max_length=40, global_batch_size=4, rollout_n=4, per_device_train_batch_size=8,
-                per_device_logprob_batch_size=16, learning_rate=2e-3, max_steps=1, kl_coeff=0.0,
-                save_strategy="no", disable_tqdm="true", seed=7)
-    argv = [os.path.join(REPO, "run_rl.py")] + [x for k, v in args.items() for x in (f"--{k}", v)]
+    argv, out_dir = one_step_run_argv(tmp_path, hf)
     home = tmp_path / "ppnlp"
     dry = run(argv + ["--dry_run"], home, cwd=tmp_path)
     assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]

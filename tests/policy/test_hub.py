@@ -16,17 +16,13 @@ import threading
 import time
 
 import pytest
+from dry_run_helpers import one_step_run_argv
 from numerics import tiny_lm_tol
 
 from paddle_grpo.policy.hub import is_complete_model_dir, looks_like_hub_id, missing_files, resolve_model_dir
 
 MODEL_ID = "tiny-org/tiny-qwen2"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-REWARD_FILE = '''
-def length_reward(prompts, completions, **kwargs):
-    return [0.1 * len(c) for c in completions]
-'''
 
 
 def run(args, home, endpoint, cwd, timeout=300):
@@ -205,18 +201,7 @@ def test_a_hub_id_is_downloaded_through_paddlenlp_into_its_cache(tmp_path, tiny_
 
 def test_a_one_step_run_starts_from_a_hub_id(tmp_path, tiny_policy_dir, refused_endpoint):
     home = cached_home(tmp_path, tiny_policy_dir)
-    rows = [{"src": f"<|im_start|>user\nWho is {n}?<|im_end|>\n<|im_start|>assistant\n", "tgt": n}
-            for n in ("Ann", "Bob", "Cid", "Dan")]
-    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    (tmp_path / "rewards.py").write_text(REWARD_FILE)
-    out_dir = tmp_path / "out"
-    args = dict(actor_model_name_or_path=MODEL_ID, use_rm_server="false",
-                reward_funcs=f"{tmp_path / 'rewards.py'}:length_reward", train_datasets=tmp_path / "train.jsonl",
-                output_dir=out_dir, logging_dir=out_dir / "vdl", max_prompt_len=32, max_dec_len=8, min_dec_len=1,
-                max_length=40, global_batch_size=4, rollout_n=4, per_device_train_batch_size=8,
-                per_device_logprob_batch_size=16, learning_rate=2e-3, max_steps=1, kl_coeff=0.0,
-                save_strategy="no", disable_tqdm="true", seed=7)
-    argv = [os.path.join(REPO, "run_rl.py")] + [x for k, v in args.items() for x in (f"--{k}", v)]
+    argv, out_dir = one_step_run_argv(tmp_path, MODEL_ID)
     out = run(argv, home, refused_endpoint, cwd=tmp_path)  # the server is unreachable: the cache must suffice
     assert out.returncode == 0, out.stderr[-3000:]
     with open(out_dir / "metrics.jsonl") as f:
