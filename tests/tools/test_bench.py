@@ -37,6 +37,13 @@ def test_keys_and_finite_values(result):
     assert result["peak_rss_mb"] > 50
     assert result["fast_path"] is True
     assert len(result["step_s_all"]) == 2  # timed_steps
+    # which CPU and kernel paths ran, so that runs on two CPU families can be told apart (docs/PERFORMANCE.md)
+    from paddle_grpo import cpu_tuning
+
+    kernels = result["kernels"]
+    assert kernels["cpu"] == cpu_tuning.kernel_report()["cpu"]
+    if "MKL_DEBUG_CPU_TYPE" in result["cpu_tuning"]:
+        assert kernels["mkl_code_path"] == "AVX2"
 
 
 def test_completions_are_forced_to_completion_len(result):
