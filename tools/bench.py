@@ -36,9 +36,9 @@ completion tokens per second (completion tokens of a step / step time), the GFLO
 execute and the rate achieved (for the batch width actually run), the peak RSS of the process and per phase, the
 paddle version and the thread count, and `kernels`: the CPU (vendor, model, vector ISA) and the kernel code paths
 this process got there (`paddle_grpo.cpu_tuning.kernel_report`: MKL's path, numpy's SIMD level and OpenBLAS core,
-transparent huge pages), so that lines from two machines say what differed. With `--repeat R` the whole benchmark runs R times in fresh processes; the line
-then carries the median of the runs' medians, each run's step median, the overall min/max step and, per phase, the
-largest RSS figures of the runs.
+transparent huge pages), so that lines from two machines say what differed. With `--repeat R` the whole benchmark
+runs R times in fresh processes; the line then carries the median of the runs' medians, each run's step median, the
+overall min/max step and, per phase, the largest RSS figures of the runs.
 
 Peak RSS per phase (`peak_rss_mb_by_phase`, `rss_increase_mb_by_phase`): the kernel's high-water mark (VmHWM),
 read and reset at every phase boundary (`RssMonitor`; exact, no sampling thread). Phases are marked by wrapping,
