@@ -4,7 +4,8 @@ Three causes, all measured on the 2-core AMD EPYC hosts (docs/PERFORMANCE.md):
 
 1. paddle's CPU wheel links MKL 2019.0.5 (`libmklml_intel.so`), which on a non-Intel CPU dispatches to a generic
    SSE code path unless `MKL_DEBUG_CPU_TYPE=5` selects the AVX2 kernels (the variable is honoured by MKL <= 2020.0
-   and read at the first MKL call, so it works when set after `import paddle`). fp32 GEMM 4096x256 @ 256x704 goes
+   and read at the first MKL call, so it works when set after `import paddle`, but not after a first matmul: `apply()`
+   then reports `mkl_too_late` and warns instead of claiming the setting). fp32 GEMM 4096x256 @ 256x704 goes
    from ~17 to ~45-70 GFLOP/s. Results differ from the SSE path only by float rounding (different summation order).
 2. paddle allocates every CPU tensor with glibc `malloc`; blocks above the (dynamic) mmap threshold are mmap'ed and
    returned to the kernel when freed, so each op on a few-MB tensor page-faults its output again (~0.25 us per
@@ -76,7 +77,16 @@ def apply(device: Optional[str] = None) -> Dict[str, Any]:
     _applied = {}
     if "mkl" in chosen and "MKL_DEBUG_CPU_TYPE" not in os.environ and _is_amd():
         os.environ["MKL_DEBUG_CPU_TYPE"] = "5"
-        _applied["MKL_DEBUG_CPU_TYPE"] = "5"
+        # MKL reads the variable once, at its first call; if a matmul ran before apply(), it keeps the path it chose
+        # then (the generic one on AMD: ~4x slower GEMMs). Say so rather than claim the setting took effect.
+        path = _mkl_code_path()
+        if path is None or path == 5:
+            _applied["MKL_DEBUG_CPU_TYPE"] = "5"
+        else:
+            _applied["mkl_too_late"] = MKL_CODE_PATHS.get(path, str(path))
+            logger.warning("paddle's MKL chose its %s kernels before cpu_tuning.apply() (a matmul ran first): "
+                           "MKL_DEBUG_CPU_TYPE=5 has no effect in this process; apply the CPU tuning before the "
+                           "first matmul", _applied["mkl_too_late"])
     if "malloc" in chosen and platform.system() == "Linux":
         try:
             libc = ctypes.CDLL("libc.so.6")
@@ -94,11 +104,75 @@ def apply(device: Optional[str] = None) -> Dict[str, Any]:
     return _applied
 
 
+# mkl_serv_cpu_detect() of paddle's MKL 2019: the code path it dispatches to. Values 0, 2, 4, 5 and 6 were read on
+# the AMD EPYC (0 by default, N under MKL_DEBUG_CPU_TYPE=N); 2, 4 and 5 select MKL's SSE, AVX and AVX2 kernels there
+# (their speed and sums differ, docs/PERFORMANCE.md). 7, MKL's AVX-512 path, is what an Intel CPU with AVX-512 is
+# expected to report (not seen here: this AMD host has no AVX-512).
+MKL_CODE_PATHS = {0: "generic", 2: "SSE", 4: "AVX", 5: "AVX2", 6: "AVX-512 (Xeon Phi)", 7: "AVX-512"}
+
+
+def _cpuinfo() -> Dict[str, Any]:
+    """Vendor, model name and the vector-ISA flags that decide which kernels MKL, oneDNN and numpy take."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read(1 << 16)
+    except OSError:
+        return {}
+    fields = dict(line.split(":", 1) for line in text.split("\n\n")[0].splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    return {"vendor": fields.get("vendor_id"), "model_name": fields.get("model name"),
+            "isa": [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
+                    if f in flags]}
+
+
+def _mkl_code_path() -> Optional[int]:
+    """The code path paddle's MKL dispatches to (MKL_CODE_PATHS), or None without paddle's MKL."""
+    try:
+        import paddle
+
+        lib = ctypes.CDLL(os.path.join(os.path.dirname(paddle.__file__), "libs", "libmklml_intel.so"))
+        return int(lib.mkl_serv_cpu_detect())
+    except (OSError, AttributeError, ImportError):
+        return None
+
+
+def kernel_report() -> Dict[str, Any]:
+    """Which CPU this process runs on and which kernel code paths it gets there: paddle's MKL path, numpy's OpenBLAS
+    core and SIMD level, transparent huge pages. Recorded by tools/bench.py so that runs on different machines say
+    what differed (docs/PERFORMANCE.md, "Speed by CPU family")."""
+    report: Dict[str, Any] = {"cpu": _cpuinfo()}
+    path = _mkl_code_path()
+    report["mkl_code_path"] = None if path is None else MKL_CODE_PATHS.get(path, str(path))
+    try:
+        import numpy as np
+
+        features = np.core._multiarray_umath.__cpu_features__
+        report["numpy_simd"] = [f for f in ("AVX2", "AVX512F", "AVX512_SKX", "AVX512_SPR") if features.get(f)]
+    except (ImportError, AttributeError):
+        pass
+    try:
+        import threadpoolctl
+
+        report["openblas_core"] = [p.get("architecture") for p in threadpoolctl.threadpool_info()
+                                   if p.get("internal_api") == "openblas"]
+    except ImportError:
+        pass
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            report["transparent_hugepages"] = f.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        pass
+    return report
+
+
 def describe(applied: Dict[str, Any]) -> str:
     """`apply()`'s result as one line for the start-up log."""
     parts = []
     if "MKL_DEBUG_CPU_TYPE" in applied:
         parts.append(f"MKL's AVX2 kernels on this AMD CPU (MKL_DEBUG_CPU_TYPE={applied['MKL_DEBUG_CPU_TYPE']})")
+    if "mkl_too_late" in applied:
+        parts.append(f"MKL's {applied['mkl_too_late']} kernels (it was called before the tuning)")
     if "mallopt" in applied:
         parts.append(f"malloc keeps blocks up to {applied['mallopt']['mmap_threshold'] >> 20} MiB in the heap")
     if "FLAGS_use_stride_kernel" in applied:

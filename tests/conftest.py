@@ -109,3 +109,13 @@ def who_is_files(tmp_path):
     (tmp_path / "rewards.py").write_text("def r(prompts, completions, **kw):\n"
                                          "    return [0.1 * len(c) for c in completions]\n")
     return tmp_path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cpu_tuned():
+    """The CPU settings run_rl.py applies (paddle_grpo/cpu_tuning.py), before any test's first matmul. MKL fixes its
+    code path at its first call: a test that multiplied before some test loaded a model (which applies them) left
+    the rest of the session on MKL's generic kernels on AMD (~4x slower GEMMs, and not the kernels users run)."""
+    from paddle_grpo import cpu_tuning
+
+    return cpu_tuning.apply()

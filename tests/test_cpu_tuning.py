@@ -53,3 +53,44 @@ def test_a_cpu_process_is_tuned(repo_root):
     cpu = run_apply("cpu", repo_root)
     assert cpu["applied"].get("FLAGS_use_stride_kernel") is False and cpu["stride"] is False
     assert (cpu["mkl"] == "5") == ("MKL_DEBUG_CPU_TYPE" in cpu["applied"])  # set on AMD CPUs only
+
+
+TOO_LATE = """
+import json, sys
+import paddle
+if sys.argv[1] == "matmul first":
+    a = paddle.ones([8, 8])
+    paddle.matmul(a, a)               # MKL picks its code path here, reading MKL_DEBUG_CPU_TYPE once
+from paddle_grpo import cpu_tuning
+print(json.dumps({"applied": cpu_tuning.apply("cpu"), "report": cpu_tuning.kernel_report()}))
+"""
+
+
+def run_too_late(order: str, repo_root) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("MKL_DEBUG_CPU_TYPE", "PADDLE_GRPO_CPU_TUNING")}
+    out = subprocess.run([sys.executable, "-c", TOO_LATE, order], capture_output=True, text=True, env=env,
+                         cwd=repo_root, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_mkl_path_is_reported_as_it_is(repo_root):
+    """MKL reads MKL_DEBUG_CPU_TYPE at its first call only: after a matmul, apply() cannot change its path any more
+    and must not claim it did (it reported MKL_DEBUG_CPU_TYPE=5 while MKL ran its generic kernels, ~4x slower
+    GEMMs on the AMD EPYC)."""
+    if not cpu_tuning._is_amd():
+        pytest.skip("MKL_DEBUG_CPU_TYPE is set on AMD CPUs only")
+    first = run_too_late("apply first", repo_root)
+    assert first["applied"]["MKL_DEBUG_CPU_TYPE"] == "5" and first["report"]["mkl_code_path"] == "AVX2"
+    late = run_too_late("matmul first", repo_root)
+    assert "MKL_DEBUG_CPU_TYPE" not in late["applied"], late
+    assert late["applied"]["mkl_too_late"] == late["report"]["mkl_code_path"] == "generic"
+    assert "generic kernels (it was called before the tuning)" in cpu_tuning.describe(late["applied"])
+
+
+def test_the_kernel_report_names_this_cpu():
+    report = cpu_tuning.kernel_report()
+    with open("/proc/cpuinfo") as f:
+        text = f.read(1 << 16)
+    assert report["cpu"]["vendor"] in text and ("avx512f" in report["cpu"]["isa"]) == (" avx512f " in text)
+    assert report["mkl_code_path"] in cpu_tuning.MKL_CODE_PATHS.values()

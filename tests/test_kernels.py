@@ -33,11 +33,20 @@ def cpu_flags():
     return "AuthenticAMD" in text, " avx512f " in text
 
 
-def test_the_rerun_settings_select_other_kernels(repo_root):
+@pytest.fixture(scope="module")
+def rerun_digest(repo_root):
+    """(settings, digest of a process started with this environment plus the rerun's settings): both tests need it
+    (each digest is a process importing paddle)."""
     settings = rerun_settings(repo_root)
-    assert {"MKL_DEBUG_CPU_TYPE", "MKL_ENABLE_INSTRUCTIONS", "OPENBLAS_CORETYPE"} <= set(settings)
     plain = {k: v for k, v in os.environ.items() if k not in settings}  # also when this runs inside the rerun
-    default, other = digest(repo_root, plain), digest(repo_root, {**plain, **settings})
+    return settings, digest(repo_root, {**plain, **settings})
+
+
+def test_the_rerun_settings_select_other_kernels(repo_root, rerun_digest):
+    settings, other = rerun_digest
+    assert {"MKL_DEBUG_CPU_TYPE", "MKL_ENABLE_INSTRUCTIONS", "OPENBLAS_CORETYPE"} <= set(settings)
+    plain = {k: v for k, v in os.environ.items() if k not in settings}
+    default = digest(repo_root, plain)
     assert {k: other["env"][k] for k in settings} == settings
     # numpy's OpenBLAS picks its kernels by CPU at run time; OPENBLAS_CORETYPE forces the AVX (Sandy Bridge) ones.
     assert other["numpy_matmul"] != default["numpy_matmul"], (default, other)
@@ -49,11 +58,10 @@ def test_the_rerun_settings_select_other_kernels(repo_root):
     assert changed, (default, other)
 
 
-def test_launched_workers_inherit_the_rerun_settings(repo_root, tmp_path, monkeypatch):
-    settings = rerun_settings(repo_root)
+def test_launched_workers_inherit_the_rerun_settings(repo_root, tmp_path, monkeypatch, rerun_digest):
+    settings, expected = rerun_digest  # a process started with this environment and the settings
     for key, value in settings.items():
         monkeypatch.setenv(key, value)
-    expected = digest(repo_root, dict(os.environ))
     # launch_helpers.run is how the tests start run_rl.py and launches: it passes this process's environment on.
     run(launch(repo_root / "tests" / "workers" / "kernel_digest.py", tmp_path / "digest", log_dir=tmp_path / "log"),
         tmp_path)

@@ -34,9 +34,11 @@ Completion lengths (`--lengths`):
 Prints ONE JSON line: medians over the timed steps of the step time (wall and process CPU) and of each phase,
 completion tokens per second (completion tokens of a step / step time), the GFLOP each phase's matrix products
 execute and the rate achieved (for the batch width actually run), the peak RSS of the process and per phase, the
-paddle version and the thread count. With `--repeat R` the whole benchmark runs R times in fresh processes; the line
-then carries the median of the runs' medians, each run's step median, the overall min/max step and, per phase, the
-largest RSS figures of the runs.
+paddle version and the thread count, and `kernels`: the CPU (vendor, model, vector ISA) and the kernel code paths
+this process got there (`paddle_grpo.cpu_tuning.kernel_report`: MKL's path, numpy's SIMD level and OpenBLAS core,
+transparent huge pages), so that lines from two machines say what differed. With `--repeat R` the whole benchmark
+runs R times in fresh processes; the line then carries the median of the runs' medians, each run's step median, the
+overall min/max step and, per phase, the largest RSS figures of the runs.
 
 Peak RSS per phase (`peak_rss_mb_by_phase`, `rss_increase_mb_by_phase`): the kernel's high-water mark (VmHWM),
 read and reset at every phase boundary (`RssMonitor`; exact, no sampling thread). Phases are marked by wrapping,
@@ -516,7 +518,8 @@ def gemm_peak(threads, repeat=20):
             best = min(best, (time.perf_counter() - t0) / repeat)
         out[f"{m}x{k}x{n}"] = 2 * m * k * n / best / 1e9
     return {"gemm_gflop_per_s": out, "threads": threads, "paddle_version": paddle.__version__,
-            "cpu_tuning": cpu_tuning.apply(), "load_average": list(os.getloadavg())}
+            "cpu_tuning": cpu_tuning.apply(), "kernels": cpu_tuning.kernel_report(),
+            "load_average": list(os.getloadavg())}
 
 
 def run(shape, threads, workdir, profile_dir=None, algorithm="grpo"):
@@ -620,7 +623,8 @@ def run(shape, threads, workdir, profile_dir=None, algorithm="grpo"):
         "paddle_version": paddle.__version__, "threads": threads,
         "gflop_per_step": gflop,
         **{f"{k}_gflop_per_s": gflop[k] / statistics.median(per_step[k]) for k in gflop if gflop[k] > 0},
-        "fast_path": fast, "cpu_tuning": cpu_tuning.apply(), "algorithm": algorithm,
+        "fast_path": fast, "cpu_tuning": cpu_tuning.apply(), "kernels": cpu_tuning.kernel_report(),
+        "algorithm": algorithm,
         "load_average": list(os.getloadavg()), "shape": shape,
     }
     if turn_rollouts is not None:

@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {r['phase']} | {r['op']} | {r['shape']} | {r['median_ms']:.3f} | {r['runs']} |")
     print(json.dumps({"vocab": args.vocab, "rows": args.rows, "hidden": args.hidden, "tokens": args.tokens,
                       "threads": args.threads, "paddle_version": paddle.__version__, "cpu_tuning": tuning,
-                      "load_average": list(os.getloadavg()), "ops": results}))
+                      "kernels": cpu_tuning.kernel_report(), "load_average": list(os.getloadavg()), "ops": results}))
 
 
 if __name__ == "__main__":

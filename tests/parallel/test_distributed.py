@@ -189,24 +189,44 @@ def test_two_ranks_build_a_missing_policy_longer_than_the_collective_timeout(tmp
     assert one[1]["train/reward_std"] > 0
 
 
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, tiny_policy_dir, repo_root):
+    """one_process(algorithm, *args): the output directory of run_rl.py on write_config's run in one process with
+    `args`, run once per module for each (algorithm, args): the launches compared with the same single process
+    share its run (run_rl.py in one process takes as long as a test's launch)."""
+    runs = {}
+
+    def get(algorithm, *args):
+        key = (algorithm, tuple(map(str, args)))
+        if key not in runs:
+            work = tmp_path_factory.mktemp(f"one_{algorithm}")
+            cfg = write_config(work, tiny_policy_dir, algorithm)
+            run([sys.executable, str(repo_root / "run_rl.py"), str(cfg), "--output_dir", str(work / "one"), *key[1]],
+                work)
+            runs[key] = work / "one"
+        return runs[key]
+
+    return get
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("algorithm", ["grpo", pytest.param("reinforce_plus_plus", marks=pytest.mark.numerics)])
-def test_two_ranks_match_one_rank(tmp_path, tiny_policy_dir, repo_root, algorithm):
+def test_two_ranks_match_one_rank(tmp_path, tiny_policy_dir, repo_root, algorithm, one_process):
     """GRPO with two mini-batches (optimizer steps) per rollout: each rank's k-th mini-batch must be its share of
     the single process's k-th mini-batch (parallel.prompt_positions)."""
     cfg = write_config(tmp_path, tiny_policy_dir, algorithm)
     run_rl = str(repo_root / "run_rl.py")
     minis = ["--global_mini_batch_size", "2"] if algorithm == "grpo" else []
-    run([sys.executable, run_rl, str(cfg), "--output_dir", str(tmp_path / "one"), *minis], tmp_path)
+    one_dir = one_process(algorithm, *minis)
     run(launch(run_rl, cfg, "--output_dir", tmp_path / "two", *minis, log_dir=tmp_path / "log"), tmp_path)
-    one = [json.loads(line) for line in open(tmp_path / "one" / "metrics.jsonl")]
+    one = [json.loads(line) for line in open(one_dir / "metrics.jsonl")]
     two = [json.loads(line) for line in open(tmp_path / "two" / "metrics.jsonl")]  # rank 0 alone writes
     assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2]
     # Losses and statistics: float32 sums in another order (launch_helpers.TINY_REL_TOL); rewards and lengths equal.
     assert assert_metrics_match(one, two) > 30
     assert one[0]["train/reward_std"] > 0
     # 2 steps x (2 mini-batches for grpo, 1 otherwise) Adam steps of lr 1e-3 (numerics.assert_adam_close).
-    assert_checkpoints_match(tmp_path / "one", tmp_path / "two", tiny_policy_dir, 4 if minis else 2)
+    assert_checkpoints_match(one_dir, tmp_path / "two", tiny_policy_dir, 4 if minis else 2)
     assert "Traceback" not in (tmp_path / "log" / "workerlog.1").read_text()
 
 
@@ -311,20 +331,20 @@ def test_tensor_parallel_chunked_head_equals_the_unsharded_unchunked_head(tmp_pa
 
 
 @pytest.mark.e2e
-def test_tensor_parallel_training_equals_a_single_process(tmp_path, tiny_policy_dir, repo_root):
+def test_tensor_parallel_training_equals_a_single_process(tmp_path, tiny_policy_dir, repo_root, one_process):
     cfg = write_config(tmp_path, tiny_policy_dir, "reinforce_plus_plus")
     run_rl = str(repo_root / "run_rl.py")
-    run([sys.executable, run_rl, str(cfg), "--output_dir", str(tmp_path / "one")], tmp_path)
+    one_dir = one_process("reinforce_plus_plus")  # the same run as test_two_ranks_match_one_rank's
     run(launch(run_rl, cfg, "--output_dir", tmp_path / "tp", "--tensor_parallel_degree", 2,
                log_dir=tmp_path / "log"), tmp_path)
-    one = [json.loads(line) for line in open(tmp_path / "one" / "metrics.jsonl")]
+    one = [json.loads(line) for line in open(one_dir / "metrics.jsonl")]
     tp = [json.loads(line) for line in open(tmp_path / "tp" / "metrics.jsonl")]
     assert_metrics_match(one, tp)
     # The two runs' sampling log-probs (PaddleNLP's forward under TP, the lean Qwen2 path in one process) are float32
     # rounding apart and enter the reward's KL term; Adam's first steps move a parameter by about the learning rate
     # (1e-3) whatever its gradient's size, so rounding-level gradient differences show up as ~1e-5 on a few elements
     # (numerics.assert_adam_close). A sharding bug moves most parameters by ~1e-3. The shards are merged on save.
-    assert_checkpoints_match(tmp_path / "one", tmp_path / "tp", tiny_policy_dir, one[-1]["train/optimizer_steps"])
+    assert_checkpoints_match(one_dir, tmp_path / "tp", tiny_policy_dir, one[-1]["train/optimizer_steps"])
     ckpt = tmp_path / "tp" / "checkpoint-2"
     assert (ckpt / "optimizer.tp0.pdopt").is_file() and (ckpt / "optimizer.tp1.pdopt").is_file()
     assert json.loads((ckpt / "config.json").read_text()).get("tensor_parallel_degree", 1) == 1

@@ -114,46 +114,40 @@ def _metrics(path):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-def test_two_stages_match_one_process(tmp_path, tiny_policy_dir, repo_root, tied):
+def test_two_stages_with_and_without_the_chunked_lm_head_match_one_process(tmp_path, tiny_policy_dir, repo_root,
+                                                                          tied):
     """GRPO with the KL loss, 2 mini-batches per step (old log-probs from the synced full copy, a weight copy
     between optimizer steps) and clipping by the norm summed over both stages. Tied embeddings: the embedding lives
-    on both stages (fleet all-reduces its gradient) and counts once in the gradient norm."""
+    on both stages (fleet all-reduces its gradient) and counts once in the gradient norm.
+
+    Two launches of 2 stages, with the full logits and with policy.head_chunk_size set (the last stage hands the
+    loss its final hidden states and the loss applies the stage's LM head, weight [H, V] or the shared embedding
+    [V, H] when tied, 7 positions at a time: micro-batches of 4 x 8 completion positions, 7 does not divide them),
+    and one process: the full-logits launch matches the process, the chunked launch the full one (equal losses,
+    gradient norms with clipping active, every metric and the trained weights; measured 2.7e-6 / 3.2e-6). One
+    launch serves both comparisons (they were two tests launching the same full-logits run)."""
     policy = _tiny_policy(tmp_path, tie_word_embeddings=True) if tied else tiny_policy_dir
-    cfg = write_config(tmp_path, policy, "grpo")
-    run_rl = str(repo_root / "run_rl.py")
     common = ["--global_mini_batch_size", 2, "--max_grad_norm", 0.5]
-    run([sys.executable, run_rl, str(cfg), "--output_dir", str(tmp_path / "one"), *map(str, common)], tmp_path)
-    run(launch(run_rl, cfg, "--output_dir", tmp_path / "pp", "--pipeline_parallel_degree", 2, *common,
-               log_dir=tmp_path / "log"), tmp_path)
-    one, pp = _metrics(tmp_path / "one"), _metrics(tmp_path / "pp")
+    calls = _chunked_and_full(tmp_path, policy, repo_root, [*common, "--pipeline_parallel_degree", 2], nproc=2)
+    # 2 steps x 2 optimizer steps x 2 micro-batches, on the last stage only; none without chunking
+    assert calls == {"full": [[], []], "chunked": [[], [7] * 8]}
+    cfg = write_config(tmp_path, policy, "grpo")  # the launches' config (written again, the same)
+    run([sys.executable, str(repo_root / "run_rl.py"), str(cfg), "--output_dir", str(tmp_path / "one"),
+         *map(str, common)], tmp_path)
+    one, pp = _metrics(tmp_path / "one"), _metrics(tmp_path / "full")
     assert [r["step"] for r in one] == [r["step"] for r in pp] == [1, 2]
     assert assert_metrics_match(one, pp) > 30  # float32 sums in other orders; rewards and lengths equal
     assert one[0]["train/grad_norm"] > 0.5 and one[0]["train/optimizer_steps"] == 2  # clipping ran
-    ckpt = tmp_path / "pp" / "checkpoint-2"
+    ckpt = tmp_path / "full" / "checkpoint-2"
     # The merged full copy. The LM head sees every position, so gradients differ by float rounding, which Adam
     # turns into up to lr-sized steps on the few embedding rows whose gradient is ~1e-10 (below adam_epsilon):
     # numerics.assert_adam_close. 2 steps x 2 mini-batches.
-    drift = assert_checkpoints_match(tmp_path / "one", tmp_path / "pp", policy, 4)
+    drift = assert_checkpoints_match(tmp_path / "one", tmp_path / "full", policy, 4)
     assert drift["moved"] > 3e-3, drift
     assert (ckpt / "optimizer.pp0.pdopt").is_file() and (ckpt / "optimizer.pp1.pdopt").is_file()
     assert json.loads((ckpt / "trainer_state.json").read_text())["pipeline_parallel_degree"] == 2
-    for log in ("workerlog.0", "workerlog.1"):
-        assert "Traceback" not in (tmp_path / "log" / log).read_text()
-
-
-@pytest.mark.e2e
-@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-def test_two_stages_with_the_chunked_lm_head_match_two_stages_without(tmp_path, tiny_policy_dir, repo_root, tied):
-    """policy.head_chunk_size set: the last stage hands the loss its final hidden states and the loss applies the
-    stage's LM head (weight [H, V], or the shared embedding [V, H] when tied) 7 positions at a time (micro-batches
-    of 4 x 8 completion positions: 7 does not divide them). Two launches, with and without chunking: equal losses,
-    gradient norms (clipping active), every metric and the trained weights. Measured: weights 2.7e-6 / 3.2e-6."""
-    policy = _tiny_policy(tmp_path, tie_word_embeddings=True) if tied else tiny_policy_dir
-    calls = _chunked_and_full(tmp_path, policy, repo_root, ["--global_mini_batch_size", 2, "--max_grad_norm", 0.5,
-                                                            "--pipeline_parallel_degree", 2], nproc=2)
-    # 2 steps x 2 optimizer steps x 2 micro-batches, on the last stage only; none without chunking
-    assert calls == {"full": [[], []], "chunked": [[], [7] * 8]}
-    assert _metrics(tmp_path / "full")[0]["train/grad_norm"] > 0.5  # clipping ran
+    for log in ("log_full/workerlog.0", "log_full/workerlog.1", "log_chunked/workerlog.0", "log_chunked/workerlog.1"):
+        assert "Traceback" not in (tmp_path / log).read_text()
     _compare(tmp_path / "full", tmp_path / "chunked", policy)
 
 

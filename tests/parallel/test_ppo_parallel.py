@@ -43,10 +43,23 @@ def assert_critics_match(one, two, initial_dir, optimizer_steps, checkpoint="che
     return assert_adam_close(a, b, initial, lr=CRITIC_LR, steps=optimizer_steps, rel=TINY_REL_TOL)
 
 
-def one_process(tmp_path, cfg, repo_root, *args):
-    run([sys.executable, str(repo_root / "run_rl.py"), str(cfg), "--output_dir", str(tmp_path / "one"),
-         *map(str, args)], tmp_path)
-    return read_metrics(tmp_path / "one")
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, tiny_policy_dir, repo_root):
+    """one_process(*args): the output directory of run_rl.py on ppo_config's run in one process with `args`, run
+    once per module for each `args`: the data-parallel and tensor-parallel launches compare with the same run."""
+    runs = {}
+
+    def get(*args):
+        key = tuple(map(str, args))
+        if key not in runs:
+            work = tmp_path_factory.mktemp("one_ppo")
+            cfg = ppo_config(work, tiny_policy_dir)
+            run([sys.executable, str(repo_root / "run_rl.py"), str(cfg), "--output_dir", str(work / "one"), *key],
+                work)
+            runs[key] = work / "one"
+        return runs[key]
+
+    return get
 
 
 @pytest.mark.e2e
@@ -54,7 +67,7 @@ def one_process(tmp_path, cfg, repo_root, *args):
 # sharding: 3 launches of 4 steps (its parity, then the resume), about 2 minutes on 2 loaded cores: opt-in
 # (PADDLE_GRPO_SLOW_DIST=1), as the suite must stay fast; data parallel and tensor parallel always run.
 @pytest.mark.parametrize("layout", ["data_parallel", "tensor_parallel", pytest.param("sharding", marks=SLOW)])
-def test_ppo_on_two_processes_equals_one_process(tmp_path, tiny_policy_dir, repo_root, layout):
+def test_ppo_on_two_processes_equals_one_process(tmp_path, tiny_policy_dir, repo_root, layout, one_process):
     """Sharding runs 4 steps with a checkpoint at 2 and is then resumed from it: steps 3-4, the policy and the
     critic (whose AdamW states are split over the 2 ranks as the policy's) equal the uninterrupted run bitwise."""
     cfg = ppo_config(tmp_path, tiny_policy_dir)
@@ -62,7 +75,8 @@ def test_ppo_on_two_processes_equals_one_process(tmp_path, tiny_policy_dir, repo
              "sharding": ["--sharding", "stage1"]}[layout]
     sharding = layout == "sharding"
     steps = ["--max_steps", 4, "--save_steps", 2, "--critic_lr_scheduler_type", "cosine"] if sharding else []
-    one = one_process(tmp_path, cfg, repo_root, *steps)
+    one_dir = one_process(*steps)
+    one = read_metrics(one_dir)
     run(launch(repo_root / "run_rl.py", cfg, "--output_dir", tmp_path / "two", *steps, *extra,
                log_dir=tmp_path / "log"), tmp_path)
     two = read_metrics(tmp_path / "two")
@@ -76,8 +90,8 @@ def test_ppo_on_two_processes_equals_one_process(tmp_path, tiny_policy_dir, repo
     optimizer_steps = one[last]["train/optimizer_steps"]
     assert optimizer_steps == 2 * last
     ckpt = f"checkpoint-{last}"
-    assert_checkpoints_match(tmp_path / "one", tmp_path / "two", tiny_policy_dir, optimizer_steps, checkpoint=ckpt)
-    assert_critics_match(tmp_path / "one", tmp_path / "two", tiny_policy_dir, optimizer_steps, checkpoint=ckpt)
+    assert_checkpoints_match(one_dir, tmp_path / "two", tiny_policy_dir, optimizer_steps, checkpoint=ckpt)
+    assert_critics_match(one_dir, tmp_path / "two", tiny_policy_dir, optimizer_steps, checkpoint=ckpt)
     critic_dir = tmp_path / "two" / ckpt / "critic"
     files = {"data_parallel": ["optimizer.pdopt"], "tensor_parallel": ["optimizer.tp0.pdopt", "optimizer.tp1.pdopt"],
              "sharding": ["optimizer.sharding0.pdopt", "optimizer.sharding1.pdopt"]}[layout]

@@ -167,21 +167,12 @@ print(json.dumps(dict(cache=cache, n=len(hub.model.parameters()), weights_equal=
 '''
 
 
-def test_a_cached_hub_id_loads_exactly_the_local_model(tmp_path, tiny_policy_dir, model_server):
-    url, _, requests = model_server
-    home = cached_home(tmp_path, tiny_policy_dir)
-    out = run(["-c", CACHE_HIT, MODEL_ID, tiny_policy_dir], home, url, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["cache"] == str(home / "models" / MODEL_ID)
-    assert result["n"] > 0 and result["weights_equal"] and result["file_equal"]
-    assert result["ids"][0] == result["ids"][1] and len(result["ids"][0]) > 5
-    assert result["vocab"] and result["pad"][0] == result["pad"][1] is not None
-    assert result["seq2seq"] is False
-    assert requests == []  # a cache hit never asks the server
-
-
-def test_a_hub_id_is_downloaded_through_paddlenlp_into_its_cache(tmp_path, tiny_policy_dir, model_server):
+def test_a_hub_id_is_downloaded_into_the_cache_then_loads_exactly_the_local_model(tmp_path, tiny_policy_dir,
+                                                                                   model_server):
+    """A first process resolves the ID: PaddleNLP downloads every file into its cache. A second process (the cache
+    now populated) loads policy and tokenizer by the ID without asking the server, equal to loading the local
+    directory. (Two tests before, each starting a process that imports paddle; the download left the cache the
+    second needed.)"""
     url, root, requests = model_server
     shutil.copytree(tiny_policy_dir, root / "models" / "community" / MODEL_ID)
     home = tmp_path / "ppnlp"
@@ -193,10 +184,17 @@ def test_a_hub_id_is_downloaded_through_paddlenlp_into_its_cache(tmp_path, tiny_
     for name in os.listdir(tiny_policy_dir):  # every file of the model, byte for byte
         assert (cache / name).read_bytes() == open(os.path.join(tiny_policy_dir, name), "rb").read(), name
     assert ("GET", f"/models/community/{MODEL_ID}/model_state.pdparams") in requests
-    # Now cached: a second resolution does not ask the server again.
+    # Now cached: another process resolves and loads it without asking the server again.
     before = len(requests)
-    out = run(["-c", code, MODEL_ID], home, url, cwd=tmp_path)
-    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == str(cache) and len(requests) == before
+    out = run(["-c", CACHE_HIT, MODEL_ID, tiny_policy_dir], home, url, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["cache"] == str(cache)
+    assert result["n"] > 0 and result["weights_equal"] and result["file_equal"]
+    assert result["ids"][0] == result["ids"][1] and len(result["ids"][0]) > 5
+    assert result["vocab"] and result["pad"][0] == result["pad"][1] is not None
+    assert result["seq2seq"] is False
+    assert len(requests) == before  # a cache hit never asks the server
 
 
 def test_a_one_step_run_starts_from_a_hub_id(tmp_path, tiny_policy_dir, refused_endpoint):

@@ -37,6 +37,13 @@ def test_keys_and_finite_values(result):
     assert result["peak_rss_mb"] > 50
     assert result["fast_path"] is True
     assert len(result["step_s_all"]) == 2  # timed_steps
+    # which CPU and kernel paths ran, so that runs on two CPU families can be told apart (docs/PERFORMANCE.md)
+    from paddle_grpo import cpu_tuning
+
+    kernels = result["kernels"]
+    assert kernels["cpu"] == cpu_tuning.kernel_report()["cpu"]
+    if "MKL_DEBUG_CPU_TYPE" in result["cpu_tuning"]:
+        assert kernels["mkl_code_path"] == "AVX2"
 
 
 def test_completions_are_forced_to_completion_len(result):
@@ -74,10 +81,18 @@ def test_peak_rss_by_phase(result):
     assert increases["step"] > 0
 
 
-def test_ppo_adds_the_critics_phases():
+@pytest.fixture(scope="module")
+def ppo_uniform():
+    """One run for the PPO phases and the variable lengths (each bench run starts paddle and builds a model):
+    --algorithm ppo, completions of uniform:2 lengths on completion_len 8, 3 timed steps, update_iters=2."""
+    return run_bench("--algorithm", "ppo", "--lengths", "uniform:2", "--set", "completion_len=8",
+                     "--set", "timed_steps=3", "--config", "update_iters=2")
+
+
+def test_ppo_adds_the_critics_phases(ppo_uniform):
     """--algorithm ppo: the critic's values and update are phases of their own (time, peak RSS, GFLOP), the policy's
     update keeps its own; with GRPO (the module's `result`) the critic's phases are 0 / absent."""
-    r = run_bench("--algorithm", "ppo", "--set", "timed_steps=1")
+    r = ppo_uniform
     assert r["algorithm"] == "ppo"
     assert r["value_s_median"] > 0 and r["critic_update_s_median"] > 0 and r["update_s_median"] > 0
     assert r["value_s_median"] + r["critic_update_s_median"] + r["update_s_median"] < r["step_s_median"]
@@ -95,11 +110,10 @@ def test_grpo_has_no_critic_phases(result):
     assert "value" not in result["peak_rss_mb_by_phase"] and "value" not in result["gflop_per_step"]
 
 
-def test_variable_lengths_end_at_eos_with_the_drawn_lengths():
+def test_variable_lengths_end_at_eos_with_the_drawn_lengths(ppo_uniform):
     """uniform:2 on completion_len 8: every row's completion_mask sum is its drawn length, in [2, 8], the rows end
     at EOS, and --config reaches the trainer (update_iters=2: off-policy, so the old-log-prob phase runs)."""
-    r = run_bench("--lengths", "uniform:2", "--set", "completion_len=8", "--set", "timed_steps=3",
-                  "--config", "update_iters=2")
+    r = ppo_uniform
     drawn, sums = r["drawn_lengths_by_step"], r["mask_sums_by_step"]
     shape = json.loads(TINY.read_text())
     assert len(drawn) == 3 and all(len(d) == shape["prompts_per_step"] * shape["group_size"] for d in drawn)
