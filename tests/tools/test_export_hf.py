@@ -17,9 +17,9 @@ import subprocess
 import numpy as np
 import paddle
 import pytest
+
 from lora_helpers import randomize_adapters
 from numerics import f32_sum_tol, tiny_lm_tol
-
 from paddle_grpo.policy import load_policy, load_tokenizer
 from paddle_grpo.policy import lora as L
 from paddle_grpo.policy.causal import load_causal_lm
