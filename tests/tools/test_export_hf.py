@@ -153,6 +153,28 @@ def test_the_export_loads_back_with_the_original_logits(exported):
         assert theirs.encode(s).ids == ours(s)["input_ids"], s
 
 
+def test_a_runs_checkpoint_exports_its_policy(exporter, tiny_policy_dir, tmp_path):
+    """A full checkpoint as the trainer writes it (checkpoint.save_checkpoint: policy, tokenizer, optimizer state,
+    trainer state, RNG state), after one AdamW step so the weights are the trained ones, not the initial ones."""
+    from paddle_grpo.checkpoint import save_checkpoint
+
+    model = load_causal_lm(tiny_policy_dir)
+    optimizer = paddle.optimizer.AdamW(learning_rate=1e-2, parameters=model.parameters())
+    loss = model(input_ids=paddle.to_tensor(IDS), return_dict=True).logits.square().mean()
+    loss.backward()
+    optimizer.step()
+    model.eval()
+    with paddle.no_grad():
+        trained = model(input_ids=paddle.to_tensor(IDS), return_dict=True).logits.numpy()
+    checkpoint = save_checkpoint(str(tmp_path / "run"), 1, model, load_tokenizer(tiny_policy_dir),
+                                 trainer_state={"global_step": 1}, optimizer=optimizer)
+    assert {"optimizer.pdopt", "trainer_state.json"} <= set(os.listdir(checkpoint))
+    exporter.export(checkpoint, str(tmp_path / "hf"))
+    assert not {"optimizer.pdopt", "trainer_state.json", "rng_state.pkl"} & set(os.listdir(tmp_path / "hf"))
+    assert np.array_equal(logits(str(tmp_path / "hf")), trained)  # same float32 weights and kernels
+    assert np.abs(logits(tiny_policy_dir) - trained).max() > 1e-3  # the step did change the model
+
+
 def test_lora_checkpoint_exports_merged(exporter, tiny_policy_dir, tmp_path):
     """A LoRA checkpoint (adapters + tokenizer, the base recorded in lora_config.json) exports as base + adapters."""
     base = with_template(tiny_policy_dir, tmp_path / "base")
