@@ -175,8 +175,9 @@ def test_a_runs_checkpoint_exports_its_policy(exporter, tiny_policy_dir, tmp_pat
     assert np.abs(logits(tiny_policy_dir) - trained).max() > 1e-3  # the step did change the model
 
 
-def test_lora_checkpoint_exports_merged(exporter, tiny_policy_dir, tmp_path):
-    """A LoRA checkpoint (adapters + tokenizer, the base recorded in lora_config.json) exports as base + adapters."""
+def lora_checkpoint(tiny_policy_dir, tmp_path):
+    """(a LoRA checkpoint as a `lora: true` run writes it: adapters with random non-zero A and B, tokenizer, the base
+    recorded in lora_config.json; the base model's directory; the LoRA model's logits of IDS)."""
     base = with_template(tiny_policy_dir, tmp_path / "base")
     model = L.apply_lora(load_causal_lm(base), rank=4, alpha=8, dropout=0.0, base_model_name_or_path=base)
     randomize_adapters(model, np.random.default_rng(3))
@@ -185,6 +186,12 @@ def test_lora_checkpoint_exports_merged(exporter, tiny_policy_dir, tmp_path):
     checkpoint = str(tmp_path / "checkpoint-1")
     L.save_adapters(model, checkpoint)
     load_tokenizer(base).save_pretrained(checkpoint)
+    return checkpoint, base, lora_logits
+
+
+def test_lora_checkpoint_exports_merged(exporter, tiny_policy_dir, tmp_path):
+    """A LoRA checkpoint (adapters + tokenizer, the base recorded in lora_config.json) exports as base + adapters."""
+    checkpoint, base, lora_logits = lora_checkpoint(tiny_policy_dir, tmp_path)
     summary = exporter.export(checkpoint, str(tmp_path / "hf"))
     assert summary["lora_r"] == 4 and summary["base"] == os.path.abspath(base)
     got = logits(str(tmp_path / "hf"))
@@ -288,8 +295,9 @@ def test_transformers_loads_the_exports(exporter, tiny_policy_dir, tmp_path):
         name = f"llama-{'tied' if tied else 'untied'}"
         sources[name] = with_template(tiny_llama(tiny_policy_dir, str(tmp_path / f"raw-{name}"), tied),
                                       tmp_path / name)
-    outs = {name: str(tmp_path / f"hf-{name}") for name in sources}
-    for name, src in sources.items():
+    checkpoint, _, lora_logits = lora_checkpoint(tiny_policy_dir, tmp_path / "lora")
+    outs = {name: str(tmp_path / f"hf-{name}") for name in [*sources, "lora"]}
+    for name, src in [*sources.items(), ("lora", checkpoint)]:
         exporter.export(src, outs[name])
     peer = subprocess.run([python, "-c", PEER_SCRIPT, json.dumps(list(outs.values())), json.dumps(IDS.tolist()),
                            json.dumps(STRINGS)], capture_output=True, text=True, timeout=600)
@@ -308,3 +316,7 @@ def test_transformers_loads_the_exports(exporter, tiny_policy_dir, tmp_path):
         assert got["chat"] == tok.apply_chat_template([{"role": "user", "content": "Hi 12"}], tokenize=False,
                                                       add_generation_prompt=True) == \
             "<|im_start|>user\nHi 12<|im_end|>\n<|im_start|>assistant\n"
+    # The merged LoRA export against the LoRA model: the bound above plus merging's rounding (as
+    # test_lora_checkpoint_exports_merged)
+    tol = 2 * f32_sum_tol(INTER, np.abs(lora_logits).max() + 1, depth=9 * LAYERS + 2) + tiny_lm_tol(INTER, LAYERS, 0)
+    assert np.abs(lora_logits - np.array(theirs[outs["lora"]]["logits"])).max() < tol
