@@ -28,8 +28,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-__all__ = ["ConversionPlan", "WeightFormatError", "conversion_cache_dir", "loadable_dir", "plan", "read_header",
-           "read_safetensors", "to_paddlenlp", "weight_format", "write_safetensors"]
+__all__ = ["ConversionPlan", "WeightFormatError", "conversion_cache_dir", "loadable_dir", "name_mappings", "plan",
+           "read_header", "read_safetensors", "to_paddlenlp", "weight_format", "write_safetensors"]
 
 logger = logging.getLogger("paddle_grpo.policy")
 
@@ -177,18 +177,25 @@ def _model_class(config: Any, directory: str) -> type:
                             "(docs/models.md)")
 
 
+def name_mappings(config: Any, directory: str) -> list[Any]:
+    """PaddleNLP's own StateDictNameMapping list (transformers name -> PaddleNLP name, action) of the model class
+    that `config.architectures` names; both directions use it (this module forward, tools/export_hf.py in reverse).
+    WeightFormatError naming `directory` when there is no such class or it has no mapping."""
+    cls = _model_class(config, directory)
+    try:
+        return cls._get_name_mappings(config)
+    except NotImplementedError:
+        raise WeightFormatError(f"{directory}: PaddleNLP's {cls.__name__} has no conversion from transformers' "
+                                "tensor names") from None
+
+
 def _mapping(directory: str) -> tuple[dict[str, Any], set[str], Any]:
     """({transformers name: PaddleNLP's StateDictNameMapping}, the PaddleNLP names every checkpoint must hold,
     config) for the model in `directory`, from its PaddleNLP config class and model class."""
     from paddlenlp.transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(directory)
-    cls = _model_class(config, directory)
-    try:
-        mappings = cls._get_name_mappings(config)
-    except NotImplementedError:
-        raise WeightFormatError(f"{directory}: PaddleNLP's {cls.__name__} has no conversion from transformers' "
-                                "tensor names") from None
+    mappings = name_mappings(config, directory)
     by_source = {m.source_name: m for m in mappings}
     required = {m.target_name for m in mappings if not m.source_name.endswith(_REDUNDANT_SUFFIXES)}
     return by_source, required, config

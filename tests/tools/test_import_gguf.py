@@ -10,7 +10,6 @@ PaddleNLP's LlamaForCausalLM, set by this file's own mapping, and a numpy forwar
 `tokenizers` tokenizer. Where the `.[peer]` environment exists (PADDLE_GRPO_PEER_PYTHON, with transformers and
 torch), transformers' own GGUF loader reads the same file and its logits, greedy tokens and token ids are compared.
 """
-import importlib.util
 import json
 import os
 import random
@@ -26,6 +25,7 @@ gguf = pytest.importorskip("gguf", reason="the `gguf` package is not installed (
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 
 from numerics import f32_sum_tol  # noqa: E402
+from peer_helpers import peer_python  # noqa: E402
 
 HIDDEN, HEADS, KV_HEADS, INTER, LAYERS, CTX = 64, 4, 2, 128, 2, 256
 HEAD_DIM = HIDDEN // HEADS
@@ -371,15 +371,6 @@ with torch.no_grad():
 print(json.dumps({"logits": logits.tolist(), "greedy": greedy[0, len(ids):].tolist(),
                   "ids": [tok(s, add_special_tokens=False)["input_ids"] for s in strings]}))
 '''
-
-
-def peer_python():
-    """The python with transformers, torch and gguf (the `.[peer]` environment), or None."""
-    if os.environ.get("PADDLE_GRPO_PEER_PYTHON"):
-        return os.environ["PADDLE_GRPO_PEER_PYTHON"]
-    if all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers")):
-        return sys.executable
-    return None
 
 
 def test_transformers_reads_the_same_model_from_the_gguf_file(imported, tmp_path):
