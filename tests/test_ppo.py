@@ -48,15 +48,19 @@ def make_cfg(workdir, policy_dir, out, **overrides):
                   max_prompt_len=32, max_dec_len=8, min_dec_len=1, max_length=40, global_batch_size=4, rollout_n=4,
                   per_device_train_batch_size=8, per_device_logprob_batch_size=16, per_device_value_batch_size=16,
                   learning_rate=2e-3, critic_learning_rate=1e-2, max_steps=2, kl_coeff=0.05, save_strategy="no",
-                  disable_tqdm=True, seed=7, temperature=1.0)
+                  disable_tqdm=True, seed=7, temperature=1.0,
+                  # name_reward declares no maximum: what counts as correct for VAPO's positive examples (a
+                  # completion of 6 or more characters, or one naming the person)
+                  positive_example_min_reward=0.3)
     values.update(overrides)
     return config_from_dict(values)
 
 
 @pytest.mark.parametrize("algorithm", ["ppo", "vapo"])
 def test_a_step_trains_the_policy_and_the_critic_with_finite_metrics(workdir, tiny_policy_dir, tmp_path, algorithm):
+    # pretrain_critic_steps 0: vapo's default (50) would leave the policy untouched for both steps
     trainer = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "out", rl_algorithm=algorithm,
-                               global_mini_batch_size=2))
+                               global_mini_batch_size=2, pretrain_critic_steps=0))
     policy0, critic0 = params(trainer.policy.model), params(trainer.critic_learner.critic.model)
     trainer.train()
     policy1, critic1 = params(trainer.policy.model), params(trainer.critic_learner.critic.model)
