@@ -100,9 +100,9 @@ def run_key_notes(cfg: Config) -> Dict[str, str]:
                           f"(rl_algorithm {with_critic} train one)")
     elif cfg.critic_setting("critic_lr_scheduler_type") in CONSTANT_SCHEDULES:
         schedule = cfg.critic_setting("critic_lr_scheduler_type")
-        notes["critic_min_learning_rate"] = (f"critic_lr_scheduler_type {schedule!r}"
-                                             f"{'' if cfg.critic_lr_scheduler_type else ' (lr_scheduler_type)'} "
-                                             "does not decay (linear and cosine decay to it)")
+        source = (f"critic_lr_scheduler_type {schedule!r}" if cfg.critic_lr_scheduler_type else
+                  f"the critic's schedule, lr_scheduler_type {schedule!r} (critic_lr_scheduler_type is unset),")
+        notes["critic_min_learning_rate"] = f"{source} does not decay (linear and cosine decay to it)"
     if cfg.lr_scheduler_type in CONSTANT_SCHEDULES:
         notes["min_learning_rate"] = (f"lr_scheduler_type {cfg.lr_scheduler_type!r} does not decay (linear and "
                                       "cosine decay to it)")

@@ -57,7 +57,7 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
             source = CRITIC_INHERITS[key]
             if key == "critic_warmup_ratio":
                 return (f"null = the policy's warm-up: warmup_steps {self.warmup_steps}" if self.warmup_steps
-                        else f"null = warmup_ratio {yaml_value(self.warmup_ratio)}")
+                        else f"null = the policy's warm-up: warmup_ratio {yaml_value(self.warmup_ratio)}")
             return f"null = {source} {yaml_value(getattr(self, source))}"
         estimator = self._estimator
         if key in dict(estimator.key_defaults) and getattr(self, key) is None:
