@@ -20,7 +20,15 @@ def test_summary_reads_first_last_and_range_of_evals(load_tool, tmp_path):
     _fake_run(tmp_path, "s7", "qs_s7", {0: 0.5, 30: 0.75, 60: 0.7}, 450)
     row = tool.summarise(7, False, wall_s=181.6, root=str(tmp_path))
     assert row == {"seed": 7, "learning_rate_0": False, "sft_steps": 450, "eval_first": 0.5, "eval_last": 0.7,
-                   "last_step": 60, "eval_all_min": 0.5, "eval_all_max": 0.75, "wall_s": 182}
+                   "last_step": 60, "eval_all_min": 0.5, "eval_all_max": 0.75, "wall_s": 182,
+                   "eval": [[0, 0.5], [30, 0.75], [60, 0.7]]}
+    # A run's config.yaml (Config.format): every key as resolved, and what each unset one took.
+    out = tmp_path / "output" / "s7" / "config.yaml"
+    out.write_text("# AlgorithmArguments\nrl_algorithm: vapo\npretrain_critic_steps: null  # null = rl_algorithm "
+                   "vapo's default 50\nclip_range_ratio: 0.2\n")
+    row = tool.summarise(7, False, wall_s=181.6, root=str(tmp_path))
+    assert row["config"] == {"rl_algorithm": "vapo", "pretrain_critic_steps": None, "clip_range_ratio": 0.2}
+    assert row["config_unset"] == {"pretrain_critic_steps": "rl_algorithm vapo's default 50"}
 
 
 def test_tables_give_ranges_over_seeds_and_controls(load_tool):
