@@ -77,7 +77,8 @@ def build_critic_learner(cfg: Any, par: ParallelContext, precision: Any, load_kw
         cfg.critic_setting("critic_lr_scheduler_type"), warmup, total_optimizer_steps, cfg.critic_min_lr_ratio))
     decay = parameters_by_decay(critic.model)
     optimizer = par.wrap_optimizer(precision.decorate(critic.model, paddle.optimizer.AdamW(
-        learning_rate=scheduler, parameters=critic.trainable_parameters(), weight_decay=cfg.critic_setting("critic_weight_decay"),
+        learning_rate=scheduler, parameters=critic.trainable_parameters(),
+        weight_decay=cfg.critic_setting("critic_weight_decay"),
         beta1=cfg.adam_beta1, beta2=cfg.adam_beta2, epsilon=cfg.adam_epsilon,
         apply_decay_param_fun=lambda name: name in decay)), main=False)
     return CriticLearner(critic, optimizer, scheduler, par.for_optimizer(optimizer), amp=precision.runtime())
