@@ -146,6 +146,26 @@ def test_ppo_results_match_the_docs(load_tool, repo_root):
     assert len(runs) >= 3 and min(r["eval_last"] - r["eval_first"] for r in runs) >= 0.15  # the issue's bar
 
 
+def test_vapo_results_match_the_docs_and_name_every_effective_key(load_tool, repo_root):
+    """docs/quickstart.md's VAPO table and trajectory are docs/results/quickstart_vapo_seeds.json's, and each run
+    recorded its resolved config: vapo's defaults as the trainer took them."""
+    tool = load_tool("quickstart_seeds")
+    with open(repo_root / "docs" / "results" / "quickstart_vapo_seeds.json", encoding="utf-8") as f:
+        results = json.load(f)
+    assert results["run_args"] == "--rl_algorithm vapo --pretrain_critic_steps null --normalize_advantage false"
+    doc = (repo_root / "docs" / "quickstart.md").read_text(encoding="utf-8")
+    summary_line, table = tool.tables(results).split("\n", 1)
+    assert summary_line in doc and table.strip() in doc
+    for run in results["runs"]:
+        config, unset = run["config"], run["config_unset"]
+        assert config["rl_algorithm"] == "vapo" and config["normalize_advantage"] is False
+        assert unset["pretrain_critic_steps"] == "rl_algorithm vapo's default 50"
+        assert unset["clip_range_ratio_high"] == "rl_algorithm vapo's default 0.28"
+        assert run["effective"]["pretrain_critic_steps"] == 50 and run["effective"]["clip_range_ratio_high"] == 0.28
+    seed42 = results["runs"][0]
+    assert ", ".join(f"{a:.3f}" for _, a in seed42["eval"][3:]) in doc.replace("\n", " ")  # steps 60-200
+
+
 def test_tool_runs_record_tool_use_and_accuracy_with_and_without_tools(load_tool, tmp_path):
     """A multi-turn run's row keeps the first and last eval/tool_use_rate and accuracy with / without tools (nan,
     an accuracy over no sample, becomes None and prints as "-"); --tables adds the second table."""
