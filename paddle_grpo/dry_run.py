@@ -490,6 +490,74 @@ def check_critic(cfg: Config, policy_vocab: Optional[int]) -> List[str]:
     return []
 
 
+def critic_run_lines(cfg: Config) -> Tuple[List[str], List[str], List[str]]:
+    """(lines, warnings, problems) of what a critic run (ppo, vapo) does with its keys as resolved, each saying
+    where an unset key's value comes from: value pretraining, the policy's clip range, the critic's optimizer (its
+    unset keys take the policy's), the positive-example LM loss and what counts as correct for it, and VAPO's
+    lam_policy on short completions."""
+    lines: List[str] = []
+    warnings: List[str] = []
+    problems: List[str] = []
+
+    def origin(key: str) -> str:  # where the value of an Optional key comes from
+        note = cfg.unset_note(key)
+        return key if getattr(cfg, key) is not None else f"{key} unset: {note.removeprefix('null = ')}"
+
+    if cfg.needs_critic:
+        steps = cfg.critic_pretrain_steps
+        lines.append(f"value pretraining: {steps} step{'s' if steps != 1 else ''} update only the critic "
+                     f"({origin('pretrain_critic_steps')}); the policy's schedule spans the "
+                     f"{max(0, cfg.max_steps - steps) if cfg.max_steps > 0 else 'remaining'} steps after them")
+        from .config.critic import CRITIC_INHERITS
+
+        settings = ", ".join(f"{key} {yaml_value(cfg.critic_setting(key))}" +
+                             ("" if getattr(cfg, key) is not None else f" (unset: the policy's {CRITIC_INHERITS[key]})")
+                             for key in ("critic_learning_rate", "critic_min_learning_rate",
+                                         "critic_lr_scheduler_type", "critic_weight_decay"))
+        warmup = (f"critic_warmup_ratio {cfg.critic_warmup_ratio}" if cfg.critic_warmup_ratio is not None else
+                  f"{cfg.unset_note('critic_warmup_ratio').removeprefix('null = ')} (critic_warmup_ratio unset)")
+        lines.append(f"critic optimizer: {settings}; warm-up: {warmup}")
+    if cfg.needs_critic or cfg.clip_range_ratio_high is not None:
+        lines.append(f"policy clip range: [1 - {cfg.eps_low}, 1 + {cfg.eps_high}] "
+                     f"({origin('clip_range_ratio_high')})")
+    if cfg.positive_lm_coeff > 0:
+        declared, where = None, "asked from the reward server's /health at start-up"
+        from .rewards.reward_model import REWARD_MODEL_PREFIX
+
+        names = [r.strip() for r in cfg.reward_funcs.split(",") if r.strip()]
+        if not cfg.use_rm_server and not any(n.startswith(REWARD_MODEL_PREFIX) for n in names):
+            from .rewards.combine import RewardSet  # functions only: no model weights are read
+            try:
+                declared = RewardSet(cfg.reward_funcs, cfg.reward_weights).max_score
+                where = "the reward functions declare none" if declared is None else \
+                    f"the maximum the reward functions declare, {declared}, minus 1e-6"
+            except Exception:  # noqa: BLE001  check_rewards reports a function that does not load
+                where = "the reward functions do not load"
+        threshold = cfg.positive_min_reward(declared)
+        if cfg.positive_example_min_reward is not None:
+            where = "positive_example_min_reward"
+        elif cfg.eval_max_reward is not None:
+            where = f"eval_max_reward {cfg.eval_max_reward} minus 1e-6"
+        coeff = (f"{cfg.positive_lm_coeff} ({origin('positive_example_lm_coeff')})")
+        if threshold is None and not cfg.use_rm_server:
+            problems.append("positive_example_lm_coeff: the positive-example LM loss is on "
+                            f"({coeff}) but no reward counts as correct ({where}): set positive_example_min_reward "
+                            "or eval_max_reward, or positive_example_lm_coeff: 0")
+        shown = "unknown" if threshold is None else f">= {threshold!r}"
+        lines.append(f"positive-example LM loss: coefficient {coeff}, on every completion of the batch with a reward "
+                     f"{shown} ({where}), whatever its group scored")
+    if cfg.rl_algorithm == "vapo":
+        shortest = 1.0 / cfg.vapo_alpha
+        lines.append(f"lam_policy = max(0, 1 - 1 / (vapo_alpha {cfg.vapo_alpha} x l)) is 0 for completions of "
+                     f"l <= {shortest:g} tokens: their advantages are one-step TD errors, and the policy learns "
+                     "only as fast as the critic's values become informative")
+        if cfg.max_dec_len <= shortest:
+            warnings.append(f"vapo: max_dec_len {cfg.max_dec_len} <= 1 / vapo_alpha = {shortest:g}: lam_policy is 0 "
+                            "for every completion (one-step TD advantages only); choose vapo_alpha of the order of "
+                            "1 / (typical answer length) for short answers")
+    return lines, warnings, problems
+
+
 def _record_places(path: str) -> List[str]:
     """'file:line' (JSONL; blank lines are skipped, as read_jsonl skips them) or 'file: row N' (parquet) of each
     record of a data file, in read_jsonl's order."""
@@ -625,6 +693,9 @@ def dry_run(cfg: Config, argv: Sequence[str], device: str, script: str = "run_rl
         if tokenizer is not None and records:
             warnings += check_prompt_lengths(cfg, tokenizer, config, records)
     problems += check_critic(cfg, len(tokenizer) if tokenizer is not None else None)
+    critic_lines, critic_warnings, critic_problems = critic_run_lines(cfg)  # ppo / vapo keys, resolved
+    print("".join(f"  {line}\n" for line in critic_lines), end="")
+    warnings, problems = warnings + critic_warnings, problems + critic_problems
     problems += check_rewards(cfg)
     problems += check_tools(cfg, tokenizer)
     layout_problems, n = check_layout(cfg)

@@ -17,7 +17,7 @@ import paddle
 from . import checkpoint as ckpt
 from . import run_dir, run_state, step, summary
 from .algorithms import RunningRewardNormalizer, lr_lambda
-from .config import Config, write_config
+from .config import Config, ConfigError, write_config
 from .data import PromptSampler, read_json_rows, read_jsonl
 from .logging import MetricsLogger
 from .faults import StepGuard
@@ -110,9 +110,12 @@ class Trainer:
         self.normalizer = RunningRewardNormalizer() if cfg.reward_normalization else None
 
         total_opt_steps = self.max_steps * self.geometry.optimizer_steps_per_step
-        warmup = cfg.warmup_steps or int(cfg.warmup_ratio * total_opt_steps)
+        # The policy is stepped only after the value pretraining (critic_pretrain_steps): its schedule spans the
+        # steps that update it, so warm-up and decay run in full and the last step reaches min_learning_rate.
+        policy_opt_steps = self.policy_optimizer_steps(cfg, self.max_steps, self.geometry.optimizer_steps_per_step)
+        warmup = cfg.warmup_steps or int(cfg.warmup_ratio * policy_opt_steps)
         scheduler = paddle.optimizer.lr.LambdaDecay(cfg.learning_rate, lr_lambda(cfg.lr_scheduler_type, warmup,
-                                                                                 total_opt_steps, cfg.min_lr_ratio))
+                                                                                 policy_opt_steps, cfg.min_lr_ratio))
         trained = pipeline.layers if pipeline is not None else self.policy.model
         decay = parameters_by_decay(trained)
         optimizer = par.wrap_optimizer(self.precision.decorate(trained, paddle.optimizer.AdamW(
@@ -123,6 +126,8 @@ class Trainer:
         self.learner = step.Learner(self.policy, pipeline, optimizer, scheduler, amp=self.precision.runtime())
         self.critic_learner = step.build_critic_learner(cfg, par, self.precision, load, total_opt_steps,
                                                         self.policy.is_encoder_decoder)  # None: no critic
+        # VAPO's positive examples: the rewards that count as correct (None: the loss is off).
+        self.positive_min_reward = self._positive_min_reward() if cfg.positive_lm_coeff > 0 else None
 
         self.step, self.unlogged = 0, None
         self.guard = StepGuard(self)  # the state at each step's start, signals, saving on a fault (faults.py)
@@ -169,7 +174,8 @@ class Trainer:
         rows = step.gather(par, batch, old_for_reward, ref_lp, values)
         rewards, reward_metrics = step.shape_rewards(rows, cfg, self.normalizer)
         estimate = step.estimate_advantages(rows, rewards, cfg)
-        inputs, critic_inputs = step.update_inputs(rows, estimate, batch, old_lp, ref_lp, values, cfg)
+        inputs, critic_inputs = step.update_inputs(rows, estimate, batch, old_lp, ref_lp, values, cfg,
+                                                   self.positive_min_reward)
         metrics = {**collected.as_dict(), **reward_metrics.as_dict(), "perf/logprob_s": logprob_s,
                    "perf/reference_s": reference_s, **estimate.metrics.as_dict(), **critic_metrics,
                    **(estimate.value_metrics.as_dict() if critic is not None else {})}
@@ -177,7 +183,7 @@ class Trainer:
             metrics["train/kl"] = step.reference_kl(par, batch, ref_lp)
 
         t0 = time.perf_counter()
-        if critic is None or self.step >= cfg.pretrain_critic_steps:  # VAPO's value pretraining: critic only first
+        if critic is None or self.step >= cfg.critic_pretrain_steps:  # VAPO's value pretraining: critic only first
             metrics.update(step.update(par, self.learner, inputs, cfg, geo, self.step, par.vocab_parallel).as_dict())
         if critic is not None:
             metrics.update(step.update_critic(critic, critic_inputs, cfg, geo, self.step).as_dict())
@@ -225,6 +231,26 @@ class Trainer:
             metrics.update(step.eval_tool_metrics([c for _, part in parts for c in part], correct))
         self.log.log_samples(self.step, samples, tag="eval")
         return metrics
+
+    @staticmethod
+    def policy_optimizer_steps(cfg: Any, max_steps: int, optimizer_steps_per_step: int) -> int:
+        """Optimizer steps of the policy over the run: those of the steps after the value pretraining
+        (critic_pretrain_steps), at least 1."""
+        return max(1, (max_steps - cfg.critic_pretrain_steps) * optimizer_steps_per_step)
+
+    def _positive_min_reward(self) -> float:
+        """The reward from which a completion is a positive example of VAPO's LM loss (Config.positive_min_reward);
+        raises ConfigError naming the keys when no reward counts as correct."""
+        cfg = self.cfg
+        keyed = cfg.positive_example_min_reward is not None or cfg.eval_max_reward is not None
+        threshold = cfg.positive_min_reward(None if keyed else self.rewarder.max_score)  # asks a server only then
+        if threshold is None:
+            raise ConfigError(f"positive_example_lm_coeff is {cfg.positive_lm_coeff} (rl_algorithm "
+                              f"{cfg.rl_algorithm!r}), and its loss trains on the correct answers, but what "
+                              "counts as correct is unknown: the reward functions declare no maximum score. Set "
+                              "positive_example_min_reward (or eval_max_reward) to the reward of a correct answer, "
+                              "or positive_example_lm_coeff: 0")
+        return threshold
 
     def _max_reward(self) -> Optional[float]:
         """The reward that counts as correct: eval_max_reward, else the maximum the reward functions declare

@@ -688,8 +688,88 @@ def test_min_learning_rate_ratios_and_their_bound():
         config_from_dict({"learning_rate": 1e-6, "min_learning_rate": 2e-6, "lr_scheduler_type": "linear"})
     # A constant schedule never reaches the floor: PaddleNLP's files set it above or equal, and they load.
     assert config_from_dict({"learning_rate": 1e-6, "min_learning_rate": 2e-6}).min_learning_rate == 2e-6
-    with pytest.raises(ConfigError, match="key 'critic_min_learning_rate' = 1.0: must not exceed critic_learning_rate"):
-        config_from_dict({"critic_min_learning_rate": 1.0, "critic_lr_scheduler_type": "cosine"})
+    critic = {"rl_algorithm": "ppo", "critic_model_name_or_path": "c"}
+    with pytest.raises(ConfigError, match=r"key 'critic_min_learning_rate' = 1.0: must not exceed learning_rate "
+                                          r"\(critic_learning_rate is unset and takes it\) \(5e-07\)"):
+        config_from_dict({**critic, "critic_min_learning_rate": 1.0, "critic_lr_scheduler_type": "cosine"})
+    with pytest.raises(ConfigError, match=r"key 'critic_min_learning_rate' = 1.0: must not exceed "
+                                          r"critic_learning_rate \(0.5\): the critic's cosine schedule"):
+        config_from_dict({**critic, "critic_min_learning_rate": 1.0, "critic_learning_rate": 0.5,
+                          "critic_lr_scheduler_type": "cosine"})
+    # The inherited floor: min_learning_rate is named, with the key that would set the critic's own.
+    with pytest.raises(ConfigError, match=r"key 'min_learning_rate' = 1e-05: is the critic's floor too .* set "
+                                          r"critic_min_learning_rate"):
+        config_from_dict({**critic, "min_learning_rate": 1e-5, "learning_rate": 1e-4, "critic_learning_rate": 1e-6,
+                          "lr_scheduler_type": "cosine"})
+
+
+# PaddleNLP's create_critic_trainer copies the actor's arguments and overrides only the critic_* keys that are set.
+@pytest.mark.parametrize("values, want", [
+    ({}, {"critic_learning_rate": 3e-6, "critic_min_learning_rate": 1e-7, "critic_lr_scheduler_type": "cosine",
+          "critic_weight_decay": 0.05}),
+    ({"critic_learning_rate": 1e-5, "critic_lr_scheduler_type": "linear", "critic_weight_decay": 0.0,
+      "critic_min_learning_rate": 0.0},
+     {"critic_learning_rate": 1e-5, "critic_min_learning_rate": 0.0, "critic_lr_scheduler_type": "linear",
+      "critic_weight_decay": 0.0}),
+])
+def test_unset_critic_optimizer_keys_take_the_policys(values, want):
+    policy = {"learning_rate": 3e-6, "min_learning_rate": 1e-7, "lr_scheduler_type": "cosine", "weight_decay": 0.05}
+    cfg = config_from_dict({"rl_algorithm": "ppo", "critic_model_name_or_path": "c", **policy, **values})
+    assert {key: cfg.critic_setting(key) for key in want} == want
+
+
+@pytest.mark.parametrize("values, total, want", [
+    ({}, 100, 0),                                               # no warm-up anywhere
+    ({"warmup_steps": 7}, 100, 7),                              # the policy's warmup_steps, as PaddleNLP's critic
+    ({"warmup_ratio": 0.1}, 50, 5),                             # the policy's ratio, of the critic's own steps
+    ({"warmup_steps": 7, "critic_warmup_ratio": 0.2}, 50, 10),  # the critic's own ratio wins
+    ({"warmup_steps": 7, "critic_warmup_ratio": 0.0}, 50, 0),   # an explicit 0 too
+])
+def test_the_critics_warmup_inherits_the_policys_unless_set(values, total, want):
+    cfg = config_from_dict({"rl_algorithm": "ppo", "critic_model_name_or_path": "c", **values})
+    assert cfg.critic_warmup_steps(total) == want
+
+
+@pytest.mark.parametrize("values, pretrain, eps_high", [
+    ({"rl_algorithm": "vapo"}, 50, 0.28),                                  # the paper's recipe by default
+    ({"rl_algorithm": "vapo", "pretrain_critic_steps": 0, "clip_range_ratio_high": 0.2}, 0, 0.2),  # explicit wins
+    ({"rl_algorithm": "vapo", "clip_range_ratio": 0.1}, 50, 0.28),         # the high clip is vapo's own default
+    ({"rl_algorithm": "ppo"}, 0, 0.2),
+    ({"rl_algorithm": "ppo", "clip_range_ratio": 0.3}, 0, 0.3),
+    ({"rl_algorithm": "ppo", "pretrain_critic_steps": 3}, 3, 0.2),
+    ({"rl_algorithm": "grpo", "pretrain_critic_steps": 3}, 0, 0.2),          # no critic: nothing to pretrain
+])
+def test_vapo_defaults_are_the_papers_and_an_explicit_value_wins(values, pretrain, eps_high):
+    critic = {"critic_model_name_or_path": "m"} if values["rl_algorithm"] in ("ppo", "vapo") else {}
+    cfg = config_from_dict({**values, **critic})
+    assert (cfg.critic_pretrain_steps, cfg.eps_high) == (pretrain, eps_high)
+
+
+def test_the_resolved_config_says_what_each_null_key_resolves_to():
+    cfg = config_from_dict({"rl_algorithm": "vapo", "critic_model_name_or_path": "m", "learning_rate": 1e-6,
+                            "warmup_steps": 5, "critic_weight_decay": 0.0})
+    lines = dict(line.split(": ", 1) for line in cfg.format().splitlines() if not line.startswith("#"))
+    assert lines["pretrain_critic_steps"] == "null  # null = rl_algorithm vapo's default 50"
+    assert lines["clip_range_ratio_high"] == "null  # null = rl_algorithm vapo's default 0.28"
+    assert lines["positive_example_lm_coeff"] == "null  # null = rl_algorithm vapo's default 0.1"
+    assert lines["critic_learning_rate"] == "null  # null = learning_rate 1.0e-06"
+    assert lines["critic_warmup_ratio"] == "null  # null = the policy's warm-up: warmup_steps 5"
+    assert lines["critic_weight_decay"] == "0.0"  # set: no note
+    assert lines["positive_example_min_reward"].startswith("null  # null = eval_max_reward, else the maximum")
+    ppo = config_from_dict({"rl_algorithm": "ppo", "critic_model_name_or_path": "m"}).format()
+    assert "pretrain_critic_steps: null  # null = no pretraining" in ppo
+    assert "clip_range_ratio_high: null  # null = clip_range_ratio 0.2" in ppo
+
+
+@pytest.mark.parametrize("values, declared, want", [
+    ({}, 1.0, 1.0 - 1e-6),                                     # the reward functions' maximum, as eval/accuracy
+    ({}, None, None),                                          # unknown
+    ({"eval_max_reward": 3.0}, 1.0, 3.0 - 1e-6),               # eval/accuracy's key wins over the declared one
+    ({"positive_example_min_reward": 0.5, "eval_max_reward": 3.0}, 1.0, 0.5),  # the threshold key, exactly
+])
+def test_the_positive_examples_reward_threshold(values, declared, want):
+    got = config_from_dict(values).positive_min_reward(declared)
+    assert got == want  # the same float64 subtraction on both sides
 
 
 def test_a_critic_run_refuses_pipeline_stages_naming_the_keys(tmp_path):
@@ -745,13 +825,20 @@ NO_CRITIC_NOTE = ("trains no critic (value model): its advantages need no values
                                                       "cosine decay to it)"}),
     ("min_learning_rate: 1e-7\nlr_scheduler_type: cosine\nlearning_rate: 1e-6", {}),
     ("rl_algorithm: vapo\ncritic_model_name_or_path: m\ncritic_min_learning_rate: 1e-7",
+     {"critic_min_learning_rate": "the critic's schedule, lr_scheduler_type 'constant' (critic_lr_scheduler_type is "
+                                  "unset), does not decay (linear and cosine decay to it)"}),
+    ("rl_algorithm: vapo\ncritic_model_name_or_path: m\ncritic_min_learning_rate: 1e-7\n"
+     "critic_lr_scheduler_type: constant",
      {"critic_min_learning_rate": "critic_lr_scheduler_type 'constant' does not decay (linear and cosine decay to "
                                   "it)"}),
     ("rl_algorithm: vapo\ncritic_model_name_or_path: m\ncritic_min_learning_rate: 1e-7\n"
      "critic_lr_scheduler_type: linear\ncritic_learning_rate: 1e-6", {}),
-    ("rollout_n: 1\npositive_example_lm_coeff: 0.1\nrl_algorithm: reinforce_plus_plus",
-     {"positive_example_lm_coeff": "rollout_n is 1: a group of one sample has no positive example (the loss takes "
-                                   "the best-rewarded samples of groups whose rewards differ)"}),
+    # The positive examples are the batch's correct answers: groups of one have them too (no note).
+    ("rollout_n: 1\npositive_example_lm_coeff: 0.1\nrl_algorithm: reinforce_plus_plus", {}),
+    ("positive_example_min_reward: 1.0",
+     {"positive_example_min_reward": "the positive-example LM loss is off (positive_example_lm_coeff 0; "
+                                     "rl_algorithm vapo turns it on)"}),
+    ("rl_algorithm: vapo\ncritic_model_name_or_path: m\nrollout_n: 1\npositive_example_min_reward: 1.0", {}),
     ("rl_algorithm: vapo\ncritic_model_name_or_path: m\nper_device_value_batch_size: 2\n"
      "positive_example_lm_coeff: 0.2\ngamma: 0.99", {}),
 ])

@@ -50,6 +50,15 @@ def consumed_keys():
     for name in available_advantage_estimators():
         found |= set(advantage_estimator_spec(name).config_keys) & set(FIELDS)
     found |= {key for key, (_, into, _) in RESOLVED_AT_LOAD.items() if into in found}
+    # Keys read by name through config/'s helpers, when the helper is used outside config/: an estimator's
+    # key_defaults (Config.estimator_default) and the critic's keys that inherit the policy's (critic_setting).
+    from paddle_grpo.config.critic import CRITIC_INHERITS
+
+    if re.search(r"\bestimator_default\(|\bcritic_pretrain_steps\b|\beps_high\b|\bpositive_lm_coeff\b", outside):
+        for name in available_advantage_estimators():
+            found |= {key for key, _ in advantage_estimator_spec(name).key_defaults} & set(FIELDS)
+    if re.search(r"\bcritic_setting\(", outside):
+        found |= set(CRITIC_INHERITS) & set(FIELDS)
     # config/'s helpers and derived properties (cfg.eps_low, sharding_options(cfg), ...) used outside it.
     words = set(re.findall(r"\w+", outside))
     for node in (n for text in inside.values() for n in ast.walk(ast.parse(text))):

@@ -48,15 +48,19 @@ def make_cfg(workdir, policy_dir, out, **overrides):
                   max_prompt_len=32, max_dec_len=8, min_dec_len=1, max_length=40, global_batch_size=4, rollout_n=4,
                   per_device_train_batch_size=8, per_device_logprob_batch_size=16, per_device_value_batch_size=16,
                   learning_rate=2e-3, critic_learning_rate=1e-2, max_steps=2, kl_coeff=0.05, save_strategy="no",
-                  disable_tqdm=True, seed=7, temperature=1.0)
+                  disable_tqdm=True, seed=7, temperature=1.0,
+                  # name_reward declares no maximum: what counts as correct for VAPO's positive examples (a
+                  # completion of 8 or more characters, or one naming the person)
+                  positive_example_min_reward=0.4)
     values.update(overrides)
     return config_from_dict(values)
 
 
 @pytest.mark.parametrize("algorithm", ["ppo", "vapo"])
 def test_a_step_trains_the_policy_and_the_critic_with_finite_metrics(workdir, tiny_policy_dir, tmp_path, algorithm):
+    # pretrain_critic_steps 0: vapo's default (50) would leave the policy untouched for both steps
     trainer = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "out", rl_algorithm=algorithm,
-                               global_mini_batch_size=2))
+                               global_mini_batch_size=2, pretrain_critic_steps=0))
     policy0, critic0 = params(trainer.policy.model), params(trainer.critic_learner.critic.model)
     trainer.train()
     policy1, critic1 = params(trainer.policy.model), params(trainer.critic_learner.critic.model)
@@ -244,7 +248,7 @@ def test_the_critic_metrics_reach_metrics_jsonl_and_visualdl(workdir, tiny_polic
     from visualdl import LogReader
 
     Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "out", rl_algorithm="vapo", max_steps=2,
-                     report_to="visualdl")).train()
+                     report_to="visualdl", pretrain_critic_steps=0)).train()
     rows = read_metrics(tmp_path / "out")
     logdir = tmp_path / "out" / "vdl"
     files = [f for f in os.listdir(logdir) if f.startswith("vdlrecords")]
@@ -310,26 +314,85 @@ def test_the_step_guard_rewinds_the_critics_schedule_counters_and_loss_scale(wor
     assert critic.optimizer.get_lr() == 1e-2
 
 
-def test_the_positive_example_lm_loss_is_the_nll_of_the_best_rows_of_each_group(workdir, tiny_policy_dir, tmp_path,
-                                                                               monkeypatch):
-    """VAPO, one mini-batch: train/positive_lm_loss is the mean of -log p over the tokens of the rows whose reward is
-    their group's highest, in groups whose rewards differ (numpy, from the rollout's own log-probs: the update's
-    first forward is the sampling policy)."""
+def test_the_positive_example_lm_loss_is_the_nll_of_the_correct_rows_of_the_batch(workdir, tiny_policy_dir, tmp_path,
+                                                                                 monkeypatch):
+    """VAPO, one mini-batch: train/positive_lm_loss is the mean of -log p over the tokens of the rows whose reward
+    reaches positive_example_min_reward (0.4), whatever their group scored (numpy, from the rollout's own log-probs: the
+    update's first forward is the sampling policy)."""
     from numerics import tiny_lm_tol
 
-    trainer = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "out", rl_algorithm="vapo", max_steps=1))
+    trainer = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "out", rl_algorithm="vapo", max_steps=1,
+                               pretrain_critic_steps=0))
+    assert trainer.positive_min_reward == 0.4  # the key, exactly
     seen = {}
     update = step.update
     monkeypatch.setattr(step, "update", lambda par, learner, inputs, *a: seen.update(inputs=inputs) or
                         update(par, learner, inputs, *a))
     metrics = trainer.train_step()
     b = seen["inputs"].batch
-    rewards = b.rewards.reshape(-1, 4)  # rollout_n 4: a group per row
-    best = (rewards == rewards.max(1, keepdims=True)) & (rewards.max(1) > rewards.min(1))[:, None]
-    assert 0 < best.sum() < len(b)
-    mask = b.completion_mask.numpy().astype(bool) & best.reshape(-1)[:, None]
+    correct = np.asarray(b.rewards, dtype=np.float64) >= 0.4
+    assert 0 < correct.sum() < len(b)
+    mask = b.completion_mask.numpy().astype(bool) & correct[:, None]
     lp = b.sample_logprobs.numpy().astype(np.float64)
     want = -lp[mask].mean()
     np.testing.assert_array_equal(seen["inputs"].positive.numpy().astype(bool), mask)
     # the rollout's log-probs against the update's forward: another code path of the tiny policy (numerics)
     assert metrics["train/positive_lm_loss"] == pytest.approx(want, abs=tiny_lm_tol(128, 2, 320) + 1e-6 * want)
+
+
+def test_vapo_with_groups_of_one_trains_on_its_correct_answers(workdir, tiny_policy_dir, tmp_path):
+    """rollout_n 1: every correct answer is a positive example (the group-best rule gave none, and a loss of 0)."""
+    trainer = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "out", rl_algorithm="vapo", max_steps=1,
+                               pretrain_critic_steps=0, rollout_n=1, global_batch_size=8,
+                               per_device_train_batch_size=8))
+    metrics = trainer.train_step()
+    correct = np.asarray(trainer.batch.rewards, dtype=np.float64) >= 0.4
+    assert correct.any() and metrics["train/positive_lm_loss"] > 0  # an NLL of at least one row
+
+
+def test_vapo_without_a_known_correct_reward_stops_at_start_up(workdir, tiny_policy_dir, tmp_path):
+    from paddle_grpo.config import ConfigError
+
+    # name_reward declares no maximum, and neither positive_example_min_reward nor eval_max_reward is set.
+    cfg = make_cfg(workdir, tiny_policy_dir, tmp_path / "out", rl_algorithm="vapo", positive_example_min_reward=None)
+    with pytest.raises(ConfigError, match=r"positive_example_lm_coeff is 0.1 \(rl_algorithm 'vapo'\).*Set "
+                                          r"positive_example_min_reward \(or eval_max_reward\)"):
+        Trainer(cfg)
+    # eval_max_reward is what eval/accuracy counts as correct: the positive examples follow it (minus 1e-6).
+    trainer = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "out2", rl_algorithm="vapo",
+                               positive_example_min_reward=None, eval_max_reward=1.4))
+    assert trainer.positive_min_reward == 1.4 - 1e-6
+
+
+def test_the_policy_schedule_spans_the_steps_after_value_pretraining(workdir, tiny_policy_dir, tmp_path):
+    """Value pretraining of 1 step, then 2 policy steps of 2 optimizer steps each: the policy's cosine schedule
+    (floor 0.1 x learning_rate) is sized for those 4 optimizer steps and ends at its floor; the critic, whose keys
+    are unset, follows the policy's cosine schedule and floor over its own 6 optimizer steps (PaddleNLP's critic
+    copies the actor's arguments)."""
+    lr, floor, critic_lr = 2e-3, 2e-4, 1e-2
+    trainer = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "out", rl_algorithm="vapo", max_steps=3,
+                               pretrain_critic_steps=1, global_mini_batch_size=2, learning_rate=lr,
+                               min_learning_rate=floor, lr_scheduler_type="cosine", critic_learning_rate=critic_lr))
+    trainer.train()
+    rows = read_metrics(tmp_path / "out")
+
+    def cosine(peak, low, s, total):  # lr_lambda by hand: no warm-up, p = s / total
+        return low + (peak - low) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total)))
+
+    # float64 evaluations of one formula in a different order: a few ulps apart
+    assert [r["train/lr"] for r in rows] == pytest.approx([lr, cosine(lr, floor, 2, 4), floor], rel=1e-12)
+    assert rows[-1]["train/lr"] == pytest.approx(floor, rel=1e-12)
+    assert [r["train/critic_lr"] for r in rows] == pytest.approx(
+        [cosine(critic_lr, floor, s, 6) for s in (2, 4, 6)], rel=1e-12)
+
+
+def test_the_critic_warms_up_as_the_policy_when_its_keys_are_unset(workdir, tiny_policy_dir, tmp_path):
+    """warmup_steps 3 and no critic_warmup_ratio: both models warm up over 3 optimizer steps, (s + 1) / 3."""
+    trainer = Trainer(make_cfg(workdir, tiny_policy_dir, tmp_path / "out", max_steps=2, warmup_steps=3,
+                               learning_rate=2e-3, critic_learning_rate=1e-2, weight_decay=0.0))
+    assert trainer.critic_learner.optimizer._weight_decay == 0.0  # critic_weight_decay unset: weight_decay's
+    trainer.train()
+    rows = read_metrics(tmp_path / "out")
+    # one optimizer step per step; the logged rate is after the step's scheduler step (s = 1, 2)
+    assert [r["train/lr"] for r in rows] == pytest.approx([2e-3 * 2 / 3, 2e-3], rel=1e-12)
+    assert [r["train/critic_lr"] for r in rows] == pytest.approx([1e-2 * 2 / 3, 1e-2], rel=1e-12)

@@ -441,13 +441,15 @@ def build(shape, workdir, seed=0):
 def make_config(shape, model_dir, data, workdir, seed=0, algorithm="grpo"):
     """The trainer config of the bench. `algorithm` ppo / vapo: that estimator, with a critic loaded from the same
     random model directory (a causal LM: its backbone and a new value head, policy/critic.py), its micro-batches
-    (per_device_value_batch_size) the policy's; vapo's pretrain_critic_steps stays 0, so every step is a full one."""
+    (per_device_value_batch_size) the policy's; vapo's pretrain_critic_steps is set to 0, so every step is a full
+    one, and its positive examples are the completions of char_reward >= 0.5 (char_reward declares no maximum)."""
     from paddle_grpo.config import config_from_dict
 
     n_seq = shape["prompts_per_step"] * shape["group_size"]
     micro = shape.get("micro_batch_size", n_seq)
     critic = {} if algorithm == "grpo" else dict(critic_model_name_or_path=model_dir, per_device_value_batch_size=micro,
-                                                 critic_learning_rate=1e-5)
+                                                 critic_learning_rate=1e-5, pretrain_critic_steps=0,
+                                                 positive_example_min_reward=0.5)
     turns = shape.get("turns", 1)  # multi-turn: the calculator, no minimum length (EOS ends each turn)
     tools = {} if turns == 1 else dict(tools=[shape.get("tool", "calculator")], max_turns=turns, min_dec_len=0)
     # SHAPE.json's `config` overrides the keys below (a later `**` of the same key would be a TypeError).

@@ -142,7 +142,24 @@ def summarise(seed: int, control: bool, wall_s: float | None = None, root: str =
     if "eval/tool_use_rate" in evals[0]:
         out["tools"] = {short: [_number(evals[0].get(key)), _number(evals[-1].get(key))]
                         for key, short in TOOL_METRICS.items()}
+    out["eval"] = [[r["step"], r["eval/accuracy"]] for r in evals]
+    config = os.path.join(root, paths["output"], "config.yaml")
+    if os.path.isfile(config):  # every key of the run as resolved, and what each unset one took
+        out["config"], out["config_unset"] = resolved_config(config)
     return out
+
+
+def resolved_config(path: str) -> tuple:
+    """({key: value}, {key: what its null resolved to}) of a run's config.yaml (Config.format: an unset key is
+    written `key: null  # null = ...`)."""
+    import re
+
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    notes = dict(re.findall(r"^(\w+): null  # null = (.*)$", text, flags=re.MULTILINE))
+    return yaml.safe_load(text), notes
 
 
 def _pts(x: float) -> str:

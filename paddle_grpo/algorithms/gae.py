@@ -108,7 +108,11 @@ def vapo_policy_lambda(lengths: np.ndarray, alpha: float) -> np.ndarray:
 
 @register_advantage_estimator("vapo", kl_in_reward="token_rewards",
                               config_options=("gamma", "lam_critic", ("vapo_alpha", "alpha")), uses_groups=False,
-                              needs_values=True, key_defaults=(("positive_example_lm_coeff", 0.1),))
+                              needs_values=True,
+                              # The paper's recipe (arXiv 2504.05118, section 5.1; PaddleNLP's VAPO file: 50 and
+                              # 0.28): an explicit value of each key wins.
+                              key_defaults=(("positive_example_lm_coeff", 0.1), ("pretrain_critic_steps", 50),
+                                            ("clip_range_ratio_high", 0.28)))
 def vapo_advantage(token_level_rewards: TensorLike, response_mask: TensorLike, index: Optional[Sequence] = None, *,
                    values: Optional[TensorLike] = None, gamma: float = 1.0, lam_critic: float = 1.0,
                    alpha: float = 0.05) -> Tuple[paddle.Tensor, paddle.Tensor]:

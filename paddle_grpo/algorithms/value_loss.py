@@ -73,25 +73,18 @@ def explained_variance(values: TensorLike, returns: TensorLike, mask: TensorLike
     return float(1.0 - (r[m] - v[m]).var() / var_r) if var_r > 0 else float("nan")
 
 
-def positive_example_mask(scores: np.ndarray, index: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """VAPO's positive examples (arXiv 2504.05118, section 3.3): the rows whose score equals the highest valid score
-    of their group, in groups whose valid scores are not all equal (a group where every sample scores the same has
-    no better answer to imitate). `scores` `[N]`, `index` `[N]` group ids (any hashable, groups need not be
-    contiguous), `valid` `[N]` bool (invalid rows are never positive and do not count). Returns bool `[N]`.
-    """
+def positive_example_mask(scores: np.ndarray, valid: np.ndarray, min_reward: float) -> np.ndarray:
+    """VAPO's positive examples (arXiv 2504.05118, section 3.3): the set T of the correct answers of the batch,
+    whatever the other answers to the same prompt scored (an all-correct group counts in full, and a group of one
+    too). With rewards that are not simply right / wrong, "correct" is a score of at least `min_reward`
+    (Config.positive_min_reward: positive_example_min_reward, else the maximal reward minus 1e-6, as
+    eval/accuracy). `scores` `[N]`, `valid` `[N]` bool (rows no reward function judged are never positive).
+    Returns bool `[N]`."""
     scores = np.asarray(scores, dtype=np.float64).reshape(-1)
     valid = np.asarray(valid, dtype=bool).reshape(-1)
-    ids = np.asarray(index).reshape(-1)
-    if not scores.shape == valid.shape == ids.shape:
-        raise ValueError(f"scores, index and valid must have the same length, got {scores.shape[0]}, "
-                         f"{ids.shape[0]}, {valid.shape[0]}")
-    if scores.size == 0:
-        return np.zeros(0, dtype=bool)
-    _, group = np.unique(ids, return_inverse=True)
-    group = group.reshape(-1)
-    n_groups = int(group.max()) + 1
-    best = np.full(n_groups, -np.inf)
-    worst = np.full(n_groups, np.inf)
-    np.maximum.at(best, group[valid], scores[valid])
-    np.minimum.at(worst, group[valid], scores[valid])
-    return valid & (scores == best[group]) & (best[group] > worst[group])
+    if scores.shape != valid.shape:
+        raise ValueError(f"scores and valid must have the same length, got {scores.shape[0]} and {valid.shape[0]}")
+    if min_reward is None or not np.isfinite(min_reward):
+        raise ValueError(f"positive_example_mask: min_reward must be a finite number, got {min_reward!r}")
+    # A NaN score (unjudged) compares False, and `valid` excludes it anyway.
+    return valid & (scores >= min_reward)

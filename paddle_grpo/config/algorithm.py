@@ -26,8 +26,9 @@ class AlgorithmArguments:
     entropy_coeff: float = arg(0.0, "Entropy bonus coefficient.")
     clip_range_ratio: float = arg(0.2, "PPO clip range of the ratio.")
     clip_range_ratio_low: Optional[float] = arg(None, "Lower clip range (default: clip_range_ratio).")
-    clip_range_ratio_high: Optional[float] = arg(None, "Upper clip range (default: clip_range_ratio; DAPO's "
-                                                       "clip-higher uses a larger value).")
+    clip_range_ratio_high: Optional[float] = arg(None, "Upper clip range (DAPO's clip-higher uses a larger value). "
+                                                       "Unset (null): the estimator's default, 0.28 for "
+                                                       "rl_algorithm vapo (the paper's), else clip_range_ratio.")
     clip_ratio_c: Optional[float] = arg(None, "(new) Dual-clip constant c > 1 for negative advantages (off when "
                                               "unset).")
     importance_sampling_level: str = arg("token", "(new) token: per-token ratio; sequence: GSPO's sequence ratio.",
@@ -47,10 +48,14 @@ class AlgorithmArguments:
                                   "lam_policy = max(0, 1 - 1 / (vapo_alpha * l)) per completion of l tokens (the "
                                   "paper's formula is negative below 1 / vapo_alpha tokens, hence the 0). > 0.")
     positive_example_lm_coeff: Optional[float] = arg(
-        None, "(new) Coefficient of VAPO's positive-example LM loss: the NLL of the completions with their group's "
-              "highest reward (in groups whose rewards are not all equal), added to the policy loss. Unset "
-              "(null): the estimator's default, 0.1 for rl_algorithm vapo (the paper's recipe), else 0 (off). "
-              "Needs rollout_n > 1: a group of one has no positive example.")
+        None, "(new) Coefficient of VAPO's positive-example LM loss: the NLL of the correct completions of the batch "
+              "(positive_example_min_reward), added to the policy loss. Unset (null): the estimator's default, 0.1 "
+              "for rl_algorithm vapo (the paper's recipe), else 0 (off).")
+    positive_example_min_reward: Optional[float] = arg(
+        None, "(new) The reward (the combined reward before shaping) from which a completion counts as correct for "
+              "the positive-example LM loss. Unset (null): the reward that counts as correct in eval/accuracy "
+              "(eval_max_reward, else the maximum the reward functions declare) minus 1e-6; a run with the loss on "
+              "and neither known stops at start-up.")
     normalize_reward: bool = arg(False, "Normalise rewards with running statistics. No effect with rl_algorithm "
                                         "grpo, as in PaddleNLP (which forces it off for GRPO).")
     normalize_advantage: bool = arg(False, "Whiten advantages over the global batch. No effect with rl_algorithm "

@@ -80,7 +80,7 @@ TOOL_KEYS = ("max_turns", "tool_timeout_s", "tool_max_workers", "tool_format", "
 def run_key_notes(cfg: Config) -> Dict[str, str]:
     """Key -> why it has no effect in this run, whatever the device: the critic's keys when the estimator trains no
     critic, an estimator option (gamma, lam, norm_adv_by_std, ...) the chosen estimator does not take, a decay floor
-    under a schedule that does not decay, the positive-example LM loss with groups of one sample. Read from the
+    under a schedule that does not decay, the positive examples' threshold without their loss. Read from the
     estimator registry's specs, not from algorithm names."""
     from ..algorithms import advantage_estimator_spec, available_advantage_estimators  # paddle: see _from_algorithms
     specs = [advantage_estimator_spec(name) for name in available_advantage_estimators()]
@@ -98,9 +98,11 @@ def run_key_notes(cfg: Config) -> Dict[str, str]:
         for key in CRITIC_KEYS:
             notes[key] = (f"rl_algorithm {algorithm} trains no critic (value model): its advantages need no values "
                           f"(rl_algorithm {with_critic} train one)")
-    elif cfg.critic_lr_scheduler_type in CONSTANT_SCHEDULES:
-        notes["critic_min_learning_rate"] = (f"critic_lr_scheduler_type {cfg.critic_lr_scheduler_type!r} does not "
-                                             "decay (linear and cosine decay to it)")
+    elif cfg.critic_setting("critic_lr_scheduler_type") in CONSTANT_SCHEDULES:
+        schedule = cfg.critic_setting("critic_lr_scheduler_type")
+        source = (f"critic_lr_scheduler_type {schedule!r}" if cfg.critic_lr_scheduler_type else
+                  f"the critic's schedule, lr_scheduler_type {schedule!r} (critic_lr_scheduler_type is unset),")
+        notes["critic_min_learning_rate"] = f"{source} does not decay (linear and cosine decay to it)"
     if cfg.lr_scheduler_type in CONSTANT_SCHEDULES:
         notes["min_learning_rate"] = (f"lr_scheduler_type {cfg.lr_scheduler_type!r} does not decay (linear and "
                                       "cosine decay to it)")
@@ -109,9 +111,9 @@ def run_key_notes(cfg: Config) -> Dict[str, str]:
             notes[key] = "tools is empty: rollouts are single-turn (one completion per prompt, no tool calls)"
     elif not cfg.tool_server.strip():
         notes["tool_server_token"] = "tool_server is empty: the tools run in the trainer's process"
-    if cfg.rollout_n == 1:
-        notes["positive_example_lm_coeff"] = ("rollout_n is 1: a group of one sample has no positive example (the "
-                                              "loss takes the best-rewarded samples of groups whose rewards differ)")
+    if cfg.positive_lm_coeff <= 0:
+        notes["positive_example_min_reward"] = ("the positive-example LM loss is off (positive_example_lm_coeff "
+                                                "0; rl_algorithm vapo turns it on)")
     return notes
 
 

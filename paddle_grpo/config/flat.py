@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 from .algorithm import AlgorithmArguments
-from .critic import CriticArguments
+from .critic import CRITIC_INHERITS, CriticArguments
 from .data import DataArguments
 from .evaluation import EvalArguments
 from .fields import HEAD_CHUNK_MIN_VOCAB, SECRET_KEYS, ConfigError, LayoutError, yaml_value
@@ -45,8 +45,32 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
                 value = getattr(self, f.name)
                 if f.name in SECRET_KEYS and value:
                     value = "***"
-                lines.append(f"{f.name}: {yaml_value(value)}")
+                note = self.unset_note(f.name) if value is None else None
+                lines.append(f"{f.name}: {yaml_value(value)}" + (f"  # {note}" if note else ""))
         return "\n".join(lines) + "\n"
+
+    def unset_note(self, key: str) -> Optional[str]:
+        """What an unset (null) key resolves to in this run, for the resolved configuration (`format`): the
+        estimator's default (key_defaults), the policy's value for a critic key, or None when the key has no such
+        rule."""
+        if key in CRITIC_INHERITS and getattr(self, key) is None:
+            source = CRITIC_INHERITS[key]
+            if key == "critic_warmup_ratio":
+                return (f"null = the policy's warm-up: warmup_steps {self.warmup_steps}" if self.warmup_steps
+                        else f"null = the policy's warm-up: warmup_ratio {yaml_value(self.warmup_ratio)}")
+            return f"null = {source} {yaml_value(getattr(self, source))}"
+        estimator = self._estimator
+        if key in dict(estimator.key_defaults) and getattr(self, key) is None:
+            return f"null = rl_algorithm {self.rl_algorithm}'s default {yaml_value(estimator.key_default(key))}"
+        fallbacks = {"clip_range_ratio_high": ("clip_range_ratio", self.clip_range_ratio),
+                     "clip_range_ratio_low": ("clip_range_ratio", self.clip_range_ratio),
+                     "positive_example_lm_coeff": ("off", None), "pretrain_critic_steps": ("no pretraining", None),
+                     "positive_example_min_reward": ("eval_max_reward, else the maximum the reward functions "
+                                                     "declare, minus 1e-6", None)}
+        if key in fallbacks:
+            name, value = fallbacks[key]
+            return f"null = {name}" + ("" if value is None else f" {yaml_value(value)}")
+        return None
 
     # Derived values (PaddleNLP semantics of docs/algorithms.md section 6).
     @property
@@ -55,7 +79,9 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
 
     @property
     def eps_high(self) -> float:
-        return self.clip_range_ratio if self.clip_range_ratio_high is None else self.clip_range_ratio_high
+        """clip_range_ratio_high, or when it is unset the estimator's default (vapo: 0.28, the paper's
+        clip-higher), else clip_range_ratio."""
+        return float(self.estimator_default("clip_range_ratio_high", self.clip_range_ratio))
 
     @property
     def mini_batch_prompts(self) -> int:
@@ -121,6 +147,35 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
         coeff = self.positive_example_lm_coeff
         return float(self._estimator.key_default("positive_example_lm_coeff", 0.0) if coeff is None else coeff)
 
+    @property
+    def critic_pretrain_steps(self) -> int:
+        """Steps that update only the critic: pretrain_critic_steps, or when it is unset the estimator's default
+        (vapo: 50, the paper's and PaddleNLP's VAPO file), else 0; always 0 without a critic."""
+        return int(self.estimator_default("pretrain_critic_steps", 0)) if self.needs_critic else 0
+
+    def positive_min_reward(self, declared_max: Optional[float]) -> Optional[float]:
+        """The reward from which a completion is a positive (correct) example: positive_example_min_reward, else
+        the reward that counts as correct in eval/accuracy (eval_max_reward, else `declared_max`, the maximum the
+        reward functions declare) minus the same 1e-6; None when none is known."""
+        if self.positive_example_min_reward is not None:
+            return float(self.positive_example_min_reward)
+        best = self.eval_max_reward if self.eval_max_reward is not None else declared_max
+        return None if best is None else float(best) - 1e-6
+
+    def critic_setting(self, key: str) -> Any:
+        """The critic's optimizer key `key` (critic_learning_rate, ...) as set, or when it is unset (null) the
+        policy's value (CRITIC_INHERITS), as PaddleNLP's create_critic_trainer copies the actor's arguments."""
+        value = getattr(self, key)
+        return getattr(self, CRITIC_INHERITS[key]) if value is None else value
+
+    def critic_warmup_steps(self, total_optimizer_steps: int) -> int:
+        """The critic's warm-up in its optimizer steps: critic_warmup_ratio of them when it is set, else the
+        policy's warm-up rule (warmup_steps, else warmup_ratio of the critic's steps), as PaddleNLP's critic
+        inherits the actor's warmup_steps / warmup_ratio."""
+        if self.critic_warmup_ratio is not None:
+            return int(self.critic_warmup_ratio * total_optimizer_steps)
+        return self.warmup_steps or int(self.warmup_ratio * total_optimizer_steps)
+
     def estimator_default(self, key: str, fallback: Any) -> Any:
         """Config key `key` as set, or when it is left at None the estimator's default for it (its spec's
         key_defaults), or `fallback`."""
@@ -135,8 +190,9 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
 
     @property
     def critic_min_lr_ratio(self) -> float:
-        """critic_min_learning_rate / critic_learning_rate (lr_lambda's min_ratio for the critic)."""
-        return self.critic_min_learning_rate / self.critic_learning_rate if self.critic_learning_rate else 0.0
+        """The critic's floor / peak learning rate (lr_lambda's min_ratio for the critic; critic_setting)."""
+        peak = self.critic_setting("critic_learning_rate")
+        return self.critic_setting("critic_min_learning_rate") / peak if peak else 0.0
 
     @property
     def _estimator(self) -> Any:

@@ -35,7 +35,7 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
 
     for key, f in FIELDS.items():
         choices = field_choices(f)
-        if choices is not None and getattr(cfg, key) not in choices:
+        if choices is not None and getattr(cfg, key) is not None and getattr(cfg, key) not in choices:
             fail(key, f"must be one of {', '.join(repr(c) for c in choices)}")
         value = getattr(cfg, key)
         if isinstance(value, float) and not math.isfinite(value):
@@ -81,18 +81,31 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
         if not 0 <= getattr(cfg, key) < 1:
             fail(key, "must be in [0, 1)")
     for key in ("warmup_ratio", "critic_warmup_ratio"):
-        if not 0 <= getattr(cfg, key) < 1:
+        if getattr(cfg, key) is not None and not 0 <= getattr(cfg, key) < 1:
             fail(key, "must be in [0, 1)")
     for key in ("gamma", "lam", "lam_critic"):
         if not 0 <= getattr(cfg, key) <= 1:
             fail(key, "must be in [0, 1]")
     if cfg.vapo_alpha <= 0:
         fail("vapo_alpha", "must be greater than 0 (lam_policy = 1 - 1 / (vapo_alpha * length))")
-    for floor, peak, schedule in (("min_learning_rate", "learning_rate", "lr_scheduler_type"),
-                                  ("critic_min_learning_rate", "critic_learning_rate", "critic_lr_scheduler_type")):
-        if getattr(cfg, schedule) not in CONSTANT_SCHEDULES and getattr(cfg, floor) > getattr(cfg, peak):
-            fail(floor, f"must not exceed {ref(peak)}: the {getattr(cfg, schedule)} schedule "
-                        f"({schedule}) decays from {peak} down to it")
+    if cfg.lr_scheduler_type not in CONSTANT_SCHEDULES and cfg.min_learning_rate > cfg.learning_rate:
+        fail("min_learning_rate", f"must not exceed {ref('learning_rate')}: the {cfg.lr_scheduler_type} schedule "
+                                  "(lr_scheduler_type) decays from learning_rate down to it")
+    # The critic's keys left unset take the policy's (Config.critic_setting): the message says where each came from.
+    critic = {key: cfg.critic_setting(key) for key in ("critic_min_learning_rate", "critic_learning_rate",
+                                                       "critic_lr_scheduler_type")}
+    if cfg.needs_critic and critic["critic_lr_scheduler_type"] not in CONSTANT_SCHEDULES and \
+            critic["critic_min_learning_rate"] > critic["critic_learning_rate"]:
+        peak = "critic_learning_rate" if cfg.critic_learning_rate is not None else \
+            "learning_rate (critic_learning_rate is unset and takes it)"
+        schedule = critic["critic_lr_scheduler_type"]
+        if cfg.critic_min_learning_rate is not None:
+            fail("critic_min_learning_rate", f"must not exceed {peak} ({critic['critic_learning_rate']}): the "
+                                             f"critic's {schedule} schedule decays from its learning rate down to it")
+        fail("min_learning_rate", f"is the critic's floor too (critic_min_learning_rate is unset and takes it) and "
+                                  f"must not exceed {peak} ({critic['critic_learning_rate']}): the critic's "
+                                  f"{schedule} schedule decays from its learning rate down to it; set "
+                                  "critic_min_learning_rate")
     if not 0 <= cfg.ref_model_mixup_alpha <= 1:
         fail("ref_model_mixup_alpha", "must be in [0, 1]")
     for key in ("global_mini_batch_size", "global_gen_batch_size", "sharding_parallel_degree",

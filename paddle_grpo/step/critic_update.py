@@ -56,7 +56,8 @@ def build_critic_learner(cfg: Any, par: ParallelContext, precision: Any, load_kw
     (`load_kwargs`: ParallelContext.model_load_kwargs + PrecisionPlan.load_kwargs), and its own AdamW (the
     policy's betas and epsilon, critic_weight_decay off biases and norms as for the policy) on a LambdaDecay of
     critic_learning_rate (critic_lr_scheduler_type, critic_warmup_ratio of `total_optimizer_steps`, decaying to
-    critic_min_learning_rate), wrapped as the policy's (sharding stage1, O2 master weights)."""
+    critic_min_learning_rate), wrapped as the policy's (sharding stage1, O2 master weights). Each of these keys
+    left unset takes the policy's value (Config.critic_setting, critic_warmup_steps), as in PaddleNLP."""
     if not cfg.needs_critic:
         return None
     # The config refuses both (critic_refusals, encoder_decoder_refusal); a trainer built another way must too.
@@ -71,12 +72,13 @@ def build_critic_learner(cfg: Any, par: ParallelContext, precision: Any, load_kw
     critic = load_critic(cfg.critic_model_name_or_path, recompute=cfg.recompute,
                          recompute_granularity=cfg.recompute_granularity,
                          recompute_use_reentrant=cfg.recompute_use_reentrant, **kwargs)
-    warmup = int(cfg.critic_warmup_ratio * total_optimizer_steps)
-    scheduler = paddle.optimizer.lr.LambdaDecay(cfg.critic_learning_rate, lr_lambda(
-        cfg.critic_lr_scheduler_type, warmup, total_optimizer_steps, cfg.critic_min_lr_ratio))
+    warmup = cfg.critic_warmup_steps(total_optimizer_steps)
+    scheduler = paddle.optimizer.lr.LambdaDecay(cfg.critic_setting("critic_learning_rate"), lr_lambda(
+        cfg.critic_setting("critic_lr_scheduler_type"), warmup, total_optimizer_steps, cfg.critic_min_lr_ratio))
     decay = parameters_by_decay(critic.model)
     optimizer = par.wrap_optimizer(precision.decorate(critic.model, paddle.optimizer.AdamW(
-        learning_rate=scheduler, parameters=critic.trainable_parameters(), weight_decay=cfg.critic_weight_decay,
+        learning_rate=scheduler, parameters=critic.trainable_parameters(),
+        weight_decay=cfg.critic_setting("critic_weight_decay"),
         beta1=cfg.adam_beta1, beta2=cfg.adam_beta2, epsilon=cfg.adam_epsilon,
         apply_decay_param_fun=lambda name: name in decay)), main=False)
     return CriticLearner(critic, optimizer, scheduler, par.for_optimizer(optimizer), amp=precision.runtime())

@@ -170,14 +170,16 @@ def compute_advantages(rows: GlobalRows, rewards: np.ndarray, cfg: Any) -> Tuple
     return out.advantages, out.metrics
 
 
-def positive_rows(rows: GlobalRows, cfg: Any) -> Optional[np.ndarray]:
-    """[N] bool: the rows VAPO's positive-example LM loss trains on (`positive_example_mask`: the best-rewarded
-    rows of groups whose judged rewards differ, by the combined reward before shaping), or None when the loss is
-    off (`positive_lm_coeff` 0)."""
+def positive_rows(rows: GlobalRows, cfg: Any, min_reward: Optional[float]) -> Optional[np.ndarray]:
+    """[N] bool: the rows VAPO's positive-example LM loss trains on (`positive_example_mask`: the correct answers
+    of the global batch, judged rows whose combined reward before shaping is at least `min_reward`,
+    Config.positive_min_reward), or None when the loss is off (`positive_lm_coeff` 0)."""
     if cfg.positive_lm_coeff <= 0:
         return None
-    index = np.repeat(np.arange(len(rows.rewards) // cfg.rollout_n), cfg.rollout_n)
-    return positive_example_mask(rows.rewards, index, rows.valid)
+    if min_reward is None:
+        raise ValueError("the positive-example LM loss is on (positive_example_lm_coeff) but no reward counts as "
+                         "correct: set positive_example_min_reward or eval_max_reward")
+    return positive_example_mask(rows.rewards, rows.valid, min_reward)
 
 
 @paddle.no_grad()
@@ -199,13 +201,15 @@ def local_rows(rows: GlobalRows, values: np.ndarray, batch: Batch) -> np.ndarray
 
 
 def update_inputs(rows: GlobalRows, estimate: Estimate, batch: Batch, old_lp: Optional[paddle.Tensor],
-                  ref_lp: Optional[paddle.Tensor], values: Optional[paddle.Tensor], cfg: Any
-                  ) -> Tuple[UpdateInputs, Optional[CriticInputs]]:
+                  ref_lp: Optional[paddle.Tensor], values: Optional[paddle.Tensor], cfg: Any,
+                  positive_min_reward: Optional[float] = None) -> Tuple[UpdateInputs, Optional[CriticInputs]]:
     """This rank's rows of the experience: the policy update's inputs, and the critic's (None without a critic).
-    Rows no reward function could judge are left out of every loss (masked; their advantage is 0)."""
+    Rows no reward function could judge are left out of every loss (masked; their advantage is 0).
+    `positive_min_reward`: the reward from which a row is a positive example (`positive_rows`), needed when the
+    positive-example LM loss is on."""
     valid = paddle.to_tensor(local_rows(rows, rows.valid, batch).astype("int64"))
     loss_mask = batch.completion_mask * valid[:, None]
-    positive = positive_rows(rows, cfg)
+    positive = positive_rows(rows, cfg, positive_min_reward)
     if positive is not None:
         positive = loss_mask * paddle.to_tensor(local_rows(rows, positive, batch).astype("int64"))[:, None]
     inputs = UpdateInputs(batch, paddle.to_tensor(local_rows(rows, estimate.advantages, batch)), loss_mask, old_lp,

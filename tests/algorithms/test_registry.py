@@ -68,7 +68,8 @@ def test_built_in_estimator_specs():
             (name, kl_in_reward, options, min_group, uses_groups)
         assert spec.needs_values == (name in CRITIC_ESTIMATORS)
         assert spec.fn is get_advantage_estimator(name)
-    assert advantage_estimator_spec("vapo").key_defaults == (("positive_example_lm_coeff", 0.1),)
+    assert advantage_estimator_spec("vapo").key_defaults == (
+        ("positive_example_lm_coeff", 0.1), ("pretrain_critic_steps", 50), ("clip_range_ratio_high", 0.28))
     assert all(advantage_estimator_spec(n).key_defaults == () for n in BUILT_IN_ESTIMATORS if n != "vapo")
 
 

@@ -154,32 +154,24 @@ def test_explained_variance():
 
 # ---- positive examples -----------------------------------------------------------------------------------------------
 
-def positive_loop(scores, index, valid):
-    by_group = {}
-    for s, g, ok in zip(scores, index, valid):
-        if ok:
-            by_group.setdefault(g, []).append(s)
-    return np.array([bool(ok) and max(by_group[g]) > min(by_group[g]) and s == max(by_group[g])
-                     for s, g, ok in zip(scores, index, valid)])
+def test_positive_examples_are_every_correct_answer_of_the_batch():
+    # The batch: 3 prompts x 4 samples, right/wrong rewards. The paper's T (arXiv 2504.05118, section 3.3)
+    # is every correct answer: the all-correct group's 4 and the mixed group's 2, 6 rows (the group-best rule that
+    # this replaced marked only the mixed group's 2).
+    scores = np.array([1, 1, 1, 1, 1, 0, 0, 1, 0, 0, 0, 0], dtype=np.float64)
+    valid = np.ones(12, dtype=bool)
+    expected = [True, True, True, True, True, False, False, True, False, False, False, False]
+    assert positive_example_mask(scores, valid, 1.0 - 1e-6).tolist() == expected
 
 
-def test_positive_example_mask_hand_computed():
-    scores = np.array([1.0, 0.0, 1.0, 0.5, 0.5, 0.5, 3.0, 2.0, 9.0, 7.0])
-    index = np.array(["a", "a", "a", "b", "b", "b", "c", "c", "c", "d"])
-    valid = np.array([1, 1, 1, 1, 1, 1, 1, 1, 0, 1], dtype=bool)
-    # a: ties at the max are all positive; b: all equal -> none; c: the invalid 9.0 does not count, 3.0 wins;
-    # d: one valid member -> all equal -> none
-    expected = [True, False, True, False, False, False, True, False, False, False]
-    assert positive_example_mask(scores, index, valid).tolist() == expected
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_positive_example_mask_matches_loop(seed):
-    rng = np.random.default_rng(seed)
-    n = 40
-    scores = rng.integers(0, 3, size=n).astype(np.float64)  # few distinct values: ties and all-equal groups occur
-    index = rng.permutation(np.repeat(np.arange(10), 4))      # groups not contiguous
-    valid = rng.random(n) > 0.2
-    got = positive_example_mask(scores, index, valid)
-    assert got.dtype == bool and got.tolist() == positive_loop(scores, index, valid).tolist()
-    assert positive_example_mask(np.zeros(0), np.zeros(0), np.zeros(0, dtype=bool)).shape == (0,)
+def test_positive_examples_with_continuous_rewards_and_unjudged_rows():
+    # Continuous rewards: correct from the threshold on (>=, exactly), whatever the group; an unjudged row (invalid,
+    # its score NaN or stale) never counts.
+    scores = np.array([3.0, 2.0, 2.5, np.nan, 9.0, -1.0, 2.5 - 1e-9])
+    valid = np.array([1, 1, 1, 0, 0, 1, 1], dtype=bool)
+    assert positive_example_mask(scores, valid, 2.5).tolist() == [True, False, True, False, False, False, False]
+    assert positive_example_mask(np.zeros(0), np.zeros(0, dtype=bool), 1.0).shape == (0,)
+    with pytest.raises(ValueError, match="same length"):
+        positive_example_mask(np.zeros(2), np.zeros(3, dtype=bool), 1.0)
+    with pytest.raises(ValueError, match="min_reward must be a finite number"):
+        positive_example_mask(np.zeros(2), np.ones(2, dtype=bool), float("nan"))

@@ -20,7 +20,15 @@ def test_summary_reads_first_last_and_range_of_evals(load_tool, tmp_path):
     _fake_run(tmp_path, "s7", "qs_s7", {0: 0.5, 30: 0.75, 60: 0.7}, 450)
     row = tool.summarise(7, False, wall_s=181.6, root=str(tmp_path))
     assert row == {"seed": 7, "learning_rate_0": False, "sft_steps": 450, "eval_first": 0.5, "eval_last": 0.7,
-                   "last_step": 60, "eval_all_min": 0.5, "eval_all_max": 0.75, "wall_s": 182}
+                   "last_step": 60, "eval_all_min": 0.5, "eval_all_max": 0.75, "wall_s": 182,
+                   "eval": [[0, 0.5], [30, 0.75], [60, 0.7]]}
+    # A run's config.yaml (Config.format): every key as resolved, and what each unset one took.
+    out = tmp_path / "output" / "s7" / "config.yaml"
+    out.write_text("# AlgorithmArguments\nrl_algorithm: vapo\npretrain_critic_steps: null  # null = rl_algorithm "
+                   "vapo's default 50\nclip_range_ratio: 0.2\n")
+    row = tool.summarise(7, False, wall_s=181.6, root=str(tmp_path))
+    assert row["config"] == {"rl_algorithm": "vapo", "pretrain_critic_steps": None, "clip_range_ratio": 0.2}
+    assert row["config_unset"] == {"pretrain_critic_steps": "rl_algorithm vapo's default 50"}
 
 
 def test_tables_give_ranges_over_seeds_and_controls(load_tool):
@@ -137,6 +145,26 @@ def test_ppo_results_match_the_docs(load_tool, repo_root):
     assert results["machine"]["cpu"] in doc
     runs = [r for r in results["runs"] if not r["learning_rate_0"]]
     assert len(runs) >= 3 and min(r["eval_last"] - r["eval_first"] for r in runs) >= 0.15  # the issue's bar
+
+
+def test_vapo_results_match_the_docs_and_name_every_effective_key(load_tool, repo_root):
+    """docs/quickstart.md's VAPO table and trajectory are docs/results/quickstart_vapo_seeds.json's, and each run
+    recorded its resolved config: vapo's defaults as the trainer took them."""
+    tool = load_tool("quickstart_seeds")
+    with open(repo_root / "docs" / "results" / "quickstart_vapo_seeds.json", encoding="utf-8") as f:
+        results = json.load(f)
+    assert results["run_args"] == "--rl_algorithm vapo --pretrain_critic_steps null --normalize_advantage false"
+    doc = (repo_root / "docs" / "quickstart.md").read_text(encoding="utf-8")
+    summary_line, table = tool.tables(results).split("\n", 1)
+    assert summary_line in doc and table.strip() in doc
+    for run in results["runs"]:
+        config, unset = run["config"], run["config_unset"]
+        assert config["rl_algorithm"] == "vapo" and config["normalize_advantage"] is False
+        assert unset["pretrain_critic_steps"] == "rl_algorithm vapo's default 50"
+        assert unset["clip_range_ratio_high"] == "rl_algorithm vapo's default 0.28"
+        assert run["effective"]["pretrain_critic_steps"] == 50 and run["effective"]["clip_range_ratio_high"] == 0.28
+    seed42 = results["runs"][0]
+    assert ", ".join(f"{a:.3f}" for _, a in seed42["eval"][3:]) in doc.replace("\n", " ")  # steps 60-200
 
 
 def test_tool_runs_record_tool_use_and_accuracy_with_and_without_tools(load_tool, tmp_path):
