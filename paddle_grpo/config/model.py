@@ -41,7 +41,7 @@ class ModelArguments:
     reward_server_max_wait_s: float = arg(600.0, "(new) How long the trainer keeps retrying a batch the reward "
                                                  "server(s) fail, in seconds from its first failure: a server that "
                                                  "restarts within it costs time, not the run; every wait is logged. "
-                                                 "0: no retries.")
+                                                 "The tool server (tool_server) gets the same budget. 0: no retries.")
     reward_timeout_s: float = arg(300.0, "(new) Time limit in seconds per call of an in-process reward function "
                                          "(use_rm_server: false; also a reward_model_name_or_path model's call on a "
                                          "batch): a sample whose call runs over it gets reward None with the "

@@ -17,7 +17,8 @@ class ToolArguments:
                                  "the calls run, their results are appended as a tool turn, decoding goes on); "
                                  "tool-output tokens are context, not actions (no gradient, KL, entropy, value "
                                  "loss or length). Empty: single-turn rollouts.", default_factory=list)
-    max_turns: int = arg(4, "(new) Most assistant turns per sample (each but the last may end in tool calls); "
+    max_turns: int = arg(4, "(new) Most assistant turns per sample (each but the last may end in tool calls; so at "
+                            "least 2 with tools); "
                             "max_dec_len bounds all of a sample's completion tokens, actions and tool output.")
     tool_timeout_s: float = arg(10.0, "(new) Time limit in seconds per tool call; a call over it becomes a tool "
                                       "message saying so (error 'timeout'), the rollout goes on.")
@@ -28,6 +29,7 @@ class ToolArguments:
     max_tool_response_len: int = arg(256, "(new) A tool's output is cut to this many tokens (with a marker saying "
                                           "so) before it is appended to the conversation.")
     tool_server: str = arg("", "(new) URL of a server that runs the tools (`python -m reward_server --tool ...`): "
-                               "the calls go there over HTTP (transport failures are retried, then raise; 4xx "
-                               "answers raise). Empty: the tools run in the trainer's process.")
+                               "the calls go there over HTTP (transport failures are retried for up to "
+                               "reward_server_max_wait_s, then the run saves and stops; 4xx answers raise). Empty: "
+                               "the tools run in the trainer's process.")
     tool_server_token: str = arg("", "(new) Bearer token sent to tool_server (empty: none).")
