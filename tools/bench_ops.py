@@ -49,7 +49,7 @@ def _runs(fn: Callable[[], object], repeats: int, slow_s: float) -> List[float]:
 
 
 def _old_inverse_cdf(probs, u):
-    """The sampler before issue 15 (for comparison): a float64 cumsum, compare and flip + argmax over [n, V]."""
+    """The sampler before the chunked head (for comparison): a float64 cumsum, compare and flip + argmax over [n, V]."""
     import paddle
 
     cdf = paddle.cumsum(probs.astype("float64"), axis=-1)

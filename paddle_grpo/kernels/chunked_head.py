@@ -1,5 +1,5 @@
 """The chunked LM head's maths: per-token log-probs and entropy of `hidden @ W / temperature` without ever holding
-the `[rows, T, V]` logits (issue 15).
+the `[rows, T, V]` logits.
 
 At a real vocabulary (Qwen's 151,936) the float32 logits of 8 x 512 completion tokens are 2.5 GB, and a plain
 log-softmax + entropy + backward keeps several more tensors of that shape (docs/platform.md, "Memory at a real

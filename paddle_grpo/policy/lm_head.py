@@ -1,4 +1,4 @@
-"""The LM head of every log-prob path: the model-facing side of the chunked head (issue 15).
+"""The LM head of every log-prob path: the model-facing side of the chunked head.
 
 `head_logprobs` is the one entry point of every log-prob path (causal.py, seq2seq.py): with `chunk_size` None it
 computes the full logits and `algorithms/losses.py`'s log-softmax exactly as before; with a chunk size it runs the
