@@ -68,7 +68,8 @@ PEER = ["torch==2.13.0", "trl==1.16.0"]
 # between releases, and the importer's results are compared bit for bit with this version's.
 GGUF = ["gguf==0.19.0"]
 # The tests include the importer's (tiny GGUF files written by gguf's own writer; no download), so `.[test]` has it.
-TEST = ["pytest>=7.4"] + GGUF
+# pytest-xdist: pytest.ini runs the suite on two worker processes (`-n 2`).
+TEST = ["pytest>=7.4", "pytest-xdist>=3.5"] + GGUF
 
 
 def requirements(environ=os.environ):
