@@ -17,7 +17,7 @@ import paddle
 from . import checkpoint as ckpt
 from . import run_dir, run_state, step, summary
 from .algorithms import RunningRewardNormalizer, lr_lambda
-from .config import Config, ConfigError, write_config
+from .config import Config, write_config
 from .data import PromptSampler, read_json_rows, read_jsonl
 from .logging import MetricsLogger
 from .faults import StepGuard
@@ -112,7 +112,7 @@ class Trainer:
         total_opt_steps = self.max_steps * self.geometry.optimizer_steps_per_step
         # The policy is stepped only after the value pretraining (critic_pretrain_steps): its schedule spans the
         # steps that update it, so warm-up and decay run in full and the last step reaches min_learning_rate.
-        policy_opt_steps = self.policy_optimizer_steps(cfg, self.max_steps, self.geometry.optimizer_steps_per_step)
+        policy_opt_steps = cfg.policy_optimizer_steps(self.max_steps, self.geometry.optimizer_steps_per_step)
         warmup = cfg.warmup_steps or int(cfg.warmup_ratio * policy_opt_steps)
         scheduler = paddle.optimizer.lr.LambdaDecay(cfg.learning_rate, lr_lambda(cfg.lr_scheduler_type, warmup,
                                                                                  policy_opt_steps, cfg.min_lr_ratio))
@@ -127,7 +127,7 @@ class Trainer:
         self.critic_learner = step.build_critic_learner(cfg, par, self.precision, load, total_opt_steps,
                                                         self.policy.is_encoder_decoder)  # None: no critic
         # VAPO's positive examples: the rewards that count as correct (None: the loss is off).
-        self.positive_min_reward = self._positive_min_reward() if cfg.positive_lm_coeff > 0 else None
+        self.positive_min_reward = step.positive_threshold(cfg, self.rewarder)  # None: the loss is off
 
         self.step, self.unlogged = 0, None
         self.guard = StepGuard(self)  # the state at each step's start, signals, saving on a fault (faults.py)
@@ -231,26 +231,6 @@ class Trainer:
             metrics.update(step.eval_tool_metrics([c for _, part in parts for c in part], correct))
         self.log.log_samples(self.step, samples, tag="eval")
         return metrics
-
-    @staticmethod
-    def policy_optimizer_steps(cfg: Any, max_steps: int, optimizer_steps_per_step: int) -> int:
-        """Optimizer steps of the policy over the run: those of the steps after the value pretraining
-        (critic_pretrain_steps), at least 1."""
-        return max(1, (max_steps - cfg.critic_pretrain_steps) * optimizer_steps_per_step)
-
-    def _positive_min_reward(self) -> float:
-        """The reward from which a completion is a positive example of VAPO's LM loss (Config.positive_min_reward);
-        raises ConfigError naming the keys when no reward counts as correct."""
-        cfg = self.cfg
-        keyed = cfg.positive_example_min_reward is not None or cfg.eval_max_reward is not None
-        threshold = cfg.positive_min_reward(None if keyed else self.rewarder.max_score)  # asks a server only then
-        if threshold is None:
-            raise ConfigError(f"positive_example_lm_coeff is {cfg.positive_lm_coeff} (rl_algorithm "
-                              f"{cfg.rl_algorithm!r}), and its loss trains on the correct answers, but what "
-                              "counts as correct is unknown: the reward functions declare no maximum score. Set "
-                              "positive_example_min_reward (or eval_max_reward) to the reward of a correct answer, "
-                              "or positive_example_lm_coeff: 0")
-        return threshold
 
     def _max_reward(self) -> Optional[float]:
         """The reward that counts as correct: eval_max_reward, else the maximum the reward functions declare

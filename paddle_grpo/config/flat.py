@@ -153,6 +153,12 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
         (vapo: 50, the paper's and PaddleNLP's VAPO file), else 0; always 0 without a critic."""
         return int(self.estimator_default("pretrain_critic_steps", 0)) if self.needs_critic else 0
 
+    def policy_optimizer_steps(self, max_steps: int, optimizer_steps_per_step: int) -> int:
+        """Optimizer steps of the policy over a run of `max_steps`: those of the steps after the value pretraining
+        (critic_pretrain_steps), at least 1. The policy's schedule spans them, so its warm-up and decay run in full
+        and the last step reaches min_learning_rate."""
+        return max(1, (max_steps - self.critic_pretrain_steps) * optimizer_steps_per_step)
+
     def positive_min_reward(self, declared_max: Optional[float]) -> Optional[float]:
         """The reward from which a completion is a positive (correct) example: positive_example_min_reward, else
         the reward that counts as correct in eval/accuracy (eval_max_reward, else `declared_max`, the maximum the

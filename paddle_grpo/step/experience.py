@@ -11,6 +11,7 @@ import paddle
 from ..algorithms import (RunningRewardNormalizer, advantage_estimator_spec, clip_reward, explained_variance,
                           kl_penalty, kl_token_rewards, normalize_advantage, overlong_penalty, positive_example_mask,
                           scalar_to_token_level)
+from ..config import ConfigError
 from ..parallel import ParallelContext
 from ..policy import Critic, Policy
 from .batch import Batch, GlobalRows, MicroBatch, _in_row_order, model_precision, plan_micro_batches
@@ -168,6 +169,24 @@ def compute_advantages(rows: GlobalRows, rewards: np.ndarray, cfg: Any) -> Tuple
     """`estimate_advantages`' advantages [N, T_max] and their metrics."""
     out = estimate_advantages(rows, rewards, cfg)
     return out.advantages, out.metrics
+
+
+def positive_threshold(cfg: Any, rewarder: Any) -> Optional[float]:
+    """The reward from which a completion is a positive example of VAPO's LM loss (Config.positive_min_reward), or
+    None when the loss is off (positive_lm_coeff 0). The rewarder's declared maximum is asked for only when no key
+    sets it (it may be a request to a reward server). Raises ConfigError naming the keys when no reward counts as
+    correct."""
+    if cfg.positive_lm_coeff <= 0:
+        return None
+    keyed = cfg.positive_example_min_reward is not None or cfg.eval_max_reward is not None
+    threshold = cfg.positive_min_reward(None if keyed else rewarder.max_score)
+    if threshold is None:
+        raise ConfigError(f"positive_example_lm_coeff is {cfg.positive_lm_coeff} (rl_algorithm "
+                          f"{cfg.rl_algorithm!r}), and its loss trains on the correct answers, but what counts as "
+                          "correct is unknown: the reward functions declare no maximum score. Set "
+                          "positive_example_min_reward (or eval_max_reward) to the reward of a correct answer, or "
+                          "positive_example_lm_coeff: 0")
+    return threshold
 
 
 def positive_rows(rows: GlobalRows, cfg: Any, min_reward: Optional[float]) -> Optional[np.ndarray]:
