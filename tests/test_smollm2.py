@@ -75,3 +75,17 @@ def test_prompt_is_the_models_own_chat_template(repo_root):
         assert rendered == sm.prompt(a, b)
     cfg = load_config(str(repo_root / "configs" / "smollm2_grpo.yaml"), device="cpu", warn=False)
     assert len(tok(sm.prompt(20, 20), add_special_tokens=False)["input_ids"]) <= cfg.max_prompt_len
+
+
+def test_a_missing_model_names_the_import_command(repo_root, tmp_path, monkeypatch):
+    """Without the imported model, the dry run's check and the trainer's model lookup both say how to make it."""
+    from paddle_grpo.dry_run import preflight
+    from paddle_grpo.policy import hub
+
+    cfg = load_config(str(repo_root / "configs" / "smollm2_grpo.yaml"), device="cpu", warn=False)
+    monkeypatch.chdir(tmp_path)  # the config's relative model path does not exist here
+    problems = [p for p in preflight(cfg) if p.startswith("actor_model_name_or_path")]
+    assert len(problems) == 1 and sm.IMPORT_COMMAND in problems[0]
+    with pytest.raises(FileNotFoundError, match="make it with: " + sm.IMPORT_COMMAND.replace(".", r"\.")):
+        hub.resolve_model_dir(sm.MODEL_DIR)
+    assert hub.made_by_note("build/models/other") == ""
