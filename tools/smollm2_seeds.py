@@ -1,0 +1,108 @@
+"""Collect the SmolLM2 recipe's runs into one results file and print the tables docs/smollm2.md shows.
+
+    python tools/smollm2_seeds.py --collect s42 s1 s2 s42_lr0 --out docs/results/smollm2_seeds.json
+    python tools/smollm2_seeds.py --tables docs/results/smollm2_seeds.json
+
+A run NAME is `output/smollm2_NAME` (from `python run_rl.py configs/smollm2_grpo.yaml --seed S --output_dir
+output/smollm2_NAME ...`; `_lr0` in the name marks a `--learning_rate 0` control). Per run the file keeps the seed,
+every held-out evaluation (step, `eval/accuracy`), the training reward and step time of every step, and the CPU
+seconds per step when `--cpu-log` gives a log of `time pid output_dir cpu_ticks step load` lines (the runs here
+shared 2 cores with other jobs, so wall time alone says little). tests/test_smollm2.py checks docs/smollm2.md
+against the committed file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Dict, List, Optional
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
+
+
+def collect_run(name: str, root: str = _REPO) -> Dict:
+    """One run's row from `output/smollm2_<name>/metrics.jsonl` and its resolved config.yaml."""
+    out = os.path.join(root, "output", f"smollm2_{name}")
+    evals, steps = [], []
+    with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            if "eval/accuracy" in row:
+                evals.append([row["step"], row["eval/accuracy"]])
+            if "train/reward" in row:
+                steps.append([row["step"], round(row["train/reward"], 4), round(row["perf/step_s"], 2)])
+    seed = lr = None
+    with open(os.path.join(out, "config.yaml"), encoding="utf-8") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key == "seed":
+                seed = int(value)
+            elif key == "learning_rate":
+                lr = float(value)
+    return {"name": name, "seed": seed, "learning_rate": lr, "evals": evals, "steps": steps,
+            "wall_s": round(sum(s[2] for s in steps))}
+
+
+def cpu_per_step(log: str, name: str) -> Optional[float]:
+    """CPU seconds per step of run `name` between the first and last sample of `log` at which it had logged a step."""
+    points = []
+    with open(log, encoding="utf-8") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 6 and parts[2] == f"output/smollm2_{name}" and parts[4].isdigit():
+                points.append((int(parts[4]), int(parts[3]) / 100.0))  # /proc ticks: 100 per second (CLK_TCK)
+    if len(points) < 2 or points[-1][0] == points[0][0]:
+        return None
+    return round((points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0]), 1)
+
+
+def tables(results: Dict) -> str:
+    """The markdown of docs/smollm2.md: held-out accuracy at every evaluation of every run."""
+    steps = sorted({s for r in results["runs"] for s, _ in r["evals"]})
+    lines = ["| run | " + " | ".join(f"step {s}" for s in steps) + " | change | s per step | CPU s per step |",
+             "|---|" + "---|" * (len(steps) + 3)]
+    for r in results["runs"]:
+        acc = dict((s, a) for s, a in r["evals"])
+        label = f"`--seed {r['seed']}" + (" --learning_rate 0`" if r["learning_rate"] == 0 else "`")
+        cells = [f"{acc[s]:.2f}" if s in acc else "" for s in steps]
+        change = 100 * (r["evals"][-1][1] - r["evals"][0][1])
+        mean_step = sum(s[2] for s in r["steps"]) / len(r["steps"])
+        cpu = "" if r.get("cpu_s_per_step") is None else f"{r['cpu_s_per_step']:.1f}"
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {change:+.0f} (step {r['evals'][-1][0]}) | "
+                     f"{mean_step:.0f} | {cpu} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--collect", nargs="+", metavar="NAME", help="runs output/smollm2_NAME to collect")
+    parser.add_argument("--cpu-log", help="log of CPU ticks per run (see the module docstring)")
+    parser.add_argument("--note", default="", help="what the machine was doing meanwhile, kept in the file")
+    parser.add_argument("--out", default="output/smollm2_seeds.json")
+    parser.add_argument("--tables", metavar="JSON", help="print the tables of a results file")
+    args = parser.parse_args(argv)
+    if args.tables:
+        with open(args.tables, encoding="utf-8") as f:
+            print(tables(json.load(f)), end="")
+        return 0
+    if not args.collect:
+        parser.error("give --collect NAME... or --tables JSON")
+    from tools.quickstart_seeds import machine
+
+    runs = [collect_run(name) for name in args.collect]
+    if args.cpu_log:
+        for r in runs:
+            r["cpu_s_per_step"] = cpu_per_step(args.cpu_log, r["name"])
+    results = {"config": "configs/smollm2_grpo.yaml", "machine": machine(), "note": args.note, "runs": runs}
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=1)
+        f.write("\n")
+    print(tables(results), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
