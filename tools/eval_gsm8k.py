@@ -1,7 +1,7 @@
-"""Evaluate a saved checkpoint on GSM8K: greedy answers, exact match under lm-evaluation-harness's two filters.
+"""Evaluate a saved checkpoint on GSM8K: greedy or sampled answers, exact match under lm-eval's two filters.
 
     python tools/eval_gsm8k.py --model DIR --data FILE [--limit N] [--batch-size B] [--max-new-tokens T]
-        [--chat-template auto|none|qwen] [--output predictions.jsonl]
+        [--chat-template auto|none|qwen] [--temperature T [--seed S]] [--output predictions.jsonl]
 
 DIR is any `save_pretrained` directory with its tokenizer (a `checkpoint-<step>` of run_rl.py or a PaddleNLP
 model). FILE is raw GSM8K JSONL (`question`, `answer` ending in `#### N`) or src/tgt JSONL as written by
@@ -22,9 +22,13 @@ The table has lm-eval's markdown layout. Its Version column is this tool's scori
 task version: the filters and metric are lm-eval's, the prompt is not (see below), so numbers are comparable to
 lm-eval's only as far as the prompts are.
 
+Decoding is greedy unless `--temperature T` is given: then one completion per problem is sampled at temperature T
+(no top-k/top-p) by the rollout's counter-based sampler, the trainer's eval_do_sample path: problem i (0-based, in
+file order) draws from the key `row_keys(seed, 0, i)`, so a run is reproducible for a fixed `--seed` (default 0)
+and does not depend on the batch size.
+
 Left out on purpose: few-shot prompting (n-shot is always 0; lm-eval's default is 5-shot "Question: ...\\nAnswer:"
-prompts, here the chat-templated zero-shot prompt the model was trained on), sampling and self-consistency
-(greedy only), lm-eval's "Question:" stop string (only useful with few-shot prompts; generation stops at the
+prompts, here the chat-templated zero-shot prompt the model was trained on), several samples per problem and self-consistency, lm-eval's "Question:" stop string (only useful with few-shot prompts; generation stops at the
 tokenizer's/model's EOS and at `<|im_end|>`), and several devices (one process, whatever device paddle picks).
 """
 from __future__ import annotations
@@ -202,9 +206,13 @@ def stop_token_ids(tokenizer, model):
 
 
 def generate_completions(model, tokenizer, prompts, *, batch_size, max_new_tokens, chat_template="auto",
-                         log=None):
-    """Greedy completions, decoded up to (not including) EOS as the trainer does; one dict per prompt."""
+                         temperature=None, seed=0, log=None):
+    """Completions decoded up to (not including) EOS as the trainer does; one dict per prompt. Greedy when
+    `temperature` is None, else sampled at that temperature with prompt i's row key `row_keys(seed, 0, i)`."""
+    import numpy as np
+
     from paddle_grpo.policy.causal import generate
+    from paddle_grpo.rollout.sampling import row_keys
 
     token_ids = tokenize_prompts(tokenizer, [apply_chat_template(p, tokenizer, mode=chat_template) for p in prompts])
     # Longest first, so each batch holds prompts of similar length (less padding); results go back in file order.
@@ -214,8 +222,12 @@ def generate_completions(model, tokenizer, prompts, *, batch_size, max_new_token
     for s in range(0, len(order), batch_size):
         batch = order[s:s + batch_size]
         ids, mask = collate_prompts([token_ids[i] for i in batch], pad, None)
+        # Keys by file index, not batch position: the sample of a problem is the same whatever the batching.
+        sampling = ({"do_sample": False} if temperature is None else
+                    {"do_sample": True, "temperature": float(temperature),
+                     "row_keys": row_keys(seed, 0, np.asarray(batch, dtype=np.uint64))})
         rollout = generate(model, ids, mask, num_samples=1, max_new_tokens=max_new_tokens, eos_token_ids=eos,
-                           pad_token_id=pad, do_sample=False)
+                           pad_token_id=pad, **sampling)
         completion_ids = rollout.completion_ids.numpy()
         for row, i in enumerate(batch):
             n, cut = int(rollout.lengths[row]), bool(rollout.truncated[row])
@@ -246,11 +258,16 @@ def main(argv=None):
     parser.add_argument("--max-new-tokens", type=int, default=512, help="generation budget (default 512)")
     parser.add_argument("--chat-template", choices=CHAT_TEMPLATE_MODES, default="auto",
                         help="templating of untemplated src prompts, as the trainer's chat_template (default auto)")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="sample one completion per problem at this temperature (default: greedy)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed with --temperature (default 0)")
     parser.add_argument("--output", default=None, help="write per-problem predictions (JSONL) here")
     args = parser.parse_args(argv)
     for key in ("limit", "batch_size", "max_new_tokens"):
         if getattr(args, key) is not None and getattr(args, key) < 1:
             parser.error(f"--{key.replace('_', '-')} must be at least 1")
+    if args.temperature is not None and not (math.isfinite(args.temperature) and args.temperature > 0):
+        parser.error(f"--temperature must be a positive number (leave it out for greedy), got {args.temperature}")
 
     def log(msg):
         print(f"eval_gsm8k: {msg}", file=sys.stderr, flush=True)
@@ -267,7 +284,8 @@ def main(argv=None):
     tokenizer, model = load_tokenizer(args.model), load_causal_lm(args.model, trainable=False)
     log(f"{len(examples)} problems from {args.data}")
     generated = generate_completions(model, tokenizer, [e["prompt"] for e in examples], batch_size=args.batch_size,
-                                     max_new_tokens=args.max_new_tokens, chat_template=args.chat_template, log=log)
+                                     max_new_tokens=args.max_new_tokens, chat_template=args.chat_template,
+                                     temperature=args.temperature, seed=args.seed, log=log)
     predictions = []
     for index, (example, gen) in enumerate(zip(examples, generated)):
         scores = score(gen["completion"], example["gold"])
@@ -280,7 +298,8 @@ def main(argv=None):
     truncated = sum(p["truncated"] for p in predictions)
     print(f"paddle_grpo (model={args.model}), data: {args.data}, n: {len(predictions)}, limit: {args.limit}, "
           f"num_fewshot: {N_SHOT}, batch_size: {args.batch_size}, max_new_tokens: {args.max_new_tokens} "
-          f"({truncated} truncated), greedy")
+          f"({truncated} truncated), "
+          + ("greedy" if args.temperature is None else f"sampled at temperature {args.temperature}, seed {args.seed}"))
     print(format_table(aggregate(predictions)))
     return 0
 
