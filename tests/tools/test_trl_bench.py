@@ -5,7 +5,6 @@ TRL and torch live in the peer's own environment (setup.py's `peer` extra with P
 transformers and paddlenlp need different tokenizers). The step test runs with the python named by
 PADDLE_GRPO_PEER_PYTHON (e.g. .peer-venv/bin/python), else with this one when it has torch and trl, else it skips.
 """
-import importlib.util
 import json
 import os
 import pathlib
@@ -13,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from peer_helpers import peer_python
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "trl_bench.py"
@@ -76,17 +76,8 @@ def test_same_prompts_and_vocabulary_as_bench(load_tool, tmp_path):
         json.loads((tmp_path / "model" / "vocab.json").read_text())
 
 
-def peer_python():
-    """The python that has torch and trl (module docstring), or None."""
-    if os.environ.get("PADDLE_GRPO_PEER_PYTHON"):
-        return os.environ["PADDLE_GRPO_PEER_PYTHON"]
-    if all(importlib.util.find_spec(m) is not None for m in ("torch", "trl")):
-        return sys.executable
-    return None
-
-
 def test_one_tiny_step(tmp_path):
-    python = peer_python()
+    python = peer_python(("torch", "trl"))
     if python is None:
         pytest.skip("trl and torch are not installed here (the peer has its own environment: python -m venv "
                     ".peer-venv && PADDLE_GRPO_PEER_ONLY=1 .peer-venv/bin/pip install -e '.[peer]'; then set "
