@@ -161,13 +161,17 @@ def _json_body(batch: dict) -> bytes:
     reward function's `turns` may hold) raises RewardRequestError naming the field at once: sending the same batch
     again cannot help (requests' own InvalidJSONError is a RequestException, so it used to be retried until
     reward_server_max_wait_s ran out)."""
-    for field, value in batch.items():
+    try:
+        return json.dumps(batch, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError):
+        pass
+    for field, value in batch.items():  # only on failure: which field, for the message
         try:
             json.dumps(value, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise RewardRequestError(f"the batch's field '{field}' cannot be sent as JSON ({exc}): JSON has no NaN, "
                                      "Infinity or non-JSON objects; the reward server was not asked") from None
-    return json.dumps(batch, allow_nan=False).encode("utf-8")
+    raise AssertionError("unreachable: the batch failed to serialize but none of its fields did")
 
 
 def _join_failures(failures: List[str], keep: int = 6) -> str:
