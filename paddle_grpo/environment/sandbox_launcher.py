@@ -78,6 +78,10 @@ def build_root(root: str, tmp_mb: int, workdir_name: str) -> str:
         elif os.path.isdir(path):
             os.makedirs(root + path, mode=0o755)
             bind_read_only(path, root + path)
+    # The private /tmp first: an interpreter that lives under /tmp (a virtual environment in a clone there) is then
+    # bind-mounted inside it, instead of its directories making /tmp exist before the tmpfs is mounted.
+    os.makedirs(root + "/tmp", mode=0o1777)
+    mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_mb}m,mode=1777")
     for path in python_dirs():
         if any(path == d or path.startswith(d + "/") for d in SYSTEM_DIRS):
             continue  # already there (a system Python)
@@ -90,8 +94,6 @@ def build_root(root: str, tmp_mb: int, workdir_name: str) -> str:
         mount(f"/dev/{name}", f"{root}/dev/{name}", None, MS_BIND)
     os.makedirs(root + "/proc", mode=0o555)
     mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    os.makedirs(root + "/tmp", mode=0o1777)
-    mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_mb}m,mode=1777")
     workdir = "/tmp/" + workdir_name
     os.mkdir(root + workdir, 0o700)
     os.chroot(root)
