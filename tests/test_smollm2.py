@@ -101,8 +101,28 @@ def test_docs_show_the_committed_results(repo_root):
     spec.loader.exec_module(tool)
     with open(repo_root / "docs" / "results" / "smollm2_seeds.json", encoding="utf-8") as f:
         results = json.load(f)
-    assert tool.tables(results) in (repo_root / "docs" / "smollm2.md").read_text(encoding="utf-8")
+    doc = (repo_root / "docs" / "smollm2.md").read_text(encoding="utf-8")
+    assert tool.tables(results) in doc
+    assert tool.wall_clock_table(results) in doc
     for run in results["runs"]:
         change = run["evals"][-1][1] - run["evals"][0][1]
         # 100 held-out problems sampled once each: a standard error of at most 5 points per evaluation
         assert change > 0.15 if run["learning_rate"] > 0 else abs(change) <= 0.1, run["name"]
+
+
+def test_wall_clock_table_from_hand_made_runs(repo_root):
+    """The side-by-side table in training minutes: cumulative step seconds up to each evaluation (hand-computed)."""
+    spec = importlib.util.spec_from_file_location("_smollm2_seeds", repo_root / "tools" / "smollm2_seeds.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    ours = {"name": "s7", "seed": 7, "learning_rate": 1e-5, "evals": [[0, 0.0], [2, 0.6], [3, 0.7]],
+            "steps": [[1, 0.0, 30.0], [2, 0.5, 60.0], [3, 0.5, 90.0]]}
+    trl = {"name": "trl_s7", "peer": "trl", "trl_version": "1.16.0", "seed": 7, "learning_rate": 1e-5,
+           "evals": [[0, 0.0], [3, 0.4]], "steps": [[1, 0.0, 120.0], [2, 0.2, 120.0], [3, 0.3, 60.0]]}
+    control = dict(ours, name="s7_lr0", learning_rate=0.0)
+    rows = tool.wall_clock_table({"runs": [ours, trl, control]}).splitlines()
+    assert len(rows) == 4  # header, rule, ours, TRL: the control has no curve to race
+    # ours: median of 30, 60, 90 = 60; 180 s = 3.0 min to step 3; 0.6 >= 0.5 first at step 2 after 90 s = 1.5 min
+    assert rows[2] == "| `--seed 7` | 60.0 | 3.0 (step 3) | step 2, 1.5 min (0.60) | 0.70 (step 3) |"
+    # TRL: median of 120, 120, 60 = 120; 300 s = 5.0 min; never reaches 0.5
+    assert rows[3] == "| TRL 1.16.0, seed 7 | 120.0 | 5.0 (step 3) | not reached | 0.40 (step 3) |"

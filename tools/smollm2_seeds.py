@@ -66,7 +66,7 @@ def tables(results: Dict) -> str:
              "|---|" + "---|" * (len(steps) + 3)]
     for r in results["runs"]:
         acc = dict((s, a) for s, a in r["evals"])
-        label = f"`--seed {r['seed']}" + (" --learning_rate 0`" if r["learning_rate"] == 0 else "`")
+        label = _label(r)
         cells = [f"{acc[s]:.2f}" if s in acc else "" for s in steps]
         change = 100 * (r["evals"][-1][1] - r["evals"][0][1])
         mean_step = sum(s[2] for s in r["steps"]) / len(r["steps"])
@@ -76,9 +76,54 @@ def tables(results: Dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def trl_run(path: str) -> Dict:
+    """A run of tools/trl_smollm2.py (its JSON file) in collect_run's form, marked `peer: trl`."""
+    with open(path, encoding="utf-8") as f:
+        rec = json.load(f)
+    steps = [[s["step"], None if s.get("reward") is None else round(s["reward"], 4), s["step_s"]]
+             for s in rec["steps"]]
+    cpu = [s["cpu_s"] for s in rec["steps"] if "cpu_s" in s]
+    return {"name": f"trl_s{rec['seed']}", "peer": "trl", "trl_version": rec["trl_version"], "seed": rec["seed"],
+            "learning_rate": rec["learning_rate"], "evals": [[e["step"], e["accuracy"]] for e in rec["evals"]], "steps": steps,
+            "wall_s": round(sum(s[2] for s in steps)),
+            "cpu_s_per_step": round(sum(cpu) / len(cpu), 1) if cpu else None,
+            "threads": rec.get("threads"), "peak_rss_mb": rec.get("peak_rss_mb")}
+
+
+def _label(r: Dict) -> str:
+    if r.get("peer") == "trl":
+        return f"TRL {r['trl_version']}, seed {r['seed']}"
+    return f"`--seed {r['seed']}" + (" --learning_rate 0`" if r["learning_rate"] == 0 else "`")
+
+
+def wall_clock_table(results: Dict, target: float = 0.5) -> str:
+    """The side-by-side in training time (evaluations excluded): per run the median step, the minutes to each
+    evaluation's step, the first evaluation reaching `target` and the last accuracy."""
+    lines = ["| run | median s per step | minutes of training to the last step | first held-out accuracy "
+             f">= {target:.1f} at | last held-out accuracy |", "|---|---|---|---|---|"]
+    for r in results["runs"]:
+        if r["learning_rate"] == 0:
+            continue
+        times = sorted(s[2] for s in r["steps"])
+        median = times[len(times) // 2] if len(times) % 2 else (times[len(times) // 2 - 1] + times[len(times) // 2]) / 2
+        elapsed, cum = {}, 0.0
+        for s in r["steps"]:
+            cum += s[2]
+            elapsed[s[0]] = cum
+        first = next(((s, a) for s, a in r["evals"] if a >= target), None)
+        reached = "not reached" if first is None else \
+            f"step {first[0]}, {elapsed.get(first[0], 0.0) / 60:.1f} min ({first[1]:.2f})"
+        last = r["evals"][-1]
+        lines.append(f"| {_label(r)} | {median:.1f} | {cum / 60:.1f} (step {r['steps'][-1][0]}) | {reached} | "
+                     f"{last[1]:.2f} (step {last[0]}) |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--collect", nargs="+", metavar="NAME", help="runs output/smollm2_NAME to collect")
+    parser.add_argument("--trl", nargs="*", default=[], metavar="JSON",
+                        help="runs of tools/trl_smollm2.py to set beside them")
     parser.add_argument("--cpu-log", help="log of CPU ticks per run (see the module docstring)")
     parser.add_argument("--note", default="", help="what the machine was doing meanwhile, kept in the file")
     parser.add_argument("--out", default="output/smollm2_seeds.json")
@@ -86,7 +131,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.tables:
         with open(args.tables, encoding="utf-8") as f:
-            print(tables(json.load(f)), end="")
+            results = json.load(f)
+        print(tables(results) + "\n" + wall_clock_table(results), end="")
         return 0
     if not args.collect:
         parser.error("give --collect NAME... or --tables JSON")
@@ -96,11 +142,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.cpu_log:
         for r in runs:
             r["cpu_s_per_step"] = cpu_per_step(args.cpu_log, r["name"])
+    for path in args.trl:
+        runs.append(trl_run(path))
     results = {"config": "configs/smollm2_grpo.yaml", "machine": machine(), "note": args.note, "runs": runs}
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)
         f.write("\n")
-    print(tables(results), end="")
+    print(tables(results) + "\n" + wall_clock_table(results), end="")
     return 0
 
 
