@@ -12,7 +12,8 @@ never imports paddle. The same as the recipe, key by key:
   here because that module imports paddle);
 - GRPO, 4 prompts x 8 samples per step (one optimizer step per rollout, all 32 sequences in one micro-batch),
   temperature 1, no top-k / top-p, at most 12 new tokens, AdamW at a constant 1e-5 (TRL's default schedule decays
-  linearly; the recipe's is constant), beta 0 (no KL, no reference model), 60 steps;
+  linearly; the recipe's is constant), weight decay 0.01 (PaddleNLP's default, which the recipe keeps; TRL's is 0),
+  float32 without gradient checkpointing (GRPOConfig's defaults on CPU are bf16 autocast and recomputation), beta 0 (no KL, no reference model), 60 steps;
 - held-out accuracy sampled at temperature 1 (one completion per problem, 12 new tokens) at step 0 and every
   `--eval-steps`, in batches of 100, outside the timed steps (as the trainer's `perf/step_s` excludes evaluation).
 TRL's loss keeps its 1.16 defaults (`loss_type` "dapo": token-level sum over the batch; `scale_rewards` "group"),
@@ -131,7 +132,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     out_dir = args.out + ".trainer"
     config = GRPOConfig(output_dir=out_dir, per_device_train_batch_size=32, num_generations=8,
                         max_completion_length=12, max_steps=args.max_steps, learning_rate=args.learning_rate,
-                        lr_scheduler_type="constant", beta=0.0, temperature=1.0, top_k=0, top_p=1.0,
+                        lr_scheduler_type="constant", weight_decay=0.01, beta=0.0, temperature=1.0, top_k=0, top_p=1.0,
                         logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, bf16=False,
                         gradient_checkpointing=False, seed=args.seed, disable_tqdm=True)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
