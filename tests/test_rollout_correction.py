@@ -344,12 +344,18 @@ def length_reward(prompts, completions, **kwargs):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("mini", [-1, 2], ids=["on_policy", "off_policy"])
-def test_a_synchronous_run_logs_a_ratio_of_one(tmp_path, tiny_policy_dir, mini):
+@pytest.mark.parametrize("mini, mode, extra", [
+    (-1, "tis", {}),
+    (2, "tis", {}),
+    (2, "mis", {"rl_algorithm": "reinforce_plus_plus", "kl_coeff": 0.01, "importance_sampling_level": "sequence"}),
+    (-1, "mis", {"rl_algorithm": "ppo", "critic_model_name_or_path": "<the policy>"}),
+], ids=["grpo_on_policy", "grpo_off_policy", "rpp_gspo_off_policy", "ppo_on_policy"])
+def test_a_synchronous_run_logs_a_ratio_of_one(tmp_path, tiny_policy_dir, mini, mode, extra):
     """The sampler (the decode steps with a KV cache) and the trainer (a teacher-forced forward; off-policy the
     recomputed old log-probs) compute the same log-probs up to float32 rounding: tests/rollout/test_rollout.py's
     bound for the tiny policy (hidden 64, intermediate 128, 2 layers, vocab 320), so every ratio is within
-    exp(+-LP_TOL) of 1, none is capped, and the mean and max are too."""
+    exp(+-LP_TOL) of 1, none is capped or dropped, and the mean and max are too. GRPO on- and off-policy, REINFORCE++
+    with GSPO's sequence ratio, PPO (its policy side; the critic is the policy's backbone)."""
     import json
 
     from paddle_grpo.trainer import Trainer
@@ -361,13 +367,15 @@ def test_a_synchronous_run_logs_a_ratio_of_one(tmp_path, tiny_policy_dir, mini):
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     (tmp_path / "rewards.py").write_text(REWARD)
     out = tmp_path / "out"
-    cfg = config_from_dict(dict(
+    values = dict(
         actor_model_name_or_path=tiny_policy_dir, use_rm_server=False,
         reward_funcs=f"{tmp_path / 'rewards.py'}:length_reward", train_datasets=str(tmp_path / "train.jsonl"),
         output_dir=str(out), logging_dir=str(out / "vdl"), max_prompt_len=32, max_dec_len=8, min_dec_len=1,
         max_length=40, global_batch_size=4, global_mini_batch_size=mini, rollout_n=4, per_device_train_batch_size=8,
         per_device_logprob_batch_size=16, learning_rate=2e-3, max_steps=2, kl_coeff=0.0, save_strategy="no",
-        disable_tqdm=True, seed=7, temperature=0.9, rollout_correction="tis"))
+        disable_tqdm=True, seed=7, temperature=0.9, rollout_correction=mode)
+    values.update({k: (tiny_policy_dir if v == "<the policy>" else v) for k, v in extra.items()})
+    cfg = config_from_dict(values)
     Trainer(cfg).train()
     metrics = read_metrics(cfg.output_dir)
     assert [r["step"] for r in metrics] == [1, 2]
@@ -375,8 +383,8 @@ def test_a_synchronous_run_logs_a_ratio_of_one(tmp_path, tiny_policy_dir, mini):
         assert row["train/optimizer_steps"] in ((1, 2) if mini == -1 else (2, 4))
         assert math.exp(-lp_tol) <= row["rollout_correction/ratio_mean"] <= math.exp(lp_tol), row
         assert math.exp(-lp_tol) <= row["rollout_correction/ratio_max"] <= math.exp(lp_tol), row
-        assert row["rollout_correction/capped_frac"] == 0.0
-        assert "rollout_correction/masked_frac" not in row
+        kept, other = ("capped_frac", "masked_frac") if mode == "tis" else ("masked_frac", "capped_frac")
+        assert row[f"rollout_correction/{kept}"] == 0.0 and f"rollout_correction/{other}" not in row
 
 
 # --------------------------------------------------------------------------------------------------- config
