@@ -261,12 +261,24 @@ def test_a_registered_estimator_gets_what_its_spec_asks_for():
 
 
 def test_loss_sums_means_divide_the_token_weighted_statistics_by_the_tokens():
-    sums = step.LossSums(np.array([0.5, 0.1, 0.3, 2.0, 0.4, 0.2, 0.0, 1.0, 4.0]))
+    sums = step.LossSums(np.array([0.5, 0.1, 0.3, 2.0, 0.4, 0.2, 0.0, 1.0, 4.4, 0.8, 0.0, 1.5, 4.0]))
     assert sums.means() == {"train/policy_loss": 0.5, "train/kl_loss": 0.1, "train/positive_lm_loss": 0.3,
                             "train/entropy": 0.5,
                             "train/clip_frac_low": 0.1, "train/clip_frac_high": 0.05, "train/clip_frac_dual": 0.0,
-                            "train/approx_kl_old": 0.25}
+                            "train/approx_kl_old": 0.25, "rollout_correction/ratio_mean": 1.1,
+                            "rollout_correction/capped_frac": 0.2, "rollout_correction/masked_frac": 0.0,
+                            "rollout_correction/ratio_max": 1.5}
     assert step.LossSums().means()["train/entropy"] == 0.0  # no tokens: no division by zero
+
+
+def test_loss_sums_add_sums_and_keeps_the_largest_maximum():
+    a = step.LossSums(np.arange(13, dtype=np.float64))
+    b = np.arange(13, dtype=np.float64)[::-1].copy()
+    a.add(b)
+    expected = np.full(13, 12.0)
+    expected[-2] = 11.0  # the maximum of 11 (a's) and 1 (b's), not their sum
+    np.testing.assert_array_equal(a.values, expected)
+    assert step.LossSums(a.values.copy()).reduced(ParallelContext()).values.tolist() == expected.tolist()
 
 
 def test_update_metrics_average_finite_mini_batches_and_drop_kl_loss_without_it():

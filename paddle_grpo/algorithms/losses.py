@@ -205,6 +205,7 @@ def compute_policy_loss(log_prob: TensorLike, old_log_prob: TensorLike, advantag
                         response_mask: TensorLike, clip_ratio_low: float = 0.2,
                         clip_ratio_high: float = 0.2, clip_ratio_c: Optional[float] = None,
                         importance_sampling_level: str = "token", loss_agg_mode: str = "token-mean",
+                        token_weights: Optional[TensorLike] = None,
                         **agg_kwargs: object) -> Dict[str, paddle.Tensor]:
     """Clipped policy-gradient loss (docs/algorithms.md section 4).
 
@@ -221,11 +222,14 @@ def compute_policy_loss(log_prob: TensorLike, old_log_prob: TensorLike, advantag
             None disables it.
         importance_sampling_level: "token" (policy loss "vanilla") or "sequence" (GSPO, arXiv 2507.18071), or the
             name of any registered policy loss.
+        token_weights: `[bs, T]` or None, constants (detached here) multiplying each token's loss before the
+            aggregation: the rollout correction's importance weights (`rollout_correction`: TIS / MIS). The
+            denominators of the aggregation are unchanged (a weight of 0 leaves its token counted).
         loss_agg_mode, **agg_kwargs: passed to `aggregate_loss` (`num_global_tokens`, `num_global_seqs`,
             `max_dec_len`).
     Returns a dict of:
         pg_loss: scalar, the aggregated loss.
-        pg_losses: `[bs, T]` per-token loss, 0 on masked positions.
+        pg_losses: `[bs, T]` per-token loss (weighted by `token_weights`), 0 on masked positions.
         clip_frac_low: share of valid tokens with A < 0 and rho < 1 - eps_low (lower clip active, zero gradient).
         clip_frac_high: share of valid tokens with A > 0 and rho > 1 + eps_high (upper clip active).
         clip_frac_dual: share of valid tokens with A < 0 and -c A < L^clip strictly (dual bound active, i.e.
@@ -252,6 +256,10 @@ def compute_policy_loss(log_prob: TensorLike, old_log_prob: TensorLike, advantag
 
     pg_losses, info = policy_loss(log_prob, old_log_prob, advantages, mask, clip_ratio_low, clip_ratio_high,
                                   clip_ratio_c)
+    if token_weights is not None:
+        weights = as_float(token_weights, dtype).detach()
+        check_same_shape(log_prob=log_prob, token_weights=weights)
+        pg_losses = pg_losses * weights
     pg_losses = masked(pg_losses, mask)
     with paddle.no_grad():
         stats = {f"clip_frac_{k[5:]}": masked_mean(v.astype(dtype), mask) for k, v in info.items()}

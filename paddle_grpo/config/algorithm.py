@@ -33,6 +33,19 @@ class AlgorithmArguments:
                                               "unset).")
     importance_sampling_level: str = arg("token", "(new) token: per-token ratio; sequence: GSPO's sequence ratio.",
                                          choices=_from_algorithms("importance_sampling_levels"))
+    rollout_correction: str = arg(
+        "none", "(new) Off-policy correction of the policy-gradient loss by the sampler's own log-probs l^s "
+                "(docs/algorithms.md, \"Rollout correction\"): each token's loss is weighted by the ratio "
+                "r = exp(l^old - l^s) of the trainer's old log-probs to the sampler's. tis: truncated, "
+                "min(r, rollout_correction_cap); mis: masked, r inside [rollout_correction_min, "
+                "rollout_correction_cap] and the token dropped outside; none: no weight (the ratio's mean and max "
+                "are logged either way). With importance_sampling_level sequence the ratio is the sequence's "
+                "geometric mean.", choices=_from_algorithms("ROLLOUT_CORRECTIONS"))
+    rollout_correction_cap: float = arg(2.0, "(new) rollout_correction tis: the cap C of the ratio; mis: the upper "
+                                             "bound of the band of kept ratios. > 1 (the on-policy ratio, 1, is "
+                                             "never capped or dropped).")
+    rollout_correction_min: float = arg(0.5, "(new) rollout_correction mis: the lower bound of the band of kept "
+                                             "ratios, in [0, 1) (0: no lower bound). No effect with tis or none.")
     loss_agg_mode: str = arg("token-mean", "(new) How per-token losses are averaged.",
                              choices=_from_algorithms("LOSS_AGG_MODES"))
     clip_range_score: float = arg(10.0, "Rewards are clipped to [-c, c] (0: no clipping).")

@@ -80,8 +80,9 @@ TOOL_KEYS = ("max_turns", "tool_timeout_s", "tool_max_workers", "tool_format", "
 def run_key_notes(cfg: Config) -> Dict[str, str]:
     """Key -> why it has no effect in this run, whatever the device: the critic's keys when the estimator trains no
     critic, an estimator option (gamma, lam, norm_adv_by_std, ...) the chosen estimator does not take, a decay floor
-    under a schedule that does not decay, the positive examples' threshold without their loss. Read from the
-    estimator registry's specs, not from algorithm names."""
+    under a schedule that does not decay, the positive examples' threshold without their loss, the rollout
+    correction's bounds its mode does not read. Read from the estimator registry's specs, not from algorithm
+    names."""
     from ..algorithms import advantage_estimator_spec, available_advantage_estimators  # paddle: see _from_algorithms
     specs = [advantage_estimator_spec(name) for name in available_advantage_estimators()]
     algorithm, notes = repr(cfg.rl_algorithm), {}
@@ -111,6 +112,12 @@ def run_key_notes(cfg: Config) -> Dict[str, str]:
             notes[key] = "tools is empty: rollouts are single-turn (one completion per prompt, no tool calls)"
     elif not cfg.tool_server.strip():
         notes["tool_server_token"] = "tool_server is empty: the tools run in the trainer's process"
+    if cfg.rollout_correction == "none":
+        for key in ("rollout_correction_cap", "rollout_correction_min"):
+            notes[key] = "rollout_correction is 'none': the policy loss is not weighted by the sampler's ratio"
+    elif cfg.rollout_correction != "mis":
+        notes["rollout_correction_min"] = (f"rollout_correction {cfg.rollout_correction!r} only caps the ratio from "
+                                           "above (rollout_correction mis drops the tokens below this bound)")
     if cfg.positive_lm_coeff <= 0:
         notes["positive_example_min_reward"] = ("the positive-example LM loss is off (positive_example_lm_coeff "
                                                 "0; rl_algorithm vapo turns it on)")

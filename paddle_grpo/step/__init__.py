@@ -22,7 +22,8 @@ from __future__ import annotations
 from .batch import (Batch, GlobalRows, gather, model_precision, balance, MicroBatch, removes_padding,
     plan_micro_batches, attention_mask)
 from .metrics import (CollectMetrics, RewardMetrics, AdvantageMetrics, ValueMetrics, CriticMetrics, LengthMetrics,
-    SHARE_KEYS, TOKEN_MEAN_KEYS, LossSums, UpdateMetrics, ToolMetrics, tool_calls_per_row, eval_tool_metrics)
+    SHARE_KEYS, TOKEN_MEAN_KEYS, MAX_KEYS, LossSums, UpdateMetrics, ToolMetrics, tool_calls_per_row,
+    eval_tool_metrics)
 from .collection import (PromptEncoder, build_tools, rollout, final_answer, completion_texts, score, collect)
 from .experience import (logprobs, reference_logprobs, reference_kl, shape_rewards, Estimate, estimate_advantages,
     compute_advantages, positive_rows, positive_threshold, values, local_rows, update_inputs)
@@ -33,7 +34,8 @@ from .critic_update import (CriticLearner, build_critic_learner, CriticInputs, u
 __all__ = [
     "AdvantageMetrics", "Batch", "CollectMetrics", "CriticInputs", "CriticLearner", "CriticMetrics", "Estimate",
     "GlobalRows", "Learner", "LengthMetrics", "LossSums", "MicroBatch", "PromptEncoder", "RewardMetrics",
-    "SHARE_KEYS", "TOKEN_MEAN_KEYS", "ToolMetrics", "TrainingError", "UpdateInputs", "UpdateMetrics", "UpdateState",
+    "MAX_KEYS", "SHARE_KEYS", "TOKEN_MEAN_KEYS", "ToolMetrics", "TrainingError", "UpdateInputs", "UpdateMetrics",
+    "UpdateState",
     "ValueMetrics", "apply_gradients", "attention_mask", "balance", "build_critic_learner", "build_tools",
     "clip_gradients", "collect", "completion_texts", "compute_advantages", "estimate_advantages",
     "eval_tool_metrics", "final_answer", "gather", "head_logprobs", "local_rows", "tool_calls_per_row",

@@ -159,23 +159,53 @@ class LengthMetrics:
 
 
 # Sums over the micro-batches (and ranks) of one mini-batch: the loss shares add up to the mini-batch loss (global
-# denominators); the token-weighted statistics are divided by the mini-batch's token count at the end.
+# denominators); the token-weighted statistics are divided by the mini-batch's token count at the end; the maxima
+# are reduced by max.
 SHARE_KEYS = ("train/policy_loss", "train/kl_loss", "train/positive_lm_loss")
 TOKEN_MEAN_KEYS = ("train/entropy", "train/clip_frac_low", "train/clip_frac_high", "train/clip_frac_dual",
-                   "train/approx_kl_old")
+                   "train/approx_kl_old", "rollout_correction/ratio_mean", "rollout_correction/capped_frac",
+                   "rollout_correction/masked_frac")
+MAX_KEYS = ("rollout_correction/ratio_max",)
+# The rollout correction's share of tokens it changed, kept only in the mode that changes them.
+CORRECTION_FRAC = {"tis": "rollout_correction/capped_frac", "mis": "rollout_correction/masked_frac"}
 
 
 @dataclass
 class LossSums:
-    """One mini-batch's loss statistics as an array that adds up over micro-batches and ranks:
-    `values` = [shares of SHARE_KEYS..., token-weighted sums of TOKEN_MEAN_KEYS..., tokens]."""
-    values: np.ndarray = field(default_factory=lambda: np.zeros(len(SHARE_KEYS) + len(TOKEN_MEAN_KEYS) + 1))
+    """One mini-batch's loss statistics as an array that adds up over micro-batches and ranks (`add`, `reduced`):
+    `values` = [shares of SHARE_KEYS..., token-weighted sums of TOKEN_MEAN_KEYS..., maxima of MAX_KEYS..., tokens].
+    The maxima are of positive quantities, so the initial 0 is the maximum of nothing."""
+    values: np.ndarray = field(default_factory=lambda: np.zeros(len(SHARE_KEYS) + len(TOKEN_MEAN_KEYS)
+                                                                + len(MAX_KEYS) + 1))
+
+    @property
+    def _max_part(self) -> slice:
+        end = len(self.values) - 1
+        return slice(end - len(MAX_KEYS), end)
+
+    def add(self, other: np.ndarray) -> "LossSums":
+        """Fold a micro-batch's values into these (sums, and maxima by max); returns self."""
+        other = np.asarray(other, dtype=np.float64)
+        m = self._max_part
+        maxima = np.maximum(self.values[m], other[m])
+        self.values = self.values + other
+        self.values[m] = maxima
+        return self
+
+    def reduced(self, par: Any) -> "LossSums":
+        """These values over every data-parallel rank of `par` (ParallelContext): sums all-reduced, maxima the
+        largest any rank has."""
+        m = self._max_part
+        out = np.array(par.all_reduce_sum(self.values), dtype=np.float64)  # a copy: one process returns its input
+        out[m] = np.max(par.all_gather_object(self.values[m].tolist()), axis=0)
+        return LossSums(out)
 
     def means(self) -> Dict[str, float]:
-        n_share = len(SHARE_KEYS)
+        n_share, n_mean = len(SHARE_KEYS), len(TOKEN_MEAN_KEYS)
         tokens = max(self.values[-1], 1.0)
         out = dict(zip(SHARE_KEYS, self.values[:n_share].tolist()))
-        out.update({k: float(v) / tokens for k, v in zip(TOKEN_MEAN_KEYS, self.values[n_share:-1])})
+        out.update({k: float(v) / tokens for k, v in zip(TOKEN_MEAN_KEYS, self.values[n_share:n_share + n_mean])})
+        out.update(zip(MAX_KEYS, self.values[self._max_part].tolist()))
         return out
 
 
@@ -186,16 +216,22 @@ class UpdateMetrics:
     optimizer_steps: int
     with_kl_loss: bool
     with_positive_lm_loss: bool = False
+    rollout_correction: str = "none"   # which of CORRECTION_FRAC's statistics to keep
 
     def as_dict(self) -> Dict[str, float]:
+        """The mini-batches' finite values averaged (the maxima: their maximum)."""
         out = {}
         for k in self.per_mini_batch[0]:
             values = [m[k] for m in self.per_mini_batch if math.isfinite(m[k])]
-            out[k] = float(np.mean(values)) if values else float("nan")
+            reduce = np.max if k in MAX_KEYS else np.mean
+            out[k] = float(reduce(values)) if values else float("nan")
         if not self.with_kl_loss:
             out.pop("train/kl_loss", None)
         if not self.with_positive_lm_loss:
             out.pop("train/positive_lm_loss", None)
+        for mode, key in CORRECTION_FRAC.items():
+            if mode != self.rollout_correction:
+                out.pop(key, None)
         out["train/nonfinite_updates"] = float(self.nonfinite_updates)
         out["train/optimizer_steps"] = float(self.optimizer_steps)
         return out

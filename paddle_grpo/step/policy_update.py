@@ -10,13 +10,14 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 import paddle
 
-from ..algorithms import aggregate_loss, compute_policy_loss, global_denominators, kl_penalty, masked_mean
+from ..algorithms import (aggregate_loss, compute_policy_loss, global_denominators, kl_penalty, masked_mean,
+                          rollout_correction)
 from ..parallel import ParallelContext
 from ..policy import Policy, position_ids_from_mask
 from ..policy.causal import logprobs_from_completion_logits
 from ..policy.lm_head import head_logprobs
 from .batch import Batch, MicroBatch, model_precision, plan_micro_batches
-from .metrics import LossSums, SHARE_KEYS, TOKEN_MEAN_KEYS, UpdateMetrics
+from .metrics import LossSums, UpdateMetrics
 
 logger = logging.getLogger("paddle_grpo.step")
 
@@ -76,16 +77,28 @@ class UpdateInputs:
 
 def rl_loss(cfg: Any, lp: paddle.Tensor, entropy: paddle.Tensor, old: paddle.Tensor, advantages: paddle.Tensor,
             mask: paddle.Tensor, ref: Optional[paddle.Tensor], agg: Dict[str, Any],
-            positive: Optional[paddle.Tensor] = None) -> Tuple[paddle.Tensor, np.ndarray]:
+            positive: Optional[paddle.Tensor] = None,
+            sample: Optional[paddle.Tensor] = None) -> Tuple[paddle.Tensor, np.ndarray]:
     """A micro-batch's share of the mini-batch loss: policy loss + KL loss - entropy bonus (+ VAPO's
     positive-example LM loss) with the global denominators `agg` (docs/algorithms.md sections 4-5), and its LossSums
     values. All inputs [mb, T]; `ref` None without KL loss; `positive` None without the positive-example loss, else
-    the mask of its tokens, whose NLL is token-averaged over the mini-batch's `agg["positive_tokens"]` (all ranks)."""
+    the mask of its tokens, whose NLL is token-averaged over the mini-batch's `agg["positive_tokens"]` (all ranks).
+    `sample`: the sampler's log-probs of the tokens (Batch.sample_logprobs); with them the policy-gradient term is
+    weighted per token by `cfg.rollout_correction` (tis / mis against `old`; none: not weighted) and the ratio's
+    statistics are logged (docs/algorithms.md, "Rollout correction"). The KL, entropy and positive-example terms are
+    never weighted."""
     positive_tokens = agg.get("positive_tokens", 0.0)
     agg = {k: v for k, v in agg.items() if k != "positive_tokens"}
+    weights, correction = None, None
+    if sample is not None:
+        # GSPO's sequence ratio gets a sequence-level correction (the geometric mean of its tokens' ratios, as its
+        # own ratio); every other loss a per-token one.
+        weights, correction = rollout_correction(
+            old, sample, mask, cfg.rollout_correction, cfg.rollout_correction_cap, cfg.rollout_correction_min,
+            level="sequence" if cfg.importance_sampling_level == "sequence" else "token")
     out = compute_policy_loss(lp, old, advantages, mask, clip_ratio_low=cfg.eps_low, clip_ratio_high=cfg.eps_high,
                               clip_ratio_c=cfg.clip_ratio_c, importance_sampling_level=cfg.importance_sampling_level,
-                              loss_agg_mode=cfg.loss_agg_mode, **agg)
+                              loss_agg_mode=cfg.loss_agg_mode, token_weights=weights, **agg)
     loss = cfg.pg_loss_coeff * out["pg_loss"]
     kl_loss = paddle.zeros([])
     if cfg.kl_loss_coeff > 0:
@@ -102,8 +115,15 @@ def rl_loss(cfg: Any, lp: paddle.Tensor, entropy: paddle.Tensor, old: paddle.Ten
     tokens = float(mask.astype("float32").sum())
     token_means = (masked_mean(entropy.detach(), mask), out["clip_frac_low"], out["clip_frac_high"],
                    out["clip_frac_dual"], out["approx_kl_old"])
+    maxima = [0.0]
+    if correction is not None:
+        token_means += (correction["ratio_mean"], correction["capped_frac"], correction["masked_frac"])
+        maxima = [float(correction["ratio_max"])]
+    else:
+        token_means += (0.0, 0.0, 0.0)
+    # LossSums' layout: shares, token-weighted sums, maxima, tokens
     sums = np.array([float(out["pg_loss"]), float(kl_loss), float(positive_loss)]
-                    + [float(v) * tokens for v in token_means] + [tokens])
+                    + [float(v) * tokens for v in token_means] + maxima + [tokens])
     return loss, sums
 
 
@@ -119,7 +139,8 @@ def _micro_batch(learner: Learner, inputs: UpdateInputs, mb: MicroBatch, agg: Di
                                               vocab_parallel=vocab_parallel)
     old = lp.detach() if inputs.old_lp is None else mb.completion(inputs.old_lp)
     loss, sums = rl_loss(cfg, lp, entropy, old, mb.completion(inputs.advantages), mb.completion(inputs.loss_mask),
-                         mb.completion(inputs.ref_lp), agg, mb.completion(inputs.positive))
+                         mb.completion(inputs.ref_lp), agg, mb.completion(inputs.positive),
+                         mb.completion(inputs.batch.sample_logprobs))
     finite = bool(paddle.isfinite(loss))
     if finite:
         (learner.amp.scale(loss) if learner.amp else loss).backward()
@@ -151,23 +172,26 @@ def _pipeline_mini_batch(learner: Learner, inputs: UpdateInputs, sl: slice, agg:
     attention_mask = paddle.concat([b.prompt_mask[sl], b.attention_mask()[sl]], axis=1).astype("int64")  # + tools
     rows = lambda t: None if t is None else t[sl]  # noqa: E731
     labels = (b.completion_ids[sl], inputs.loss_mask[sl], inputs.advantages[sl], rows(inputs.old_lp),
-              rows(inputs.ref_lp), rows(inputs.positive))
+              rows(inputs.ref_lp), rows(inputs.positive), b.sample_logprobs[sl])
     micro = []
     chunk_size = getattr(learner.policy, "head_chunk_size", None)
 
     def loss_fn(out, labels):
-        completion_ids, mask, adv, old, ref, positive = labels
+        completion_ids, mask, adv, old, ref, positive, sample = labels
         # The stage's own head layer (chunked head): its weight's gradient reaches the pipeline optimizer.
         lp, entropy = pipeline_logprobs(out, completion_ids, cfg,
                                         learner.pipeline.lm_head if chunk_size is not None else None, chunk_size)
-        loss, sums = rl_loss(cfg, lp, entropy, lp.detach() if old is None else old, adv, mask, ref, agg, positive)
-        micro.append(np.append(sums, float(bool(paddle.isfinite(loss)))))
+        loss, sums = rl_loss(cfg, lp, entropy, lp.detach() if old is None else old, adv, mask, ref, agg, positive,
+                             sample)
+        micro.append((sums, bool(paddle.isfinite(loss))))
         return loss
 
     learner.pipeline.forward_backward((ids, attention_mask, None, position_ids_from_mask(attention_mask)), labels,
                                       loss_fn, final_hidden=chunk_size is not None)
-    out = learner.pipeline.from_last_stage(np.sum(micro, axis=0) if micro else
-                                           np.zeros(len(SHARE_KEYS) + len(TOKEN_MEAN_KEYS) + 2))
+    total = LossSums()  # the other stages ran no loss: zeros, replaced by the last stage's
+    for sums, _ in micro:
+        total.add(sums)
+    out = learner.pipeline.from_last_stage(np.append(total.values, float(sum(finite for _, finite in micro))))
     return out[:-1], bool(out[-1] == micro_batches)
 
 
@@ -205,16 +229,17 @@ def update(par: ParallelContext, learner: Learner, inputs: UpdateInputs, cfg: An
             keys = sorted(local)
             agg = dict(zip(keys, par.all_reduce_sum([local[k] for k in keys]).tolist()))
             agg["max_dec_len"] = cfg.max_dec_len  # read by seq-mean-token-sum-norm only
-            sums, finite = LossSums().values, True
+            sums, finite = LossSums(), True
             if learner.pipeline is not None:
-                sums, finite = _pipeline_mini_batch(learner, inputs, slice(m0, m0 + per_mini), agg, cfg,
-                                                    geometry.grad_accum_steps)
+                values, finite = _pipeline_mini_batch(learner, inputs, slice(m0, m0 + per_mini), agg, cfg,
+                                                      geometry.grad_accum_steps)
+                sums.add(values)
             else:
                 for micro in plan_micro_batches(*masks, np.arange(m0, min(m0 + per_mini, n)), mb, cfg):
                     micro_sums, micro_finite = _micro_batch(learner, inputs, micro, agg, cfg, vocab_parallel)
-                    sums += micro_sums
+                    sums.add(micro_sums)
                     finite = finite and micro_finite
-            per_mini_metrics.append(LossSums(par.all_reduce_sum(sums)).means())
+            per_mini_metrics.append(sums.reduced(par).means())
             per_mini_metrics[-1]["train/grad_norm"] = apply_gradients(par, params, learner.optimizer, learner.amp,
                                                                       state, finite, cfg, step)
             learner.scheduler.step()
@@ -222,7 +247,7 @@ def update(par: ParallelContext, learner: Learner, inputs: UpdateInputs, cfg: An
     if learner.pipeline is not None:  # the next rollout, log-probs and checkpoint use the full copy
         learner.pipeline.copy_to(learner.policy.model)
     return UpdateMetrics(per_mini_metrics, state.nonfinite_total, state.optimizer_steps, cfg.kl_loss_coeff != 0,
-                         inputs.positive is not None)
+                         inputs.positive is not None, cfg.rollout_correction)
 
 
 def apply_gradients(par: ParallelContext, params: list, optimizer: Any, amp: Any, state: UpdateState, finite: bool,
