@@ -119,6 +119,36 @@ def wall_clock_table(results: Dict, target: float = 0.5) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(results: Dict, out: str) -> None:
+    """Held-out accuracy against minutes of training (evaluations excluded), one line per run, into a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for r in results["runs"]:
+        elapsed, cum = {0: 0.0}, 0.0
+        for s in r["steps"]:
+            cum += s[2]
+            elapsed[s[0]] = cum / 60
+        evals = [(s, a) for s, a in r["evals"] if s in elapsed]
+        style = "--" if r.get("peer") == "trl" else (":" if r["learning_rate"] == 0 else "-")
+        label = _label(r).replace("`", "")
+        by_step.plot([s for s, _ in evals], [a for _, a in evals], style, marker="o", markersize=3, label=label)
+        by_time.plot([elapsed[s] for s, _ in evals], [a for _, a in evals], style, marker="o", markersize=3,
+                     label=label)
+    by_step.set_xlabel("step (4 prompts x 8 samples)")
+    by_time.set_xlabel("minutes of training (evaluations excluded)")
+    by_step.set_ylabel("held-out accuracy (T = 1, 100 problems)")
+    for ax in (by_step, by_time):
+        ax.set_ylim(-0.02, 1.0)
+        ax.grid(alpha=0.3)
+    by_time.legend(fontsize=8)
+    fig.suptitle("SmolLM2-135M-Instruct, GRPO on a + b: paddle_grpo and TRL")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--collect", nargs="+", metavar="NAME", help="runs output/smollm2_NAME to collect")
@@ -128,10 +158,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--note", default="", help="what the machine was doing meanwhile, kept in the file")
     parser.add_argument("--out", default="output/smollm2_seeds.json")
     parser.add_argument("--tables", metavar="JSON", help="print the tables of a results file")
+    parser.add_argument("--plot", metavar="PNG", help="with --tables: also draw accuracy against training minutes")
     args = parser.parse_args(argv)
     if args.tables:
         with open(args.tables, encoding="utf-8") as f:
             results = json.load(f)
+        if args.plot:
+            plot(results, args.plot)
         print(tables(results) + "\n" + wall_clock_table(results), end="")
         return 0
     if not args.collect:
