@@ -19,15 +19,16 @@ when `beta > 0` (as `kl_loss_coeff = beta`), advantages and the update. SHAPE.js
 trainer config keys overriding the bench's, e.g. {"use_fused_head_and_loss_fn": true}; `--config KEY=VALUE` adds
 to it, VALUE parsed as JSON, else taken as a string) and `lengths` (as `--lengths`).
 
-`--model DIR`: a real model directory (PaddleNLP-loadable, e.g. tools/import_gguf.py's output) instead of the
-random one: its weights, its tokenizer and its Jinja chat template. The prompts are the user questions of
-MODEL_PROMPTS (data/smollm2_add/train.jsonl: the last user turn of each templated `src`, in file order), the first
+`--model DIR`: a real model directory (PaddleNLP-loadable, e.g. tools/import_gguf.py's output) instead of the random
+one: its weights, its tokenizer and its Jinja chat template. The prompts are the user questions of MODEL_PROMPTS
+(data/smollm2_add/train.jsonl: the last user turn of each templated `src`, in file order), the first
 `prompts_per_step * (warmup + timed)` of them, rendered by the trainer with the model's chat template
-(`chat_template: auto`), so they are 40-41 tokens for SmolLM2 and differ in length (left-padded to the longest of
-a step). SHAPE.json still gives the batch, `completion_len`, `beta` and the steps; its model-size keys and
-`prompt_len` are ignored (`ignored_shape_keys` in the JSON line lists them with their SHAPE.json values; `shape`
-holds the model's sizes and the longest prompt instead). The JSON line adds `model` and `prompt_tokens` (each
-prompt's token count, as the trainer tokenizes it: tools/trl_bench.py --model prints the same list for TRL).
+(`chat_template: auto`): 45-47 tokens for SmolLM2 (its default system turn included; digits are single tokens),
+left-padded to the longest of a step. SHAPE.json still gives the batch, `completion_len`, `beta` and the steps; its
+model-size keys and `prompt_len` are ignored (`ignored_shape_keys` in the JSON line lists them with their SHAPE.json
+values; `shape` holds the model's sizes and the longest prompt instead). The JSON line adds `model` and
+`prompt_tokens` (each prompt's token count, as the trainer tokenizes it: tools/trl_bench.py --model prints the same
+list for TRL).
 
 Completion lengths (`--lengths`):
 - `fixed` (default): every completion has exactly `completion_len` = T tokens (min_dec_len = max_dec_len), no EOS.
@@ -453,12 +454,12 @@ def build(shape, workdir, seed=0):
     return model_dir, data
 
 
-def chat_questions(n, path=MODEL_PROMPTS):
+def chat_questions(n: int, path: "os.PathLike | str" = MODEL_PROMPTS) -> "list[str]":
     """The first `n` user questions of the JSONL file `path` (--model's prompts, shared with tools/trl_bench.py):
     the content of the last user turn of a ChatML-templated `src`, or the `src` itself when it is not templated."""
     questions = []
     with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
+        for line in f:
             if len(questions) == n:
                 break
             src = json.loads(line)["src"]
@@ -471,7 +472,7 @@ def chat_questions(n, path=MODEL_PROMPTS):
     return questions
 
 
-def model_shape(shape, model_dir):
+def model_shape(shape: dict, model_dir: str) -> "tuple[dict, dict]":
     """(shape with the model's sizes from `model_dir`/config.json, {ignored key: its SHAPE.json value}) for --model;
     `prompt_len` is left to the caller (the longest rendered prompt). No paddle: tools/trl_bench.py uses it too."""
     path = os.path.join(model_dir, "config.json")
@@ -488,7 +489,7 @@ def model_shape(shape, model_dir):
     return {**shape, **sizes}, ignored
 
 
-def build_from_model(shape, model_dir, workdir):
+def build_from_model(shape: dict, model_dir: str, workdir: str) -> "tuple[str, dict, dict, list[int]]":
     """--model: the prompts in workdir/train.jsonl (chat_questions, raw: the trainer applies the chat template).
     Returns (data_file, shape with the model's sizes and prompt_len = the longest prompt, ignored SHAPE.json keys,
     each prompt's token count as the trainer's encoding gives it)."""

@@ -62,7 +62,7 @@ def test_model_shape_takes_the_sizes_from_config_json(load_tool, tmp_path):
         "vocab_size": 320, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2}))
     got, ignored = bench.model_shape(shape, str(tmp_path))
-    assert ignored == {**SMOLLM2_SIZES, "prompt_len": 41}
+    assert ignored == {**SMOLLM2_SIZES, "prompt_len": 47}
     assert got == {**shape, "vocab_size": 320, "hidden_size": 64, "intermediate_size": 128, "num_layers": 2,
                    "num_heads": 4, "num_kv_heads": 2}
     with pytest.raises(SystemExit, match=r"--model .*: cannot read the model's sizes from .*config.json"):
