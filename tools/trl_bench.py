@@ -31,8 +31,9 @@ bench.py, SHAPE.json's model sizes and `prompt_len` are ignored (`ignored_shape_
 Settings that GRPOConfig defaults differently from our trainer are set to our trainer's, so that both run the
 same arithmetic: `bf16=False` (GRPOConfig turns bfloat16 autocast on by default, also on CPU) with the model
 loaded in float32, `gradient_checkpointing=False` (GRPOConfig's default recomputes activations; our trainer's
-`recompute` is off), and AdamW's weight decay 0.01 (our trainer's `weight_decay`; transformers' is 0). The
-effective values, read back from the trainer, are in `trl_settings`.
+`recompute` is off; `--gradient-checkpointing` turns it on, to compare with bench.py's `--config recompute=true`),
+and AdamW's weight decay 0.01 (our trainer's `weight_decay`; transformers' is 0). The effective values, read back
+from the trainer and its model, are in `trl_settings`.
 
 Prints ONE JSON line (stdout; TRL's own logging goes to stderr) with tools/bench.py's names where they mean the
 same: `step_s_median` (wall seconds per step, median over the timed steps; TRL's step = rollout + reward + reference
@@ -191,7 +192,7 @@ def model_prompts(shape: Dict[str, Any], model_dir: str) -> Any:
 
 
 def run(shape: Dict[str, Any], threads: int, workdir: str, seed: int = 0,
-        model: Optional[str] = None) -> Dict[str, Any]:
+        model: Optional[str] = None, checkpointing: bool = False) -> Dict[str, Any]:
     """One benchmark in this process (`model`: --model's transformers checkpoint, else a random model); returns the
     result dict (module docstring)."""
     import torch
@@ -220,7 +221,7 @@ def run(shape: Dict[str, Any], threads: int, workdir: str, seed: int = 0,
         max_completion_length=T, temperature=1.0, top_p=1.0, top_k=0, beta=shape["beta"], num_iterations=1,
         generation_kwargs={"min_new_tokens": T}, shuffle_dataset=False,
         # our trainer's arithmetic (module docstring): float32, no recomputation, its weight decay
-        bf16=False, gradient_checkpointing=False, model_init_kwargs={"dtype": "float32"},
+        bf16=False, gradient_checkpointing=checkpointing, model_init_kwargs={"dtype": "float32"},
         weight_decay=WEIGHT_DECAY)
     timer = type("Timer", (StepTimer, TrainerCallback), {})()
     trainer = GRPOTrainer(model=model_dir, processing_class=tokenizer, reward_funcs=[vowel_share], args=args,
@@ -238,6 +239,9 @@ def run(shape: Dict[str, Any], threads: int, workdir: str, seed: int = 0,
     settings["lr_scheduler_type"] = str(getattr(settings["lr_scheduler_type"], "value",
                                                 settings["lr_scheduler_type"]))
     settings["model_dtype"] = str(next(trainer.model.parameters()).dtype)
+    # the model's own state (transformers 5 renamed gradient checkpointing to activation checkpointing)
+    state = getattr(trainer.model, "is_activation_checkpointing", None)
+    settings["model_checkpointing"] = bool(trainer.model.is_gradient_checkpointing if state is None else state)
     extra = {} if model is None else {"model": model_dir, "prompt_tokens": prompt_tokens,
                                       "ignored_shape_keys": ignored}
     return {
@@ -259,6 +263,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a SHAPE.json key (VALUE as JSON), e.g. --set completion_len=128")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gradient-checkpointing", action="store_true",
+                    help="recompute activations in the backward pass (GRPOConfig's default; compare with "
+                         "tools/bench.py --config recompute=true)")
     ap.add_argument("--model", metavar="DIR", help="a transformers checkpoint (e.g. tools/export_hf.py's export) "
                                                    "instead of a random model: its weights, tokenizer and chat "
                                                    "template; SHAPE.json's model sizes and prompt_len are ignored")
@@ -275,7 +282,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   file=sys.stderr)
             return 2
     with tempfile.TemporaryDirectory(prefix="paddle_grpo_trl_bench_") as workdir:
-        result = run(shape, args.threads, workdir, args.seed, model=args.model)
+        result = run(shape, args.threads, workdir, args.seed, model=args.model,
+                     checkpointing=args.gradient_checkpointing)
     print(json.dumps(result), flush=True)
     return 0
 

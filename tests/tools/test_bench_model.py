@@ -90,13 +90,27 @@ def reference_counts(model_dir, n):
 
 
 @pytest.fixture(scope="module")
-def ours(model_dir):
+def profiled(model_dir, tmp_path_factory):
+    """bench.py --model with --profile (the per-op profile docs/PERFORMANCE.md tells to take on the real model):
+    (JSON line, the stdout before it, the trace directory)."""
+    trace = tmp_path_factory.mktemp("trace")
     out = subprocess.run([sys.executable, str(REPO / "tools" / "bench.py"), "--shape", str(TINY), "--threads", "1",
-                          "--model", model_dir], capture_output=True, text=True, timeout=600)
+                          "--model", model_dir, "--profile", str(trace)], capture_output=True, text=True,
+                         timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
-    assert len(lines) == 1, out.stdout
-    return json.loads(lines[0])
+    return json.loads(lines[-1]), "\n".join(lines[:-1]), trace
+
+
+@pytest.fixture(scope="module")
+def ours(profiled):
+    return profiled[0]
+
+
+def test_profile_works_with_a_model(profiled):
+    _, summary, trace = profiled
+    assert "matmul" in summary  # paddle.profiler's op table, before the JSON line
+    assert any(p.suffix == ".json" for p in trace.iterdir())  # the chrome trace
 
 
 def test_bench_runs_the_model_with_its_chat_template(ours, model_dir):
@@ -137,18 +151,27 @@ def exported(model_dir, load_tool, tmp_path_factory):
     return out
 
 
-def test_trl_bench_runs_the_export_with_the_same_prompts(ours, exported):
+def run_trl_bench(*args):
+    """tools/trl_bench.py in the peer's environment (skips without one); its JSON line."""
     python = peer_python(("torch", "trl"))
     if python is None:
         pytest.skip("trl and torch are not installed here (the peer has its own environment: python -m venv "
                     ".peer-venv && PADDLE_GRPO_PEER_ONLY=1 .peer-venv/bin/pip install -e '.[peer]'; then set "
                     "PADDLE_GRPO_PEER_PYTHON=.peer-venv/bin/python)")
-    out = subprocess.run([python, str(REPO / "tools" / "trl_bench.py"), "--shape", str(TINY), "--threads", "1",
-                          "--model", exported], capture_output=True, text=True, timeout=900)
+    out = subprocess.run([python, str(REPO / "tools" / "trl_bench.py"), "--threads", "1", *args],
+                         capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 1, out.stdout
-    trl = json.loads(lines[0])
+    return json.loads(lines[0])
+
+
+@pytest.fixture(scope="module")
+def trl(exported):
+    return run_trl_bench("--shape", str(TINY), "--model", exported)
+
+
+def test_trl_bench_runs_the_export_with_the_same_prompts(ours, trl, exported):
     shape = json.loads(TINY.read_text())
     assert trl["model"] == os.path.abspath(exported)
     assert trl["prompt_tokens"] == ours["prompt_tokens"]  # the same prompts, token for token in count
@@ -156,7 +179,17 @@ def test_trl_bench_runs_the_export_with_the_same_prompts(ours, exported):
     assert len(trl["step_s_all"]) == shape["timed_steps"]
     assert trl["completion_len_mean"] == shape["completion_len"]  # TRL's own log: lengths were forced
     # like for like with our trainer: float32 weights and maths, no recomputation, our AdamW settings
-    assert trl["trl_settings"] == {"bf16": False, "gradient_checkpointing": False, "model_dtype": "torch.float32",
+    assert trl["trl_settings"] == {"bf16": False, "gradient_checkpointing": False, "model_checkpointing": False,
+                                   "model_dtype": "torch.float32",
                                    "weight_decay": 0.01, "learning_rate": 1e-5, "lr_scheduler_type": "constant",
                                    "max_grad_norm": 1.0, "adam_beta1": 0.9, "adam_beta2": 0.999,
                                    "adam_epsilon": 1e-8}
+
+
+def test_trl_bench_gradient_checkpointing_switch(trl, exported):
+    """--gradient-checkpointing: TRL's recomputation on (the model's own state says so), the rest unchanged."""
+    on = run_trl_bench("--shape", str(TINY), "--model", exported, "--set", "warmup_steps=0", "--set",
+                       "timed_steps=1", "--gradient-checkpointing")
+    assert on["trl_settings"] == {**trl["trl_settings"], "gradient_checkpointing": True,
+                                  "model_checkpointing": True}
+    assert on["completion_len_mean"] == trl["completion_len_mean"] == json.loads(TINY.read_text())["completion_len"]
