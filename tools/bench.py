@@ -7,6 +7,7 @@
     python tools/bench.py --turns 2 --set completion_len=160   # multi-turn: a calculator call, then the answer
     python tools/bench.py --gemm --threads 2          # paddle's peak fp32 GEMM rate on this machine
     python tools/bench.py --ops [ARGS]                # per-op timings at the real vocabulary (tools/bench_ops.py)
+    python tools/bench.py --model build/models/smollm2-135m-instruct --shape tools/shapes/smollm2.json  # real model
 
 Builds, in a temporary directory and without any download, a character-level tokenizer with exactly `vocab_size`
 tokens (`recipes.tiny.build_char_tokenizer`: characters, then synthetic lowercase words, so that every id decodes to
@@ -17,6 +18,17 @@ one micro-batch unless SHAPE.json has `micro_batch_size`): rollout, an in-proces
 when `beta > 0` (as `kl_loss_coeff = beta`), advantages and the update. SHAPE.json may also hold `config` (a dict of
 trainer config keys overriding the bench's, e.g. {"use_fused_head_and_loss_fn": true}; `--config KEY=VALUE` adds
 to it, VALUE parsed as JSON, else taken as a string) and `lengths` (as `--lengths`).
+
+`--model DIR`: a real model directory (PaddleNLP-loadable, e.g. tools/import_gguf.py's output) instead of the random
+one: its weights, its tokenizer and its Jinja chat template. The prompts are the user questions of MODEL_PROMPTS
+(data/smollm2_add/train.jsonl: the last user turn of each templated `src`, in file order), the first
+`prompts_per_step * (warmup + timed)` of them, rendered by the trainer with the model's chat template
+(`chat_template: auto`): 45-47 tokens for SmolLM2 (its default system turn included; digits are single tokens),
+left-padded to the longest of a step. SHAPE.json still gives the batch, `completion_len`, `beta` and the steps; its
+model-size keys and `prompt_len` are ignored (`ignored_shape_keys` in the JSON line lists them with their SHAPE.json
+values; `shape` holds the model's sizes and the longest prompt instead). The JSON line adds `model` and
+`prompt_tokens` (each prompt's token count, as the trainer tokenizes it: tools/trl_bench.py --model prints the same
+list for TRL).
 
 Completion lengths (`--lengths`):
 - `fixed` (default): every completion has exactly `completion_len` = T tokens (min_dec_len = max_dec_len), no EOS.
@@ -105,6 +117,10 @@ RSS_PHASES = ("rollout", "logprob", "reference", "value", "update", "critic_upda
 HOOKED = {"rollout": "rollout", "logprobs": "logprob", "reference_logprobs": "reference", "values": "value",
           "update": "update", "update_critic": "critic_update"}
 ALGORITHMS = ("grpo", "ppo", "vapo")
+# --model: the SHAPE.json keys the model directory decides (its config.json and the rendered prompts)
+MODEL_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+              "prompt_len")
+MODEL_PROMPTS = REPO / "data" / "smollm2_add" / "train.jsonl"
 
 
 def char_reward(prompts, completions, **kwargs):
@@ -438,7 +454,66 @@ def build(shape, workdir, seed=0):
     return model_dir, data
 
 
-def make_config(shape, model_dir, data, workdir, seed=0, algorithm="grpo"):
+def chat_questions(n: int, path: "os.PathLike | str" = MODEL_PROMPTS) -> "list[str]":
+    """The first `n` user questions of the JSONL file `path` (--model's prompts, shared with tools/trl_bench.py):
+    the content of the last user turn of a ChatML-templated `src`, or the `src` itself when it is not templated."""
+    questions = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if len(questions) == n:
+                break
+            src = json.loads(line)["src"]
+            if "<|im_start|>user\n" in src:
+                src = src.rsplit("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
+            questions.append(src)
+    if len(questions) < n:
+        raise SystemExit(f"{path}: {len(questions)} prompts, the shape needs prompts_per_step x (warmup_steps + "
+                         f"timed_steps) = {n}")
+    return questions
+
+
+def model_shape(shape: dict, model_dir: str) -> "tuple[dict, dict]":
+    """(shape with the model's sizes from `model_dir`/config.json, {ignored key: its SHAPE.json value}) for --model;
+    `prompt_len` is left to the caller (the longest rendered prompt). No paddle: tools/trl_bench.py uses it too."""
+    path = os.path.join(model_dir, "config.json")
+    try:
+        with open(path) as f:
+            config = json.load(f)
+        sizes = {"vocab_size": config["vocab_size"], "hidden_size": config["hidden_size"],
+                 "intermediate_size": config["intermediate_size"], "num_layers": config["num_hidden_layers"],
+                 "num_heads": config["num_attention_heads"],
+                 "num_kv_heads": config.get("num_key_value_heads") or config["num_attention_heads"]}
+    except (OSError, json.JSONDecodeError, KeyError) as e:
+        raise SystemExit(f"--model {model_dir}: cannot read the model's sizes from {path} ({e!r})")
+    ignored = {k: shape[k] for k in MODEL_KEYS if k in shape}
+    return {**shape, **sizes}, ignored
+
+
+def build_from_model(shape: dict, model_dir: str, workdir: str) -> "tuple[str, dict, dict, list[int]]":
+    """--model: the prompts in workdir/train.jsonl (chat_questions, raw: the trainer applies the chat template).
+    Returns (data_file, shape with the model's sizes and prompt_len = the longest prompt, ignored SHAPE.json keys,
+    each prompt's token count as the trainer's encoding gives it)."""
+    from paddle_grpo.data import apply_chat_template, tokenize_prompts
+    from paddle_grpo.policy import load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir)
+    if not getattr(tokenizer, "chat_template", None):
+        raise SystemExit(f"--model {model_dir}: its tokenizer has no chat template (tokenizer_config.json "
+                         "'chat_template'); the benchmark renders its prompts with the model's own")
+    n = shape["prompts_per_step"] * (shape["warmup_steps"] + shape["timed_steps"])
+    questions = chat_questions(n)
+    texts = [apply_chat_template(q, tokenizer=tokenizer, mode="auto") for q in questions]
+    prompt_tokens = [len(ids) for ids in tokenize_prompts(tokenizer, texts)]
+    shape, ignored = model_shape(shape, model_dir)
+    shape["prompt_len"] = max(prompt_tokens)
+    data = os.path.join(workdir, "train.jsonl")
+    with open(data, "w") as f:
+        for q in questions:
+            f.write(json.dumps({"src": q, "tgt": ""}) + "\n")
+    return data, shape, ignored, prompt_tokens
+
+
+def make_config(shape, model_dir, data, workdir, seed=0, algorithm="grpo", chat_template="none"):
     """The trainer config of the bench. `algorithm` ppo / vapo: that estimator, with a critic loaded from the same
     random model directory (a causal LM: its backbone and a new value head, policy/critic.py), its micro-batches
     (per_device_value_batch_size) the policy's; vapo's pretrain_critic_steps is set to 0, so every step is a full
@@ -456,7 +531,7 @@ def make_config(shape, model_dir, data, workdir, seed=0, algorithm="grpo"):
     return config_from_dict({**dict(
         actor_model_name_or_path=model_dir, use_rm_server=False, reward_funcs=f"{os.path.abspath(__file__)}:char_reward",
         train_datasets=data, output_dir=os.path.join(workdir, "out"), logging_dir=os.path.join(workdir, "vdl"),
-        report_to="none", save_strategy="no", disable_tqdm=True, chat_template="none", seed=seed,
+        report_to="none", save_strategy="no", disable_tqdm=True, chat_template=chat_template, seed=seed,
         max_prompt_len=shape["prompt_len"], max_dec_len=shape["completion_len"], min_dec_len=shape["completion_len"],
         max_length=shape["prompt_len"] + shape["completion_len"], temperature=1.0, top_p=1.0,
         global_batch_size=shape["prompts_per_step"], rollout_n=shape["group_size"], rollout_max_num_seqs=n_seq,
@@ -524,8 +599,8 @@ def gemm_peak(threads, repeat=20):
             "load_average": list(os.getloadavg())}
 
 
-def run(shape, threads, workdir, profile_dir=None, algorithm="grpo"):
-    """One benchmark in this process; returns the result dict."""
+def run(shape, threads, workdir, profile_dir=None, algorithm="grpo", model=None):
+    """One benchmark in this process (`model`: --model's directory, else a random one); returns the result dict."""
     import paddle
 
     from paddle_grpo import cpu_tuning
@@ -538,12 +613,17 @@ def run(shape, threads, workdir, profile_dir=None, algorithm="grpo"):
     turns = shape.get("turns", 1)
     if turns > 1 and low is not None:
         raise SystemExit("turns > 1 scripts the completions' lengths: use lengths 'fixed'")
-    model_dir, data = build(shape, workdir)
+    if model is None:
+        model_dir, data = build(shape, workdir)
+    else:
+        model_dir = os.path.abspath(model)
+        data, shape, ignored, prompt_tokens = build_from_model(shape, model_dir, workdir)
     if turns > 1:
         from paddle_grpo.policy import load_tokenizer
 
         check_turn_budget(shape, load_tokenizer(model_dir))
-    trainer = Trainer(make_config(shape, model_dir, data, workdir, algorithm=algorithm))
+    trainer = Trainer(make_config(shape, model_dir, data, workdir, algorithm=algorithm,
+                                  chat_template="none" if model is None else "auto"))
     drawn = variable_lengths(trainer.policy, low) if low is not None else None
     turn_rollouts = (scripted_turns(trainer.policy, trainer.tokenizer, turns, shape.get("tool", "calculator"))
                      if turns > 1 else None)
@@ -588,6 +668,13 @@ def run(shape, threads, workdir, profile_dir=None, algorithm="grpo"):
                 for k, v in phases.items():
                     per_step[k].append(v)
                 batch = trainer.batch
+                if model is not None:  # the trainer's prompts are the ones counted (in order, each G times)
+                    P = shape["prompts_per_step"]
+                    expect = np.repeat(prompt_tokens[s * P:(s + 1) * P], shape["group_size"])
+                    got = batch.prompt_mask.numpy().sum(axis=1)
+                    if sorted(got.tolist()) != sorted(expect.tolist()):
+                        raise RuntimeError(f"step {s}: the batch's prompt lengths {got.tolist()} are not the "
+                                           f"counted ones {expect.tolist()}")
                 mask = batch.completion_mask.numpy()
                 tokens.append(int(mask.sum()))
                 lengths.extend(int(n) for n in batch.lengths)
@@ -629,6 +716,8 @@ def run(shape, threads, workdir, profile_dir=None, algorithm="grpo"):
         "algorithm": algorithm,
         "load_average": list(os.getloadavg()), "shape": shape,
     }
+    if model is not None:
+        result.update(model=model_dir, prompt_tokens=prompt_tokens, ignored_shape_keys=ignored)
     if turn_rollouts is not None:
         result.update(turns=turns, tool=shape.get("tool", "calculator"),
                       **turn_stats(timed_rollouts, per_step["rollout"]))
@@ -669,6 +758,9 @@ def main(argv=None):
                                                          "the answer (SHAPE.json `turns`; module docstring)")
     ap.add_argument("--tool", choices=sorted(TOOL_ARGUMENTS), help="with --turns: the tool each scripted call uses "
                                                                      "(SHAPE.json `tool`; default calculator)")
+    ap.add_argument("--model", metavar="DIR", help="a real model directory (its weights, tokenizer and chat "
+                                                   "template) instead of a random model; SHAPE.json's model sizes "
+                                                   "and prompt_len are then ignored (module docstring)")
     ap.add_argument("--gemm", action="store_true", help="only measure paddle's peak fp32 GEMM rate (JSON line)")
     ap.add_argument("--ops", action="store_true", help="per-op timings (tools/bench_ops.py; the other arguments "
                                                        "go to it)")
@@ -709,7 +801,8 @@ def main(argv=None):
         print(json.dumps(gemm_peak(args.threads)), flush=True)
         return
     with tempfile.TemporaryDirectory(prefix="paddle_grpo_bench_") as workdir:
-        result = run(shape, args.threads, workdir, profile_dir=args.profile, algorithm=args.algorithm)
+        result = run(shape, args.threads, workdir, profile_dir=args.profile, algorithm=args.algorithm,
+                     model=args.model)
     print(json.dumps(result), flush=True)
 
 
@@ -735,6 +828,7 @@ def _repeat(args, shape):
         for _ in range(args.repeat):
             cmd = [sys.executable, os.path.abspath(__file__), "--shape", f.name, "--threads", str(args.threads),
                    "--fast", args.fast, "--cpu-tuning", args.cpu_tuning, "--algorithm", args.algorithm]
+            cmd += ["--model", args.model] if args.model else []
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             runs.append(json.loads(out.strip().splitlines()[-1]))
     result = dict(runs[0])

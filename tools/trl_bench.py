@@ -2,6 +2,8 @@
 
     python -m venv .peer-venv && PADDLE_GRPO_PEER_ONLY=1 .peer-venv/bin/pip install -e ".[peer]"   # once
     .peer-venv/bin/python tools/trl_bench.py --shape tools/shapes/default.json [--threads 2] [--set KEY=VALUE]
+    .peer-venv/bin/python tools/trl_bench.py --model build/models/smollm2-135m-instruct-hf \
+        --shape tools/shapes/smollm2.json                 # a real model (a transformers checkpoint)
 
 Runs in its own virtual environment (setup.py's `peer` extra: torch 2.13.0 and TRL 1.16.0, which cannot share one
 with paddlenlp, and PADDLE_GRPO_PEER_ONLY=1 leaves the project's own requirements out). Takes the same SHAPE.json
@@ -18,6 +20,20 @@ Then `warmup_steps + timed_steps` GRPO steps: each samples `group_size` completi
 tokens (min_new_tokens = max_new_tokens, so no EOS: bench.py's `fixed` lengths) for `prompts_per_step` prompts,
 scores them with bench.py's reward (share of vowels), and takes one optimizer step (AdamW, constant lr 1e-5, beta as
 the KL coefficient, all sequences of a step in one micro-batch unless SHAPE.json has `micro_batch_size`).
+
+`--model DIR`: a transformers checkpoint (tools/export_hf.py's export of the model directory tools/bench.py
+--model runs, so the same weights) instead of the random model, with its own tokenizer and chat template. The
+prompts are tools/bench.py's for --model (`chat_questions`: the user questions of data/smollm2_add/train.jsonl),
+given to GRPOTrainer as conversations (one user message), so that TRL renders them with the model's chat template
+itself; `prompt_tokens` in the JSON line counts each as TRL tokenizes it and must equal bench.py's list. As in
+bench.py, SHAPE.json's model sizes and `prompt_len` are ignored (`ignored_shape_keys`; `shape` holds the model's).
+
+Settings that GRPOConfig defaults differently from our trainer are set to our trainer's, so that both run the
+same arithmetic: `bf16=False` (GRPOConfig turns bfloat16 autocast on by default, also on CPU) with the model
+loaded in float32, `gradient_checkpointing=False` (GRPOConfig's default recomputes activations; our trainer's
+`recompute` is off; `--gradient-checkpointing` turns it on, to compare with bench.py's `--config recompute=true`),
+and AdamW's weight decay 0.01 (our trainer's `weight_decay`; transformers' is 0). The effective values, read back
+from the trainer and its model, are in `trl_settings`.
 
 Prints ONE JSON line (stdout; TRL's own logging goes to stderr) with tools/bench.py's names where they mean the
 same: `step_s_median` (wall seconds per step, median over the timed steps; TRL's step = rollout + reward + reference
@@ -49,6 +65,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "prompt_len",
         "completion_len", "prompts_per_step", "group_size", "beta", "warmup_steps", "timed_steps")
 LEARNING_RATE = 1e-5  # bench.py's
+WEIGHT_DECAY = 0.01   # our trainer's default weight_decay (bench.py leaves it so); transformers' default is 0
 
 
 def load_shape(path: str, sets: Sequence[str] = ()) -> Dict[str, Any]:
@@ -142,8 +159,42 @@ class StepTimer:
         self.times.append(time.perf_counter() - self._t0)
 
 
-def run(shape: Dict[str, Any], threads: int, workdir: str, seed: int = 0) -> Dict[str, Any]:
-    """One benchmark in this process; returns the result dict (module docstring)."""
+def bench_module() -> Any:
+    """tools/bench.py as a module (its --model prompts and model sizes; it imports neither paddle nor torch)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_paddle_grpo_bench", REPO / "tools" / "bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def model_prompts(shape: Dict[str, Any], model_dir: str) -> Any:
+    """--model: (tokenizer, conversational prompts, each prompt's token count as TRL tokenizes it, shape with the
+    model's sizes and prompt_len = the longest prompt, ignored SHAPE.json keys)."""
+    from transformers import AutoTokenizer
+
+    bench = bench_module()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if not getattr(tokenizer, "chat_template", None):
+        raise SystemExit(f"--model {model_dir}: its tokenizer has no chat template (tokenizer_config.json "
+                         "'chat_template'); the benchmark renders its prompts with the model's own")
+    tokenizer.padding_side = "left"
+    n = shape["prompts_per_step"] * (shape["warmup_steps"] + shape["timed_steps"])
+    conversations = [[{"role": "user", "content": q}] for q in bench.chat_questions(n)]
+    # GRPOTrainer._tokenize_prompts' call for conversational prompts
+    ids = tokenizer.apply_chat_template(conversation=conversations, add_generation_prompt=True, tokenize=True,
+                                        return_dict=True)["input_ids"]
+    prompt_tokens = [len(i) for i in ids]
+    shape, ignored = bench.model_shape(shape, model_dir)
+    shape["prompt_len"] = max(prompt_tokens)
+    return tokenizer, conversations, prompt_tokens, shape, ignored
+
+
+def run(shape: Dict[str, Any], threads: int, workdir: str, seed: int = 0,
+        model: Optional[str] = None, checkpointing: bool = False) -> Dict[str, Any]:
+    """One benchmark in this process (`model`: --model's transformers checkpoint, else a random model); returns the
+    result dict (module docstring)."""
     import torch
     import transformers
     import trl
@@ -152,7 +203,12 @@ def run(shape: Dict[str, Any], threads: int, workdir: str, seed: int = 0) -> Dic
     from trl import GRPOConfig, GRPOTrainer
 
     torch.set_num_threads(threads)
-    tokenizer = build(shape, workdir, seed)
+    if model is None:
+        tokenizer = build(shape, workdir, seed)
+        model_dir, train_prompts = os.path.join(workdir, "model"), prompts(shape, seed)
+    else:
+        model_dir = os.path.abspath(model)
+        tokenizer, train_prompts, prompt_tokens, shape, ignored = model_prompts(shape, model_dir)
     P, G, T = shape["prompts_per_step"], shape["group_size"], shape["completion_len"]
     n = P * G
     micro = shape.get("micro_batch_size", n)
@@ -163,11 +219,13 @@ def run(shape: Dict[str, Any], threads: int, workdir: str, seed: int = 0) -> Dic
         lr_scheduler_type="constant",  # bench.py's (transformers' default decays linearly)
         per_device_train_batch_size=micro, gradient_accumulation_steps=n // micro, num_generations=G,
         max_completion_length=T, temperature=1.0, top_p=1.0, top_k=0, beta=shape["beta"], num_iterations=1,
-        generation_kwargs={"min_new_tokens": T}, shuffle_dataset=False)
+        generation_kwargs={"min_new_tokens": T}, shuffle_dataset=False,
+        # our trainer's arithmetic (module docstring): float32, no recomputation, its weight decay
+        bf16=False, gradient_checkpointing=checkpointing, model_init_kwargs={"dtype": "float32"},
+        weight_decay=WEIGHT_DECAY)
     timer = type("Timer", (StepTimer, TrainerCallback), {})()
-    trainer = GRPOTrainer(model=os.path.join(workdir, "model"), processing_class=tokenizer,
-                          reward_funcs=[vowel_share], args=args,
-                          train_dataset=Dataset.from_dict({"prompt": prompts(shape, seed)}), callbacks=[timer])
+    trainer = GRPOTrainer(model=model_dir, processing_class=tokenizer, reward_funcs=[vowel_share], args=args,
+                          train_dataset=Dataset.from_dict({"prompt": train_prompts}), callbacks=[timer])
     with contextlib.redirect_stdout(sys.stderr):  # transformers prints each step's log dict: stdout is the JSON line
         trainer.train()
     timed = timer.times[shape["warmup_steps"]:]
@@ -175,6 +233,17 @@ def run(shape: Dict[str, Any], threads: int, workdir: str, seed: int = 0) -> Dic
         raise RuntimeError(f"timed {len(timed)} steps, expected {shape['timed_steps']} (TRL ran {len(timer.times)})")
     logged = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
     median = statistics.median(timed)
+    settings = {k: getattr(trainer.args, k) for k in ("bf16", "gradient_checkpointing", "weight_decay",
+                                                       "learning_rate", "lr_scheduler_type", "max_grad_norm",
+                                                       "adam_beta1", "adam_beta2", "adam_epsilon")}
+    settings["lr_scheduler_type"] = str(getattr(settings["lr_scheduler_type"], "value",
+                                                settings["lr_scheduler_type"]))
+    settings["model_dtype"] = str(next(trainer.model.parameters()).dtype)
+    # the model's own state (transformers 5 renamed gradient checkpointing to activation checkpointing)
+    state = getattr(trainer.model, "is_activation_checkpointing", None)
+    settings["model_checkpointing"] = bool(trainer.model.is_gradient_checkpointing if state is None else state)
+    extra = {} if model is None else {"model": model_dir, "prompt_tokens": prompt_tokens,
+                                      "ignored_shape_keys": ignored}
     return {
         "peer": "trl", "step_s_median": median, "step_s_min": min(timed), "step_s_max": max(timed),
         "step_s_all": timed, "completion_tokens_per_step": n * T, "completion_tokens_per_s": n * T / median,
@@ -182,7 +251,7 @@ def run(shape: Dict[str, Any], threads: int, workdir: str, seed: int = 0) -> Dic
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, "threads": threads,
         "trl_version": trl.__version__, "torch_version": torch.__version__,
         "transformers_version": transformers.__version__, "load_average": list(os.getloadavg()),
-        "ignored_config": sorted(shape.get("config", {})), "shape": shape,
+        "ignored_config": sorted(shape.get("config", {})), "trl_settings": settings, **extra, "shape": shape,
     }
 
 
@@ -194,6 +263,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a SHAPE.json key (VALUE as JSON), e.g. --set completion_len=128")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gradient-checkpointing", action="store_true",
+                    help="recompute activations in the backward pass (GRPOConfig's default; compare with "
+                         "tools/bench.py --config recompute=true)")
+    ap.add_argument("--model", metavar="DIR", help="a transformers checkpoint (e.g. tools/export_hf.py's export) "
+                                                   "instead of a random model: its weights, tokenizer and chat "
+                                                   "template; SHAPE.json's model sizes and prompt_len are ignored")
     args = ap.parse_args(argv)
     shape = load_shape(args.shape, args.set)
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)  # before torch loads
@@ -207,7 +282,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   file=sys.stderr)
             return 2
     with tempfile.TemporaryDirectory(prefix="paddle_grpo_trl_bench_") as workdir:
-        result = run(shape, args.threads, workdir, args.seed)
+        result = run(shape, args.threads, workdir, args.seed, model=args.model,
+                     checkpointing=args.gradient_checkpointing)
     print(json.dumps(result), flush=True)
     return 0
 

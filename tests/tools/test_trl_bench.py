@@ -97,3 +97,7 @@ def test_one_tiny_step(tmp_path):
     assert result["completion_len_mean"] == shape["completion_len"]  # TRL's own log: lengths were forced
     assert result["peak_rss_mb"] > 100 and result["threads"] == 1
     assert result["shape"] == {**shape, "warmup_steps": 0, "timed_steps": 1}
+    # bench.py's arithmetic, not GRPOConfig's defaults (bf16 autocast and gradient checkpointing on, weight decay 0)
+    settings = result["trl_settings"]
+    assert (settings["bf16"], settings["model_checkpointing"], settings["model_dtype"], settings["weight_decay"]) == \
+        (False, False, "torch.float32", 0.01)
