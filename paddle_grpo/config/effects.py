@@ -111,6 +111,9 @@ def run_key_notes(cfg: Config) -> Dict[str, str]:
             notes[key] = "tools is empty: rollouts are single-turn (one completion per prompt, no tool calls)"
     elif not cfg.tool_server.strip():
         notes["tool_server_token"] = "tool_server is empty: the tools run in the trainer's process"
+    if not cfg.async_rollout:
+        for key in ("rollout_lag", "rollout_worker_timeout_s"):
+            notes[key] = "async_rollout is off: the trainer samples each step's batch itself"
     if cfg.positive_lm_coeff <= 0:
         notes["positive_example_min_reward"] = ("the positive-example LM loss is off (positive_example_lm_coeff "
                                                 "0; rl_algorithm vapo turns it on)")
