@@ -10,8 +10,9 @@ reads, and the messages it sends.
   samples and scores lives in step/async_rollout.py (it calls step.collect; step/ imports rollout/, never the
   reverse, so it is named here only as a string). Batches come back through the pipe (small: token ids and
   rewards); an error in the child comes back as its traceback. The child ignores SIGINT (the trainer decides when
-  to stop: Ctrl-C reaches the whole process group), dies with its parent (PR_SET_PDEATHSIG on Linux, and a thread
-  that polls the parent's pid), and writes its stdout/stderr to a log file whose last lines any failure quotes.
+  to stop: Ctrl-C reaches the whole process group), ends cleanly on SIGTERM (its entry's `finally` runs: the tool
+  pool closes), dies with its parent (PR_SET_PDEATHSIG on Linux, and a thread that polls the parent's pid), and
+  writes its stdout/stderr to a log file whose last lines any failure quotes.
 
 This module imports neither step/ nor the policy: what the child does is its entry's business.
 """
@@ -219,21 +220,15 @@ class WorkerProcess:
         return process_cpu_s(self.pid)
 
     def close(self, grace_s: float = 5.0) -> Optional[int]:
-        """Ask the worker to stop, then terminate and kill it if it does not; returns its exit code."""
+        """Stop the worker (SIGTERM: it ends between two paddle ops, closing its tools; SIGKILL after `grace_s`);
+        returns its exit code. Its pending samples are not needed: a checkpoint holds the weights to redo them."""
         if self.proc.poll() is None:
-            try:
-                self.conn.send(("stop",))
-            except OSError:
-                pass
+            self.proc.terminate()
             try:
                 self.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(timeout=grace_s)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
+                self.proc.kill()
+                self.proc.wait()
         self.conn.close()
         self._log.close()
         return self.proc.returncode
@@ -250,6 +245,7 @@ def stop_requested(conn: Connection) -> bool:
 def _child_main(fd: int, parent_pid: int) -> None:
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the trainer stops this worker
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a clean end: the entry's `finally` closes its tools
     conn = Connection(fd)
     try:
         entry, payload = conn.recv()
