@@ -313,6 +313,24 @@ def test_more_than_one_process_is_refused_in_one_line(data, tiny_policy_dir, tmp
         step.AsyncBatches(cfg, ParallelContext(world_size=2, rank=0), None, None)
     assert "async_rollout" in str(caught.value) and "\n" not in str(caught.value)
     assert "process group" in str(caught.value)
+    from paddle_grpo.dry_run import async_plan
+
+    lines, problems = async_plan(cfg, 2)
+    assert lines == [] and len(problems) == 1 and "2 processes" in problems[0] and "\n" not in problems[0]
+
+
+def test_a_hung_worker_is_stopped_and_named(tmp_path, tiny_policy_dir):
+    """fault_helpers' `hang` reward never returns for the prompts about Ann and Bob: the worker hangs in it, and
+    after rollout_worker_timeout_s (counted from the worker's start, which takes about 5 s here) the run stops."""
+    data = write_data(tmp_path)
+    trainer = Trainer(make_cfg(data, tiny_policy_dir, tmp_path / "out", reward_funcs=f"{data / 'rewards.py'}:hang",
+                               max_steps=6, rollout_worker_timeout_s=20, **ASYNC))
+    t0 = time.time()
+    with pytest.raises(RolloutWorkerError, match=r"the rollout worker \(pid \d+\) sent no samples for 20 s "
+                                                 r"\(rollout_worker_timeout_s\): it hangs and was stopped"):
+        trainer.train()
+    assert 20 <= time.time() - t0 < 60
+    assert trainer.batches.worker is None
 
 
 def test_dry_run_states_the_plan(data, tiny_policy_dir, tmp_path, repo_root):
