@@ -113,6 +113,9 @@ def test_lag_0_equals_the_synchronous_run(data, tiny_policy_dir, tmp_path, varia
     changed = [n for n in a if not np.array_equal(a[n], before[n])]
     if variant.get("lora"):  # only the adapters trained (and so only they travelled to the worker)
         assert changed and all("lora" in n for n in changed)
+        from paddle_grpo.step.async_rollout import trainable_arrays
+
+        assert sorted(trainable_arrays(lagged.policy)) == sorted(changed)  # what each step's weight file holds
     else:
         assert len(changed) > len(a) // 2
     if variant.get("rl_algorithm") == "ppo":
