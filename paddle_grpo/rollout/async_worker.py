@@ -52,10 +52,14 @@ class WeightStore:
         os.makedirs(directory, exist_ok=True)
 
     @classmethod
-    def private(cls, prefix: str = "paddle_grpo_weights_") -> "WeightStore":
-        """A new private directory, in memory (/dev/shm) when the system has it, else the temporary directory."""
+    def private(cls, needed_bytes: int = 0, prefix: str = "paddle_grpo_weights_") -> "WeightStore":
+        """A new private directory: in memory (/dev/shm) when the system has it with `needed_bytes` free (a
+        container's /dev/shm is often 64 MB), else in the temporary directory."""
         shm = "/dev/shm"
-        base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+        base = None
+        if os.path.isdir(shm) and os.access(shm, os.W_OK):
+            stat = os.statvfs(shm)
+            base = shm if stat.f_bavail * stat.f_frsize >= needed_bytes else None
         return cls(tempfile.mkdtemp(prefix=prefix, dir=base))
 
     def path(self, version: int) -> str:

@@ -131,7 +131,9 @@ class AsyncBatches:
                 "process, or the processes without it")
         self.cfg, self.policy, self.sampler = cfg, policy, sampler
         self.lag, self.base = cfg.rollout_lag, 0
-        self.store = WeightStore.private()
+        # Up to lag + 1 versions at once, and the one being written; 1.5x to leave the machine some room.
+        size = sum(int(np.prod(p.shape)) * p.element_size() for p in policy.model.parameters() if not p.stop_gradient)
+        self.store = WeightStore.private(int(1.5 * (self.lag + 2) * size))
         self.log_path = os.path.join(cfg.output_dir, "rollout_worker.log")
         self.held: Dict[str, Any] = {"worker": None}
         self.next_step: Optional[int] = None
