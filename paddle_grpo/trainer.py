@@ -274,6 +274,7 @@ class Trainer:
             return metrics
         previous = guard.install()
         try:
+            self.batches.start(self.step)  # async_rollout: the worker starts (about 5 s) while the trainer evaluates
             if self.unlogged is not None:
                 guard.phase, guard.unlogged = "finish", self.unlogged
                 self._finish_step(dict(self.unlogged["metrics"]), self.unlogged["samples"])

@@ -7,7 +7,8 @@
   resumed a synchronous checkpoint), so the staleness is `s - version(s)` and the run is deterministic: given the
   weights, the keyed sampling (rollout/sampling.py) gives the same samples in the worker as in the trainer.
 
-Both have one interface: `next(step) -> (Batch, CollectMetrics)`, `publish(step)` after each update (the worker's
+Both have one interface: `start(step)` (optional: the worker's start-up overlaps the trainer's),
+`next(step) -> (Batch, CollectMetrics)`, `publish(step)` after each update (the worker's
 weights: the trainable parameters, under LoRA the adapters only, written once per step; rollout/async_worker.py),
 `save(directory, step)` / `restore(path, state, step)` (a checkpoint holds the weight versions the pending steps
 sample from, so a resumed run regenerates them exactly), `close()`, `cpu_seconds()`.
@@ -89,6 +90,9 @@ class SyncBatches:
         self.args = (par, policy, encode, rewarder, sampler, records, cfg, prompts_per_rank)
         self.amp = amp
 
+    def start(self, step: int) -> None:
+        pass
+
     def next(self, step: int) -> Tuple[Batch, CollectMetrics]:
         return collect(*self.args, step, self.amp)
 
@@ -161,6 +165,11 @@ class AsyncBatches:
         self.next_step = step
         logger.info("rollout worker: pid %d, rollout_lag %d (weights in %s, log %s)", self.worker.pid, self.lag,
                     self.store.directory, self.log_path)
+
+    def start(self, step: int) -> None:
+        """Start the worker from `step` now (the trainer's start-up evaluation then overlaps the worker's)."""
+        if self.worker is None or self.next_step != step:
+            self._start(step)
 
     def next(self, step: int) -> Tuple[Batch, CollectMetrics]:
         if self.worker is None or self.next_step != step:
