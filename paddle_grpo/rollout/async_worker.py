@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["RolloutWorkerError", "WeightStore", "WorkerProcess", "die_with_parent", "process_cpu_s"]
+__all__ = ["RolloutWorkerError", "WeightStore", "WorkerProcess", "die_with_parent", "parent_gone", "process_cpu_s"]
 
 POLL_S = 0.002  # the worker's poll for a weights file: far below a step (>= 0.1 s), negligible CPU
 
@@ -128,20 +128,35 @@ def process_cpu_s(pid: Optional[int] = None) -> Optional[float]:
         return None
 
 
+def parent_gone(parent_pid: int) -> bool:
+    """Whether this process's parent `parent_pid` has exited or is exiting. PR_SET_PDEATHSIG's signal comes before
+    the child sees its new parent (getppid() still names the dying one), so its /proc state counts too."""
+    if os.getppid() != parent_pid:
+        return True
+    try:
+        with open(f"/proc/{parent_pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X", "x")
+    except (OSError, IndexError):
+        return not os.path.isdir("/proc/self")  # no /proc: only getppid() can tell
+
+
 def die_with_parent(parent_pid: int) -> None:
-    """Make this process end when `parent_pid` does: PR_SET_PDEATHSIG (Linux: SIGKILL when the parent thread exits)
-    and a daemon thread that polls the parent's pid (other systems, and a parent gone before the prctl)."""
+    """Make this process end when `parent_pid` does: PR_SET_PDEATHSIG (Linux: SIGTERM when the parent thread
+    exits, so that the entry's `finally` can clean up: _child_main's handler) and a daemon thread that polls the
+    parent's pid (other systems, and a parent gone before the prctl): SIGTERM too, then a hard exit 10 s later."""
     if sys.platform.startswith("linux"):
         try:
             import ctypes
 
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
         except (OSError, AttributeError):
             pass
 
     def watch() -> None:
         while True:
-            if os.getppid() != parent_pid:
+            if parent_gone(parent_pid):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(10)
                 os._exit(0)
             time.sleep(0.5)
 
@@ -247,9 +262,9 @@ def stop_requested(conn: Connection) -> bool:
 
 
 def _child_main(fd: int, parent_pid: int) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a clean end: the entry's `finally` closes its tools
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the trainer stops this worker
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a clean end: the entry's `finally` closes its tools
     conn = Connection(fd)
     try:
         entry, payload = conn.recv()
@@ -257,7 +272,10 @@ def _child_main(fd: int, parent_pid: int) -> None:
         return
     try:
         module, function = entry.split(":")
-        getattr(importlib.import_module(module), function)(conn, payload)
+        target = getattr(importlib.import_module(module), function)
+        # Again: importing paddle installs its own C-level SIGTERM handler, which exits without the `finally`s.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        target(conn, payload)
     except (SystemExit, KeyboardInterrupt):
         pass
     except BaseException:  # noqa: BLE001 - every failure goes back to the trainer, which raises it named
@@ -269,6 +287,10 @@ def _child_main(fd: int, parent_pid: int) -> None:
         except OSError:
             pass
         sys.exit(1)
+    finally:
+        # The trainer died (even by SIGKILL, which left it no time to clean up): its weight files go with it.
+        if parent_gone(parent_pid) and isinstance(payload, dict) and payload.get("weights_dir"):
+            shutil.rmtree(payload["weights_dir"], ignore_errors=True)
 
 
 if __name__ == "__main__":

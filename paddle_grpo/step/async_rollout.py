@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import sys
 import time
 import weakref
 from typing import Any, Dict, Optional, Tuple
@@ -33,7 +35,7 @@ from ..config import ConfigError
 from ..data import PromptSampler, read_jsonl
 from ..parallel import ParallelContext
 from ..policy import Policy
-from ..rollout.async_worker import (WeightStore, WorkerProcess, process_cpu_s, stop_requested)
+from ..rollout.async_worker import WeightStore, WorkerProcess, process_cpu_s, stop_requested
 from .batch import Batch
 from .collection import PromptEncoder, build_rewarder, build_tools, collect
 from .metrics import CollectMetrics
@@ -266,6 +268,9 @@ def worker_main(conn: Any, payload: Dict[str, Any]) -> None:
         sampler.set_state_dict(payload["sampler"])
         prompts_per_rank = cfg.batch_geometry(1).prompts_per_rank
         store = WeightStore(payload["weights_dir"])
+        # paddle's first operations install its C-level SIGTERM handler, which exits at once: a SIGTERM (from the
+        # trainer, or PR_SET_PDEATHSIG when it dies) must end this process through the `finally`s instead.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         loaded = None
         while not stop_requested(conn):
             version = max(base, step - lag)
