@@ -649,6 +649,28 @@ def check_layout(cfg: Config) -> Tuple[List[str], int]:
     return problems, n
 
 
+def async_plan(cfg: Config, processes: int) -> Tuple[List[str], List[str]]:
+    """(lines, problems) of `async_rollout` (docs/async.md): what overlaps and with which weights; more than one
+    process is a problem (the rollout worker is not part of the ranks' process group)."""
+    if not cfg.async_rollout:
+        return [], []
+    if processes > 1:
+        return [], [f"key 'async_rollout' = True: this layout takes {processes} processes, and a rollout worker runs "
+                    "beside one trainer process only (the collect phase's cross-rank steps need the ranks' process "
+                    "group): set async_rollout false, or use one process"]
+    lag = cfg.rollout_lag
+    when = ("it waits for each update: the synchronous results, nothing overlaps" if lag == 0 else
+            f"it runs up to {lag} step(s) ahead, so step t's rollout and rewards overlap the trainer's update on "
+            f"step t-1's samples (staleness {lag} from step {lag + 1} on)")
+    limit = (f"stops the run after {cfg.rollout_worker_timeout_s:g} s without samples"
+             if cfg.rollout_worker_timeout_s else "waits for samples without a limit")
+    return [f"async rollout: a rollout worker process samples step t with the weights after step t-{lag + 1} "
+            f"(rollout_lag {lag}; before step 1: the initial weights) and scores the samples; {when}",
+            f"async rollout: the trainer writes its {'LoRA adapters' if cfg.lora else 'trainable weights'} once per "
+            f"step to a private directory (/dev/shm when present) that the worker reads, and {limit}; the worker "
+            f"logs to {os.path.join(cfg.output_dir, 'rollout_worker.log')}"], []
+
+
 def visible_gpus() -> int:
     """GPUs paddle can see (0 on a CPU build)."""
     import paddle
@@ -700,6 +722,9 @@ def dry_run(cfg: Config, argv: Sequence[str], device: str, script: str = "run_rl
     problems += check_tools(cfg, tokenizer)
     layout_problems, n = check_layout(cfg)
     problems += layout_problems
+    async_lines, async_problems = async_plan(cfg, n)
+    print("".join(f"  {line}\n" for line in async_lines), end="")
+    problems += async_problems
     if device == "gpu" and visible_gpus() < n:
         problems.append(f"the layout needs {n} GPUs; {visible_gpus()} are visible")
     rows = keys_without_effect(cfg, device)

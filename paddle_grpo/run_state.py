@@ -28,6 +28,7 @@ def trainer_state(t: Trainer) -> Dict[str, Any]:
             "scheduler": t.learner.scheduler.state_dict(), "nonfinite_total": counters.nonfinite_total,
             "nonfinite_in_a_row": counters.nonfinite_in_a_row, "optimizer_steps": counters.optimizer_steps,
             "loss_scale": t.learner.amp_state(),
+            **({"rollout": t.batches.state_dict()} if t.batches.state_dict() is not None else {}),
             **({"critic": t.critic_learner.state_dict()} if t.critic_learner is not None else {})}
 
 
@@ -52,10 +53,19 @@ def save(t: Trainer, unlogged: Optional[Dict[str, Any]] = None, solo: bool = Fal
         writer=writer, participant=writer or par.dp_rank == 0, tp_world=par.tp_world, pp_world=par.pp_world,
         optimizer_shard=shard, saves_optimizer=saves or writer, optimizer_model=optimizer_model(t),
         sync=(lambda: None) if solo else par.barrier,
-        extra=None if t.critic_learner is None else lambda tmp: save_critic(t, tmp, writer, saves or writer, full))
+        extra=lambda tmp: save_extra(t, tmp, writer, saves or writer, full))
     t.last_checkpoint = path
     if writer:  # one line per copy written: once per shared file system
         logger.info("saved %s", path)
+
+
+def save_extra(t: Trainer, directory: str, writer: bool, saves_optimizer: bool, full: bool) -> None:
+    """The checkpoint's parts beyond the policy: the critic's (save_critic) and, with async_rollout, the weight
+    versions the pending steps sample from (step/async_rollout.py; written by rank 0, the only rank such a run has)."""
+    if t.critic_learner is not None:
+        save_critic(t, directory, writer, saves_optimizer, full)
+    if writer:
+        t.batches.save(directory, t.step)
 
 
 def save_critic(t: Trainer, directory: str, writer: bool, saves_optimizer: bool, full: bool) -> None:
@@ -116,5 +126,6 @@ def restore(t: Trainer, path: str) -> None:
                                        state["nonfinite_in_a_row"])
     t.learner.load_amp_state(state.get("loss_scale"))
     t.step = state["step"]
+    t.batches.restore(path, state, t.step)  # async_rollout: the lagged weights the next steps sample from
     t.unlogged = state.get("unlogged")  # a fault stopped the run before this step was logged: log it first
     logger.info("resumed from %s at step %d", path, t.step)

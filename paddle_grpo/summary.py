@@ -21,9 +21,12 @@ def eval_key(rows: List[dict]) -> Optional[str]:
 
 
 def run_summary(rows: List[dict], *, output_dir: str, logging_dir: str, checkpoint: Optional[str],
-                wall_s: float, steps_this_run: int, last_step: int) -> Dict:
+                wall_s: float, steps_this_run: int, last_step: int,
+                cpu_s: Optional[Dict[str, Optional[float]]] = None) -> Dict:
     """A plain dict of the run: first, last and best evaluation (value and step), timings and paths (`samples`:
-    rollouts.jsonl, None when the run wrote no sample completions)."""
+    rollouts.jsonl, None when the run wrote no sample completions). `cpu_s`: CPU seconds of each process of this
+    run (the trainer, the rollout worker), reported as `busy`, its share of the wall time (1.0: one core all along;
+    more with threads)."""
     samples = os.path.join(output_dir, "rollouts.jsonl")
     out: Dict = {"last_step": last_step, "steps_this_run": steps_this_run, "wall_s": round(wall_s, 1),
                  "metrics": os.path.join(output_dir, "metrics.jsonl"),
@@ -31,6 +34,8 @@ def run_summary(rows: List[dict], *, output_dir: str, logging_dir: str, checkpoi
                  "samples": samples if os.path.isfile(samples) else None,
                  "config": os.path.join(output_dir, "config.yaml"), "checkpoint": checkpoint,
                  "visualdl_logdir": logging_dir or None}
+    if cpu_s:
+        out["busy"] = {name: round(s / max(wall_s, 1e-9), 3) for name, s in cpu_s.items() if s is not None}
     key = eval_key(rows)
     if key is not None:
         evals = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
@@ -50,6 +55,9 @@ def format_summary(s: Dict) -> str:
         lines.append(f"  {ev['metric']}: {ev['first']:.3f} at step {ev['first_step']} -> {ev['last']:.3f} at step "
                      f"{ev['last_step']} ({100 * (ev['last'] - ev['first']):+.1f} points; best {ev['best']:.3f} at "
                      f"step {ev['best_step']})")
+    if s.get("busy"):
+        lines.append("  busy:       " + ", ".join(f"{name} {100 * share:.0f} %" for name, share in s["busy"].items())
+                     + " of the wall time (CPU time / wall)")
     lines.append(f"  metrics:    {s['metrics']}")
     if s.get("samples"):
         lines.append(f"  samples:    {s['samples']}")

@@ -25,7 +25,6 @@ from .parallel import ParallelContext, build_once, plan_storage
 from .policy import (decoder_path, freeze, head_chunk_size, load_policy, load_tokenizer, mix_into,
                      parameters_by_decay, quiet_paddlenlp, resolve_model_dir)
 from .precision import plan_for_run
-from .rewards.client import make_rewarder
 from .rollout.sampling import row_keys
 from .step import TrainingError
 
@@ -99,14 +98,7 @@ class Trainer:
         self.max_steps = cfg.max_steps if cfg.max_steps > 0 else max(1, int(cfg.num_train_epochs * len(self.sampler)))
         self.tools = step.build_tools(cfg, self.tokenizer, self.policy, par)  # None: single-turn; train() closes
         self.encode = step.PromptEncoder(self.policy, self.tokenizer, cfg.chat_template, cfg.max_prompt_len, self.tools)
-        server = dict(reward_server=cfg.reward_server, token=cfg.reward_server_token or None,
-                      read_timeout=cfg.reward_server_timeout, max_retries=cfg.reward_server_max_retries,
-                      max_wait_s=cfg.reward_server_max_wait_s)
-        self.rewarder = make_rewarder(cfg.use_rm_server, reward_funcs=cfg.reward_funcs,
-                                      reward_weights=cfg.reward_weights, timeout_s=cfg.reward_timeout_s or None,
-                                      **(server if cfg.use_rm_server else {}),
-                                      reward_model_name_or_path=cfg.reward_model_name_or_path,
-                                      reward_batch_size=cfg.per_device_reward_batch_size)
+        self.rewarder = step.build_rewarder(cfg)  # also the evaluation's (and the rollout worker builds its own)
         self.normalizer = RunningRewardNormalizer() if cfg.reward_normalization else None
 
         total_opt_steps = self.max_steps * self.geometry.optimizer_steps_per_step
@@ -128,6 +120,9 @@ class Trainer:
                                                         self.policy.is_encoder_decoder)  # None: no critic
         # VAPO's positive examples: the rewards that count as correct (None: the loss is off).
         self.positive_min_reward = step.positive_threshold(cfg, self.rewarder)  # None: the loss is off
+        # The step's batches: the trainer's own collect, or the rollout worker's (async_rollout, docs/async.md).
+        self.batches = step.batch_source(cfg, par, self.policy, self.encode, self.rewarder, self.sampler,
+                                         self.train_records, self.geometry.prompts_per_rank, self.learner.amp)
 
         self.step, self.unlogged = 0, None
         self.guard = StepGuard(self)  # the state at each step's start, signals, saving on a fault (faults.py)
@@ -151,8 +146,7 @@ class Trainer:
         kept as `self.batch`."""
         cfg, par, geo, amp = self.cfg, self.par, self.geometry, self.learner.amp  # amp: step.model_precision
         t_start = time.perf_counter()
-        batch, collected = step.collect(par, self.policy, self.encode, self.rewarder, self.sampler,
-                                        self.train_records, cfg, geo.prompts_per_rank, self.step, amp)
+        batch, collected = self.batches.next(self.step)
         batch = par.from_first_stage(batch)  # pipeline stages train on the first stage's batch
         batch = step.balance(par, batch, cfg, geo.sequences_per_mini_batch, self.tokenizer.pad_token_id)
 
@@ -193,6 +187,7 @@ class Trainer:
         metrics["perf/step_s"] = time.perf_counter() - t_start
         metrics["perf/completion_tokens_per_s"] = float(rows.lengths.sum()) / max(collected.rollout_s, 1e-9)
         self.step += 1
+        self.batches.publish(self.step)  # async_rollout: the weights after this update, for the rollout worker
         self.batch = batch
         if self.reference is not None and cfg.sync_ref_model and self.step % cfg.ref_model_sync_steps == 0:
             mix_into(self.reference.model, self.policy.model, cfg.ref_model_mixup_alpha)
@@ -279,6 +274,7 @@ class Trainer:
             return metrics
         previous = guard.install()
         try:
+            self.batches.start(self.step)  # async_rollout: the worker starts (about 5 s) while the trainer evaluates
             if self.unlogged is not None:
                 guard.phase, guard.unlogged = "finish", self.unlogged
                 self._finish_step(dict(self.unlogged["metrics"]), self.unlogged["samples"])
@@ -310,6 +306,7 @@ class Trainer:
             raise
         finally:
             guard.uninstall(previous)
+            self.batches.close()  # the rollout worker, if any: stopped (nothing left running)
             self.log.close()
             if self.tools is not None:  # the tool-call pool (step.build_tools)
                 self.tools.close()
@@ -333,7 +330,8 @@ def train(cfg: Config, build_policy: Optional[PolicyBuilder] = None) -> int:
                                 output_dir=cfg.output_dir,
                                 logging_dir=cfg.logging_dir if cfg.report_to != "none" else "",
                                 checkpoint=trainer.last_checkpoint, wall_s=time.time() - t0,
-                                steps_this_run=trainer.step - trainer.steps_at_start, last_step=trainer.step)
+                                steps_this_run=trainer.step - trainer.steps_at_start, last_step=trainer.step,
+                                cpu_s=trainer.batches.cpu_seconds())
         if s["steps_this_run"] > 0:  # re-running a finished run keeps the summary of the run that trained
             summary.write_summary(s, cfg.output_dir)
         print(summary.format_summary(s), end="", flush=True)

@@ -39,3 +39,13 @@ def test_summary_names_rollouts_jsonl_only_when_the_run_wrote_it(tmp_path):
     s = run_summary([{"step": 2}], **args)
     assert s["samples"] == str(tmp_path / "rollouts.jsonl")
     assert f"  samples:    {tmp_path / 'rollouts.jsonl'}" in format_summary(s)
+
+
+def test_summary_states_how_busy_each_process_was():
+    """CPU seconds per process over the wall time: 45 s and 20 s of CPU in a 50 s run are 90 % and 40 %."""
+    s = run_summary([{"step": 1}], output_dir="o", logging_dir="", checkpoint=None, wall_s=50, steps_this_run=1,
+                    last_step=1, cpu_s={"trainer": 45.0, "rollout worker": 20.0, "gone": None})
+    assert s["busy"] == {"trainer": 0.9, "rollout worker": 0.4}
+    assert "  busy:       trainer 90 %, rollout worker 40 % of the wall time (CPU time / wall)" in format_summary(s)
+    assert "busy" not in run_summary([{"step": 1}], output_dir="o", logging_dir="", checkpoint=None, wall_s=5,
+                                     steps_this_run=1, last_step=1)

@@ -3,6 +3,7 @@
     python tools/bench.py --shape tools/shapes/default.json [--threads 2] [--repeat 3] [--set completion_len=128]
     python tools/bench.py --shape tools/shapes/qwen2.5-0.5b-2layers.json --lengths uniform:32   # real size
     python tools/bench.py --config use_fused_head_and_loss_fn=false      # a trainer config key overridden
+    python tools/bench.py --config async_rollout=true  # rollouts in the worker process, overlapping the update
     python tools/bench.py --algorithm ppo             # a PPO step: the same, plus a critic (values, critic update)
     python tools/bench.py --turns 2 --set completion_len=160   # multi-turn: a calculator call, then the answer
     python tools/bench.py --gemm --threads 2          # paddle's peak fp32 GEMM rate on this machine
@@ -77,6 +78,13 @@ perf/logprob_s (the reference pass and, off-policy only, the old-policy pass) wi
 random model directory: its backbone and a new value head (initialised to zeros), its own AdamW; the critic's
 micro-batches are the policy's. Compare with the default (grpo) run of the same shape to see what the critic costs.
 Left out: evaluation, checkpoints, logging to disk and the reward server (see tools/bench_reward_server.py).
+
+`--config async_rollout=true` (docs/async.md; `rollout_lag=N` too): the rollout and its reward run in the rollout
+worker process while the trainer updates. `rollout_s_median` / `reward_s_median` are then the worker's and overlap
+the step; `other` leaves them out and the trainer's wait for them is `wait_for_samples_s_median`. Extra keys:
+`worker_wait_for_weights_s_median`, `staleness_max`, `trainer_busy` / `worker_busy` (each process's CPU time over
+the wall time of the timed steps: 1.0 is one core kept busy). Not with `--lengths uniform` or `--turns` (they script
+the trainer process's policy).
 
 `--turns K` (or SHAPE.json `turns`; 1 = the single-turn step above): a multi-turn step with the built-in
 `calculator` (config `tools: [calculator]`, `max_turns: K`, `min_dec_len: 0`; `--tool python` calls the `python`
@@ -624,6 +632,10 @@ def run(shape, threads, workdir, profile_dir=None, algorithm="grpo", model=None)
         check_turn_budget(shape, load_tokenizer(model_dir))
     trainer = Trainer(make_config(shape, model_dir, data, workdir, algorithm=algorithm,
                                   chat_template="none" if model is None else "auto"))
+    overlap = {"wait": [], "weights": [], "staleness": []} if trainer.cfg.async_rollout else None
+    if overlap is not None and (low is not None or turns > 1):  # both script the trainer process's policy
+        raise SystemExit("async_rollout=true: the rollout runs in the worker process, which --lengths uniform and "
+                         "--turns > 1 do not script; use lengths fixed and one turn")
     drawn = variable_lengths(trainer.policy, low) if low is not None else None
     turn_rollouts = (scripted_turns(trainer.policy, trainer.tokenizer, turns, shape.get("tool", "calculator"))
                      if turns > 1 else None)
@@ -643,6 +655,8 @@ def run(shape, threads, workdir, profile_dir=None, algorithm="grpo", model=None)
                     profiler = paddle.profiler.Profiler(targets=[paddle.profiler.ProfilerTarget.CPU],
                                                         on_trace_ready=trace)
                     profiler.start()
+                if timed and s == shape["warmup_steps"] and overlap is not None:  # the timed steps' CPU shares
+                    overlap["start"] = (time.perf_counter(), trainer.batches.cpu_seconds())
                 cpu0 = time.process_time()
                 hooked_s.clear()
                 with monitor.phase("step"):
@@ -660,7 +674,14 @@ def run(shape, threads, workdir, profile_dir=None, algorithm="grpo", model=None)
                           "logprob": metrics["perf/logprob_s"] - ref, "reference": ref,
                           "value": metrics.get("perf/value_s", 0.0),
                           "update": metrics["perf/update_s"] - critic_update, "critic_update": critic_update}
-                phases["other"] = step - sum(phases.values())
+                if overlap is not None:  # the worker's rollout and rewards overlap the step: it pays their wait
+                    phases["other"] = step - sum(v for k, v in phases.items() if k not in ("rollout", "reward"))
+                    phases["other"] -= metrics["perf/wait_for_samples_s"]
+                    overlap["wait"].append(metrics["perf/wait_for_samples_s"])
+                    overlap["weights"].append(metrics["perf/worker_wait_for_weights_s"])
+                    overlap["staleness"].append(metrics["rollout/staleness"])
+                else:
+                    phases["other"] = step - sum(phases.values())
                 per_step["step"].append(step)
                 per_step["cpu"].append(cpu)
                 if turn_rollouts is not None:
@@ -685,8 +706,13 @@ def run(shape, threads, workdir, profile_dir=None, algorithm="grpo", model=None)
                     cols = np.arange(ids.shape[1])[None, :]
                     ends_at_eos.append(bool((ids[np.arange(len(ids)), last] == trainer.tokenizer.eos_token_id).all()
                                             and (ids[cols > last[:, None]] == trainer.tokenizer.pad_token_id).all()))
+        if overlap is not None:
+            wall0, cpu0 = overlap["start"]
+            wall, cpu = time.perf_counter() - wall0, trainer.batches.cpu_seconds()
+            overlap["busy"] = {name: (cpu[name] - cpu0[name]) / wall for name in cpu}
     finally:
         monitor.close()
+        trainer.batches.close()  # the rollout worker, when async_rollout
     if profiler is not None:
         profiler.stop()
         profiler.summary(sorted_by=paddle.profiler.SortedKeys.CPUTotal, op_detail=True, thread_sep=False,
@@ -718,6 +744,12 @@ def run(shape, threads, workdir, profile_dir=None, algorithm="grpo", model=None)
     }
     if model is not None:
         result.update(model=model_dir, prompt_tokens=prompt_tokens, ignored_shape_keys=ignored)
+    if overlap is not None:  # async_rollout: both waits (medians) and each process's CPU time / wall (timed steps)
+        result.update(async_rollout=True, rollout_lag=trainer.cfg.rollout_lag,
+                      wait_for_samples_s_median=statistics.median(overlap["wait"]),
+                      worker_wait_for_weights_s_median=statistics.median(overlap["weights"]),
+                      staleness_max=max(overlap["staleness"]), trainer_busy=overlap["busy"]["trainer"],
+                      worker_busy=overlap["busy"]["rollout worker"])
     if turn_rollouts is not None:
         result.update(turns=turns, tool=shape.get("tool", "calculator"),
                       **turn_stats(timed_rollouts, per_step["rollout"]))

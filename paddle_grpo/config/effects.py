@@ -118,6 +118,9 @@ def run_key_notes(cfg: Config) -> Dict[str, str]:
     elif cfg.rollout_correction != "mis":
         notes["rollout_correction_min"] = (f"rollout_correction {cfg.rollout_correction!r} only caps the ratio from "
                                            "above (rollout_correction mis drops the tokens below this bound)")
+    if not cfg.async_rollout:
+        for key in ("rollout_lag", "rollout_worker_timeout_s"):
+            notes[key] = "async_rollout is off: the trainer samples each step's batch itself"
     if cfg.positive_lm_coeff <= 0:
         notes["positive_example_min_reward"] = ("the positive-example LM loss is off (positive_example_lm_coeff "
                                                 "0; rl_algorithm vapo turns it on)")

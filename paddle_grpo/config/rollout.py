@@ -1,4 +1,5 @@
-"""RolloutArguments: sampling (temperature, top-p/k, repetition penalty, group size)."""
+"""RolloutArguments: sampling (temperature, top-p/k, repetition penalty, group size) and where it runs (the
+asynchronous rollout worker, docs/async.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,3 +23,15 @@ class RolloutArguments:
                                   cpu=off("quantised inference kernels are GPU-only in PaddleNLP"),
                                   gpu=off("not implemented: generation runs on the training model's weights, "
                                           "there is no separate (quantised) rollout model"))
+    async_rollout: bool = arg(False, "(new) Generate and reward the next step's samples in a rollout worker "
+                                     "process while the trainer updates on this step's (docs/async.md): both cores "
+                                     "of a CPU busy. The samples of step t come from the weights after step "
+                                     "t - 1 - rollout_lag, so a run stays deterministic and resumes exactly. One "
+                                     "trainer process only (not with data, tensor or pipeline parallelism).")
+    rollout_lag: int = arg(1, "(new) With async_rollout: how many updates the sampling weights trail the trainer's "
+                              "(the batch's staleness). 0: each step waits for the weights of the previous update "
+                              "(the synchronous results, no overlap); 1: one step's rollout overlaps the previous "
+                              "step's update.")
+    rollout_worker_timeout_s: float = arg(1800.0, "(new) With async_rollout: seconds the trainer waits for a step's "
+                                                  "samples before it stops the run, naming the rollout worker as "
+                                                  "hung (0: no limit).")

@@ -59,6 +59,9 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
     for key in non_negative:
         if getattr(cfg, key) is not None and getattr(cfg, key) < 0:
             fail(key, "must not be negative")
+    for key in ("rollout_lag", "rollout_worker_timeout_s"):
+        if getattr(cfg, key) < 0:
+            fail(key, "must not be negative")
     if cfg.reward_server_max_retries < -1:
         fail("reward_server_max_retries", "must be -1 (no limit: reward_server_max_wait_s ends the retries) or >= 0")
     for key in ("clip_range_ratio_low", "clip_range_ratio_high"):

@@ -14,7 +14,8 @@ Multi-turn rollouts with tools (docs/tools.md): the forward passes attend over a
 
 One module per phase: batch.py (the rows, the gather, balance_batch, micro-batches), collection.py (collect),
 experience.py (log-probs, the critic's values, rewards, advantages and returns), policy_update.py (the policy's
-update), critic_update.py (the critic of PPO / VAPO and its update), metrics.py (the typed records).
+update), critic_update.py (the critic of PPO / VAPO and its update), metrics.py (the typed records), async_rollout.py (where the batches come
+from: the trainer's own collect, or the asynchronous rollout worker).
 Everything is re-exported here: `from paddle_grpo import step; step.collect(...)`.
 """
 from __future__ import annotations
@@ -24,7 +25,9 @@ from .batch import (Batch, GlobalRows, gather, model_precision, balance, MicroBa
 from .metrics import (CollectMetrics, RewardMetrics, AdvantageMetrics, ValueMetrics, CriticMetrics, LengthMetrics,
     SHARE_KEYS, TOKEN_MEAN_KEYS, MAX_KEYS, LossSums, UpdateMetrics, ToolMetrics, tool_calls_per_row,
     eval_tool_metrics)
-from .collection import (PromptEncoder, build_tools, rollout, final_answer, completion_texts, score, collect)
+from .collection import (PromptEncoder, build_rewarder, build_tools, rollout, final_answer, completion_texts, score,
+    collect)
+from .async_rollout import AsyncBatches, SyncBatches, batch_source
 from .experience import (logprobs, reference_logprobs, reference_kl, shape_rewards, Estimate, estimate_advantages,
     compute_advantages, positive_rows, positive_threshold, values, local_rows, update_inputs)
 from .policy_update import (TrainingError, UpdateState, Learner, UpdateInputs, rl_loss, pipeline_logprobs,
@@ -32,7 +35,7 @@ from .policy_update import (TrainingError, UpdateState, Learner, UpdateInputs, r
 from .critic_update import (CriticLearner, build_critic_learner, CriticInputs, update_critic)
 
 __all__ = [
-    "AdvantageMetrics", "Batch", "CollectMetrics", "CriticInputs", "CriticLearner", "CriticMetrics", "Estimate",
+    "AdvantageMetrics", "AsyncBatches", "Batch", "SyncBatches", "batch_source", "build_rewarder", "CollectMetrics", "CriticInputs", "CriticLearner", "CriticMetrics", "Estimate",
     "GlobalRows", "Learner", "LengthMetrics", "LossSums", "MicroBatch", "PromptEncoder", "RewardMetrics",
     "MAX_KEYS", "SHARE_KEYS", "TOKEN_MEAN_KEYS", "ToolMetrics", "TrainingError", "UpdateInputs", "UpdateMetrics",
     "UpdateState",

@@ -13,6 +13,7 @@ from ..data import PromptSampler, apply_chat_template, collate_prompts, tokenize
 from ..parallel import ParallelContext
 from ..policy import Policy
 from ..rewards import RewardResult
+from ..rewards.client import make_rewarder
 from ..rollout import Rollout
 from ..rollout.sampling import row_keys
 from .batch import Batch, attention_mask, model_precision
@@ -44,6 +45,18 @@ def build_tools(cfg: Any, tokenizer: Any, policy: Optional[Policy] = None,
     env = ToolEnvironment(toolset, fmt, tokenizer, timeout_s=cfg.tool_timeout_s, max_workers=cfg.tool_max_workers,
                           max_response_tokens=cfg.max_tool_response_len)
     return env if par is None else par.tools_for_rollout(env)
+
+
+def build_rewarder(cfg: Any) -> Any:
+    """The run's rewarder: the reward server's client (`use_rm_server`) or the in-process reward functions / model
+    (rewards.client.make_rewarder with the config's keys)."""
+    server = dict(reward_server=cfg.reward_server, token=cfg.reward_server_token or None,
+                  read_timeout=cfg.reward_server_timeout, max_retries=cfg.reward_server_max_retries,
+                  max_wait_s=cfg.reward_server_max_wait_s)
+    return make_rewarder(cfg.use_rm_server, reward_funcs=cfg.reward_funcs, reward_weights=cfg.reward_weights,
+                         timeout_s=cfg.reward_timeout_s or None, **(server if cfg.use_rm_server else {}),
+                         reward_model_name_or_path=cfg.reward_model_name_or_path,
+                         reward_batch_size=cfg.per_device_reward_batch_size)
 
 
 def _text(error: BaseException) -> str:

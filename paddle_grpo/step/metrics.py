@@ -75,9 +75,10 @@ class CollectMetrics:
     dropped_groups: Optional[float] = None   # with dynamic sampling only
     rounds: Optional[float] = None
     tools: Optional[ToolMetrics] = None      # multi-turn rollouts only
+    overlap: Optional[Dict[str, float]] = None  # async_rollout: the waits and the staleness (step/async_rollout.py)
 
     def as_dict(self) -> Dict[str, float]:
-        out = {"perf/rollout_s": self.rollout_s, "perf/reward_s": self.reward_s}
+        out = {"perf/rollout_s": self.rollout_s, "perf/reward_s": self.reward_s, **(self.overlap or {})}
         if self.rounds is not None:
             out["train/dynamic_sampling_dropped_groups"] = self.dropped_groups
             out["train/dynamic_sampling_rounds"] = self.rounds

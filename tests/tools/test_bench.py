@@ -278,3 +278,16 @@ def test_ops_delegates_to_bench_ops(bench, monkeypatch):
     monkeypatch.setitem(sys.modules, "bench_ops", fake)
     assert bench.main(["--threads", "1", "--ops", "--vocab", "1000"]) == 0
     assert seen == [["--threads", "1", "--vocab", "1000"]]
+
+
+def test_async_rollout_reports_both_waits_and_both_processes():
+    """--config async_rollout=true runs the real Trainer with its rollout worker: the line carries both waits, the
+    staleness and each process's CPU share (CPU time / wall of the timed steps: at most ~1 per single-threaded
+    process, allowed 2 for paddle's helper threads), and the step leaves out the worker's overlapped rollout."""
+    r = run_bench("--config", "async_rollout=true")
+    assert r["async_rollout"] is True and r["rollout_lag"] == 1 and r["staleness_max"] == 1.0
+    for key in ("wait_for_samples_s_median", "worker_wait_for_weights_s_median"):
+        assert 0 <= r[key] < r["step_s_max"] + 1, key
+    assert 0 < r["trainer_busy"] <= 2 and 0 < r["worker_busy"] <= 2
+    assert r["rollout_s_median"] > 0  # the worker's, reported though it overlapped
+    assert r["other_s_median"] < r["step_s_median"]
