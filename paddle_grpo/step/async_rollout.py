@@ -51,6 +51,11 @@ def batch_source(cfg: Any, par: ParallelContext, policy: Policy, encode: PromptE
                  sampler: PromptSampler, records: Any, prompts_per_rank: int, amp: Any) -> Any:
     """The trainer's source of batches: `AsyncBatches` with `async_rollout`, else `SyncBatches`."""
     if cfg.async_rollout:
+        if cfg.rollout_lag > 0 and cfg.rollout_correction == "none" and par.is_main:
+            # Measured on the quickstart (docs/async.md): one step of staleness without correction collapsed it.
+            logger.warning("async_rollout with rollout_lag %d and rollout_correction none: the samples are %d "
+                           "step(s) stale and uncorrected, which collapsed the quickstart's learning; set "
+                           "rollout_correction: tis (docs/async.md)", cfg.rollout_lag, cfg.rollout_lag)
         return AsyncBatches(cfg, par, policy, sampler)
     return SyncBatches(cfg, par, policy, encode, rewarder, sampler, records, prompts_per_rank, amp)
 
