@@ -122,7 +122,7 @@ class Trainer:
         self.positive_min_reward = step.positive_threshold(cfg, self.rewarder)  # None: the loss is off
         # The step's batches: the trainer's own collect, or the rollout worker's (async_rollout, docs/async.md).
         self.batches = step.batch_source(cfg, par, self.policy, self.encode, self.rewarder, self.sampler,
-                                         self.train_records, self.geometry.prompts_per_rank, self.learner.amp)
+                                         self.train_records, self.geometry.prompts_per_rank, self.learner)
 
         self.step, self.unlogged = 0, None
         self.guard = StepGuard(self)  # the state at each step's start, signals, saving on a fault (faults.py)

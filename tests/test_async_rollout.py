@@ -343,3 +343,14 @@ def test_dry_run_states_the_plan(data, tiny_policy_dir, tmp_path, repo_root):
     assert r.returncode == 0, r.stdout[-3000:]
     assert "async rollout: a rollout worker process samples step t" in r.stdout, r.stdout[-3000:]
     assert "weights after step t-3" in r.stdout
+
+
+@pytest.mark.parametrize("correction, warned", [("none", True), ("tis", False)])
+def test_stale_uncorrected_samples_are_warned_about(data, tiny_policy_dir, tmp_path, caplog, correction, warned):
+    """Lag 1 without rollout_correction collapsed the quickstart (docs/async.md): the start says so, once; with a
+    correction it does not. (Two processes are then refused, which ends the call before a worker starts.)"""
+    cfg = make_cfg(data, tiny_policy_dir, tmp_path / "out", **ASYNC, rollout_correction=correction)
+    with caplog.at_level("WARNING", logger="paddle_grpo.trainer"), pytest.raises(ConfigError):
+        step.batch_source(cfg, ParallelContext(world_size=2, rank=0), None, None, None, None, None, 1, None)
+    said = [r.getMessage() for r in caplog.records if "rollout_correction none" in r.getMessage()]
+    assert len(said) == (1 if warned else 0), said

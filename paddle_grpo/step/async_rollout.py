@@ -48,8 +48,9 @@ _TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "s
 
 
 def batch_source(cfg: Any, par: ParallelContext, policy: Policy, encode: PromptEncoder, rewarder: Any,
-                 sampler: PromptSampler, records: Any, prompts_per_rank: int, amp: Any) -> Any:
-    """The trainer's source of batches: `AsyncBatches` with `async_rollout`, else `SyncBatches`."""
+                 sampler: PromptSampler, records: Any, prompts_per_rank: int, learner: Any) -> Any:
+    """The trainer's source of batches: `AsyncBatches` with `async_rollout`, else `SyncBatches` (which reads
+    `learner.amp`, the model precision of the trainer's passes, at each step)."""
     if cfg.async_rollout:
         if cfg.rollout_lag > 0 and cfg.rollout_correction == "none" and par.is_main:
             # Measured on the quickstart (docs/async.md): one step of staleness without correction collapsed it.
@@ -57,7 +58,7 @@ def batch_source(cfg: Any, par: ParallelContext, policy: Policy, encode: PromptE
                            "step(s) stale and uncorrected, which collapsed the quickstart's learning; set "
                            "rollout_correction: tis (docs/async.md)", cfg.rollout_lag, cfg.rollout_lag)
         return AsyncBatches(cfg, par, policy, sampler)
-    return SyncBatches(cfg, par, policy, encode, rewarder, sampler, records, prompts_per_rank, amp)
+    return SyncBatches(cfg, par, policy, encode, rewarder, sampler, records, prompts_per_rank, learner)
 
 
 def trainable_arrays(policy: Policy) -> Dict[str, np.ndarray]:
@@ -93,15 +94,18 @@ class SyncBatches:
     """The synchronous source: step.collect with the trainer's own policy."""
 
     def __init__(self, cfg: Any, par: ParallelContext, policy: Policy, encode: PromptEncoder, rewarder: Any,
-                 sampler: PromptSampler, records: Any, prompts_per_rank: int, amp: Any):
+                 sampler: PromptSampler, records: Any, prompts_per_rank: int, learner: Any):
         self.args = (par, policy, encode, rewarder, sampler, records, cfg, prompts_per_rank)
-        self.amp = amp
+        self.learner = learner
 
     def start(self, step: int) -> None:
         pass
 
     def next(self, step: int) -> Tuple[Batch, CollectMetrics]:
-        return collect(*self.args, step, self.amp)
+        # Through the package's attribute and the learner's current amp, as the trainer called them before it had
+        # sources: tools and tests wrap step.collect (tools/gpu_check.py replays batches) or swap the amp.
+        from .. import step as package
+        return package.collect(*self.args, step, self.learner.amp)
 
     def publish(self, step: int) -> None:
         pass
