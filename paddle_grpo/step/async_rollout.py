@@ -104,8 +104,8 @@ class SyncBatches:
     def next(self, step: int) -> Tuple[Batch, CollectMetrics]:
         # Through the package's attribute and the learner's current amp, as the trainer called them before it had
         # sources: tools and tests wrap step.collect (tools/gpu_check.py replays batches) or swap the amp.
-        from .. import step as package
-        return package.collect(*self.args, step, self.learner.amp)
+        # (A lookup in the loaded package, not an import: step/__init__ imports this module.)
+        return sys.modules[__package__].collect(*self.args, step, self.learner.amp)
 
     def publish(self, step: int) -> None:
         pass
