@@ -78,7 +78,8 @@ class Trainer:
         if par.is_main and not self.policy.is_encoder_decoder:  # after LoRA, which changes the path
             logger.info(decoder_path(self.policy.model))  # "decoder: fast path (llama)" or "PaddleNLP's forward (why)"
         self.reference = None
-        if cfg.needs_reference_model and not cfg.lora:
+        # (With async_rollout the rollout worker may compute the reference log-probs: no copy here.)
+        if cfg.needs_reference_model and not cfg.lora and not cfg.reference_in_rollout_worker:
             self.reference = load_policy(cfg.actor_model_name_or_path, trainable=False, **load)
         # Pipeline parallel: the policy stays whole and frozen (generation, old/reference log-probs, checkpoints);
         # the pipeline trains this rank's stage and copies the weights back after each update.
@@ -153,6 +154,8 @@ class Trainer:
         t0 = time.perf_counter()
         ref_lp = step.reference_logprobs(self.policy, self.reference, batch, cfg, par.vocab_parallel, amp)
         reference_s = time.perf_counter() - t0 if ref_lp is not None else 0.0
+        if batch.ref_logprobs is not None:  # the rollout worker's pass (async_rollout), overlapping the trainer's
+            reference_s = collected.reference_s
         on_policy = geo.optimizer_steps_per_step == 1
         old_lp = None if on_policy else step.logprobs(self.policy, batch, cfg, par.vocab_parallel, False, amp)[0]
         # The reward's KL uses the sampling policy's log-probs: recomputed when off-policy, else the rollout's own

@@ -95,7 +95,12 @@ def assert_same_rows(got, want, staleness=0.0):
     {},
     dict(rl_algorithm="ppo", critic_learning_rate=1e-2),   # values: the trainer's critic on the received batch
     dict(lora=True, lora_rank=4, lora_alpha=8, target_modules=TARGETS, learning_rate=1e-2),  # adapters travel
-], ids=["grpo", "ppo", "lora"])
+    # A KL loss and the KL in the reward: the worker computes the reference log-probs (its own frozen copy; under
+    # LoRA the policy with its adapters disabled), or with rollout_worker_reference false the trainer does.
+    dict(rl_algorithm="reinforce_plus_plus", kl_coeff=0.05, kl_loss_coeff=0.1),
+    dict(lora=True, lora_rank=4, lora_alpha=8, target_modules=TARGETS, learning_rate=1e-2, kl_loss_coeff=0.1),
+    dict(kl_loss_coeff=0.1, rollout_worker_reference=False),
+], ids=["grpo", "ppo", "lora", "kl_in_worker", "lora_kl_in_worker", "kl_in_trainer"])
 def test_lag_0_equals_the_synchronous_run(data, tiny_policy_dir, tmp_path, variant):
     if variant.get("rl_algorithm") == "ppo":
         variant = {**variant, "critic_model_name_or_path": tiny_policy_dir}
@@ -104,7 +109,17 @@ def test_lag_0_equals_the_synchronous_run(data, tiny_policy_dir, tmp_path, varia
     sync.train()
     lagged = Trainer(make_cfg(data, tiny_policy_dir, tmp_path / "async", rollout_lag=0, **ASYNC, **common))
     before = params(lagged.policy.model)
+    in_worker = lagged.cfg.reference_in_rollout_worker
+    assert in_worker == (lagged.cfg.needs_reference_model and variant.get("rollout_worker_reference", True))
+    # The reference copy lives where its pass runs (none without a KL term; under LoRA none either way).
+    own_copy = lagged.cfg.needs_reference_model and not variant.get("lora")
+    assert (lagged.reference is not None) == (own_copy and not in_worker)
+    assert (sync.reference is not None) == own_copy
     lagged.train()
+    if in_worker:  # the trainer used the worker's log-probs (no pass of its own); equal to its own pass below
+        assert lagged.batch.ref_logprobs is not None
+    if lagged.cfg.needs_reference_model:
+        assert all("train/kl" in r for r in read_rows(tmp_path / "async" / "metrics.jsonl"))
     assert_same_rows(read_rows(tmp_path / "async" / "metrics.jsonl"), read_rows(tmp_path / "sync" / "metrics.jsonl"))
     assert read_rows(tmp_path / "async" / "rollouts.jsonl") == read_rows(tmp_path / "sync" / "rollouts.jsonl")
     a, s = params(lagged.policy.model), params(sync.policy.model)

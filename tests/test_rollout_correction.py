@@ -93,13 +93,14 @@ def hand_made(seed=0):
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])
-@pytest.mark.parametrize("mode, cap, lo", [("tis", 2.0, 0.5), ("mis", 2.0, 0.5), ("mis", 2.5, 0.0), ("none", 2.0, 0.5)])
+@pytest.mark.parametrize("mode, cap, lo", [("tis", 2.0, 0.5), ("mis", 2.0, 0.5), ("mis", 2.5, 0.0), ("none", 2.0, 0.5),
+                                           ("clip", 2.0, 0.5)])
 def test_weights_and_statistics_match_a_loop(mode, cap, lo, level):
     old, sample = hand_made()
     weights, stats = rollout_correction(paddle.to_tensor(old), paddle.to_tensor(sample), paddle.to_tensor(MASK),
                                         mode, cap, lo, level)
     ref_w, (ref_mean, ref_max, ref_hits) = loop_reference(old, sample, MASK, mode, cap, lo, level)
-    if mode == "none":
+    if mode in ("none", "clip"):  # clip changes the loss's old log-probs (step.rl_loss), not its weights
         assert weights is None
     else:
         assert weights.stop_gradient
@@ -115,7 +116,7 @@ def test_weights_and_statistics_match_a_loop(mode, cap, lo, level):
     hit_key = {"tis": "capped_frac", "mis": "masked_frac"}.get(mode)
     for key in ("capped_frac", "masked_frac"):
         assert float(stats[key]) == pytest.approx(ref_hits if key == hit_key else 0.0, abs=EPS32)
-    if mode != "none" and level == "token":
+    if mode in ("tis", "mis") and level == "token":
         assert ref_hits > 0  # the hand-made ratios do hit the cap / leave the band (the check can fail)
 
 
@@ -143,13 +144,14 @@ def test_band_edges_are_inclusive_and_a_ratio_of_one_is_exact():
 
 def test_bad_arguments_name_what_is_wrong():
     old = paddle.zeros([1, 2])
-    with pytest.raises(UnknownNameError, match="unknown rollout_correction 'cap'; valid: mis, none, tis"):
+    with pytest.raises(UnknownNameError, match="unknown rollout_correction 'cap'; valid: clip, mis, none, tis"):
         rollout_correction(old, old, old, "cap")
     with pytest.raises(ValueError, match="rollout_correction_min must be in"):
         rollout_correction(old, old, old, "mis", cap=2.0, min_ratio=3.0)
     with pytest.raises(ValueError, match="shape mismatch"):
         rollout_correction(old, paddle.zeros([1, 3]), old, "tis")
-    assert ROLLOUT_CORRECTIONS == ("none", "tis", "mis")
+    assert ROLLOUT_CORRECTIONS == ("none", "tis", "mis", "clip")
+    assert rollout_correction(old, old, old, "clip", cap=0.0)[0] is None  # clip reads no cap
 
 
 # ----------------------------------------------------------------------------------- the loss on a real model
@@ -194,6 +196,10 @@ def reference_loss(cfg, lp, old, sample, ref, adv, mask):
     """(loss, d loss / d lp [N, T], sum of |terms|) in float64 for the token level, per docs/algorithms.md."""
     lp, old, sample, ref, adv = (np.asarray(x, np.float64) for x in (lp, old, sample, ref, adv))
     m = mask.astype(bool)
+    w, _ = loop_reference(old, sample, mask, cfg.rollout_correction, cfg.rollout_correction_cap,
+                          cfg.rollout_correction_min, cfg.importance_sampling_level)
+    if cfg.rollout_correction == "clip":  # PPO's ratio against the sampler, no weight
+        old = sample
     rho = np.exp(np.clip(lp - old, -20, 20))
     if cfg.importance_sampling_level == "sequence":
         rho = np.repeat((np.exp((np.where(m, lp - old, 0)).sum(1) / np.maximum(m.sum(1), 1)))[:, None], T, 1)
@@ -205,8 +211,6 @@ def reference_loss(cfg, lp, old, sample, ref, adv, mask):
         dual = (adv < 0) & (-cfg.clip_ratio_c * adv < pg)
         pg = np.where(dual, -cfg.clip_ratio_c * adv, pg)
         unclipped_active &= ~dual
-    w, _ = loop_reference(old, sample, mask, cfg.rollout_correction, cfg.rollout_correction_cap,
-                          cfg.rollout_correction_min, cfg.importance_sampling_level)
     pg = w * pg
     k = ref - lp
     kl = np.exp(k) - k - 1
@@ -222,7 +226,7 @@ def reference_loss(cfg, lp, old, sample, ref, adv, mask):
     return loss, grad, float((np.abs(terms) * per_token).sum())
 
 
-@pytest.mark.parametrize("mode", ["tis", "mis"])
+@pytest.mark.parametrize("mode", ["tis", "mis", "clip"])
 @pytest.mark.parametrize("level, agg", [("token", "token-mean"), ("token", "seq-mean-token-mean"),
                                         ("sequence", "token-mean")])
 def test_corrected_loss_and_gradient_match_numpy(model_logits, mode, level, agg):
@@ -254,6 +258,19 @@ def test_corrected_loss_and_gradient_match_numpy(model_logits, mode, level, agg)
     _, (r_mean, r_max, hits) = loop_reference(old, sample, LOSS_MASK, mode, 2.0, 0.5, level)
     assert means["rollout_correction/ratio_mean"] == pytest.approx(r_mean, rel=1e-6)
     assert means["rollout_correction/ratio_max"] == pytest.approx(r_max, rel=1e-6)
+    if mode == "clip":  # the PPO clip statistics are now against the sampler: some tokens clipped each side
+        assert means["rollout_correction/capped_frac"] == 0 and means["rollout_correction/masked_frac"] == 0
+        if level == "sequence":  # (GSPO's clip shares count rows' ratios; the loss check above covers it)
+            return
+        # The clip shares counted against the sampler's log-probs (not `old`), one token at a time in float64.
+        m = LOSS_MASK.astype(bool)
+        rho = np.exp(lp.numpy().astype(np.float64) - sample)
+        low = ((adv < 0) & (rho < 1 - cfg.eps_low))[m].mean()
+        high = ((adv > 0) & (rho > 1 + cfg.eps_high))[m].mean()
+        assert high > 0  # the check can fail: some tokens are beyond the band
+        assert means["train/clip_frac_low"] == pytest.approx(low, abs=1e-6)
+        assert means["train/clip_frac_high"] == pytest.approx(high, abs=1e-6)
+        return
     key = "rollout_correction/capped_frac" if mode == "tis" else "rollout_correction/masked_frac"
     assert means[key] == pytest.approx(hits, abs=1e-6) and hits > 0
 
@@ -394,7 +411,7 @@ def test_a_synchronous_run_logs_a_ratio_of_one(tmp_path, tiny_policy_dir, mini, 
     ({"rollout_correction": "mis", "rollout_correction_cap": 0.5}, "rollout_correction_cap", "must be greater than 1"),
     ({"rollout_correction": "mis", "rollout_correction_min": 1.0}, "rollout_correction_min", r"must be in \[0, 1\)"),
     ({"rollout_correction": "mis", "rollout_correction_min": -0.1}, "rollout_correction_min", r"must be in \[0, 1\)"),
-    ({"rollout_correction": "icepop"}, "rollout_correction", "must be one of 'none', 'tis', 'mis'"),
+    ({"rollout_correction": "icepop"}, "rollout_correction", "must be one of 'none', 'tis', 'mis', 'clip'"),
 ])
 def test_config_errors_name_the_key(values, key, message):
     with pytest.raises(ConfigError, match=rf"key '{key}' = .*{message}"):
@@ -409,6 +426,9 @@ def test_bounds_a_mode_does_not_read_are_inert_not_errors():
     assert "rollout_correction is 'none'" in run_key_effect(cfg, "rollout_correction_cap", "gpu").note
     cfg = config_from_dict({"rollout_correction": "mis", "rollout_correction_min": 0.0})
     assert run_key_effect(cfg, "rollout_correction_min", "cpu").active
+    cfg = config_from_dict({"rollout_correction": "clip", "rollout_correction_cap": 0.5})  # the clip range rules
+    for key in ("rollout_correction_cap", "rollout_correction_min"):
+        assert "clip_range_ratio" in run_key_effect(cfg, key, "cpu").note
 
 
 def test_dry_run_shows_the_keys_and_the_inert_bound(tmp_path, tiny_policy_dir, capsys):

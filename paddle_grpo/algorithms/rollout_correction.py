@@ -7,7 +7,10 @@ same tokens). The two differ by numerics (another kernel, bf16 decoding) and, in
 weights lagging the trainer's. The per-token importance ratio `r_t = pi_old / pi_s = exp(l^old_t - l^s_t)` turns the
 expectation back into one under `pi_old`; its variance is kept in check by capping it (TIS, "Your efficient RL
 framework secretly brings you off-policy RL training", Yao et al. 2025) or by dropping the tokens whose ratio leaves
-a band (MIS, the IcePop masking of "When speed kills stability", Liu, Li et al. 2025).
+a band (MIS, the IcePop masking of "When speed kills stability", Liu, Li et al. 2025). A third way, `clip`, has
+no weights here: the policy loss takes its PPO ratio against the sampler's log-probs instead of `pi_old`
+(step/policy_update.py: rl_loss), so PPO's clip bounds the trainer's drift from the policy that sampled (the "old
+policy = sampling policy" form of PPO, Schulman et al. 2017, as asynchronous PPO trainers use it).
 
 Pure functions of paddle tensors: no I/O, no model, no paddle.distributed.
 """
@@ -19,7 +22,7 @@ from ._common import TensorLike, as_float, as_mask, check_same_shape, compute_dt
 from .registry import unknown_name
 
 # The correction modes of config key `rollout_correction`.
-ROLLOUT_CORRECTIONS = ("none", "tis", "mis")
+ROLLOUT_CORRECTIONS = ("none", "tis", "mis", "clip")
 # The levels a ratio is taken at: per token, or per sequence as GSPO's ratio (the geometric mean of the tokens').
 ROLLOUT_CORRECTION_LEVELS = ("token", "sequence")
 # As the policy loss's ratio: a log-ratio is clamped to [-20, 20] before exp, so a garbage log-prob cannot overflow.
@@ -36,7 +39,7 @@ def rollout_correction(old_log_prob: TensorLike, sampler_log_prob: TensorLike, r
             (recomputed before the update off-policy; the current log-probs, detached, on-policy).
         sampler_log_prob: `[bs, T]` the sampler's log-probs of the same tokens, as it sampled them.
         response_mask: `[bs, T]` non-zero on the tokens the loss trains on (padding and tool output are 0).
-        mode: "none" (no weights: only the statistics), "tis" (`w = min(r, cap)`) or "mis"
+        mode: "none" or "clip" (no weights: only the statistics), "tis" (`w = min(r, cap)`) or "mis"
             (`w = r` where `min_ratio <= r <= cap`, else 0: the token is dropped).
         cap, min_ratio: TIS's cap C (also MIS's upper bound) and MIS's lower bound; need `cap > 0` and, for
             "mis", `0 <= min_ratio < cap` (the config asks more: `min_ratio < 1 < cap`, so that the ratio 1 of an
@@ -55,7 +58,7 @@ def rollout_correction(old_log_prob: TensorLike, sampler_log_prob: TensorLike, r
         raise unknown_name("rollout_correction", mode, ROLLOUT_CORRECTIONS)
     if level not in ROLLOUT_CORRECTION_LEVELS:
         raise unknown_name("rollout correction level", level, ROLLOUT_CORRECTION_LEVELS)
-    if mode != "none" and not cap > 0:
+    if mode in ("tis", "mis") and not cap > 0:
         raise ValueError(f"rollout_correction_cap must be > 0, got {cap!r}")
     if mode == "mis" and not 0 <= min_ratio < cap:
         raise ValueError(f"rollout_correction_min must be in [0, rollout_correction_cap = {cap!r}), got {min_ratio!r}")
@@ -76,7 +79,7 @@ def rollout_correction(old_log_prob: TensorLike, sampler_log_prob: TensorLike, r
                  # ratios are > 0, so the masked zeros never win the max (and no valid token gives 0)
                  "ratio_max": masked(token_ratio, mask).max() if token_ratio.size else zero,
                  "capped_frac": zero, "masked_frac": zero}
-        if mode == "none":
+        if mode in ("none", "clip"):  # clip changes the loss's "old" (policy_update.rl_loss), not its weights
             return None, stats
         if level == "token":
             ratio = token_ratio

@@ -38,11 +38,13 @@ class AlgorithmArguments:
                 "(docs/algorithms.md, \"Rollout correction\"): each token's loss is weighted by the ratio "
                 "r = exp(l^old - l^s) of the trainer's old log-probs to the sampler's. tis: truncated, "
                 "min(r, rollout_correction_cap); mis: masked, r inside [rollout_correction_min, "
-                "rollout_correction_cap] and the token dropped outside; none: no weight (the ratio's mean and max "
+                "rollout_correction_cap] and the token dropped outside; clip: no weight, but PPO's ratio is taken "
+                "against l^s instead of l^old, so clip_range_ratio bounds the trainer's drift from the policy that "
+                "sampled (the choice for async_rollout, docs/async.md); none: no weight (the ratio's mean and max "
                 "are logged either way). With importance_sampling_level sequence the ratio is the sequence's "
                 "geometric mean.", choices=_from_algorithms("ROLLOUT_CORRECTIONS"))
     rollout_correction_cap: float = arg(2.0, "(new) rollout_correction tis: the cap C of the ratio; mis: the upper "
-                                             "bound of the band of kept ratios. > 1 (the on-policy ratio, 1, is "
+                                             "bound of the band of kept ratios (no effect with clip or none). > 1 (the on-policy ratio, 1, is "
                                              "never capped or dropped).")
     rollout_correction_min: float = arg(0.5, "(new) rollout_correction mis: the lower bound of the band of kept "
                                              "ratios, in [0, 1) (0: no lower bound). No effect with tis or none.")

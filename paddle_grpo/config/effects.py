@@ -115,12 +115,22 @@ def run_key_notes(cfg: Config) -> Dict[str, str]:
     if cfg.rollout_correction == "none":
         for key in ("rollout_correction_cap", "rollout_correction_min"):
             notes[key] = "rollout_correction is 'none': the policy loss is not weighted by the sampler's ratio"
+    elif cfg.rollout_correction == "clip":
+        for key in ("rollout_correction_cap", "rollout_correction_min"):
+            notes[key] = ("rollout_correction 'clip' takes PPO's ratio against the sampler's log-probs: "
+                          "clip_range_ratio (_low, _high) bounds it, no weight is applied")
     elif cfg.rollout_correction != "mis":
         notes["rollout_correction_min"] = (f"rollout_correction {cfg.rollout_correction!r} only caps the ratio from "
                                            "above (rollout_correction mis drops the tokens below this bound)")
     if not cfg.async_rollout:
-        for key in ("rollout_lag", "rollout_worker_timeout_s"):
+        for key in ("rollout_lag", "rollout_worker_timeout_s", "rollout_worker_reference"):
             notes[key] = "async_rollout is off: the trainer samples each step's batch itself"
+    elif cfg.rollout_worker_reference and not cfg.needs_reference_model:
+        notes["rollout_worker_reference"] = ("no KL term (kl_loss_coeff and reward_kl_coeff are 0): no reference "
+                                             "log-probs are computed")
+    elif cfg.rollout_worker_reference and cfg.sync_ref_model:
+        notes["rollout_worker_reference"] = ("sync_ref_model mixes the policy into the trainer's reference: the "
+                                             "trainer computes the reference log-probs")
     if cfg.positive_lm_coeff <= 0:
         notes["positive_example_min_reward"] = ("the positive-example LM loss is off (positive_example_lm_coeff "
                                                 "0; rl_algorithm vapo turns it on)")

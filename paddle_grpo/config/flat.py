@@ -208,6 +208,12 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
     @property
     def needs_reference_model(self) -> bool:
         return self.reward_kl_coeff != 0 or self.kl_loss_coeff != 0
+
+    @property
+    def reference_in_rollout_worker(self) -> bool:
+        """The rollout worker computes the reference log-probs (async_rollout, docs/async.md), not the trainer."""
+        return (self.async_rollout and self.rollout_worker_reference and self.needs_reference_model
+                and not self.sync_ref_model)
     
     def batch_geometry(self, world_size: int = 1) -> BatchGeometry:
         """Per-rank batch sizes for `world_size` processes; raises ConfigError naming the keys when they don't fit."""

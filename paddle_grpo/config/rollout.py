@@ -35,3 +35,10 @@ class RolloutArguments:
     rollout_worker_timeout_s: float = arg(1800.0, "(new) With async_rollout: seconds the trainer waits for a step's "
                                                   "samples before it stops the run, naming the rollout worker as "
                                                   "hung (0: no limit).")
+    rollout_worker_reference: bool = arg(True, "(new) With async_rollout and a KL term (kl_loss_coeff or "
+                                               "reward_kl_coeff): the rollout worker computes the reference "
+                                               "model's log-probs of its samples, so that forward pass leaves the "
+                                               "trainer's core and the trainer holds no reference copy; false: the "
+                                               "trainer computes them (better when the rollout is the longer part: "
+                                               "docs/async.md). Not with sync_ref_model (the trainer mixes its "
+                                               "reference).")

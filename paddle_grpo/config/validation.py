@@ -72,7 +72,7 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
              "the lower clip range must be below 1 (the ratio is clipped to [1 - low, 1 + high])")
     if cfg.clip_ratio_c is not None and cfg.clip_ratio_c <= 1:
         fail("clip_ratio_c", "the dual-clip constant must be greater than 1 (leave it unset to disable dual-clip)")
-    if cfg.rollout_correction != "none" and not cfg.rollout_correction_cap > 1:
+    if cfg.rollout_correction in ("tis", "mis") and not cfg.rollout_correction_cap > 1:
         fail("rollout_correction_cap", f"must be greater than 1 with rollout_correction {cfg.rollout_correction!r} "
              "(the ratio of an on-policy token is 1: a cap at or below it would cap or drop them all)")
     if cfg.rollout_correction == "mis" and not 0 <= cfg.rollout_correction_min < 1:

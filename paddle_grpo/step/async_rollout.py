@@ -36,15 +36,15 @@ from ..data import PromptSampler, read_jsonl
 from ..parallel import ParallelContext
 from ..policy import Policy
 from ..rollout.async_worker import WeightStore, WorkerProcess, process_cpu_s, stop_requested
-from .batch import Batch
+from .batch import BATCH_TENSORS, Batch
 from .collection import PromptEncoder, build_rewarder, build_tools, collect
+from .experience import reference_logprobs
 from .metrics import CollectMetrics
 
 logger = logging.getLogger("paddle_grpo.trainer")
 
 WEIGHTS_DIR = "rollout_weights"   # in a checkpoint: the weight versions the pending steps sample from
 WORKER_ENTRY = "paddle_grpo.step.async_rollout:worker_main"
-_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "sample_logprobs", "tool_mask")
 
 
 def batch_source(cfg: Any, par: ParallelContext, policy: Policy, encode: PromptEncoder, rewarder: Any,
@@ -56,7 +56,7 @@ def batch_source(cfg: Any, par: ParallelContext, policy: Policy, encode: PromptE
             # Measured on the quickstart (docs/async.md): one step of staleness without correction collapsed it.
             logger.warning("async_rollout with rollout_lag %d and rollout_correction none: the samples are %d "
                            "step(s) stale and uncorrected, which collapsed the quickstart's learning; set "
-                           "rollout_correction: tis (docs/async.md)", cfg.rollout_lag, cfg.rollout_lag)
+                           "rollout_correction: clip (docs/async.md)", cfg.rollout_lag, cfg.rollout_lag)
         return AsyncBatches(cfg, par, policy, sampler)
     return SyncBatches(cfg, par, policy, encode, rewarder, sampler, records, prompts_per_rank, learner)
 
@@ -80,14 +80,14 @@ def load_arrays(policy: Policy, arrays: Dict[str, np.ndarray]) -> None:
 def to_wire(batch: Batch) -> Dict[str, Any]:
     """A Batch as picklable numpy and Python values (for the pipe)."""
     out = dict(vars(batch))
-    for name in _TENSORS:
+    for name in BATCH_TENSORS:
         if out[name] is not None:
             out[name] = out[name].numpy()
     return out
 
 
 def from_wire(fields: Dict[str, Any]) -> Batch:
-    return Batch(**{k: paddle.to_tensor(v) if k in _TENSORS and v is not None else v for k, v in fields.items()})
+    return Batch(**{k: paddle.to_tensor(v) if k in BATCH_TENSORS and v is not None else v for k, v in fields.items()})
 
 
 class SyncBatches:
@@ -239,8 +239,11 @@ class AsyncBatches:
 
 # --------------------------------------------------------------------------------------- the worker process
 
-def build_policy(cfg: Any) -> Tuple[Policy, Any, Any]:
-    """(policy, tokenizer, amp) built as the trainer builds its own (one process: no tensor-parallel shard)."""
+def build_policy(cfg: Any) -> Tuple[Policy, Optional[Policy], Any, Any]:
+    """(policy, reference, tokenizer, amp) built as the trainer builds its own (one process: no tensor-parallel
+    shard). `reference`: the frozen reference copy when this worker computes the reference log-probs
+    (`cfg.reference_in_rollout_worker`) and the policy is not LoRA (whose reference is the policy with its adapters
+    disabled); else None."""
     from ..policy import head_chunk_size, load_policy, load_tokenizer, quiet_paddlenlp
     from ..precision import plan_for_run
 
@@ -254,7 +257,11 @@ def build_policy(cfg: Any) -> Tuple[Policy, Any, Any]:
         else:
             policy.apply_lora(cfg.lora_rank, cfg.lora_alpha_value, cfg.lora_dropout, cfg.target_modules or None,
                               base_model_name_or_path=cfg.actor_model_name_or_path)
-    return policy, load_tokenizer(cfg.actor_model_name_or_path), precision.runtime()
+    reference = None
+    if cfg.reference_in_rollout_worker and not cfg.lora:
+        reference = load_policy(cfg.actor_model_name_or_path, trainable=False, **precision.load_kwargs,
+                                head_chunk_size=head_chunk_size(cfg, announce=False))
+    return policy, reference, load_tokenizer(cfg.actor_model_name_or_path), precision.runtime()
 
 
 def worker_main(conn: Any, payload: Dict[str, Any]) -> None:
@@ -265,7 +272,7 @@ def worker_main(conn: Any, payload: Dict[str, Any]) -> None:
     paddle.seed(cfg.seed)
     np.random.seed(cfg.seed)
     par = ParallelContext()
-    policy, tokenizer, amp = build_policy(cfg)
+    policy, reference, tokenizer, amp = build_policy(cfg)
     tools = build_tools(cfg, tokenizer, policy, None)
     try:
         encode = PromptEncoder(policy, tokenizer, cfg.chat_template, cfg.max_prompt_len, tools)
@@ -290,6 +297,10 @@ def worker_main(conn: Any, payload: Dict[str, Any]) -> None:
                 loaded = version
             batch, metrics = collect(par, policy, encode, rewarder, sampler, records, cfg, prompts_per_rank, step,
                                      amp)
+            if cfg.reference_in_rollout_worker:  # the trainer's reference pass, moved here (docs/async.md)
+                t0 = time.perf_counter()
+                batch.ref_logprobs = reference_logprobs(policy, reference, batch, cfg, None, amp)
+                metrics.reference_s = time.perf_counter() - t0
             conn.send(("batch", step, to_wire(batch), metrics, sampler.state_dict(), version, waited))
             step += 1
     finally:

@@ -31,7 +31,11 @@ class Batch:
     sampled (the actions: every loss, KL, entropy, value and length uses it); `tool_mask` [n, T] int64 is 1 on the
     tool-output and template tokens the rollout appended (context the model reads, never an action); the tokens
     that exist are their union (`attention_mask`), which every forward pass attends over. `lengths` counts actions.
-    `turns` per row the messages of the conversation (assistant and tool dicts, in order). Both None single-turn."""
+    `turns` per row the messages of the conversation (assistant and tool dicts, in order). Both None single-turn.
+
+    `ref_logprobs` [n, T] float32: the reference model's log-probs of the completion tokens when the rollout worker
+    computed them with the samples (async_rollout, docs/async.md); None: the trainer computes them
+    (step.reference_logprobs)."""
     prompt_ids: paddle.Tensor
     prompt_mask: paddle.Tensor
     completion_ids: paddle.Tensor
@@ -47,6 +51,7 @@ class Batch:
     row_ids: Optional[np.ndarray] = None
     tool_mask: Optional[paddle.Tensor] = None
     turns: Optional[list] = None
+    ref_logprobs: Optional[paddle.Tensor] = None
 
     def attention_mask(self) -> paddle.Tensor:
         """[n, T] int64: the completion tokens that exist, actions and tool output (`completion_mask | tool_mask`)
@@ -97,7 +102,8 @@ class Batch:
                      prompt_index=[self.prompt_index[r] for r in rows],
                      row_ids=None if self.row_ids is None else self.row_ids[rows],
                      tool_mask=None if self.tool_mask is None else take(self.tool_mask),
-                     turns=None if self.turns is None else [self.turns[r] for r in rows])
+                     turns=None if self.turns is None else [self.turns[r] for r in rows],
+                     ref_logprobs=None if self.ref_logprobs is None else take(self.ref_logprobs))
 
     @staticmethod
     def concat(parts: Sequence["Batch"], pad_id: int) -> "Batch":
@@ -114,6 +120,8 @@ class Batch:
                                    for p in parts]) if tools else None
         turns = [t for p in parts for t in (p.turns or [[] for _ in p.texts])] \
             if any(p.turns is not None for p in parts) else None
+        # Reference log-probs only when every part has them (else the trainer computes them for the whole).
+        ref = cat("ref_logprobs", T, 0.0, "right") if all(p.ref_logprobs is not None for p in parts) else None
         return Batch(prompt_ids=cat("prompt_ids", L, pad_id, "left"), prompt_mask=cat("prompt_mask", L, 0, "left"),
                      completion_ids=cat("completion_ids", T, pad_id, "right"),
                      completion_mask=cat("completion_mask", T, 0, "right"),
@@ -124,7 +132,8 @@ class Batch:
                      valid=np.concatenate([p.valid for p in parts]),
                      scores_by_function={k: [v for p in parts for v in p.scores_by_function[k]]
                                          for k in parts[0].scores_by_function},
-                     prompt_index=[i for p in parts for i in p.prompt_index], tool_mask=tool_mask, turns=turns)
+                     prompt_index=[i for p in parts for i in p.prompt_index], tool_mask=tool_mask, turns=turns,
+                     ref_logprobs=ref)
 
     def sample_rows(self, records: Sequence[dict], k: int = 4) -> List[dict]:
         """The first `k` samples as logged rows: `prompt` (the record's src), `completion` (the text the rewards
@@ -207,7 +216,9 @@ def model_precision(amp: Any) -> contextlib.AbstractContextManager:
 
 # ------------------------------------------------------------------------------------ balancing the ranks
 
-_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "sample_logprobs", "tool_mask")
+# The Batch fields that are paddle tensors (numpy on the wire: balance's all-gather, the rollout worker's pipe).
+BATCH_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "sample_logprobs", "tool_mask",
+                 "ref_logprobs")
 
 
 def balance(par: ParallelContext, batch: Batch, cfg: Any, sequences_per_mini_batch: int, pad_id: int) -> Batch:
@@ -220,12 +231,12 @@ def balance(par: ParallelContext, batch: Batch, cfg: Any, sequences_per_mini_bat
     `batch` unchanged."""
     if not cfg.balance_batch or par.dp_world == 1:
         return batch
-    mine = {f: (getattr(batch, f).numpy() if f in _TENSORS and getattr(batch, f) is not None else getattr(batch, f))
+    mine = {f: (getattr(batch, f).numpy() if f in BATCH_TENSORS and getattr(batch, f) is not None else getattr(batch, f))
             for f in Batch.__dataclass_fields__}
     parts = par.all_gather_object(mine)
     if len({len(p["texts"]) for p in parts}) != 1:
         raise RuntimeError(f"balance_batch: the ranks hold different row counts {[len(p['texts']) for p in parts]}")
-    whole = Batch.concat([Batch(**{f: (paddle.to_tensor(v) if f in _TENSORS and v is not None else v)
+    whole = Batch.concat([Batch(**{f: (paddle.to_tensor(v) if f in BATCH_TENSORS and v is not None else v)
                                    for f, v in p.items()}) for p in parts], pad_id)
     # Widths by the tokens that exist, actions and tool output: the forward passes attend over both.
     p_len, c_len = row_extents(whole.prompt_mask.numpy(), whole.attention_mask().numpy())
@@ -239,6 +250,8 @@ def balance(par: ParallelContext, batch: Batch, cfg: Any, sequences_per_mini_bat
     out.sample_logprobs = out.sample_logprobs[:, :c_w]
     if out.tool_mask is not None:
         out.tool_mask = out.tool_mask[:, :c_w]
+    if out.ref_logprobs is not None:
+        out.ref_logprobs = out.ref_logprobs[:, :c_w]
     return out
 
 

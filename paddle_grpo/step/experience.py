@@ -60,7 +60,10 @@ def logprobs(policy: Policy, batch: Batch, cfg: Any, vocab_parallel: Any = None,
 def reference_logprobs(policy: Policy, reference: Optional[Policy], batch: Batch, cfg: Any,
                        vocab_parallel: Any = None, amp: Any = None) -> Optional[paddle.Tensor]:
     """Log-probs under the reference model: the frozen copy, or under LoRA the policy with its adapters disabled
-    (the base model, exactly); None when no KL term needs them. At the update's precision (`model_precision`)."""
+    (the base model, exactly); None when no KL term needs them. At the update's precision (`model_precision`).
+    The batch's own when the rollout worker computed them with the samples (async_rollout)."""
+    if batch.ref_logprobs is not None:
+        return batch.ref_logprobs
     if reference is not None:
         return logprobs(reference, batch, cfg, vocab_parallel, amp=amp)[0]
     if cfg.lora and cfg.needs_reference_model:

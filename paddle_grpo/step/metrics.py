@@ -76,6 +76,7 @@ class CollectMetrics:
     rounds: Optional[float] = None
     tools: Optional[ToolMetrics] = None      # multi-turn rollouts only
     overlap: Optional[Dict[str, float]] = None  # async_rollout: the waits and the staleness (step/async_rollout.py)
+    reference_s: float = 0.0   # async_rollout: the rollout worker's reference pass (rollout_worker_reference)
 
     def as_dict(self) -> Dict[str, float]:
         out = {"perf/rollout_s": self.rollout_s, "perf/reward_s": self.reward_s, **(self.overlap or {})}

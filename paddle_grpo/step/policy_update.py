@@ -84,8 +84,8 @@ def rl_loss(cfg: Any, lp: paddle.Tensor, entropy: paddle.Tensor, old: paddle.Ten
     values. All inputs [mb, T]; `ref` None without KL loss; `positive` None without the positive-example loss, else
     the mask of its tokens, whose NLL is token-averaged over the mini-batch's `agg["positive_tokens"]` (all ranks).
     `sample`: the sampler's log-probs of the tokens (Batch.sample_logprobs); with them the policy-gradient term is
-    weighted per token by `cfg.rollout_correction` (tis / mis against `old`; none: not weighted) and the ratio's
-    statistics are logged (docs/algorithms.md, "Rollout correction"). The KL, entropy and positive-example terms are
+    weighted per token by `cfg.rollout_correction` (tis / mis against `old`; none: not weighted; clip: not
+    weighted, the PPO ratio taken against `sample` instead of `old`) and the ratio's statistics are logged (docs/algorithms.md, "Rollout correction"). The KL, entropy and positive-example terms are
     never weighted."""
     positive_tokens = agg.get("positive_tokens", 0.0)
     agg = {k: v for k, v in agg.items() if k != "positive_tokens"}
@@ -96,6 +96,8 @@ def rl_loss(cfg: Any, lp: paddle.Tensor, entropy: paddle.Tensor, old: paddle.Ten
         weights, correction = rollout_correction(
             old, sample, mask, cfg.rollout_correction, cfg.rollout_correction_cap, cfg.rollout_correction_min,
             level="sequence" if cfg.importance_sampling_level == "sequence" else "token")
+        if cfg.rollout_correction == "clip":  # the trust region around the sampling policy, not the trainer's
+            old = sample
     out = compute_policy_loss(lp, old, advantages, mask, clip_ratio_low=cfg.eps_low, clip_ratio_high=cfg.eps_high,
                               clip_ratio_c=cfg.clip_ratio_c, importance_sampling_level=cfg.importance_sampling_level,
                               loss_agg_mode=cfg.loss_agg_mode, token_weights=weights, **agg)
