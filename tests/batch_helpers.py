@@ -1,5 +1,6 @@
 """Shared by the policy tests (tests/policy/test_fast_decoder.py, tests/policy/test_recompute.py): a grouped batch; by
-tests/test_padding.py and tests/test_tool_masks.py: a tiny Qwen2 with random biases."""
+tests/test_padding.py and tests/test_tool_masks.py: a tiny Qwen2 with random biases; by tests/test_tool_masks.py and
+tests/test_rollout_correction.py: the configuration of a loss test's batch."""
 import numpy as np
 import paddle
 
@@ -34,3 +35,15 @@ def random_bias_qwen2(vocab: int, seed: int = 0) -> paddle.nn.Layer:
             if name.endswith("bias"):
                 p.set_value(paddle.randn(p.shape) * 0.1)
     return model
+
+
+def loss_test_cfg(G: int, N: int, T: int, L: int, **values):
+    """A Config for loss tests on a batch of N rows (N // G prompts x G samples), prompts of L tokens, completions of
+    T: one mini-batch, micro-batches of 2 rows, no KL in the reward, temperature 0.9; `values` override."""
+    from paddle_grpo.config import config_from_dict
+
+    base = dict(actor_model_name_or_path="unused", use_rm_server=False, reward_funcs="kk", train_datasets="unused",
+                rollout_n=G, global_batch_size=N // G, global_mini_batch_size=N // G, max_dec_len=T, min_dec_len=1,
+                max_prompt_len=L, max_length=L + T, kl_coeff=0.0, temperature=0.9, per_device_train_batch_size=2,
+                per_device_logprob_batch_size=2)
+    return config_from_dict({**base, **values})

@@ -369,3 +369,19 @@ def test_stale_uncorrected_samples_are_warned_about(data, tiny_policy_dir, tmp_p
         step.batch_source(cfg, ParallelContext(world_size=2, rank=0), None, None, None, None, None, 1, None)
     said = [r.getMessage() for r in caplog.records if "rollout_correction none" in r.getMessage()]
     assert len(said) == (1 if warned else 0), said
+
+
+@pytest.mark.parametrize("extra_threads, warned", [(None, False), (1, True)])
+def test_more_threads_than_cores_for_two_processes_is_warned_about(monkeypatch, caplog, extra_threads, warned):
+    """Two processes of OMP_NUM_THREADS threads each compete on fewer cores (docs/async.md): more threads than
+    the usable cores is always too many, one thread each never is."""
+    from paddle_grpo.step.async_rollout import warn_oversubscribed
+
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1" if extra_threads is None else str(cores + extra_threads))
+    with caplog.at_level("WARNING", logger="paddle_grpo.trainer"):
+        warn_oversubscribed()
+    said = [r.getMessage() for r in caplog.records if "OMP_NUM_THREADS" in r.getMessage()]
+    assert len(said) == (1 if warned else 0), said
+    if warned:
+        assert f"{cores + 1} thread(s)" in said[0] and f"on {cores} usable core(s)" in said[0]

@@ -18,12 +18,11 @@ by `where` (algorithms._common.masked), so the same float operations run on the 
 import numpy as np
 import paddle
 import pytest
-from batch_helpers import random_bias_qwen2
+from batch_helpers import loss_test_cfg, random_bias_qwen2
 from numerics import f32_sum_tol, tiny_lm_tol
 
 from paddle_grpo import step
 from paddle_grpo.algorithms import LOSS_AGG_MODES
-from paddle_grpo.config import config_from_dict
 from paddle_grpo.parallel import ParallelContext
 from paddle_grpo.policy import fast_decoder
 from paddle_grpo.policy.causal import CausalPolicy, logprobs_from_completion_logits
@@ -71,11 +70,7 @@ def tool_batch(seed=0, tool_mask=True):
 
 
 def cfg_of(**values):
-    base = dict(actor_model_name_or_path="unused", use_rm_server=False, reward_funcs="kk", train_datasets="unused",
-                rollout_n=G, global_batch_size=N // G, global_mini_batch_size=N // G, max_dec_len=T, min_dec_len=1,
-                max_prompt_len=L, max_length=L + T, kl_coeff=0.0, temperature=0.9, per_device_train_batch_size=2,
-                per_device_logprob_batch_size=2)
-    return config_from_dict({**base, **values})
+    return loss_test_cfg(G, N, T, L, **values)
 
 
 def reference_logprobs(model, batch, temperature):

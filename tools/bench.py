@@ -3,7 +3,7 @@
     python tools/bench.py --shape tools/shapes/default.json [--threads 2] [--repeat 3] [--set completion_len=128]
     python tools/bench.py --shape tools/shapes/qwen2.5-0.5b-2layers.json --lengths uniform:32   # real size
     python tools/bench.py --config use_fused_head_and_loss_fn=false      # a trainer config key overridden
-    python tools/bench.py --config async_rollout=true  # rollouts in the worker process, overlapping the update
+    python tools/bench.py --threads 1 --config async_rollout=true  # rollouts in the worker process, overlapping
     python tools/bench.py --algorithm ppo             # a PPO step: the same, plus a critic (values, critic update)
     python tools/bench.py --turns 2 --set completion_len=160   # multi-turn: a calculator call, then the answer
     python tools/bench.py --gemm --threads 2          # paddle's peak fp32 GEMM rate on this machine
@@ -80,7 +80,8 @@ micro-batches are the policy's. Compare with the default (grpo) run of the same 
 Left out: evaluation, checkpoints, logging to disk and the reward server (see tools/bench_reward_server.py).
 
 `--config async_rollout=true` (docs/async.md; `rollout_lag=N` too): the rollout and its reward run in the rollout
-worker process while the trainer updates. `rollout_s_median` / `reward_s_median` are then the worker's and overlap
+worker process while the trainer updates (and, with `beta > 0`, the reference pass: `rollout_worker_reference`).
+The worker inherits `--threads` (OMP_NUM_THREADS): on 2 cores give `--threads 1`, one core each. `rollout_s_median` / `reward_s_median` are then the worker's and overlap
 the step; `other` leaves them out and the trainer's wait for them is `wait_for_samples_s_median`. Extra keys:
 `worker_wait_for_weights_s_median`, `staleness_max`, `trainer_busy` / `worker_busy` (each process's CPU time over
 the wall time of the timed steps: 1.0 is one core kept busy). Not with `--lengths uniform` or `--turns` (they script

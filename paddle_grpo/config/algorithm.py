@@ -44,8 +44,8 @@ class AlgorithmArguments:
                 "are logged either way). With importance_sampling_level sequence the ratio is the sequence's "
                 "geometric mean.", choices=_from_algorithms("ROLLOUT_CORRECTIONS"))
     rollout_correction_cap: float = arg(2.0, "(new) rollout_correction tis: the cap C of the ratio; mis: the upper "
-                                             "bound of the band of kept ratios (no effect with clip or none). > 1 (the on-policy ratio, 1, is "
-                                             "never capped or dropped).")
+                                             "bound of the band of kept ratios (no effect with clip or none). > 1 "
+                                             "(the on-policy ratio, 1, is never capped or dropped).")
     rollout_correction_min: float = arg(0.5, "(new) rollout_correction mis: the lower bound of the band of kept "
                                              "ratios, in [0, 1) (0: no lower bound). No effect with tis or none.")
     loss_agg_mode: str = arg("token-mean", "(new) How per-token losses are averaged.",

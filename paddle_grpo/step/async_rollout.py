@@ -57,8 +57,23 @@ def batch_source(cfg: Any, par: ParallelContext, policy: Policy, encode: PromptE
             logger.warning("async_rollout with rollout_lag %d and rollout_correction none: the samples are %d "
                            "step(s) stale and uncorrected, which collapsed the quickstart's learning; set "
                            "rollout_correction: clip (docs/async.md)", cfg.rollout_lag, cfg.rollout_lag)
+        if par.is_main:
+            warn_oversubscribed()
         return AsyncBatches(cfg, par, policy, sampler)
     return SyncBatches(cfg, par, policy, encode, rewarder, sampler, records, prompts_per_rank, learner)
+
+
+def warn_oversubscribed() -> None:
+    """Say so when the trainer and the worker, each with paddle's thread count, want more threads than the cores
+    this process may use: both then slow down (measured at the TRL shape with 2 threads each on 2 cores: the
+    rollout 2.6x, the update 1.4x longer; docs/async.md)."""
+    from ..kernels.numpy_kernels import threads
+
+    cores = len(os.sched_getaffinity(0))
+    if threads() > 1 and 2 * threads() > cores:
+        logger.warning("async_rollout: the trainer and the rollout worker each run %d thread(s) (OMP_NUM_THREADS) "
+                       "on %d usable core(s); set OMP_NUM_THREADS=%d so that they do not compete (docs/async.md)",
+                       threads(), cores, max(1, cores // 2))
 
 
 def trainable_arrays(policy: Policy) -> Dict[str, np.ndarray]:

@@ -231,8 +231,8 @@ def balance(par: ParallelContext, batch: Batch, cfg: Any, sequences_per_mini_bat
     `batch` unchanged."""
     if not cfg.balance_batch or par.dp_world == 1:
         return batch
-    mine = {f: (getattr(batch, f).numpy() if f in BATCH_TENSORS and getattr(batch, f) is not None else getattr(batch, f))
-            for f in Batch.__dataclass_fields__}
+    mine = {f: (getattr(batch, f).numpy() if f in BATCH_TENSORS and getattr(batch, f) is not None
+                else getattr(batch, f)) for f in Batch.__dataclass_fields__}
     parts = par.all_gather_object(mine)
     if len({len(p["texts"]) for p in parts}) != 1:
         raise RuntimeError(f"balance_batch: the ranks hold different row counts {[len(p['texts']) for p in parts]}")

@@ -85,8 +85,8 @@ def rl_loss(cfg: Any, lp: paddle.Tensor, entropy: paddle.Tensor, old: paddle.Ten
     the mask of its tokens, whose NLL is token-averaged over the mini-batch's `agg["positive_tokens"]` (all ranks).
     `sample`: the sampler's log-probs of the tokens (Batch.sample_logprobs); with them the policy-gradient term is
     weighted per token by `cfg.rollout_correction` (tis / mis against `old`; none: not weighted; clip: not
-    weighted, the PPO ratio taken against `sample` instead of `old`) and the ratio's statistics are logged (docs/algorithms.md, "Rollout correction"). The KL, entropy and positive-example terms are
-    never weighted."""
+    weighted, the PPO ratio taken against `sample` instead of `old`) and the ratio's statistics are logged
+    (docs/algorithms.md, "Rollout correction"). The KL, entropy and positive-example terms are never weighted."""
     positive_tokens = agg.get("positive_tokens", 0.0)
     agg = {k: v for k, v in agg.items() if k != "positive_tokens"}
     weights, correction = None, None
