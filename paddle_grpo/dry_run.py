@@ -664,11 +664,18 @@ def async_plan(cfg: Config, processes: int) -> Tuple[List[str], List[str]]:
             f"step t-1's samples (staleness {lag} from step {lag + 1} on)")
     limit = (f"stops the run after {cfg.rollout_worker_timeout_s:g} s without samples"
              if cfg.rollout_worker_timeout_s else "waits for samples without a limit")
+    reference_line = []
+    if cfg.needs_reference_model:
+        where = ("the worker, with the samples (rollout_worker_reference; the trainer loads no reference copy)"
+                 if cfg.reference_in_rollout_worker else
+                 "the trainer (" + ("sync_ref_model mixes its reference" if cfg.sync_ref_model else
+                                    "rollout_worker_reference false") + ")")
+        reference_line = [f"async rollout: the reference log-probs (the KL terms) are computed by {where}"]
     return [f"async rollout: a rollout worker process samples step t with the weights after step t-{lag + 1} "
             f"(rollout_lag {lag}; before step 1: the initial weights) and scores the samples; {when}",
             f"async rollout: the trainer writes its {'LoRA adapters' if cfg.lora else 'trainable weights'} once per "
             f"step to a private directory (/dev/shm when present) that the worker reads, and {limit}; the worker "
-            f"logs to {os.path.join(cfg.output_dir, 'rollout_worker.log')}"], []
+            f"logs to {os.path.join(cfg.output_dir, 'rollout_worker.log')}"] + reference_line, []
 
 
 def visible_gpus() -> int:

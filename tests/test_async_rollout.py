@@ -358,6 +358,11 @@ def test_dry_run_states_the_plan(data, tiny_policy_dir, tmp_path, repo_root):
     assert r.returncode == 0, r.stdout[-3000:]
     assert "async rollout: a rollout worker process samples step t" in r.stdout, r.stdout[-3000:]
     assert "weights after step t-3" in r.stdout
+    assert "reference log-probs" not in r.stdout  # no KL term
+    for extra, where in (({"kl_loss_coeff": 0.1}, "computed by the worker"),
+                         ({"kl_loss_coeff": 0.1, "rollout_worker_reference": False}, "computed by the trainer")):
+        r = _run_rl(repo_root, {**values, **extra, "dry_run": True})
+        assert r.returncode == 0 and f"async rollout: the reference log-probs (the KL terms) are {where}" in r.stdout
 
 
 @pytest.mark.parametrize("correction, warned", [("none", True), ("tis", False)])

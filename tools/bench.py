@@ -80,12 +80,13 @@ micro-batches are the policy's. Compare with the default (grpo) run of the same 
 Left out: evaluation, checkpoints, logging to disk and the reward server (see tools/bench_reward_server.py).
 
 `--config async_rollout=true` (docs/async.md; `rollout_lag=N` too): the rollout and its reward run in the rollout
-worker process while the trainer updates (and, with `beta > 0`, the reference pass: `rollout_worker_reference`).
-The worker inherits `--threads` (OMP_NUM_THREADS): on 2 cores give `--threads 1`, one core each. `rollout_s_median` / `reward_s_median` are then the worker's and overlap
-the step; `other` leaves them out and the trainer's wait for them is `wait_for_samples_s_median`. Extra keys:
-`worker_wait_for_weights_s_median`, `staleness_max`, `trainer_busy` / `worker_busy` (each process's CPU time over
-the wall time of the timed steps: 1.0 is one core kept busy). Not with `--lengths uniform` or `--turns` (they script
-the trainer process's policy).
+worker process while the trainer updates (and, with `beta > 0`, the reference pass: `rollout_worker_reference`). The
+worker inherits `--threads` (OMP_NUM_THREADS): on 2 cores give `--threads 1`, one core each. `rollout_s_median` /
+`reward_s_median` are then the worker's and overlap the step (so does `reference_s_median` when the worker computes
+the reference log-probs: `rollout_worker_reference`); `other` leaves them out and the trainer's wait for them is
+`wait_for_samples_s_median`. Extra keys: `worker_wait_for_weights_s_median`, `staleness_max`, `trainer_busy` /
+`worker_busy` (each process's CPU time over the wall time of the timed steps: 1.0 is one core kept busy). Not with
+`--lengths uniform` or `--turns` (they script the trainer process's policy).
 
 `--turns K` (or SHAPE.json `turns`; 1 = the single-turn step above): a multi-turn step with the built-in
 `calculator` (config `tools: [calculator]`, `max_turns: K`, `min_dec_len: 0`; `--tool python` calls the `python`
@@ -669,14 +670,18 @@ def run(shape, threads, workdir, profile_dir=None, algorithm="grpo", model=None)
                     continue
                 ref = metrics["perf/reference_s"]
                 step = metrics["perf/step_s"]
+                # The rollout worker's reference pass (rollout_worker_reference) is not in the trainer's logprob_s
+                # and overlaps the step, as the worker's rollout does.
+                worker_ref = trainer.cfg.reference_in_rollout_worker
                 # perf/update_s spans the policy's and the critic's updates; perf/value_s is the critic's values
                 critic_update = hooked_s.get("critic_update", 0.0)
                 phases = {"rollout": metrics["perf/rollout_s"], "reward": metrics["perf/reward_s"],
-                          "logprob": metrics["perf/logprob_s"] - ref, "reference": ref,
+                          "logprob": metrics["perf/logprob_s"] - (0.0 if worker_ref else ref), "reference": ref,
                           "value": metrics.get("perf/value_s", 0.0),
                           "update": metrics["perf/update_s"] - critic_update, "critic_update": critic_update}
                 if overlap is not None:  # the worker's rollout and rewards overlap the step: it pays their wait
-                    phases["other"] = step - sum(v for k, v in phases.items() if k not in ("rollout", "reward"))
+                    in_worker = ("rollout", "reward", "reference") if worker_ref else ("rollout", "reward")
+                    phases["other"] = step - sum(v for k, v in phases.items() if k not in in_worker)
                     phases["other"] -= metrics["perf/wait_for_samples_s"]
                     overlap["wait"].append(metrics["perf/wait_for_samples_s"])
                     overlap["weights"].append(metrics["perf/worker_wait_for_weights_s"])

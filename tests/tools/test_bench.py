@@ -291,3 +291,10 @@ def test_async_rollout_reports_both_waits_and_both_processes():
     assert 0 < r["trainer_busy"] <= 2 and 0 < r["worker_busy"] <= 2
     assert r["rollout_s_median"] > 0  # the worker's, reported though it overlapped
     assert r["other_s_median"] < r["step_s_median"]
+    # beta > 0: the worker's reference pass (rollout_worker_reference), overlapped too: it is not subtracted from
+    # the trainer's own log-prob time (which would then go negative) nor counted in the trainer's step.
+    assert r["shape"]["beta"] > 0 and r["reference_s_median"] > 0
+    assert r["logprob_s_median"] >= 0 and r["other_s_median"] >= 0
+    with_trainer_ref = run_bench("--config", "async_rollout=true", "--config", "rollout_worker_reference=false",
+                                 "--set", "timed_steps=1")
+    assert with_trainer_ref["reference_s_median"] > 0 and with_trainer_ref["logprob_s_median"] >= 0
