@@ -222,6 +222,13 @@ def _python_for(uid, gid):
     return None
 
 
+def _readable_by(uid, gid, python, path):
+    """Whether the user `uid` can read the file `path` (every directory above it enterable)."""
+    done = subprocess.run([python, "-I", "-c", "import sys; open(sys.argv[1]).read(1); print(1)", path], user=uid,
+                          group=gid, extra_groups=[], capture_output=True, text=True, timeout=60)
+    return done.stdout == "1\n"
+
+
 def run_launcher_as(uid, gid, python, isolation, code, base):
     """The launcher run as user `uid` (what a trainer that is not root runs), in a directory of `base`: (its JSON
     report, the snippet's stdout)."""
@@ -252,6 +259,10 @@ def test_a_user_who_is_not_root_gets_the_process_fallback(tmp_path):
     python = _python_for(uid, gid)
     if python is None:
         pytest.skip("no interpreter that `nobody` can run")
+    if not _readable_by(uid, gid, python, sandbox._LAUNCHER):
+        # (The product runs the launcher as the trainer's own user; only this simulation runs it as `nobody`.)
+        pytest.skip(f"`nobody` cannot read the launcher {sandbox._LAUNCHER} (the checkout is inside a directory "
+                    "only its owner may enter, e.g. one made by mktemp -d): this test runs it as that user")
     marker = f"nonroot-{uuid.uuid4().hex}"
     code = f"""
 import os, subprocess, sys, time
