@@ -240,8 +240,11 @@ def _run_rl(repo_root, values, script=None, fault=None, popen=False):
     argv = [str(repo_root / "tests" / "workers" / "faulty_run_rl.py"), fault] if fault else \
         [str(script or repo_root / "run_rl.py")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo_root), os.environ.get("PYTHONPATH", "")])}
+    # SIGINT at its default in the child: a shell's background job (`cmd &`, as CI may start pytest) ignores it, the
+    # child would inherit that, and run_rl.py keeps an ignored SIGINT ignored (as under nohup).
     proc = subprocess.Popen([sys.executable, *argv, *command_line(values)], cwd=str(repo_root), env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=popen)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=popen,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     if popen:
         return proc
     out = proc.communicate(timeout=300)[0]
