@@ -153,9 +153,10 @@ class Trainer:
 
         t0 = time.perf_counter()
         ref_lp = step.reference_logprobs(self.policy, self.reference, batch, cfg, par.vocab_parallel, amp)
-        reference_s = time.perf_counter() - t0 if ref_lp is not None else 0.0
         if batch.ref_logprobs is not None:  # the rollout worker's pass (async_rollout), overlapping the trainer's
             reference_s = collected.reference_s
+        else:
+            reference_s = time.perf_counter() - t0 if ref_lp is not None else 0.0
         on_policy = geo.optimizer_steps_per_step == 1
         old_lp = None if on_policy else step.logprobs(self.policy, batch, cfg, par.vocab_parallel, False, amp)[0]
         # The reward's KL uses the sampling policy's log-probs: recomputed when off-policy, else the rollout's own

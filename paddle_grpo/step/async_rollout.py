@@ -69,11 +69,11 @@ def warn_oversubscribed() -> None:
     rollout 2.6x, the update 1.4x longer; docs/async.md)."""
     from ..kernels.numpy_kernels import threads
 
-    cores = len(os.sched_getaffinity(0))
-    if threads() > 1 and 2 * threads() > cores:
+    each, cores = threads(), len(os.sched_getaffinity(0))
+    if each > 1 and 2 * each > cores:
         logger.warning("async_rollout: the trainer and the rollout worker each run %d thread(s) (OMP_NUM_THREADS) "
                        "on %d usable core(s); set OMP_NUM_THREADS=%d so that they do not compete (docs/async.md)",
-                       threads(), cores, max(1, cores // 2))
+                       each, cores, max(1, cores // 2))
 
 
 def trainable_arrays(policy: Policy) -> Dict[str, np.ndarray]:
