@@ -4,7 +4,8 @@
   the numpy and paddle-op implementations;
 - chunk_kernels.py and chunked_head.py: the chunked LM head (per-chunk statistics and gradients; the
   `paddle.autograd.PyLayer` that walks the positions a chunk at a time);
-- attention.py: attention over blocks of queries; mlp.py: the blocked SwiGLU MLP.
+- attention.py: attention over blocks of queries; mlp.py: the blocked SwiGLU MLP; norm.py: RMSNorm with a
+  backward whose reductions are matrix products.
 
 The bottom floor of the package (docs/architecture.md): policy/ (the models) and parallel/ (the vocab-parallel head,
 gradient norms) both use it; it imports only algorithms/ (pure maths).

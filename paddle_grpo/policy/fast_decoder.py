@@ -15,6 +15,9 @@ fewer and cheaper paddle ops, and it shares work between the G samples of a prom
 - Grouped-query attention by reshaping the queries to `[B, kv_heads, group * S, d]` instead of `tile`-repeating keys
   and values; RoPE tables gathered once per forward (not per layer) and `rotate_half` as one `roll`; RMSNorm with
   `x * x` instead of `pow` (paddle's CPU `pow` is ~30x slower than a multiply); one attention bias for all layers.
+- Paddle's slow CPU kernels avoided: with gradients, RMSNorm's backward reduces by matrix products
+  (kernels/norm.py); `silu(gate) * up` instead of `swiglu`; key axes of 96-127 keys padded with masked keys to 128,
+  where paddle's CPU softmax takes a faster kernel (`key_padding`).
 - Decoding: a preallocated KV cache `[N, kv_heads, L + max_new, d]` written in place, instead of a concat per step;
   with `keep` (multi-turn rollouts) each row writes its own next slot, so its tokens stay consecutive.
 
@@ -49,6 +52,7 @@ import paddle.nn.functional as F
 from ..parallel.recompute import checkpoint, needs_grad
 from ..kernels.attention import blockwise_attention, query_block
 from ..kernels.mlp import mlp, mlp_plan
+from ..kernels.norm import rms_norm
 
 ENV_SWITCH = "PADDLE_GRPO_FAST"
 
@@ -65,6 +69,18 @@ BACKBONES = {"Qwen2Model": "qwen2", "LlamaModel": "llama"}
 PLAIN_ROTARY = ("Qwen2RotaryEmbedding", "LlamaRotaryEmbedding")
 # Kernel flags (the precision plan's, or a config's): PaddleNLP's GPU kernels, not this path's ops.
 KERNEL_FLAGS = ("use_flash_attention", "use_fused_rms_norm", "use_fused_rope", "use_flash_attention_for_generation")
+# paddle's CPU softmax takes a slower kernel over a last axis shorter than 128: measured (paddle 3.3.1, one AMD EPYC
+# core, 2M elements) 4.4-6.6 ns per element at 32-127 keys, 1.5-2.0 ns at 128-257. Key axes of PAD_KEYS_FROM or
+# more are padded to SOFTMAX_FAST_KEYS with masked keys (zero keys and values, bias finfo.min: probability exactly 0),
+# which costs at most a third more in the two attention products. At the TRL comparison shape (127 keys) the
+# forward's softmax takes 3.9 ms instead of 9.5 per layer.
+SOFTMAX_FAST_KEYS = 128
+PAD_KEYS_FROM = 96
+
+
+def key_padding(keys: int) -> int:
+    """How many masked keys to append to an attention over `keys` keys (0: none)."""
+    return SOFTMAX_FAST_KEYS - keys if PAD_KEYS_FROM <= keys < SOFTMAX_FAST_KEYS else 0
 
 
 def decoder_of(model: paddle.nn.Layer) -> paddle.nn.Layer:
@@ -228,9 +244,9 @@ class FastDecoder:
     def rms(self, x: paddle.Tensor, w: paddle.Tensor) -> paddle.Tensor:
         """RMSNorm of x [n, D] (PaddleNLP: rsqrt(mean(x^2) + eps) * x * w). The mean is a GEMV and the [n, 1]
         factor is the right operand: paddle's CPU broadcast is ~10x slower with it on the left, and its `mean`
-        reduction slower than a matrix-vector product."""
-        mean_sq = paddle.matmul(x * x, self.inv_d)
-        return x * paddle.rsqrt(mean_sq + self.eps) * w
+        reduction slower than a matrix-vector product; with gradients, kernels/norm.py's backward (its reductions
+        are matrix products too)."""
+        return rms_norm(x, w, self.inv_d, self.eps)
 
     def rope_tables(self, positions: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
         """positions: int64 [n] -> (cos, signed sin) [n, H + KV, d] from PaddleNLP's own cached tables, expanded
@@ -282,20 +298,34 @@ class FastDecoder:
         return out.transpose([0, 3, 1, 2, 4]).reshape([B * Sq, self.H * self.d])
 
     def attention_for(self, B: int, Sq: int, Sk: int, keep: paddle.Tensor) -> tuple[Callable[..., paddle.Tensor],
-                                                                                     paddle.Tensor]:
-        """The core attention for scores [B, H, Sq, Sk] and its mask from keep bool [B, Sq, Sk]: `attend` with the
-        full-shape bias, or above attention.BLOCK_ABOVE elements `attend_blocks` with the compact one."""
+                                                                                     paddle.Tensor, int]:
+        """The core attention for scores [B, H, Sq, Sk], its mask from keep bool [B, Sq, Sk] and the number of
+        masked keys the caller appends (`pad_keys`): `attend` with the full-shape bias over Sk + `key_padding(Sk)`
+        keys, or above attention.BLOCK_ABOVE elements `attend_blocks` (its own softmax: no padding) with the
+        compact one."""
         block = query_block(B, self.H, Sq, Sk)
         if block is None:
-            return self.attend, self.bias(keep, B, Sq, Sk)
-        return functools.partial(self.attend_blocks, block=block), self.bias(keep, B, Sq, Sk, expand=False)
+            pad = key_padding(Sk)
+            if pad:
+                keep = paddle.concat([keep, paddle.zeros([B, Sq, pad], dtype="bool")], axis=2)
+            return self.attend, self.bias(keep, B, Sq, Sk + pad), pad
+        return functools.partial(self.attend_blocks, block=block), self.bias(keep, B, Sq, Sk, expand=False), 0
+
+    def pad_keys(self, t: paddle.Tensor, pad: int) -> paddle.Tensor:
+        """Keys or values [B, KV, S, d] followed by `pad` zero rows: [B, KV, S + pad, d]."""
+        if not pad:
+            return t
+        return paddle.concat([t, paddle.zeros([t.shape[0], self.KV, pad, self.d], dtype=t.dtype)], axis=2)
 
     def mlp_block(self, x: paddle.Tensor, lw: dict[str, paddle.Tensor]) -> paddle.Tensor:
         """Residual MLP sub-block on flat tokens [n, D]."""
         h = self.rms(x, lw["ln2"])
         plan = mlp_plan(h.shape[0], lw["wd"].shape[0])
         if plan is None:
-            return x + paddle.matmul(F.swiglu(paddle.matmul(h, lw["wgu"])), lw["wd"])
+            # silu(gate) * up, PaddleNLP's unfused MLP's arithmetic: paddle's CPU `swiglu` kernel is slower than
+            # the two ops (one core, [2272, 1408]: forward + backward 21 ms against 15 ms with the split).
+            gate, up = paddle.split(paddle.matmul(h, lw["wgu"]), 2, axis=-1)
+            return x + paddle.matmul(F.silu(gate) * up, lw["wd"])
         return x + mlp(h, lw["wgu"], lw["wd"], *plan)  # a long sequence: in row blocks, less kept (kernels/mlp.py)
 
     def final_hidden(self, h: paddle.Tensor) -> paddle.Tensor:
@@ -336,7 +366,7 @@ class FastDecoder:
         ppos = paddle.index_select(positions[:, :L], first_t).reshape([-1])
         pkeep = pmask.astype("bool")
         causal_p = paddle.tril(paddle.ones([L, L], dtype="bool"))
-        attend_p, bias_p = self.attention_for(P, L, L, pkeep[:, None, :] & causal_p[None])
+        attend_p, bias_p, pad_p = self.attention_for(P, L, L, pkeep[:, None, :] & causal_p[None])
         tokens = paddle.index_select(self.embed, pid.reshape([-1]))  # [P*L, D]
         if Tc > 0:
             cpos = positions[:, L:L + Tc].reshape([-1])
@@ -344,11 +374,11 @@ class FastDecoder:
             causal_c = paddle.tril(paddle.ones([Tc, Tc], dtype="bool"))
             keep_c = paddle.concat([paddle.index_select(pkeep, rows)[:, None, :].expand([N, Tc, L]),
                                     cmask[:, None, :] & causal_c[None]], axis=2)
-            attend_c, bias_c = self.attention_for(N, Tc, L + Tc, keep_c)
+            attend_c, bias_c, pad_c = self.attention_for(N, Tc, L + Tc, keep_c)
             tokens = paddle.concat([tokens, paddle.index_select(self.embed, completion_ids[:, :Tc].reshape([-1]))])
             cos, sin = self.rope_tables(paddle.concat([ppos, cpos]))
         else:
-            attend_c, bias_c = None, None
+            attend_c, bias_c, pad_c = None, None, 0
             cos, sin = self.rope_tables(ppos)
         granularity = recompute_granularity(self.model)
         skip = set(self.model.config.no_recompute_layers or ())
@@ -362,10 +392,12 @@ class FastDecoder:
             else:
                 qp, kp, vp = q, k, v
             kp, vp = self.heads(kp, P, L), self.heads(vp, P, L)
-            attn = core(attend_p, qp.reshape([P, L, self.H, self.d]), kp, vp, bias_p)
+            attn = core(attend_p, qp.reshape([P, L, self.H, self.d]), self.pad_keys(kp, pad_p),
+                        self.pad_keys(vp, pad_p), bias_p)
             if Tc > 0:
-                keys = paddle.concat([paddle.index_select(kp, rows), self.heads(kc, N, Tc)], axis=2)
-                values = paddle.concat([paddle.index_select(vp, rows), self.heads(vc, N, Tc)], axis=2)
+                pad = [paddle.zeros([N, self.KV, pad_c, self.d], dtype=kc.dtype)] if pad_c else []
+                keys = paddle.concat([paddle.index_select(kp, rows), self.heads(kc, N, Tc)] + pad, axis=2)
+                values = paddle.concat([paddle.index_select(vp, rows), self.heads(vc, N, Tc)] + pad, axis=2)
                 attn = paddle.concat([attn, core(attend_c, qc.reshape([N, Tc, self.H, self.d]), keys, values,
                                                  bias_c)])
             return paddle.matmul(attn, wo)

@@ -284,6 +284,48 @@ def test_gradients_match_paddlenlp(monkeypatch, family, tied):
         np.testing.assert_allclose(fast[name], slow[name], atol=GRAD_TOL * scale, err_msg=name)
 
 
+def test_key_padding_reaches_paddles_fast_softmax_width():
+    fast = fast_decoder.SOFTMAX_FAST_KEYS
+    assert [fast_decoder.key_padding(k) for k in (1, fast_decoder.PAD_KEYS_FROM - 1, fast_decoder.PAD_KEYS_FROM,
+                                                  fast - 1, fast, fast + 1)] == [
+        0, 0, fast - fast_decoder.PAD_KEYS_FROM, 1, 0, 0]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_padded_keys_change_nothing(monkeypatch, family):
+    """Key axes of PAD_KEYS_FROM keys or more are padded with masked keys up to SOFTMAX_FAST_KEYS (paddle's faster
+    softmax). Forced here on every attention of the tiny batch: log-probs and gradients still equal PaddleNLP's,
+    and every attention did run over the padded width."""
+    monkeypatch.setattr(fast_decoder, "PAD_KEYS_FROM", 1)
+    widths = []
+    attend = fast_decoder.FastDecoder.attend
+
+    def spy(self, q, k, v, bias):
+        widths.append((k.shape[2], v.shape[2], bias.shape[-1]))
+        return attend(self, q, k, v, bias)
+
+    monkeypatch.setattr(fast_decoder.FastDecoder, "attend", spy)
+    model = make_model(family)
+    model.train()
+    batch = batch_of()
+    weights = paddle.to_tensor(np.random.default_rng(2).standard_normal(batch[2].shape).astype("float32"))
+
+    def run():
+        for p in model.parameters():
+            p.clear_gradient(False)
+        lp = completion_logprobs(model, *batch, temperature=0.9)[0]
+        (lp * weights * batch[3].astype("float32")).sum().backward()
+        return lp.numpy(), {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
+
+    (lp_f, fast), (lp_s, slow) = both_paths(monkeypatch, run)
+    width = fast_decoder.SOFTMAX_FAST_KEYS
+    assert widths and set(widths) == {(width, width, width)}, widths  # prompt and completion attentions, padded
+    m = batch[3].numpy().astype(bool)
+    np.testing.assert_allclose(lp_f[m], lp_s[m], atol=LP_TOL)
+    for name in slow:
+        np.testing.assert_allclose(fast[name], slow[name], atol=GRAD_TOL * np.abs(slow[name]).max(), err_msg=name)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_positions_beyond_the_rope_cache(monkeypatch, family):
     """Sequences longer than max_position_embeddings: the lean path extends the RoPE table. PaddleNLP's Qwen2 does
