@@ -14,13 +14,15 @@ from typing import Any, Callable, Dict, Optional
 import numpy as np
 import paddle
 
-from . import checkpoint as ckpt
-from . import run_dir, run_state, step, summary
+from .run import checkpoint as ckpt
+from . import step, summary
+from .run import directory as run_dir
+from .run import state as run_state
 from .algorithms import RunningRewardNormalizer, lr_lambda
 from .config import Config, write_config
 from .data import PromptSampler, read_json_rows, read_jsonl
 from .logging import MetricsLogger
-from .faults import StepGuard
+from .run.faults import StepGuard
 from .parallel import ParallelContext, build_once, plan_storage
 from .policy import (decoder_path, freeze, head_chunk_size, load_policy, load_tokenizer, mix_into,
                      parameters_by_decay, quiet_paddlenlp, resolve_model_dir)
@@ -126,7 +128,7 @@ class Trainer:
                                          self.train_records, self.geometry.prompts_per_rank, self.learner)
 
         self.step, self.unlogged = 0, None
-        self.guard = StepGuard(self)  # the state at each step's start, signals, saving on a fault (faults.py)
+        self.guard = StepGuard(self)  # the state at each step's start, signals, saving on a fault (run/faults.py)
         if par.is_main:
             run_dir.apply(self.run_dir, cfg.output_dir)
             write_config(cfg, os.path.join(cfg.output_dir, "config.yaml"))
@@ -266,7 +268,7 @@ class Trainer:
 
     def train(self) -> Dict[str, float]:
         """Run to max_steps; returns the last step's metrics. Ctrl-C, SIGTERM and errors save the last consistent
-        state before the exception goes on (faults.py); an error gets a note saying what was saved."""
+        state before the exception goes on (run/faults.py); an error gets a note saying what was saved."""
         cfg, guard = self.cfg, self.guard
         metrics: Dict[str, float] = {}
         if self.step >= self.max_steps and self.unlogged is None:  # a finished run: re-running must not re-save

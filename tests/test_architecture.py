@@ -222,7 +222,7 @@ def test_rules_report_violations(tmp_path: Path) -> None:
 
 # ---- no import cycles ------------------------------------------------------------------------------------------------
 
-# Type-only imports (`if TYPE_CHECKING:`) that may point back up: a part of the trainer (run_state.py, faults.py) takes
+# Type-only imports (`if TYPE_CHECKING:`) that may point back up: a part of the trainer (run/state.py, run/faults.py) takes
 # the Trainer it serves, a part of parallel/ (pipeline.py, storage.py) the ParallelContext that builds it. Any other
 # type-only import counts like a real one.
 TYPE_ONLY_BACK_EDGES = frozenset({"paddle_grpo.trainer", "paddle_grpo.parallel.context"})

@@ -1,4 +1,4 @@
-"""What a killed or failing run leaves on disk, read back by the next start: run_dir.py, checkpoint.py,
+"""What a killed or failing run leaves on disk, read back by the next start: run/directory.py, run/checkpoint.py,
 parallel/storage.py and parallel/startup.py on real files and real processes (no training here)."""
 import json
 import os
@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from paddle_grpo import checkpoint as ckpt
-from paddle_grpo import run_dir
+from paddle_grpo.run import checkpoint as ckpt
+from paddle_grpo.run import directory as run_dir
 from paddle_grpo.config import ConfigError, config_from_dict
 from paddle_grpo.parallel import choose_resume_step
 

@@ -1,4 +1,4 @@
-"""A step that fails saves the last consistent state, and the resumed run equals the uninterrupted one (faults.py).
+"""A step that fails saves the last consistent state, and the resumed run equals the uninterrupted one (run/faults.py).
 
 In-process, with the tiny policy, real reward servers on 127.0.0.1, real signals and a real file-size limit. Each
 scenario stops a run at a chosen point of a step (its rollout's rewards, between its optimizer steps, its

@@ -11,7 +11,7 @@ import paddle
 import pytest
 
 from paddle_grpo.precision import Amp, LossScale, PrecisionPlan
-from paddle_grpo import run_state
+from paddle_grpo.run import state as run_state
 
 
 def test_the_defaults_are_paddlenlps_trainer_scaler():
@@ -66,7 +66,7 @@ def make_trainer(files, policy_dir, out):
 
 
 def test_checkpoints_carry_the_loss_scale_and_resume_restores_it(who_is_files, tiny_policy_dir, tmp_path):
-    from paddle_grpo.checkpoint import load_trainer_state
+    from paddle_grpo.run.checkpoint import load_trainer_state
 
     plan = PrecisionPlan(device="gpu", loss_scaling=True)  # the update's hooks; autocast stays a no-op on CPU
     trainer = make_trainer(who_is_files, tiny_policy_dir, tmp_path / "run")

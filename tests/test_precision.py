@@ -211,7 +211,7 @@ def test_the_maths_after_the_model_runs_outside_autocast(tiny_policy_dir, monkey
 
 
 def test_resume_reads_weights_back_into_a_low_precision_model(tiny_policy_dir):
-    from paddle_grpo import checkpoint
+    from paddle_grpo.run import checkpoint
 
     low = load_policy(tiny_policy_dir, dtype="bfloat16")
     expected = {n: p.astype("float32").numpy() for n, p in low.model.named_parameters()}

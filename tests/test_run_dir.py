@@ -1,14 +1,14 @@
 """An output_dir that already holds a run: resumed from its latest checkpoint, replaced with overwrite_output_dir,
 or refused; metrics.jsonl never holds two histories and no checkpoint is replaced silently.
 
-Unit tests of paddle_grpo.run_dir on real files, then the real trainer run twice into the same directory.
+Unit tests of paddle_grpo.run.directory on real files, then the real trainer run twice into the same directory.
 """
 import json
 import os
 
 import pytest
 
-from paddle_grpo import run_dir
+from paddle_grpo.run import directory as run_dir
 from paddle_grpo.config import ConfigError, config_from_dict
 from paddle_grpo.data import read_json_rows
 from paddle_grpo.trainer import Trainer, train

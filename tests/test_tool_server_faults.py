@@ -6,7 +6,7 @@ tool_helpers' tiny policy.
   serialize for the reward server.
 - The tool server gone (its port closed): the client retries for reward_server_max_wait_s (the reward client's
   budget), longer than tool_timeout_s, and then the rollout raises ToolServerError naming the server; the Trainer
-  saves the last completed step through its fault path (faults.py), as for RewardServerError, and the error says
+  saves the last completed step through its fault path (run/faults.py), as for RewardServerError, and the error says
   so. No "timeout" tool message is ever made of it.
 """
 import json

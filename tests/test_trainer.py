@@ -199,7 +199,7 @@ def test_resume_reproduces_the_uninterrupted_run(workdir, tiny_policy_dir, tmp_p
 def test_checkpoint_loads_with_automodel_and_partial_saves_are_ignored(workdir, tiny_policy_dir, tmp_path):
     from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from paddle_grpo.checkpoint import latest_checkpoint
+    from paddle_grpo.run.checkpoint import latest_checkpoint
 
     cfg = make_cfg(workdir, tiny_policy_dir, tmp_path / "out", save_strategy="steps", save_steps=1, max_steps=2,
                    save_total_limit=1)

@@ -11,7 +11,7 @@ ToolServerError: 401/403 (the token), other 4xx, a reply that breaks the protoco
 408 / 429 once the retries (exponential backoff, for up to `max_wait_s` seconds from the request's first failure,
 or `retries` of them) have failed, naming the URL and the failures. A RemoteToolSet times its own calls
 (`times_own_calls`): ToolEnvironment does not cut them at its `timeout_s`, so the error reaches the rollout and a
-tool server that is down stops the run (the trainer then saves as for a reward server that is down: faults.py)
+tool server that is down stops the run (the trainer then saves as for a reward server that is down: run/faults.py)
 rather than teaching the policy that tools time out.
 """
 import itertools

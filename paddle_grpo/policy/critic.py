@@ -157,7 +157,7 @@ class Critic:
     def save(self, out_dir: str, **save_pretrained_kwargs: Any) -> str:
         """Write a critic checkpoint `load_critic` loads back exactly: `.model.save_pretrained(out_dir, ...)` (a
         one-label sequence classifier, or a ValueModel's backbone + value_head.pdparams, config `score_type:
-        critic`; pass `merge_tensor_parallel=True` on every rank under tensor parallelism, as checkpoint.py does for
+        critic`; pass `merge_tensor_parallel=True` on every rank under tensor parallelism, as run/checkpoint.py does for
         the policy) and the source's tokenizer, when it has one. Returns out_dir."""
         self.model.config.score_type = CRITIC_SCORE_TYPE
         self.model.save_pretrained(out_dir, **save_pretrained_kwargs)

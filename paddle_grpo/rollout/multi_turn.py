@@ -8,7 +8,7 @@ Each row is in one of four states, and every loop step advances all rows at once
   one call, since the row stops at the first one; docs/tools.md says why) and `tools.begin` submitted the turn's
   calls to the environment's pool; the row is idle (`keep` False: no cache slot, no position) until
   `PendingTurn.done()`, whose `result()` raises what the environment raises (a tool server out of reach after its
-  retry budget: the step fails and the trainer saves as for any fault, faults.py);
+  retry budget: the step fails and the trainer saves as for any fault, run/faults.py);
 - feeding: the tokens of its `ToolTurn` (the tool responses, framed by the chat template, then the opening of the
   next assistant turn) are fed one per step, forced (sample log-prob 0, completion_mask 0, tool_mask 1), into the
   same cache: nothing is re-encoded;

@@ -36,7 +36,7 @@ class CriticLearner:
 
     def state_dict(self) -> Dict[str, Any]:
         """trainer_state.json's "critic" part: schedule, counters and loss scale (the weights and the optimizer
-        state are files of the checkpoint: run_state.py)."""
+        state are files of the checkpoint: run/state.py)."""
         return {"scheduler": self.scheduler.state_dict(), "optimizer_steps": self.state.optimizer_steps,
                 "nonfinite_total": self.state.nonfinite_total, "nonfinite_in_a_row": self.state.nonfinite_in_a_row,
                 "loss_scale": self.amp.state_dict() if self.amp else None}

@@ -89,7 +89,7 @@ def test_unsupported_layouts_name_their_key():
 
 
 def test_optimizer_files_are_named_by_the_axes_that_split_the_state():
-    from paddle_grpo.checkpoint import optimizer_file
+    from paddle_grpo.run.checkpoint import optimizer_file
 
     assert optimizer_file() == optimizer_file({}) == "optimizer.pdopt"
     assert optimizer_file({"tp": 1}) == "optimizer.tp1.pdopt"

@@ -156,7 +156,7 @@ def test_the_export_loads_back_with_the_original_logits(exported):
 def test_a_runs_checkpoint_exports_its_policy(exporter, tiny_policy_dir, tmp_path):
     """A full checkpoint as the trainer writes it (checkpoint.save_checkpoint: policy, tokenizer, optimizer state,
     trainer state, RNG state), after one AdamW step so the weights are the trained ones, not the initial ones."""
-    from paddle_grpo.checkpoint import save_checkpoint
+    from paddle_grpo.run.checkpoint import save_checkpoint
 
     model = load_causal_lm(tiny_policy_dir)
     optimizer = paddle.optimizer.AdamW(learning_rate=1e-2, parameters=model.parameters())

@@ -9,7 +9,7 @@ FAULT is `KIND:STEP`:
 - `enospc-all:N`       the same, and from then on every file a checkpoint writes itself fails the same way.
 
 Everything else is the real run_rl.py: the fault replaces the built-in `open` of paddle_grpo.logging and
-paddle_grpo.checkpoint (the modules that write metrics and checkpoints) by one that passes every other write through.
+paddle_grpo.run.checkpoint (the modules that write metrics and checkpoints) by one that passes every other write through.
 Random-time kills need no worker: the test sends SIGKILL itself."""
 import errno
 import os
@@ -18,7 +18,8 @@ import sys
 
 import run_rl
 
-from paddle_grpo import checkpoint, logging as metrics_logging
+from paddle_grpo import logging as metrics_logging
+from paddle_grpo.run import checkpoint
 
 kind, step = sys.argv[1].split(":")
 step = int(step)

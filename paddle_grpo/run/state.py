@@ -1,6 +1,6 @@
 """The trainer's state in a checkpoint: what it holds beyond the weights, writing it, and restoring it on resume.
 
-checkpoint.py writes and reads the files; this module knows the trainer's parts (sampler, reward statistics,
+run/checkpoint.py writes and reads the files; this module knows the trainer's parts (sampler, reward statistics,
 schedule, counters, the optimizer's layout over ranks) and who writes what (parallel/storage.py).
 """
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, Dict, Optional
 import paddle
 
 from . import checkpoint as ckpt
-from . import step
+from .. import step
 
 if TYPE_CHECKING:
-    from .trainer import Trainer
+    from ..trainer import Trainer
 
 logger = logging.getLogger("paddle_grpo.trainer")
 
@@ -37,7 +37,7 @@ def save(t: Trainer, unlogged: Optional[Dict[str, Any]] = None, solo: bool = Fal
     local rank 0); under tensor parallelism the shards of data-parallel rank 0's group are merged (a collective);
     each part of the optimizer state (per pipeline stage, TP rank and sharding rank) is written by one of the ranks
     that hold it. `solo`: rank 0 alone, without any collective (after a fault, under data parallelism only, where
-    rank 0 holds the whole state). `unlogged`: the step's metrics and samples a fault left unwritten (faults.py),
+    rank 0 holds the whole state). `unlogged`: the step's metrics and samples a fault left unwritten (run/faults.py),
     written first by the resumed run."""
     cfg, par = t.cfg, t.par
     if solo and not par.is_main:

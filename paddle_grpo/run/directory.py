@@ -12,7 +12,7 @@ starts it again from step 0, deleting those files, instead of refusing.
 On resume from step S, the rows of metrics.jsonl and rollouts.jsonl after S (steps the resumed run computes again)
 are dropped, so every step is in them once, with the values of the run that computed it last (the same values:
 the run is deterministic). A checkpoint that a fault saved before its step was logged (`unlogged` in its
-trainer_state.json, faults.py) also drops step S's rows: the resumed run writes them first. A last line cut short
+trainer_state.json, run/faults.py) also drops step S's rows: the resumed run writes them first. A last line cut short
 (a process killed, or a disk full, in the middle of writing it) is dropped; a broken line elsewhere is an error
 naming the file and line. The VisualDL record is rebuilt from metrics.jsonl (`logging.MetricsLogger`).
 """
@@ -29,9 +29,9 @@ from typing import Any, List, Optional, Union
 import yaml
 
 from . import checkpoint as ckpt
-from .config import ConfigError
+from ..config import ConfigError
 
-logger = logging.getLogger("paddle_grpo.run_dir")
+logger = logging.getLogger("paddle_grpo.run.directory")
 
 # Files a run writes at the top of output_dir (besides checkpoint-<step>/ directories).
 RUN_FILES = ("metrics.jsonl", "rollouts.jsonl", "config.yaml", "summary.json")
@@ -113,7 +113,7 @@ def agree(par: Any, p: RunDirPlan, output_dir: str, resume_from_checkpoint: Opti
           ) -> RunDirPlan:
     """Every rank calls this once the process groups exist: all resume the same step, the latest checkpoint every
     rank sees (parallel.agree_on_resume); `p` itself when they agree already."""
-    from .parallel import agree_on_resume
+    from ..parallel import agree_on_resume
 
     mine = ckpt.step_of(p.resume) if p.resume else None
     steps = [ckpt.step_of(path) for path in ckpt.list_checkpoints(output_dir)]

@@ -4,7 +4,7 @@ Contents: the policy in `save_pretrained` format (loadable by `AutoModelForCausa
 adapters only, in paddlenlp.peft's format with the base model's path in lora_config.json: tools/merge_lora.py makes
 a full model of them) and its tokenizer, and unless
 `ignore_save_lr_and_optim`, `optimizer.pdopt`, `trainer_state.json` (step, data position, running reward statistics,
-counters, scheduler state, the fp16 loss scale: run_state.trainer_state) and `rng_state.pkl` (paddle, numpy and python
+counters, scheduler state, the fp16 loss scale: run/state.trainer_state) and `rng_state.pkl` (paddle, numpy and python
 generators). PPO / VAPO add `critic/`: the critic (`Critic.save`, loadable by `load_critic`) and, unless
 `ignore_save_lr_and_optim`, its optimizer state (`critic/optimizer*.pdopt`). A crash while saving leaves
 only a `.tmp-*` directory behind; a save that fails (no space left) removes its own; the previous checkpoint stays
@@ -32,7 +32,7 @@ STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pdopt"
 RNG_FILE = "rng_state.pkl"
 REFERENCE_DIR = "reference"
-CRITIC_DIR = "critic"   # PPO / VAPO: the critic (Critic.save) and its optimizer state (run_state.py)
+CRITIC_DIR = "critic"   # PPO / VAPO: the critic (Critic.save) and its optimizer state (run/state.py)
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -61,7 +61,7 @@ def save_checkpoint(output_dir: str, step: int, model: paddle.nn.Layer, tokenize
     names of `optimizer_model` (default `model`); `sync` is a barrier over all ranks. Under pipeline parallelism
     (`pp_world > 1`) `model` is the full copy, which the writer alone saves, and `optimizer_model` the stage's
     pipeline layers. `extra(directory)`: called on every rank with the checkpoint's directory while it is written
-    (more parts of the trainer's state: run_state.py's critic)."""
+    (more parts of the trainer's state: run/state.py's critic)."""
     final = os.path.join(output_dir, f"checkpoint-{step}")
     tmp = os.path.join(output_dir, f".tmp-checkpoint-{step}")
     if writer:
@@ -200,7 +200,7 @@ def load_weights(model: paddle.nn.Layer, path: str, **shard: int) -> None:
     tensor-parallel degree/rank to split the full checkpoint for). A LoRA model gets the saved adapters."""
     from paddlenlp.transformers import AutoModelForCausalLM, AutoModelForConditionalGeneration
 
-    from .policy.lora import is_lora_model, load_adapters
+    from ..policy.lora import is_lora_model, load_adapters
 
     if is_lora_model(_unwrap(model)):
         load_adapters(_unwrap(model), path)

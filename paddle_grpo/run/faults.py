@@ -18,7 +18,7 @@ counters, generator states), counts the optimizer steps the step applies, and kn
   not), and never interrupt a checkpoint being written.
 
 Saving must not corrupt the previous checkpoint: checkpoints are written beside and renamed into place
-(checkpoint.py), and a failed save says so. With several processes the fault path uses no collective (the other
+(run/checkpoint.py), and a failed save says so. With several processes the fault path uses no collective (the other
 ranks may be anywhere): under data parallelism alone rank 0 holds the whole state and saves it by itself; otherwise
 only an interrupt that reaches every rank in the same state saves (collectively), and a fatal error saves nothing.
 """
@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from . import checkpoint as ckpt
 
 if TYPE_CHECKING:
-    from .trainer import Trainer
+    from ..trainer import Trainer
 
-logger = logging.getLogger("paddle_grpo.faults")
+logger = logging.getLogger("paddle_grpo.run.faults")
 
 # How long a rank other than 0 waits after its own fatal error before exiting under a launch: paddle's launcher
 # stops every rank about 3 s after one exits, and rank 0 needs the time to notice (its own error, or a collective's
@@ -217,7 +217,7 @@ class StepGuard:
         stopped at the same consistent step (they all got the signal)."""
         t = self.t
         mine = (t.step, self.unlogged is not None)
-        from .parallel import collectives
+        from ..parallel import collectives
 
         try:
             return len(set(collectives.gather_objects(mine))) == 1
