@@ -300,7 +300,8 @@ class Trainer:
             if cfg.save_strategy == "steps" and os.path.basename(self.last_checkpoint or "") != \
                     f"checkpoint-{self.step}":  # the last step's (unless save_steps just wrote it)
                 guard.save()
-        except BaseException as error:
+        except BaseException as caught:
+            error = guard.as_interrupt(caught)
             try:
                 note = guard.on_fault(error)
             except Exception as failure:  # noqa: BLE001 - the original error is the one to report
@@ -309,7 +310,9 @@ class Trainer:
             if not isinstance(error, KeyboardInterrupt):  # run_rl.py prints __notes__ (add_note is 3.11+)
                 said = f"{type(error).__name__} at step {self.step}: {note}"
                 error.__notes__ = [*getattr(error, "__notes__", ()), said]
-            raise
+            if error is caught:
+                raise
+            raise error from caught
         finally:
             guard.uninstall(previous)
             self.batches.close()  # the rollout worker, if any: stopped (nothing left running)

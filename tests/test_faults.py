@@ -171,3 +171,44 @@ def test_a_checkpoint_that_cannot_be_written_leaves_the_previous_one_intact(
     Trainer(cfg).train()  # drops steps 3-4 from metrics.jsonl and computes them again
     assert_same_history(out, two_updates_reference)
     assert_same_weights(out / "checkpoint-4", two_updates_reference / "checkpoint-4")
+
+
+def test_an_interrupt_raised_inside_a_pylayer_backward_is_still_the_interrupt():
+    """The signal handler raises KeyboardInterrupt wherever the main thread is; inside Python code that paddle's
+    backward runs (the PyLayer backward of kernels/, e.g. RMSNorm's) paddle hands it back as an OSError. After a
+    signal, StepGuard.as_interrupt turns that back into the KeyboardInterrupt (exit 130, a checkpoint); before one,
+    an OSError stays an error."""
+    import types
+
+    import paddle
+    from paddle.autograd import PyLayer
+
+    from paddle_grpo.run.faults import StepGuard
+
+    class SignalInBackward(PyLayer):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx, grad):
+            # SIGTERM: the guard always handles it (a SIGINT that a background job ignores stays ignored). Python
+            # runs the handler at the next bytecode: still in here.
+            os.kill(os.getpid(), signal.SIGTERM)
+            return grad * 2.0
+
+    learner = types.SimpleNamespace(optimizer=types.SimpleNamespace(step=lambda: None))
+    guard = StepGuard(types.SimpleNamespace(learner=learner))
+    plain = OSError("a real error")
+    assert guard.as_interrupt(plain) is plain
+    previous = guard.install()
+    try:
+        x = paddle.ones([2, 3])
+        x.stop_gradient = False
+        with pytest.raises(BaseException) as caught:
+            SignalInBackward.apply(x).sum().backward()
+    finally:
+        StepGuard.uninstall(previous)
+    assert not isinstance(caught.value, KeyboardInterrupt)  # what paddle raises: the interrupt wrapped
+    assert "KeyboardInterrupt" in str(caught.value)
+    assert isinstance(guard.as_interrupt(caught.value), KeyboardInterrupt)

@@ -70,8 +70,13 @@ def test_checkpoints_carry_the_loss_scale_and_resume_restores_it(who_is_files, t
 
     plan = PrecisionPlan(device="gpu", loss_scaling=True)  # the update's hooks; autocast stays a no-op on CPU
     trainer = make_trainer(who_is_files, tiny_policy_dir, tmp_path / "run")
-    # A scale that overflows float32 on the first update: the step is skipped and the scale halved.
+    # A scale that overflows float32 on the first update: the step is skipped and the scale halved. Whether 3e38
+    # overflows depends on the backward's arithmetic (kernels/norm.py's RMSNorm backward keeps such gradients
+    # finite where autograd's overflowed), so the embedding's gradient is scaled once more, to infinity: the
+    # overflow an fp16 backward produces, made certain.
     trainer.learner.amp = Amp(plan, LossScale(init_loss_scaling=3e38, decr_every_n_nan_or_inf=1))
+    embedding = trainer.policy.model.get_input_embeddings().weight
+    embedding.register_hook(lambda grad: grad * trainer.learner.amp.loss_scale.scale)
     trainer.train_step()
     trainer.save()
     saved = trainer.learner.amp.state_dict()

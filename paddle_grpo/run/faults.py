@@ -75,6 +75,7 @@ class StepGuard:
         self.applied = 0             # optimizer steps this step has applied
         self.saving = False
         self.deferred = False        # an interrupt waiting for the update or a save to end
+        self.interrupted = False     # a signal raised KeyboardInterrupt (see `as_interrupt`)
         self.snapshot: Optional[Snapshot] = None
         self.unlogged: Optional[Dict[str, Any]] = None
         critic = getattr(trainer, "critic_learner", None)
@@ -158,12 +159,22 @@ class StepGuard:
                            "checkpoint being written" if self.saving else "update of the running step (a second "
                            "signal stops at once, losing the steps since the latest checkpoint)")
             return
+        self.interrupted = True
         raise KeyboardInterrupt
 
     def raise_deferred(self) -> None:
         if self.deferred and not self.saving:
             self.deferred = False
+            self.interrupted = True
             raise KeyboardInterrupt
+
+    def as_interrupt(self, error: BaseException) -> BaseException:
+        """`error`, or the KeyboardInterrupt it stands for. The handler's KeyboardInterrupt can be raised while
+        Python code runs inside paddle's backward (the `PyLayer` backward of kernels/, e.g. RMSNorm's), and paddle
+        hands an exception from there back as an `OSError` naming it; after a signal, that is the interrupt."""
+        if self.interrupted and not isinstance(error, KeyboardInterrupt):
+            return KeyboardInterrupt(f"interrupted inside paddle's backward ({type(error).__name__})")
+        return error
 
     # ---------------------------------------------------------------------------------------------- faults
 
