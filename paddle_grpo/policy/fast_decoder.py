@@ -70,7 +70,7 @@ PLAIN_ROTARY = ("Qwen2RotaryEmbedding", "LlamaRotaryEmbedding")
 # Kernel flags (the precision plan's, or a config's): PaddleNLP's GPU kernels, not this path's ops.
 KERNEL_FLAGS = ("use_flash_attention", "use_fused_rms_norm", "use_fused_rope", "use_flash_attention_for_generation")
 # paddle's CPU softmax takes a slower kernel over a last axis shorter than 128: measured (paddle 3.3.1, one AMD EPYC
-# core, 2M elements) 4.4-6.6 ns per element at 32-127 keys, 1.5-2.0 ns at 128-257. Key axes of PAD_KEYS_FROM or
+# core, 2M elements) 4.4-6.7 ns per element at 32-127 keys, 1.5-2.5 ns at 128-257. Key axes of PAD_KEYS_FROM or
 # more are padded to SOFTMAX_FAST_KEYS with masked keys (zero keys and values, bias finfo.min: probability exactly 0),
 # which costs at most a third more in the two attention products. At the TRL comparison shape (127 keys) the
 # forward's softmax takes 3.9 ms instead of 9.5 per layer.

@@ -260,13 +260,10 @@ def test_logprobs_and_entropy_match_paddlenlp(monkeypatch, T, tied, family):
     np.testing.assert_allclose(ent_f[m], ent_s[m], atol=LP_TOL)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("tied", [False, True])
-def test_gradients_match_paddlenlp(monkeypatch, family, tied):
-    model = make_model(family, tie_word_embeddings=tied)
-    model.train()
-    batch = batch_of()
-    weights = paddle.to_tensor(np.random.default_rng(1).standard_normal(batch[2].shape).astype("float32"))
+def logprob_gradients(model, batch, seed):
+    """A run for `both_paths`: (log-probs, {parameter: gradient}) of sum(lp * weights * mask) + 0.1 sum(entropy *
+    mask), weights N(0, 1) from `seed`."""
+    weights = paddle.to_tensor(np.random.default_rng(seed).standard_normal(batch[2].shape).astype("float32"))
 
     def run():
         for p in model.parameters():
@@ -274,14 +271,28 @@ def test_gradients_match_paddlenlp(monkeypatch, family, tied):
         lp, ent = completion_logprobs(model, *batch, temperature=0.9, with_entropy=True)
         m = batch[3].astype("float32")
         ((lp * weights * m).sum() + 0.1 * (ent * m).sum()).backward()
-        return {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
+        return lp.numpy(), {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
 
-    fast, slow = both_paths(monkeypatch, run)
+    return run
+
+
+def assert_gradients_close(model, fast, slow):
+    """Every parameter has a nonzero gradient on PaddleNLP's path and the fast path's is within GRAD_TOL of its
+    largest element."""
     assert fast.keys() == slow.keys() and len(fast) == len(list(model.parameters()))
     for name in slow:
         scale = np.abs(slow[name]).max()
         assert scale > 0, name
         np.testing.assert_allclose(fast[name], slow[name], atol=GRAD_TOL * scale, err_msg=name)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("tied", [False, True])
+def test_gradients_match_paddlenlp(monkeypatch, family, tied):
+    model = make_model(family, tie_word_embeddings=tied)
+    model.train()
+    (_, fast), (_, slow) = both_paths(monkeypatch, logprob_gradients(model, batch_of(), seed=1))
+    assert_gradients_close(model, fast, slow)
 
 
 def test_key_padding_reaches_paddles_fast_softmax_width():
@@ -308,22 +319,12 @@ def test_padded_keys_change_nothing(monkeypatch, family):
     model = make_model(family)
     model.train()
     batch = batch_of()
-    weights = paddle.to_tensor(np.random.default_rng(2).standard_normal(batch[2].shape).astype("float32"))
-
-    def run():
-        for p in model.parameters():
-            p.clear_gradient(False)
-        lp = completion_logprobs(model, *batch, temperature=0.9)[0]
-        (lp * weights * batch[3].astype("float32")).sum().backward()
-        return lp.numpy(), {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
-
-    (lp_f, fast), (lp_s, slow) = both_paths(monkeypatch, run)
+    (lp_f, fast), (lp_s, slow) = both_paths(monkeypatch, logprob_gradients(model, batch, seed=2))
     width = fast_decoder.SOFTMAX_FAST_KEYS
     assert widths and set(widths) == {(width, width, width)}, widths  # prompt and completion attentions, padded
     m = batch[3].numpy().astype(bool)
     np.testing.assert_allclose(lp_f[m], lp_s[m], atol=LP_TOL)
-    for name in slow:
-        np.testing.assert_allclose(fast[name], slow[name], atol=GRAD_TOL * np.abs(slow[name]).max(), err_msg=name)
+    assert_gradients_close(model, fast, slow)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
