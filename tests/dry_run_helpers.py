@@ -1,4 +1,4 @@
-"""Shared by tests/test_dry_run.py, tests/test_dry_run_tools.py and tests/test_paddlenlp_configs.py: run_rl.py's main
+"""Shared by tests/test_dry_run.py, tests/test_dry_run_tools.py and tests/config/test_paddlenlp_configs.py: run_rl.py's main
 in this process (paddle is imported once, so each dry run costs a fraction of a second), small local data files, the
 arguments of a valid tiny run and a port nothing listens on."""
 import importlib.util

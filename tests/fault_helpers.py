@@ -1,4 +1,4 @@
-"""Shared by the fault tests (tests/test_faults.py, tests/test_faults_e2e.py,
+"""Shared by the fault tests (tests/run/test_faults.py, tests/run/test_faults_e2e.py,
 tests/reward_server/test_restart_mid_run.py, tests/rewards/test_reward_timeout.py): a tiny training setup, the run_rl.py arguments for it, and the comparison of
 two runs' histories.
 

@@ -27,6 +27,8 @@ def full_and_resumed(make_cfg, out_dir, steps_before_stop, **common):
         metrics = first.train_step()
         first.log.log(first.step, metrics)
     first.save()
+    first.batches.close()  # what train() does on its way out: an async run's rollout worker stops here, not at exit
+    first.log.close()
     resumed = Trainer(make_cfg(out_dir / "split", resume_from_checkpoint=True, **common))
     assert resumed.step == steps_before_stop
     resumed.train()

@@ -78,7 +78,7 @@ def test_data_parallel_groups_are_the_data_and_sharding_axes_of_fleets_topology(
 
 def test_unsupported_layouts_name_their_key():
     assert parallel.unsupported_layout(_cfg(sharding="stage1", tensor_parallel_degree=2)) == []
-    # stage2 runs as stage1 (with a warning, tests/test_paddlenlp_configs.py): only split_param is refused.
+    # stage2 runs as stage1 (with a warning, tests/config/test_paddlenlp_configs.py): only split_param is refused.
     problems = parallel.unsupported_layout(_cfg(sharding="stage2", sharding_parallel_config="split_param"))
     assert len(problems) == 1
     assert problems[0].startswith("sharding_parallel_config: 'split_param' is not supported")

@@ -1,4 +1,4 @@
-"""run_rl.py with one fault injected at an exact point, for tests/test_faults_e2e.py:
+"""run_rl.py with one fault injected at an exact point, for tests/run/test_faults_e2e.py:
 
     faulty_run_rl.py FAULT CONFIG [--key value ...]
 

@@ -9,7 +9,7 @@ import yaml
 
 from paddle_grpo.config import FIELDS, load_config
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 PUBLISHED = REPO.parent / "shared" / "paddlenlp_configs"
 # What a user of PaddleNLP's file changes to run it here (paths, logging), and PaddleNLP's wandb/server settings.
 CHANGED = {"actor_model_name_or_path", "critic_model_name_or_path", "train_datasets", "eval_datasets", "output_dir",

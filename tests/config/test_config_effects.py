@@ -10,7 +10,7 @@ import re
 
 from paddle_grpo.config import DEVICES, FIELDS
 
-PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "paddle_grpo"
+PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "paddle_grpo"
 
 # Keys implemented by the other issue-14 branches (AMP: precision.py and the policy loader; MATH: step.py; RM:
 # rewards/reward_model.py). Their effect statements are here already; the lead removes a key from this set when
