@@ -92,3 +92,36 @@ def test_the_first_screen_says_what_it_is_and_how_to_install_run_and_test(repo_r
     setup = (repo_root / "setup.py").read_text(encoding="utf-8")
     description = re.search(r'description="([^"]*)"', setup).group(1)
     assert all(word in description for word in ("GRPO", "PPO", "VAPO", "tools")), description
+
+
+def test_both_cores_table_shows_the_recorded_runs(repo_root):
+    """README's "Both cores" rows are computed from the runs in docs/results (wall time rounded to the second, the
+    speed-up per seed against the one-thread run of the same sitting, held-out accuracy at step 300)."""
+    import json
+
+    def load(name):
+        with open(repo_root / "docs" / "results" / name, encoding="utf-8") as f:
+            return json.load(f)["runs"]
+
+    def span(values, fmt):
+        return f"{fmt(min(values))}-{fmt(max(values))}"
+
+    def row(runs, base):
+        """(wall range, speed-up range, accuracy range) of `runs`, each seed against `base[seed]`'s wall time."""
+        return (span([r["wall_s"] for r in runs], lambda v: f"{v:.0f}"),
+                span([base[r["seed"]] / r["wall_s"] for r in runs], lambda v: f"{v:.2f}"),
+                span([r["eval_accuracy"]["300"] for r in runs], lambda v: f"{v:.3f}"))
+
+    section = (repo_root / "README.md").read_text(encoding="utf-8").split("## Both cores")[1].split("\n## ")[0]
+    sittings = load("quickstart_async_seeds.json")
+    sync = {r["seed"]: r["wall_s"] for r in sittings if r["mode"] == "sync"}
+    wall, _, accuracy = row([r for r in sittings if r["mode"] == "sync"], sync)
+    assert f"| one process (the default) | {wall} s | {accuracy} |" in section
+    for mode, label in (("async", "asynchronous rollouts"), ("dp2", "2 data-parallel ranks")):
+        wall, gain, accuracy = row([r for r in sittings if r["mode"] == mode], sync)
+        assert f"| {label} | {wall} s ({gain}x shorter) | {accuracy} |" in section, mode
+    threads = load("quickstart_threads.json")
+    one = {r["seed"]: r["wall_s"] for r in threads if r["threads"] == 1}
+    wall, gain, accuracy = row([r for r in threads if r["threads"] == 2], one)
+    assert f"one thread took {span(list(one.values()), lambda v: f'{v:.0f}')} s there) | {wall} s ({gain}x shorter) " \
+           f"| {accuracy} |" in section
