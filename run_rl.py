@@ -52,6 +52,7 @@ def main(argv=None):
 
     from paddle_grpo import DataError, RewardServerError, TrainingError, train
     from paddle_grpo.environment import ToolServerError
+    from paddle_grpo.policy.hf_weights import WeightFormatError
     from paddle_grpo.recipes import policy_builder
 
     # With progress bars, log lines are printed above the bar, not into it; without, logging stays as it is.
@@ -60,7 +61,7 @@ def main(argv=None):
         with bars:
             return train(cfg, policy_builder(cfg))
     except (ConfigError, DataError, FileNotFoundError, RewardServerError, ToolServerError, TrainingError,
-            NotImplementedError) as e:
+            WeightFormatError, NotImplementedError) as e:
         # Problems with the user's setup, data, reward or tool server: say what and where, without a traceback.
         print(f"run_rl.py: error: {e}", file=sys.stderr)
         for note in getattr(e, "__notes__", ()):  # e.g. the checkpoint a fault saved, and how to resume

@@ -133,9 +133,12 @@ def _loadable(directory: str, key: str) -> str:
     """`directory`, or the PaddleNLP copy of its PyTorch-written safetensors (hf_weights.loadable_dir)."""
     if not any(os.path.isfile(os.path.join(directory, n)) for n in WEIGHT_FILES if "safetensors" in n):
         return directory  # .pdparams, or no weights at all (a tokenizer-only directory): nothing to convert
-    from .hf_weights import loadable_dir
+    from .hf_weights import WeightFormatError, loadable_dir
 
-    return loadable_dir(directory, key)
+    try:
+        return loadable_dir(directory, key)
+    except WeightFormatError as e:  # the dry run names the key of a local directory; a hub ID's cache is found here
+        raise WeightFormatError(f"{key}: {e}") from None
 
 
 def download_blocker(timeout: float = 10.0) -> str | None:

@@ -207,6 +207,35 @@ def test_a_one_step_run_starts_from_a_hub_id(tmp_path, tiny_policy_dir, refused_
     assert [r["step"] for r in rows] == [1] and rows[0]["response_length/max"] <= 8
 
 
+def test_a_cached_hub_model_that_cannot_convert_is_one_error_not_a_traceback(tmp_path, tiny_policy_dir,
+                                                                          refused_endpoint):
+    """A hub ID whose cached safetensors neither PaddleNLP loads nor hf_weights converts (here metadata format
+    "tf") is only found when the run resolves the ID (preflight looks up no hub ID): exit 2 and one line naming the
+    key and the file's problem, like every other setup error."""
+    from safetensors.numpy import save_file
+
+    home = cached_home(tmp_path, tiny_policy_dir)
+    cache = home / "models" / MODEL_ID
+    state = paddle_state(cache / "model_state.pdparams")
+    os.remove(cache / "model_state.pdparams")
+    save_file(state, str(cache / "model.safetensors"), metadata={"format": "tf"})
+    argv, _ = one_step_run_argv(tmp_path, MODEL_ID)
+    out = run(argv, home, refused_endpoint, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    [line] = [x for x in out.stderr.splitlines() if x.startswith("run_rl.py: error:")]
+    assert line.startswith("run_rl.py: error: actor_model_name_or_path: "), line
+    assert "format 'tf'" in line and str(cache) in line, line
+
+
+def paddle_state(path):
+    """{name: numpy array} of a .pdparams file: what the safetensors library writes."""
+    import numpy as np
+    import paddle
+
+    return {k: np.ascontiguousarray(v.numpy()) for k, v in paddle.load(str(path)).items()}
+
+
 @pytest.mark.parametrize("endpoint_kind", ["silent", "refused"])
 def test_an_offline_miss_is_one_error_naming_the_id_and_the_cache(tmp_path, endpoint_kind, request):
     endpoint = request.getfixturevalue(f"{endpoint_kind}_endpoint")
