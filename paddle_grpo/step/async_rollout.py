@@ -117,10 +117,12 @@ class SyncBatches:
         pass
 
     def next(self, step: int) -> Tuple[Batch, CollectMetrics]:
-        # Through the package's attribute and the learner's current amp, as the trainer called them before it had
-        # sources: tools and tests wrap step.collect (tools/gpu_check.py replays batches) or swap the amp.
-        # (A lookup in the loaded package, not an import: step/__init__ imports this module.)
-        return sys.modules[__package__].collect(*self.args, step, self.learner.amp)
+        # Through the package's attribute, looked up at each call, and the learner's current amp: tools and tests
+        # wrap step.collect after the trainer is built (tools/gpu_check.py replays batches) or swap the amp. (Imported
+        # here, not at the top: step/__init__ imports this module.)
+        from paddle_grpo import step as step_package
+
+        return step_package.collect(*self.args, step, self.learner.amp)
 
     def publish(self, step: int) -> None:
         pass
