@@ -124,8 +124,11 @@ class Trainer:
         # VAPO's positive examples: the rewards that count as correct (None: the loss is off).
         self.positive_min_reward = step.positive_threshold(cfg, self.rewarder)  # None: the loss is off
         # The step's batches: the trainer's own collect, or the rollout worker's (async_rollout, docs/async.md).
+        # step.collect is looked up at each call: tools and tests wrap it after the trainer is built
+        # (tools/gpu_check.py replays batches).
         self.batches = step.batch_source(cfg, par, self.policy, self.encode, self.rewarder, self.sampler,
-                                         self.train_records, self.geometry.prompts_per_rank, self.learner)
+                                         self.train_records, self.geometry.prompts_per_rank, self.learner,
+                                         lambda *args: step.collect(*args))
 
         self.step, self.unlogged = 0, None
         self.guard = StepGuard(self)  # the state at each step's start, signals, saving on a fault (run/faults.py)

@@ -26,7 +26,7 @@ import signal
 import sys
 import time
 import weakref
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -48,9 +48,11 @@ WORKER_ENTRY = "paddle_grpo.step.async_rollout:worker_main"
 
 
 def batch_source(cfg: Any, par: ParallelContext, policy: Policy, encode: PromptEncoder, rewarder: Any,
-                 sampler: PromptSampler, records: Any, prompts_per_rank: int, learner: Any) -> Any:
-    """The trainer's source of batches: `AsyncBatches` with `async_rollout`, else `SyncBatches` (which reads
-    `learner.amp`, the model precision of the trainer's passes, at each step)."""
+                 sampler: PromptSampler, records: Any, prompts_per_rank: int, learner: Any,
+                 collect: Callable[..., Tuple[Batch, CollectMetrics]]) -> Any:
+    """The trainer's source of batches: `AsyncBatches` with `async_rollout`, else `SyncBatches`, which calls
+    `collect` (step.collect's arguments) with `learner.amp`, the model precision of the trainer's passes, read at
+    each step."""
     if cfg.async_rollout:
         if cfg.rollout_lag > 0 and cfg.rollout_correction == "none" and par.is_main:
             # Measured on the quickstart (docs/async.md): one step of staleness without correction collapsed it.
@@ -60,7 +62,7 @@ def batch_source(cfg: Any, par: ParallelContext, policy: Policy, encode: PromptE
         if par.is_main:
             warn_oversubscribed()
         return AsyncBatches(cfg, par, policy, sampler)
-    return SyncBatches(cfg, par, policy, encode, rewarder, sampler, records, prompts_per_rank, learner)
+    return SyncBatches(cfg, par, policy, encode, rewarder, sampler, records, prompts_per_rank, learner, collect)
 
 
 def warn_oversubscribed() -> None:
@@ -109,20 +111,16 @@ class SyncBatches:
     """The synchronous source: step.collect with the trainer's own policy."""
 
     def __init__(self, cfg: Any, par: ParallelContext, policy: Policy, encode: PromptEncoder, rewarder: Any,
-                 sampler: PromptSampler, records: Any, prompts_per_rank: int, learner: Any):
+                 sampler: PromptSampler, records: Any, prompts_per_rank: int, learner: Any,
+                 collect: Callable[..., Tuple[Batch, CollectMetrics]]):
         self.args = (par, policy, encode, rewarder, sampler, records, cfg, prompts_per_rank)
-        self.learner = learner
+        self.learner, self.collect = learner, collect
 
     def start(self, step: int) -> None:
         pass
 
     def next(self, step: int) -> Tuple[Batch, CollectMetrics]:
-        # Through the package's attribute, looked up at each call, and the learner's current amp: tools and tests
-        # wrap step.collect after the trainer is built (tools/gpu_check.py replays batches) or swap the amp. (Imported
-        # here, not at the top: step/__init__ imports this module.)
-        from paddle_grpo import step as step_package
-
-        return step_package.collect(*self.args, step, self.learner.amp)
+        return self.collect(*self.args, step, self.learner.amp)  # the amp as it is now: tests swap it
 
     def publish(self, step: int) -> None:
         pass

@@ -381,7 +381,7 @@ def test_stale_uncorrected_samples_are_warned_about(data, tiny_policy_dir, tmp_p
     correction it does not. (Two processes are then refused, which ends the call before a worker starts.)"""
     cfg = make_cfg(data, tiny_policy_dir, tmp_path / "out", **ASYNC, rollout_correction=correction)
     with caplog.at_level("WARNING", logger="paddle_grpo.trainer"), pytest.raises(ConfigError):
-        step.batch_source(cfg, ParallelContext(world_size=2, rank=0), None, None, None, None, None, 1, None)
+        step.batch_source(cfg, ParallelContext(world_size=2, rank=0), None, None, None, None, None, 1, None, None)
     said = [r.getMessage() for r in caplog.records if "rollout_correction none" in r.getMessage()]
     assert len(said) == (1 if warned else 0), said
 
