@@ -27,7 +27,7 @@ import tempfile
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .config import (DEVICES, FIELDS, GROUPS, SECRET_KEYS, Config, ConfigError, dump_config, encoder_decoder_refusal,
-                     given_keys, key_effect, relative_path_note, run_key_effect, yaml_value)
+                     given_keys, key_effect, relative_path_note, run_key_effect, shown_value, yaml_value)
 
 MAX_PROCESSES = 1024  # the launch sizes tried, as multiples of the model-parallel ranks
 MAX_LENGTH_CHECKS = 20000  # prompts tokenized per data key (about a minute); beyond, an even sample of this many
@@ -117,10 +117,11 @@ def keys_without_effect(cfg: Config, device: str, given: Optional[Mapping[str, s
     'file:line' or 'command line'; default: what `cfg` was loaded from) that has no effect on `device`, in the
     documentation's order. The effect is the key's in this run (config.run_key_effect: the device's statement, or
     why the configured algorithm or schedule does not use it, e.g. the critic's keys with rl_algorithm grpo); the
-    reason of a key without effect on any device starts with 'on every device: '."""
+    reason of a key without effect on any device starts with 'on every device: '. A token's value is '***'."""
     given = given_keys(cfg) if given is None else given
     effects = {name: run_key_effect(cfg, name, device) for name in given if name in FIELDS}
-    return [(f.name, yaml_value(getattr(cfg, f.name)), given[f.name], _on_every_device(f.name, effects[f.name].note))
+    return [(f.name, yaml_value(shown_value(f.name, getattr(cfg, f.name))), given[f.name],
+             _on_every_device(f.name, effects[f.name].note))
             for group in GROUPS for f in group.__dataclass_fields__.values()
             if f.name in effects and not effects[f.name].active]
 

@@ -36,3 +36,25 @@ def test_the_dry_runs_launch_line_hides_the_tool_server_token(base, serve, capsy
     launch = next(line for line in out.splitlines() if line.startswith("launch: "))
     assert "--tool_server_token '***'" in launch
     assert "T0k-secret" not in out
+
+
+def test_the_dry_run_shows_where_an_environment_token_came_from_not_its_value(base, monkeypatch, capsys):
+    monkeypatch.setenv("REWARD_SERVER_TOKEN", "T0k-from-env")
+    status, out, _ = run_rl_main([*base, "--dry_run"], capsys)
+    assert status == 0, out
+    assert "reward_server_token: '***'  # from $REWARD_SERVER_TOKEN" in out.splitlines()
+    resolved = next(line for line in out.splitlines() if line.startswith("configuration: ")).split("resolved: ")[1]
+    with open(resolved.split(";")[0], encoding="utf-8") as f:
+        assert "reward_server_token: '***'  # from $REWARD_SERVER_TOKEN" in f.read().splitlines()
+    assert "T0k-from-env" not in out
+
+
+def test_a_token_without_effect_is_listed_with_its_source_not_its_value(base, monkeypatch, capsys):
+    # Before: the table of keys without effect printed the value (`tool_server_token  T0k-unused  $TOOL_...`).
+    monkeypatch.setenv("TOOL_SERVER_TOKEN", "T0k-unused")
+    status, out, _ = run_rl_main([*base, "--dry_run"], capsys)
+    assert status == 0, out
+    table = out.split("keys set here that have no effect on this device")[1]
+    row = next(line.split() for line in table.splitlines() if line.strip().startswith("tool_server_token"))
+    assert row[:3] == ["tool_server_token", "'***'", "$TOOL_SERVER_TOKEN"]
+    assert "T0k-unused" not in out

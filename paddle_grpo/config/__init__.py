@@ -54,6 +54,7 @@ from .fields import (
     nowhere,
     off,
     on,
+    shown_value,
     yaml_value,
 )
 from .flat import FIELDS, GROUPS, BatchGeometry, Config
@@ -74,7 +75,7 @@ __all__ = [
     'logger', 'LR_SCHEDULERS', 'REPORT_TO', 'VISUALDL_STANDS_IN', 'ALIASES', 'SECRET_KEYS', 'CPU_FLOAT32',
     'HOST_MEMORY', 'DEFAULT_HEAD_CHUNK_SIZE', 'HEAD_CHUNK_MIN_VOCAB', 'ConfigError', 'LayoutError', 'Choices',
     'field_choices', 'Effect', 'ON', 'DEVICES', 'off', 'on', 'nowhere', 'arg', 'yaml_value', 'ModelArguments',
-    'LoRAArguments', 'DataArguments', 'ParallelArguments', 'RolloutArguments', 'TrainingArguments',
+    'LoRAArguments', 'DataArguments', 'ParallelArguments', 'RolloutArguments', 'TrainingArguments', 'shown_value',
     'AlgorithmArguments', 'EvalArguments', 'LoggingArguments', 'KernelArguments', 'CriticArguments',
     'ToolArguments', 'BatchGeometry', 'Config', 'GROUPS', 'FIELDS', 'key_effect', 'SHARDING_OPTIONS',
     'sharding_options', 'inert_key_messages', 'CRITIC_KEYS', 'CONSTANT_SCHEDULES', 'TOOL_KEYS', 'run_key_notes',

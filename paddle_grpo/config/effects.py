@@ -42,6 +42,8 @@ def inert_key_messages(cfg: Config, given: Dict[str, str], device: str) -> List[
     defaults = Config()
     out = []
     for key, where in given.items():
+        if where.startswith("$"):  # a token taken from an exported variable: the shell's, not this config's
+            continue
         effect = run_key_effect(cfg, key, device)
         if not effect.active and getattr(cfg, key) != getattr(defaults, key):
             out.append(f"{where}: key '{key}' has no effect here: {effect.note}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import yaml
 
@@ -30,6 +30,15 @@ ALIASES = {
 
 
 SECRET_KEYS = ("reward_server_token", "tool_server_token")  # never printed or written out
+# The environment variable each secret key takes when the file and the command line leave it unset: the command line
+# shows in `ps`; the reward server reads the same $REWARD_SERVER_TOKEN.
+SECRET_ENV = {"reward_server_token": "REWARD_SERVER_TOKEN", "tool_server_token": "TOOL_SERVER_TOKEN"}
+
+
+def shown_value(key: str, value: Any) -> Any:
+    """`value` of config key `key` as it may be printed or written out: '***' for a token (SECRET_KEYS) that is set."""
+    return "***" if key in SECRET_KEYS and value else value
+
 
 # Effect statements shared by several keys.
 CPU_FLOAT32 = ("CPU runs compute in float32 (paddle's CPU kernels have no bfloat16 matmul, docs/platform.md)")
@@ -51,6 +60,15 @@ HEAD_CHUNK_MIN_VOCAB = 8192
 
 class ConfigError(ValueError):
     """A configuration problem; the message names the source (file:line or command line) and the key."""
+
+
+def raise_errors(messages: Sequence[str], what: str) -> None:
+    """Raise one ConfigError naming every one of `messages` (`what`: "unknown keys", "bad values"), so that several
+    mistakes are found in one run: a single message as it is, several as "N <what>:" and one indented line each."""
+    if len(messages) == 1:
+        raise ConfigError(messages[0])
+    if messages:
+        raise ConfigError(f"{len(messages)} {what}:\n" + "\n".join(f"  {m}" for m in messages))
 
 
 class LayoutError(ConfigError):

@@ -11,7 +11,7 @@ from .algorithm import AlgorithmArguments
 from .critic import CRITIC_INHERITS, CriticArguments
 from .data import DataArguments
 from .evaluation import EvalArguments
-from .fields import HEAD_CHUNK_MIN_VOCAB, SECRET_KEYS, ConfigError, LayoutError, yaml_value
+from .fields import HEAD_CHUNK_MIN_VOCAB, ConfigError, LayoutError, shown_value, yaml_value
 from .kernels import KernelArguments
 from .logs import LoggingArguments
 from .lora import LoRAArguments
@@ -32,7 +32,8 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
 
     def format(self, only_changed: bool = False) -> str:
         """The resolved configuration as YAML text, grouped as in the documentation; `only_changed`: only the
-        keys whose value differs from the default (a short start-up summary)."""
+        keys whose value differs from the default (a short start-up summary). Tokens (SECRET_KEYS) are written as
+        '***', with a comment naming the environment variable a token came from."""
         lines = []
         defaults = Config() if only_changed else None
         for group in GROUPS:
@@ -43,10 +44,10 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
             lines.append(f"# {group.__name__}")
             for f in fields:
                 value = getattr(self, f.name)
-                if f.name in SECRET_KEYS and value:
-                    value = "***"
-                note = self.unset_note(f.name) if value is None else None
-                lines.append(f"{f.name}: {yaml_value(value)}" + (f"  # {note}" if note else ""))
+                # a token from the environment is in neither the file nor the command line: say where it came from
+                where = getattr(self, "_given", {}).get(f.name, "")  # loading.given_keys
+                note = self.unset_note(f.name) if value is None else f"from {where}" if where.startswith("$") else None
+                lines.append(f"{f.name}: {yaml_value(shown_value(f.name, value))}" + (f"  # {note}" if note else ""))
         return "\n".join(lines) + "\n"
 
     def unset_note(self, key: str) -> Optional[str]:

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import yaml
 
 from .effects import inert_key_messages
-from .fields import ALIASES, SECRET_KEYS, ConfigError, logger
+from .fields import ALIASES, SECRET_ENV, ConfigError, logger, raise_errors, shown_value
 from .flat import FIELDS, Config
 from .validation import resolve_rule_reward, validate
 
@@ -174,26 +174,36 @@ def _unknown_keys(values: Dict[str, Any], source: _Source) -> List[str]:
 def _refuse_unknown_keys(*sources: Tuple[Dict[str, Any], _Source]) -> None:
     """Raise one ConfigError naming every unknown key of every source (file, then command line), so that several
     typos are found in one run, not one per run."""
-    lines = [line for values, source in sources for line in _unknown_keys(values, source)]
-    if len(lines) == 1:
-        raise ConfigError(lines[0])
-    if lines:
-        raise ConfigError(f"{len(lines)} unknown keys:\n" + "\n".join(f"  {line}" for line in lines))
+    raise_errors([line for values, source in sources for line in _unknown_keys(values, source)], "unknown keys")
 
 
-def _apply(values, source, cfg_values, given):
+def _apply(values, source, cfg_values, given) -> List[str]:
     """Convert each of `values` (known keys: _refuse_unknown_keys ran first) to its field's type into
-    `cfg_values`, and record where it was set in `given`."""
+    `cfg_values`, and record where it was set in `given`; return the type errors, one line per key, for the caller
+    to raise together (all of them in one run)."""
+    errors = []
     for raw_key, value in values.items():
         key = ALIASES.get(raw_key, raw_key)
-        f = FIELDS[key]
-        cfg_values[key] = _convert(value, _field_type(f), raw_key, source.where(raw_key))
+        try:
+            cfg_values[key] = _convert(value, _field_type(FIELDS[key]), raw_key, source.where(raw_key))
+        except ConfigError as e:
+            errors.append(str(e))
         given[key] = source.where(raw_key)
+    return errors
+
+
+def _secrets_from_environment(cfg_values: Dict[str, Any], given: Dict[str, str]) -> None:
+    """Each secret key the file and the command line leave unset takes its environment variable (SECRET_ENV) when
+    that is set and not empty; `given` records '$VARIABLE' as where it was set. An explicit value, even '', wins."""
+    for key, variable in SECRET_ENV.items():
+        if key not in given and os.environ.get(variable):
+            cfg_values[key], given[key] = os.environ[variable], f"${variable}"
 
 
 def load_config(path: Union[str, os.PathLike, None] = None, overrides: Sequence[str] = (), *,
                 device: Optional[str] = None, warn: bool = True) -> Config:
-    """Load `path` (YAML or JSON, flat keys), apply `--key value` `overrides`, validate, and return a `Config`.
+    """Load `path` (YAML or JSON, flat keys), apply `--key value` `overrides`, take the tokens they leave unset
+    from the environment (SECRET_ENV), validate, and return a `Config`.
 
     `device` ("cpu"/"gpu"; default: what paddle is compiled for, or "cpu" when paddle is absent) decides which
     GPU-only keys are reported as having no effect. Raises `ConfigError` on any problem.
@@ -205,11 +215,13 @@ def load_config(path: Union[str, os.PathLike, None] = None, overrides: Sequence[
         file_source = _Source(path, lines)
     overridden = _parse_overrides(list(overrides))
     _refuse_unknown_keys((file_values, file_source), (overridden, _Source()))
-    _apply(file_values, file_source, values, given)
+    errors = _apply(file_values, file_source, values, given)
     dirs_before = {k: values.get(k, FIELDS[k].default) for k in ("output_dir", "logging_dir")}
     command_line = {ALIASES.get(k, k) for k in overridden}
-    _apply(overridden, _Source(), values, given)
+    errors += _apply(overridden, _Source(), values, given)
+    raise_errors(errors, "bad values")
     _follow_output_dir(values, dirs_before, command_line)
+    _secrets_from_environment(values, given)
     cfg = Config(**values)
     resolve_rule_reward(cfg, given)
     validate(cfg, given)
@@ -260,10 +272,11 @@ def parse_args(argv: Sequence[str]) -> Config:
 
 
 def config_from_dict(values: Dict[str, Any], **kwargs: Any) -> Config:
-    """A validated Config from a plain dict (tests, tools); the same conversions and errors as a file."""
+    """A validated Config from a plain dict (tests, tools); the same conversions and errors as a file. The
+    environment's tokens are not read: what a shell exports must not change a config built in code."""
     cfg_values, given = {}, {}
     _refuse_unknown_keys((values, _Source("<dict>")))
-    _apply(values, _Source("<dict>"), cfg_values, given)
+    raise_errors(_apply(values, _Source("<dict>"), cfg_values, given), "bad values")
     cfg = Config(**cfg_values)
     resolve_rule_reward(cfg, given)
     validate(cfg, given)
@@ -272,8 +285,8 @@ def config_from_dict(values: Dict[str, Any], **kwargs: Any) -> Config:
 
 
 def given_keys(cfg: Config) -> Dict[str, str]:
-    """The keys the file or command line set (key -> 'file:line', 'command line' or '<dict>'); {} for a Config built
-    directly."""
+    """The keys the file or command line set (key -> 'file:line', 'command line' or '<dict>'), and the tokens taken
+    from the environment (key -> '$REWARD_SERVER_TOKEN', ...); {} for a Config built directly."""
     return dict(getattr(cfg, "_given", {}))
 
 
@@ -304,7 +317,7 @@ def dump_config(cfg: Config, path: Union[str, os.PathLike]) -> None:
     """Write the resolved configuration as YAML (JSON if `path` ends in .json)."""
     with open(path, "w", encoding="utf-8") as f:
         if str(path).endswith(".json"):
-            json.dump({k: ("***" if k in SECRET_KEYS and v else v) for k, v in cfg.to_dict().items()}, f, indent=2)
+            json.dump({k: shown_value(k, v) for k, v in cfg.to_dict().items()}, f, indent=2)
         else:
             f.write(cfg.format())
 

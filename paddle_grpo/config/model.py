@@ -32,7 +32,12 @@ class ModelArguments:
                                 "`module:function` or `path/file.py:function`.")
     reward_weights: Optional[List[float]] = arg(None, "(new) One weight per reward function (default 1.0 each); "
                                                       "the total is the weighted sum.")
-    reward_server_token: str = arg("", "(new) Bearer token sent to the reward server (empty: none).")
+    reward_server_token: str = arg("", "(new) Bearer token sent to the reward server (empty: none). Left out of the "
+                                       "file and the command line: `$REWARD_SERVER_TOKEN` when it is set and not "
+                                       "empty (the variable the server reads too); an explicit empty value means no "
+                                       "token even then. Prefer the variable or a config file only you can read "
+                                       "(mode 600) to the command line, which `ps` shows. Printed and written out as "
+                                       "'***'.")
     reward_server_timeout: float = arg(60.0, "(new) Read timeout in seconds for one reward-server request.")
     reward_server_max_retries: int = arg(-1, "(new) At most this many retries of a failed reward-server request "
                                              "(connection error, timeout, 5xx, 408, 429), with capped exponential "

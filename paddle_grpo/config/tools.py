@@ -32,4 +32,8 @@ class ToolArguments:
                                "the calls go there over HTTP (transport failures are retried for up to "
                                "reward_server_max_wait_s, then the run saves and stops; 4xx answers raise). Empty: "
                                "the tools run in the trainer's process.")
-    tool_server_token: str = arg("", "(new) Bearer token sent to tool_server (empty: none).")
+    tool_server_token: str = arg("", "(new) Bearer token sent to tool_server (empty: none). Left out of the file "
+                                     "and the command line: `$TOOL_SERVER_TOKEN` when it is set and not empty; an "
+                                     "explicit empty value means no token even then. Prefer the variable or a "
+                                     "config file only you can read (mode 600) to the command line, which `ps` "
+                                     "shows. Printed and written out as '***'.")

@@ -7,21 +7,31 @@ import re
 from typing import Dict, Optional
 
 from .effects import CONSTANT_SCHEDULES, SHARDING_OPTIONS, sharding_options
-from .fields import ConfigError, field_choices, logger
+from .fields import ConfigError, field_choices, logger, raise_errors
 from .flat import FIELDS, Config
 
 # ------------------------------------------------------------------------------------------------- validation
 
 def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
-    """Check ranges, choices and combinations; raise ConfigError naming the key, its value and where it was set."""
+    """Check ranges, choices and combinations; raise ConfigError naming the key, its value and where it was set:
+    every key out of range or not one of its choices in one error, then the first bad combination."""
     known = given is not None  # the loader says where each key was set: an unset key is at its default
     given = given or {}
+    bad_values: Dict[str, str] = {}  # key -> its first range/choice error, raised together after those checks
 
-    def fail(key, msg):
+    def message(key, msg):
         where = given.get(key)
         prefix = f"{where}: " if where else ""
         default = " (the default)" if known and not where else ""
-        raise ConfigError(f"{prefix}key '{key}' = {getattr(cfg, key)!r}{default}: {msg}")
+        return f"{prefix}key '{key}' = {getattr(cfg, key)!r}{default}: {msg}"
+
+    def bad(key, msg):
+        """A range or choice error of one key: collected, so that one run names them all."""
+        bad_values.setdefault(key, message(key, msg))
+
+    def fail(key, msg):
+        """A combination error: at once (the checks after it may assume it holds)."""
+        raise ConfigError(message(key, msg))
 
     def ref(key):
         """`key (value, where it was set)`: the other key of a combination, so both sides can be found."""
@@ -36,10 +46,10 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
     for key, f in FIELDS.items():
         choices = field_choices(f)
         if choices is not None and getattr(cfg, key) is not None and getattr(cfg, key) not in choices:
-            fail(key, f"must be one of {', '.join(repr(c) for c in choices)}")
+            bad(key, f"must be one of {', '.join(repr(c) for c in choices)}")
         value = getattr(cfg, key)
         if isinstance(value, float) and not math.isfinite(value):
-            fail(key, "must be a finite number")
+            bad(key, "must be a finite number")
 
     positive = ("global_batch_size", "rollout_n", "update_iters", "per_device_logprob_batch_size",
                 "per_device_train_batch_size", "per_device_eval_batch_size", "max_prompt_len", "max_dec_len",
@@ -49,7 +59,7 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
                 "per_device_value_batch_size", "max_turns", "tool_max_workers", "max_tool_response_len")
     for key in positive:
         if getattr(cfg, key) < 1:
-            fail(key, "must be at least 1")
+            bad(key, "must be at least 1")
     non_negative = ("learning_rate", "weight_decay", "max_grad_norm", "clip_range_ratio", "clip_range_score",
                     "kl_coeff", "kl_loss_coeff", "pg_loss_coeff", "entropy_coeff", "min_dec_len", "warmup_steps",
                     "overlong_penalty_factor", "adam_epsilon", "reward_server_timeout",
@@ -58,45 +68,83 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
                     "pretrain_critic_steps", "clip_range_value", "positive_example_lm_coeff")
     for key in non_negative:
         if getattr(cfg, key) is not None and getattr(cfg, key) < 0:
-            fail(key, "must not be negative")
+            bad(key, "must not be negative")
     for key in ("rollout_lag", "rollout_worker_timeout_s"):
         if getattr(cfg, key) < 0:
-            fail(key, "must not be negative")
+            bad(key, "must not be negative")
     if cfg.reward_server_max_retries < -1:
-        fail("reward_server_max_retries", "must be -1 (no limit: reward_server_max_wait_s ends the retries) or >= 0")
+        bad("reward_server_max_retries", "must be -1 (no limit: reward_server_max_wait_s ends the retries) or >= 0")
     for key in ("clip_range_ratio_low", "clip_range_ratio_high"):
         if getattr(cfg, key) is not None and getattr(cfg, key) < 0:
-            fail(key, "must not be negative")
+            bad(key, "must not be negative")
     if cfg.eps_low >= 1:
-        fail("clip_range_ratio_low" if cfg.clip_range_ratio_low is not None else "clip_range_ratio",
-             "the lower clip range must be below 1 (the ratio is clipped to [1 - low, 1 + high])")
+        bad("clip_range_ratio_low" if cfg.clip_range_ratio_low is not None else "clip_range_ratio",
+            "the lower clip range must be below 1 (the ratio is clipped to [1 - low, 1 + high])")
     if cfg.clip_ratio_c is not None and cfg.clip_ratio_c <= 1:
-        fail("clip_ratio_c", "the dual-clip constant must be greater than 1 (leave it unset to disable dual-clip)")
+        bad("clip_ratio_c", "the dual-clip constant must be greater than 1 (leave it unset to disable dual-clip)")
     if cfg.rollout_correction in ("tis", "mis") and not cfg.rollout_correction_cap > 1:
-        fail("rollout_correction_cap", f"must be greater than 1 with rollout_correction {cfg.rollout_correction!r} "
-             "(the ratio of an on-policy token is 1: a cap at or below it would cap or drop them all)")
+        bad("rollout_correction_cap", f"must be greater than 1 with rollout_correction {cfg.rollout_correction!r} "
+            "(the ratio of an on-policy token is 1: a cap at or below it would cap or drop them all)")
     if cfg.rollout_correction == "mis" and not 0 <= cfg.rollout_correction_min < 1:
-        fail("rollout_correction_min", "must be in [0, 1) with rollout_correction 'mis' (0: no lower bound; from 1 "
-             "up the band of kept ratios would drop the on-policy tokens, whose ratio is 1)")
+        bad("rollout_correction_min", "must be in [0, 1) with rollout_correction 'mis' (0: no lower bound; from 1 "
+            "up the band of kept ratios would drop the on-policy tokens, whose ratio is 1)")
     if not 0 < cfg.top_p <= 1:
-        fail("top_p", "must be in (0, 1]")
+        bad("top_p", "must be in (0, 1]")
     if cfg.top_k < 0:
-        fail("top_k", "must not be negative (0 turns top-k sampling off)")
+        bad("top_k", "must not be negative (0 turns top-k sampling off)")
     if cfg.temperature <= 0:
-        fail("temperature", "must be greater than 0")
+        bad("temperature", "must be greater than 0")
     if cfg.repetition_penalty <= 0:
-        fail("repetition_penalty", "must be greater than 0")
+        bad("repetition_penalty", "must be greater than 0")
     for key in ("adam_beta1", "adam_beta2"):
         if not 0 <= getattr(cfg, key) < 1:
-            fail(key, "must be in [0, 1)")
+            bad(key, "must be in [0, 1)")
     for key in ("warmup_ratio", "critic_warmup_ratio"):
         if getattr(cfg, key) is not None and not 0 <= getattr(cfg, key) < 1:
-            fail(key, "must be in [0, 1)")
+            bad(key, "must be in [0, 1)")
     for key in ("gamma", "lam", "lam_critic"):
         if not 0 <= getattr(cfg, key) <= 1:
-            fail(key, "must be in [0, 1]")
+            bad(key, "must be in [0, 1]")
     if cfg.vapo_alpha <= 0:
-        fail("vapo_alpha", "must be greater than 0 (lam_policy = 1 - 1 / (vapo_alpha * length))")
+        bad("vapo_alpha", "must be greater than 0 (lam_policy = 1 - 1 / (vapo_alpha * length))")
+    if not 0 <= cfg.ref_model_mixup_alpha <= 1:
+        bad("ref_model_mixup_alpha", "must be in [0, 1]")
+    for key in ("global_mini_batch_size", "global_gen_batch_size", "sharding_parallel_degree",
+                "rollout_tensor_parallel_degree", "save_total_limit"):
+        if getattr(cfg, key) != -1 and getattr(cfg, key) < 1:
+            bad(key, "must be -1 (automatic) or at least 1")
+    if cfg.max_steps == 0 or cfg.max_steps < -1:
+        bad("max_steps", "must be -1 (from num_train_epochs) or at least 1")
+    if cfg.num_train_epochs < 0 and cfg.max_steps < 1:  # PaddleNLP: max_steps > 0 overrides num_train_epochs
+        bad("num_train_epochs", "must not be negative unless max_steps (which then sets the length) is at least 1")
+    unknown = [x for x in sharding_options(cfg) if x not in SHARDING_OPTIONS]
+    if unknown:
+        bad("sharding_parallel_config", f"unknown option {unknown[0]!r}; the options are "
+                                        f"{', '.join(sorted(SHARDING_OPTIONS))}")
+    if cfg.per_device_reward_batch_size < 1:
+        bad("per_device_reward_batch_size", "must be at least 1")
+    if cfg.do_eval and cfg.eval_steps < 1:
+        bad("eval_steps", "must be at least 1")
+    if cfg.save_strategy == "steps" and cfg.save_steps < 1:
+        bad("save_steps", "must be at least 1")
+    if cfg.lora_alpha <= 0 and cfg.lora_alpha != -1:
+        bad("lora_alpha", "must be positive (or -1: 2 x lora_rank)")
+    if not 0 <= cfg.lora_dropout < 1:
+        bad("lora_dropout", "must be in [0, 1)")
+    for pattern in cfg.target_modules:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            bad("target_modules", f"'{pattern}' is not a valid regular expression ({e})")
+    if cfg.tool_timeout_s <= 0:
+        bad("tool_timeout_s", "must be greater than 0")
+    if cfg.tool_server.strip():
+        bad_url = url_problem(cfg.tool_server)
+        if bad_url:
+            bad("tool_server", bad_url)
+    raise_errors(list(bad_values.values()), "bad values")
+
+    # Combinations: one key against others, checked once each key alone is valid.
     if cfg.lr_scheduler_type not in CONSTANT_SCHEDULES and cfg.min_learning_rate > cfg.learning_rate:
         fail("min_learning_rate", f"must not exceed {ref('learning_rate')}: the {cfg.lr_scheduler_type} schedule "
                                   "(lr_scheduler_type) decays from learning_rate down to it")
@@ -115,22 +163,6 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
                                   f"must not exceed {peak} ({critic['critic_learning_rate']}): the critic's "
                                   f"{schedule} schedule decays from its learning rate down to it; set "
                                   "critic_min_learning_rate")
-    if not 0 <= cfg.ref_model_mixup_alpha <= 1:
-        fail("ref_model_mixup_alpha", "must be in [0, 1]")
-    for key in ("global_mini_batch_size", "global_gen_batch_size", "sharding_parallel_degree",
-                "rollout_tensor_parallel_degree", "save_total_limit"):
-        if getattr(cfg, key) != -1 and getattr(cfg, key) < 1:
-            fail(key, "must be -1 (automatic) or at least 1")
-    if cfg.max_steps == 0 or cfg.max_steps < -1:
-        fail("max_steps", "must be -1 (from num_train_epochs) or at least 1")
-    if cfg.num_train_epochs < 0 and cfg.max_steps < 1:  # PaddleNLP: max_steps > 0 overrides num_train_epochs
-        fail("num_train_epochs", "must not be negative unless max_steps (which then sets the length) is at least 1")
-    unknown = [x for x in sharding_options(cfg) if x not in SHARDING_OPTIONS]
-    if unknown:
-        fail("sharding_parallel_config", f"unknown option {unknown[0]!r}; the options are "
-                                         f"{', '.join(sorted(SHARDING_OPTIONS))}")
-
-    # Combinations.
     if cfg.min_dec_len > cfg.max_dec_len:
         fail("min_dec_len", f"must not exceed {ref('max_dec_len')}; set min_dec_len to at most {cfg.max_dec_len}")
     if cfg.max_length < cfg.max_prompt_len + cfg.max_dec_len:
@@ -166,8 +198,6 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
         fail("reward_model_name_or_path", "is set while use_rm_server is true: the reward server hosts the reward "
                                           "model (python -m reward_server --reward-model DIR); set use_rm_server: "
                                           "false to score with it in-process")
-    if cfg.per_device_reward_batch_size < 1:
-        fail("per_device_reward_batch_size", "must be at least 1")
     if cfg.use_rm_server and not cfg.reward_server.strip():
         fail("reward_server", "is empty while use_rm_server is true")
     if not cfg.use_rm_server and not cfg.reward_funcs.strip() and not has_rm:
@@ -185,21 +215,8 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
                                    "weighs its functions (python -m reward_server --weights ...)")
     if cfg.do_eval and cfg.evaluation_strategy == "steps" and not cfg.eval_datasets.strip():
         fail("eval_datasets", "is empty while do_eval is true")
-    if cfg.do_eval and cfg.eval_steps < 1:
-        fail("eval_steps", "must be at least 1")
-    if cfg.save_strategy == "steps" and cfg.save_steps < 1:
-        fail("save_steps", "must be at least 1")
     if cfg.fp16 and cfg.bf16:
         fail("fp16", "fp16 and bf16 cannot both be true")
-    if cfg.lora_alpha <= 0 and cfg.lora_alpha != -1:
-        fail("lora_alpha", "must be positive (or -1: 2 x lora_rank)")
-    if not 0 <= cfg.lora_dropout < 1:
-        fail("lora_dropout", "must be in [0, 1)")
-    for pattern in cfg.target_modules:
-        try:
-            re.compile(pattern)
-        except re.error as e:
-            fail("target_modules", f"'{pattern}' is not a valid regular expression ({e})")
     if cfg.lora and cfg.sync_ref_model:
         fail("sync_ref_model", "cannot be used with lora: the reference model is the base model with the adapters "
                                "disabled; there is no separate copy to mix the policy into")
@@ -208,12 +225,6 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
                           "turn ends the sample and its calls are not run, and with max_turns 1 the only turn is "
                           "the last (docs/tools.md, The rollout); set max_turns to 2 or more (a call, then the "
                           "answer that reads its result), or leave tools empty")
-    if cfg.tool_timeout_s <= 0:
-        fail("tool_timeout_s", "must be greater than 0")
-    if cfg.tool_server.strip():
-        bad_url = url_problem(cfg.tool_server)
-        if bad_url:
-            fail("tool_server", bad_url)
     refusal = build_target_refusal(cfg, given)
     if refusal:
         raise ConfigError(refusal)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from paddle_grpo.config import (ALIASES, FIELDS, Config, ConfigError, config_from_dict, dump_config,
-                                load_config, parse_args)
+                                field_choices, load_config, parse_args)
 
 PADDLENLP_GRPO_YAML = """\
 # PaddleNLP llm/config/qwen/grpo_argument.yaml, keys and values as PADDLENLP_KEYS.md lists them
@@ -306,6 +306,40 @@ def test_every_unknown_key_is_named_in_one_error(tmp_path):
         config_from_dict({"sede": 1, "zzzz_qqq": 2})
 
 
+def test_every_wrong_type_is_named_in_one_error(tmp_path):
+    # three wrong types (two in the file, one on the command line): one run names all three, each as its own error
+    # would; the out-of-range top_p is not checked before the types are right
+    path = tmp_path / "cfg.yaml"
+    msg = error_of(tmp_path, "learning_rate: abc\nseed: 1\nrollout_n: eight\ntop_p: 2\n", ["--do_eval", "3"])
+    assert msg == ("3 bad values:\n"
+                   f"  {path}:1: key 'learning_rate' expects a number, got 'abc' (str)\n"
+                   f"  {path}:3: key 'rollout_n' expects an integer, got 'eight' (str)\n"
+                   "  command line: key 'do_eval' expects true or false, got '3' (str)")
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({"seed": "x", "reward_weights": [1, "y"]})
+    assert str(e.value) == ("2 bad values:\n"
+                            "  <dict>: key 'seed' expects an integer, got 'x' (str)\n"
+                            "  <dict>: key 'reward_weights[1]' expects a number, got 'y' (str)")
+
+
+def test_every_out_of_range_value_or_bad_choice_is_named_in_one_error(tmp_path):
+    # once the types are right: one line per key (top_p's infinity is not also out of (0, 1]); min_dec_len >
+    # max_dec_len, a combination, waits until they are fixed
+    path = tmp_path / "cfg.yaml"
+    text = "rollout_n: 0\nseed: 1\ntop_p: .inf\nlora_dropout: 1\nmax_dec_len: 8\nmax_length: 64\nloss_agg_mode: x\n"
+    modes = ", ".join(repr(c) for c in field_choices(FIELDS["loss_agg_mode"]))
+    assert error_of(tmp_path, text, ["--learning_rate", "-1"]) == (
+        "5 bad values:\n"
+        f"  {path}:7: key 'loss_agg_mode' = 'x': must be one of {modes}\n"
+        f"  {path}:3: key 'top_p' = inf: must be a finite number\n"
+        f"  {path}:1: key 'rollout_n' = 0: must be at least 1\n"
+        "  command line: key 'learning_rate' = -1.0: must not be negative\n"
+        f"  {path}:4: key 'lora_dropout' = 1.0: must be in [0, 1)")
+    assert error_of(tmp_path, "seed: 1\nmax_dec_len: 8\nmax_length: 64\n") == (
+        f"key 'min_dec_len' = 32 (the default): must not exceed max_dec_len (8, {path}:2); set min_dec_len to at "
+        "most 8")
+
+
 @pytest.mark.parametrize("line, expected", [
     ("rollout_n: eight", "key 'rollout_n' expects an integer, got 'eight' (str)"),
     ("rollout_n: 2.5", "key 'rollout_n' expects an integer, got 2.5 (float)"),
@@ -491,7 +525,6 @@ def test_printed_config_round_trips_and_hides_the_token(tmp_path):
 
 def test_algorithm_choices_are_the_registries(repo_root):
     from paddle_grpo import algorithms
-    from paddle_grpo.config import field_choices
     assert field_choices(FIELDS["rl_algorithm"]) == algorithms.available_advantage_estimators()
     assert field_choices(FIELDS["importance_sampling_level"]) == ("token", "sequence")
     assert field_choices(FIELDS["kl_estimator"]) == field_choices(FIELDS["kl_loss_estimator"]) == ("k1", "k2", "k3")
