@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import yaml
 
 from .effects import inert_key_messages
-from .fields import ALIASES, SECRET_ENV, ConfigError, logger, raise_errors, shown_value
+from .fields import ALIASES, SECRET_ENV, SECRET_KEYS, ConfigError, logger, raise_errors, shown_value
 from .flat import FIELDS, Config
 from .validation import resolve_rule_reward, validate
 
@@ -83,7 +83,8 @@ def _convert(value, tp, key, where):
     origin, targs = typing.get_origin(tp), typing.get_args(tp)
 
     def bad(expected):
-        return ConfigError(f"{where}: key '{key}' expects {expected}, got {value!r} ({type(value).__name__})")
+        shown = "***" if key in SECRET_KEYS else repr(value)  # a mistyped token is still a secret
+        return ConfigError(f"{where}: key '{key}' expects {expected}, got {shown} ({type(value).__name__})")
 
     if origin is Union:
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):

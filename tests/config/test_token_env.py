@@ -2,7 +2,7 @@
 the file and the command line leave the key unset; the source is recorded (given_keys), the value never written."""
 import pytest
 
-from paddle_grpo.config import config_from_dict, given_keys, load_config, write_config
+from paddle_grpo.config import ConfigError, config_from_dict, given_keys, load_config, write_config
 
 ENV = {"reward_server_token": "REWARD_SERVER_TOKEN", "tool_server_token": "TOOL_SERVER_TOKEN"}
 
@@ -80,3 +80,11 @@ def test_an_exported_token_without_effect_is_not_warned_about_at_every_start(tmp
         load_config(path, device="cpu")
     [said] = [r.getMessage() for r in caplog.records if "tool_server_token" in r.getMessage()]
     assert said.startswith(f"{path}:2: key 'tool_server_token' has no effect here: ") and "T0k" not in said
+
+
+def test_a_token_of_the_wrong_type_is_not_echoed(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("reward_server_token: [s3cret, T0k]\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as e:
+        load_config(path, device="cpu", warn=False)
+    assert str(e.value) == f"{path}:1: key 'reward_server_token' expects a string, got *** (list)"
