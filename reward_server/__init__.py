@@ -20,11 +20,13 @@ JSON, no "name", "arguments" not an object) is a 400, a tool this server does no
 tool 'x'; tools: ..."). A server may serve rewards, tools or both; POST / on a server without rewards is a 404.
 
 Who may call (safe by default; docs/tools.md, "Security"): every route answers only requests whose Host header
-names this server (its bind address, localhost, or --allowed-hosts; DNS rebinding sends another name: 421) and that
-carry no Origin of another host (a web page's request: 403); POST / and POST /tool accept only `Content-Type:
-application/json` (415; a page cannot send JSON without a CORS preflight, which is never granted). Serving a tool other
-than the built-in calculator (`python` runs code; a tool of your own may do anything) needs a token unless
-`insecure_no_token` is set.
+names this server (its bind address, localhost, or --allowed-hosts; DNS rebinding sends another name: 421), whose
+Origin, when there is one, is same-origin with the Host (the same host and the same port, 80 / 443 by the Origin's
+scheme when either omits it; "null" never is: a web page's request, 403) and whose Sec-Fetch-Site, when there is
+one, is same-origin or none (a browser's mark on a page's request that has no Origin, such as an <img>'s GET: 403);
+POST / and POST /tool accept only `Content-Type: application/json` (415; a page cannot send JSON without a CORS
+preflight, which is never granted). Serving a tool other than the built-in calculator (`python` runs code; a tool of
+your own may do anything) needs a token unless `insecure_no_token` is set.
 
 Rejected requests get a 4xx status and `{"error_code": <the status>, "error_msg": "<what was wrong>"}`. A sample
 on which a reward function failed (raised, timed out) gets `score` null with the reason in `errors`; the batch
@@ -40,6 +42,7 @@ import re
 import socket
 import time
 import uuid
+from typing import Optional, Tuple
 
 from flask import Flask, g, jsonify, request
 from werkzeug.exceptions import HTTPException
@@ -59,6 +62,13 @@ DEFAULT_TIMEOUT_S = 30.0
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+DEFAULT_PORTS = {"http": 80, "https": 443}
+# What a browser sends as Origin: scheme://host[:port], the host a name, an IPv4 address or [IPv6]; nothing else.
+_ORIGIN = re.compile(r"(https?)://(\[[0-9a-fA-F:.]+\]|[^\s\[\]/:?#@]+)(?::(\d{1,5}))?", re.IGNORECASE)
+# Sec-Fetch-Site values a browser gives a request this server answers: from a page of this very origin, or none
+# (the user typed the URL or opened a bookmark). cross-site and same-site (another port of this host is the same
+# site) are a web page's requests; browsers always set it, pages cannot.
+_OWN_FETCH_SITES = ("same-origin", "none")
 # Tools that compute from their arguments only (no code, files, network): served without a token on request.
 TOKENLESS_TOOLS = (builtins.calculator,)
 
@@ -73,14 +83,43 @@ def tools_needing_a_token(toolset: ToolSet) -> list:
     return [name for name, tool in toolset.tools.items() if tool.fn not in TOKENLESS_TOOLS]
 
 
-def _host_name(value: str) -> str:
-    """The host part of a Host header or an Origin's netloc (`name`, `name:port`, `[v6]:port`), lowercase."""
+def _split_host(value: str) -> Tuple[str, str]:
+    """(host, port text) of a Host header or an Origin's netloc (`name`, `name:port`, `[v6]:port`); the host
+    lowercase without a trailing dot, the port "" when none is given."""
     value = value.strip().lower()
+    port = ""
     if value.startswith("["):
-        return value[1:value.find("]")] if "]" in value else value
-    if value.count(":") == 1:
-        value = value.split(":")[0]
-    return value.rstrip(".")
+        end = value.find("]")
+        if end > 0:
+            value, port = value[1:end], value[end + 1:].partition(":")[2]
+    elif value.count(":") == 1:
+        value, port = value.split(":")
+    return value.rstrip("."), port
+
+
+def _host_name(value: str) -> str:
+    """The host part of a Host header or an Origin's netloc, lowercase."""
+    return _split_host(value)[0]
+
+
+def same_origin(origin: str, host: Optional[str]) -> bool:
+    """Is a request whose Origin header is `origin` and whose Host header is `host` same-origin: the Origin's host
+    and port (by default 80 for http, 443 for https) those of the Host? "null" (a sandboxed or file:// page), a
+    scheme other than http(s), a missing Host or anything malformed: no.
+
+    A Host without a port means the default port of the scheme the client spoke, which this plain-HTTP server cannot
+    see (waitress drops an untrusted X-Forwarded-Proto): taken to be the Origin's own, so a TLS proxy that passes
+    the client's Host on (`Host: TOOLHOST`, `Origin: https://TOOLHOST`) means 443 and plain HTTP (`Origin:
+    http://TOOLHOST`) 80."""
+    match = _ORIGIN.fullmatch(origin.strip())
+    if match is None or host is None:
+        return False
+    scheme = match.group(1).lower()
+    origin_host, origin_port = _host_name(match.group(2)), int(match.group(3) or DEFAULT_PORTS[scheme])
+    host_name, host_port = _split_host(host)
+    if host_port and not host_port.isdigit():
+        return False
+    return origin_host == host_name and origin_port == int(host_port or DEFAULT_PORTS[scheme])
 
 
 def _is_ip(name: str) -> bool:
@@ -149,16 +188,26 @@ def create_app(reward_names_or_fns, weights=None, token=None, max_content_length
         g.request_id = given if _SAFE_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex[:16]
         g.batch_size = 0
         # A web page can reach a server on this host: through DNS rebinding (its own name resolving here: the Host
-        # header names it) or by a cross-origin request (its Origin header names it). Programs send neither.
+        # header names it) or by a cross-origin request (its Origin header names it, or its Sec-Fetch-Site says
+        # so). Programs send neither Origin nor Sec-Fetch-Site.
         given_host = request.environ.get("HTTP_HOST")  # (missing: an HTTP/1.0 client; a browser always sends it)
         if given_host is not None and not host_allowed(_host_name(given_host)):
             # 421 Misdirected Request: not a 400, which the tool client reads as the policy's bad arguments.
             raise RequestError(421, f"Host header {given_host[:100]!r} is not a name this server answers to; "
                                     "start it with --allowed-hosts NAME to answer to another name")
+        # Host and port, not the name alone: a page served from another port of this host (a dev server on
+        # localhost:3000) is another origin, and on 127.0.0.1 any local program can serve one.
         origin = request.headers.get("Origin")
-        if origin is not None and not host_allowed(_host_name(origin.split("://", 1)[-1])):
+        if origin is not None and not same_origin(origin, given_host):
             raise RequestError(403, f"request from a web page ({origin[:100]!r}) refused: this server answers "
-                                    "programs, not browsers")
+                                    "programs, not browsers (a request with an Origin must come from the host and "
+                                    f"port it is sent to, Host {(given_host or '')[:100]!r})")
+        # A page's GET without CORS (<img src>, fetch with mode "no-cors") carries no Origin, but a browser's
+        # Sec-Fetch-Site says where it comes from.
+        site = request.headers.get("Sec-Fetch-Site")
+        if site is not None and site.strip().lower() not in _OWN_FETCH_SITES:
+            raise RequestError(403, f"request from a web page (Sec-Fetch-Site: {site[:30]}) refused: this server "
+                                    "answers programs, not browsers")
 
     @app.after_request
     def log_request(response):

@@ -5,14 +5,16 @@ offers the same `.names` / `.schemas()` / `.call()` as a ToolSet.
     POST {url}/tool  {"name": str, "arguments": {...}} -> {"error_code": 0, "content": str, "error": null | ...}
 
 What the policy wrote wrongly comes back as a result, as in-process: the server's 404 (unknown tool) is an
-"unknown_tool" result, 400/422 (bad arguments) a "bad_arguments" result, both with the server's message. A read
-timeout (the tool ran longer than `timeout_s`) is a "timeout" result. What is wrong with the setup raises
-ToolServerError: 401/403 (the token), other 4xx, a reply that breaks the protocol, and connection failures / 5xx /
-408 / 429 once the retries (exponential backoff, for up to `max_wait_s` seconds from the request's first failure,
-or `retries` of them) have failed, naming the URL and the failures. A RemoteToolSet times its own calls
-(`times_own_calls`): ToolEnvironment does not cut them at its `timeout_s`, so the error reaches the rollout and a
-tool server that is down stops the run (the trainer then saves as for a reward server that is down: run/faults.py)
-rather than teaching the policy that tools time out.
+"unknown_tool" result, 400/422 (bad arguments) a "bad_arguments" result, both with the server's message. A reply
+not in full within `timeout_s` of the request being sent (the tool ran longer, or the server or a proxy trickles
+the reply: the whole reply is timed, not each wait for a byte; http_util.WholeReplyAdapter) is a "timeout" result,
+not retried. What is wrong with the setup raises ToolServerError: 401/403 (the token), other 4xx, a reply that
+breaks the protocol or exceeds `max_reply_bytes`, and connection failures / 5xx / 408 / 429 once the retries
+(exponential backoff, for up to `max_wait_s` seconds from the request's first failure, or `retries` of them) have
+failed, naming the URL and the failures. A RemoteToolSet times its own calls (`times_own_calls`):
+ToolEnvironment does not cut them at its `timeout_s`, so the error reaches the rollout and a tool server that is
+down stops the run (the trainer then saves as for a reward server that is down: run/faults.py) rather than
+teaching the policy that tools time out.
 """
 import itertools
 import json
@@ -23,7 +25,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import requests
 
-from ..http_util import RETRYABLE_4XX, backoff_delay, error_msg, short_error
+from ..http_util import (RETRYABLE_4XX, ReplyTooLarge, WholeReplyAdapter, backoff_delay, error_msg, read_body,
+                         short_error)
 from .tool import TOOL_ERRORS, ToolCall, ToolResult, ToolSet, error_result, precheck
 
 logger = logging.getLogger(__name__)
@@ -36,14 +39,19 @@ class ToolServerError(RuntimeError):
 
 class RemoteToolSet(ToolSet):
     """The tools a tool server at `url` serves (all, or those in `names`). token: sent as `Authorization: Bearer`.
-    timeout_s: read timeout of a call; connect_timeout_s: of a connection. A failed request (connection error,
-    5xx, 408, 429) is retried after backoff_s * 2**k seconds (capped at 30 s, +-20 % jitter) for as long as its
-    first failure is less than `max_wait_s` seconds ago (None: no time limit; the last wait is shortened to end at
-    it) and at most `retries` times (-1: no count limit): whichever ends first. The trainer uses retries -1 and
-    max_wait_s = reward_server_max_wait_s, the budget of the reward client, both for GET /tools at start-up and
-    for each call."""
+    timeout_s: the time a request's whole reply may take after it is sent (mounted on `session` for `url`: a call
+    ends within connect_timeout_s + timeout_s, more only while retrying); connect_timeout_s: of a connection; a
+    reply above `max_reply_bytes` raises ToolServerError. A failed request (connection error, 5xx, 408, 429) is
+    retried after backoff_s * 2**k seconds (capped at 30 s, +-20 % jitter) for as long as its first failure is
+    less than `max_wait_s` seconds ago (None: no time limit; the last wait is shortened to end at it) and at most
+    `retries` times (-1: no count limit): whichever ends first. The trainer uses retries -1 and max_wait_s =
+    reward_server_max_wait_s, the budget of the reward client, both for GET /tools at start-up and for each
+    call."""
 
     times_own_calls = True  # each request is bounded by its timeouts and the retry budget (module docstring)
+    # The largest reply read (decoded): far above any tool output the policy can read (the trainer keeps
+    # max_tool_response_len tokens of it), small enough that 8 calls at once cannot exhaust memory.
+    max_reply_bytes = 16 * 1024 * 1024
 
     def __init__(self, url: str, token: str = "", timeout_s: float = 10, retries: int = 5,
                  names: Optional[Sequence[str]] = None, connect_timeout_s: float = 5, backoff_s: float = 0.5,
@@ -63,6 +71,7 @@ class RemoteToolSet(ToolSet):
         self.timeout = (connect_timeout_s, timeout_s)
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.session = session or requests.Session()
+        self.session.mount(url + "/", WholeReplyAdapter())  # the read timeout bounds the whole reply
         served = self._fetch_schemas()
         by_name = {s["function"]["name"]: s for s in served}
         wanted = list(names) if names else list(by_name)
@@ -141,15 +150,20 @@ class RemoteToolSet(ToolSet):
 
     def _request(self, method: str, path: str, payload: Optional[Dict[str, Any]] = None) -> requests.Response:
         """The reply to a request, retrying connection failures, 5xx, 408 and 429 within the retry budget (class
-        docstring; a read timeout is not retried: the caller turns it into a "timeout" result)."""
+        docstring; a read timeout, the whole reply not in within timeout_s, is not retried: the caller turns it
+        into a "timeout" result). The reply's body is read here, within the same time limit."""
         failures: List[str] = []
         first_failure = None
         for attempt in itertools.count():
             try:
-                reply = self.session.request(method, self.url + path, json=payload, timeout=self.timeout,
-                                             headers=self.headers)
+                reply = read_body(self.session.request(method, self.url + path, json=payload, timeout=self.timeout,
+                                                       headers=self.headers, stream=True), self.max_reply_bytes)
             except requests.ReadTimeout:
                 raise
+            except ReplyTooLarge:
+                raise ToolServerError(f"tool server {self.url}{path} answered more than {self.max_reply_bytes} "
+                                      f"bytes; a tool's reply is at most {self.max_reply_bytes} bytes "
+                                      "(RemoteToolSet.max_reply_bytes)") from None
             except requests.RequestException as exc:
                 failure = short_error(exc)
             else:

@@ -9,7 +9,7 @@ function returns, no longer counted against `max_workers`; being a daemon thread
 exiting, which a ThreadPoolExecutor's workers would). The time limit starts when the call starts running, not
 while it waits for a slot. Built-in tools bound themselves (the calculator by sizes, `python` by its own limits);
 a user's tool that can hang should too. A RemoteToolSet's calls are not cut at `timeout_s`: they bound themselves
-(a read timeout of `timeout_s` is their "timeout" result) and a tool server out of reach must raise, after the
+(a reply not in full within `timeout_s` is their "timeout" result) and a tool server out of reach must raise, after the
 client's retry budget, rather than become a "timeout" the policy reads.
 
 The tool turn's tokens (`tool_turn_ids`): the format's own text is tokenized like a prompt, its markers
@@ -87,8 +87,8 @@ class ToolEnvironment:
     """Tools + format + tokenizer for the multi-turn rollout; a context manager (`close()` refuses new turns).
 
     tools: a ToolSet or RemoteToolSet. fmt: the tool-call format (HermesFormat). timeout_s: per call, from its
-    start (not applied to a tool set that `times_own_calls`, a RemoteToolSet: its read timeout is the tool's time
-    limit, and its retries end with a ToolServerError that `result()` raises). max_workers: calls running at once.
+    start (not applied to a tool set that `times_own_calls`, a RemoteToolSet: its bound on the whole reply is the
+    tool's time limit, and its retries end with a ToolServerError that `result()` raises). max_workers: calls running at once.
     max_response_tokens: a tool output longer than this many tokens is cut to it, followed by a line saying how
     many tokens were cut."""
 

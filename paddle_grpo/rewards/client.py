@@ -17,7 +17,7 @@ from typing import Any, List, Optional, Sequence, Union
 
 import requests
 
-from ..http_util import RETRYABLE_4XX, backoff_delay, error_msg, short_error
+from ..http_util import RETRYABLE_4XX, WholeReplyAdapter, backoff_delay, error_msg, short_error
 from .base import RewardFn
 from .combine import RewardResult, RewardSet
 from .reward_model import RewardModel
@@ -59,7 +59,9 @@ class RewardClient:
     last wait is shortened to end at the budget), so a reward server that restarts costs time, not the run; every
     wait is logged with the server, the attempt, its length and the budget left. `max_retries` (-1: no limit) caps
     the number of retries as well: whichever ends first. Not retried: other 4xx (RewardRequestError, with the
-    server's error_msg) and protocol violations in a 200 reply (RewardResponseError).
+    server's error_msg) and protocol violations in a 200 reply (RewardResponseError). `read_timeout` bounds a
+    request's whole reply after it is sent, not each wait for a byte (a server or proxy trickling it would hold the
+    trainer forever): mounted on `session` for each URL (http_util.WholeReplyAdapter).
     """
 
     def __init__(self, urls: Union[str, Sequence[str]], connect_timeout: float = 5, read_timeout: float = 60,
@@ -77,6 +79,9 @@ class RewardClient:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.session = session or requests.Session()
+        whole_reply = WholeReplyAdapter()
+        for url in self.urls:
+            self.session.mount(url + "/", whole_reply)
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._turn = itertools.count()  # next() is atomic in CPython, so threads may share a client
 

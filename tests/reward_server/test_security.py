@@ -1,7 +1,8 @@
 """Who may use the server, tried as an attacker would on real servers (waitress on a free loopback port, and the CLI
 as a subprocess): a token before any code-running tool is served, JSON bodies only (a web page cannot send them
 without a CORS preflight), the Host header checked against the bind address (DNS rebinding), cross-origin requests
-refused, the token's sources (environment, file, command line) and a malformed Authorization header."""
+refused (an Origin must be the Host's own host and port, through a TLS proxy too; a browser's Sec-Fetch-Site must say
+same-origin or none), the token's sources (environment, file, command line) and a malformed Authorization header."""
 import json
 import os
 import subprocess
@@ -25,6 +26,12 @@ BROWSER = {"Content-Type": "text/plain;charset=UTF-8", "Origin": "http://evil.ex
 
 def post(url, body, headers):
     return requests.post(url, data=json.dumps(body), headers=headers, timeout=30)
+
+
+def refused(origin, host):
+    """The status and error_msg of a request from a page at `origin` sent with the Host header `host`."""
+    return (403, f"request from a web page ({origin!r}) refused: this server answers programs, not browsers (a "
+                 f"request with an Origin must come from the host and port it is sent to, Host {host!r})")
 
 
 # Item: a code-running tool needs a token.
@@ -133,8 +140,8 @@ def test_browser_style_requests_are_refused(tool_server, reward_server):
     # A web page's text/plain POST (no CORS preflight needed): refused before anything runs, token or not.
     for headers in (BROWSER, {**BROWSER, "Authorization": "Bearer T0k"}):
         reply = post(tool_server.url + "/tool", RUN_CODE, headers)
-        assert reply.status_code == 403 and reply.json()["error_msg"] == (
-            "request from a web page ('http://evil.example') refused: this server answers programs, not browsers")
+        assert (reply.status_code, reply.json()["error_msg"]) == refused("http://evil.example",
+                                                                         f"127.0.0.1:{tool_server.port}")
     no_origin = {"Content-Type": "text/plain", "Authorization": "Bearer T0k"}
     for url in (tool_server.url + "/tool", reward_server.url + "/"):
         reply = post(url, RUN_CODE if url.endswith("/tool") else BATCH, no_origin)
@@ -214,6 +221,11 @@ def test_attacker_summary(tool_server):
     url = tool_server.url + "/tool"
     attempts = {
         "text/plain from a page": (BROWSER, 403),
+        "JSON from a page on another local port": ({**JSON, "Authorization": "Bearer T0k",
+                                                    "Origin": "http://localhost:3000"}, 403),
+        "JSON from a sandboxed page": ({**JSON, "Authorization": "Bearer T0k", "Origin": "null"}, 403),
+        "a browser's cross-site request without Origin": ({**JSON, "Authorization": "Bearer T0k",
+                                                           "Sec-Fetch-Site": "cross-site"}, 403),
         "foreign Host": ({**JSON, "Authorization": "Bearer T0k", "Host": "attacker.example"}, 421),
         "no token": (JSON, 401),
         "wrong token": ({**JSON, "Authorization": "Bearer nope"}, 401),
@@ -221,3 +233,88 @@ def test_attacker_summary(tool_server):
     }
     for what, (headers, status) in attempts.items():
         assert post(url, RUN_CODE, headers).status_code == status, what
+
+
+# Item: an Origin is answered only when it is this server itself (host and port), a browser's Sec-Fetch-Site only
+# when it says same-origin (or none: the user typed the URL).
+
+def test_a_page_on_another_port_of_this_host_is_refused(tool_server, reward_server):
+    # Before, only host names were compared: a page from another port of this machine (a dev server on
+    # localhost:3000, anything on 127.0.0.1) passed. So did Origin null with --allowed-hosts '*' (below).
+    port = reward_server.port
+    host = f"127.0.0.1:{port}"
+    for origin in ("http://localhost:3000", "http://127.0.0.1:9999", "http://127.0.0.1", "https://127.0.0.1",
+                   "null", "file://", f"http://127.0.0.1:{port}/", "chrome-extension://abcdef"):
+        reply = post(reward_server.url + "/", BATCH, {**JSON, "Origin": origin})
+        assert (reply.status_code, reply.json()["error_msg"]) == refused(origin, host), origin
+        reply = requests.get(reward_server.url + "/health", headers={"Origin": origin}, timeout=10)
+        assert (reply.status_code, reply.json()["error_msg"]) == refused(origin, host), origin
+    # The token does not help a page (it cannot know it, but a refused request never reaches the tool anyway).
+    reply = post(tool_server.url + "/tool", RUN_CODE,
+                 {**JSON, "Authorization": "Bearer T0k", "Origin": "http://localhost:3000"})
+    assert (reply.status_code, reply.json()["error_msg"]) == refused("http://localhost:3000",
+                                                                     f"127.0.0.1:{tool_server.port}")
+    # IPv6: the brackets are the URL's, not the address's.
+    for origin, status in ((f"http://[::1]:{port}", 200), ("http://[::1]:3000", 403), (f"http://[::2]:{port}", 403)):
+        reply = requests.get(reward_server.url + "/health", headers={"Origin": origin, "Host": f"[::1]:{port}"},
+                             timeout=10)
+        assert reply.status_code == status, origin
+
+
+def test_any_host_allowed_still_needs_a_same_origin_origin(serve):
+    # --allowed-hosts '*' answers every Host, not every Origin: before, it let every Origin through, null included.
+    server = serve(create_app("kk", allowed_hosts=["*"]))
+    host = f"127.0.0.1:{server.port}"
+    for origin in ("http://evil.example", "null"):
+        reply = post(server.url + "/", BATCH, {**JSON, "Origin": origin})
+        assert (reply.status_code, reply.json()["error_msg"]) == refused(origin, host), origin
+    assert post(server.url + "/", BATCH, {**JSON, "Origin": f"http://{host}"}).status_code == 200
+    reply = post(server.url + "/", BATCH, {**JSON, "Origin": "http://other.lan", "Host": "other.lan"})
+    assert reply.status_code == 200  # a Host of any name is answered, and this Origin is that host's own
+    # A wildcard bind answers any IP address, not a page on another port of it.
+    wildcard = serve(create_app("kk", host="0.0.0.0"))
+    for origin, status in (("http://10.1.2.3:3000", 403), ("http://10.1.2.3:8731", 200)):
+        reply = post(wildcard.url + "/", BATCH, {**JSON, "Origin": origin, "Host": "10.1.2.3:8731"})
+        assert reply.status_code == status, origin
+
+
+@pytest.mark.parametrize("host, origin, status", [
+    # A TLS proxy that passes the client's Host on: the browser spoke https to it, so a Host without a port means
+    # 443, the default port of an https Origin. The server behind it speaks plain HTTP and cannot see the scheme
+    # itself (waitress drops an untrusted X-Forwarded-Proto), so a Host without a port takes the Origin's scheme.
+    ("toolhost", "https://toolhost", 200),
+    ("toolhost", "http://toolhost", 200),             # plain HTTP on port 80
+    ("toolhost:443", "https://toolhost", 200),        # a client that names the default port
+    ("toolhost:80", "http://toolhost", 200),
+    ("toolhost:443", "http://toolhost", 403),         # reached on 443, the page is on port 80
+    ("toolhost:80", "https://toolhost", 403),         # reached on 80, the page is on 443
+    ("toolhost", "https://toolhost:8443", 403),       # a page on another port
+    ("toolhost", "http://toolhost:443", 403),         # port 443 on an http Origin: not the Host's port 80
+    ("toolhost:8443", "https://toolhost:8443", 200),  # explicit ports compare as given
+    ("toolhost:8443", "https://toolhost", 403),
+    ("TOOLHOST.", "https://toolhost", 200),           # names compare as the Host check compares them
+    ("toolhost", "https://evil.example", 403),
+])
+def test_same_origin_through_a_tls_proxy_that_passes_the_host_on(serve, host, origin, status):
+    server = serve(create_app("kk", allowed_hosts=["toolhost"]))
+    reply = post(server.url + "/", BATCH, {**JSON, "Host": host, "Origin": origin})
+    assert reply.status_code == status, reply.text
+    if status == 403:
+        assert reply.json()["error_msg"] == refused(origin, host)[1]
+    forwarded = post(server.url + "/", BATCH, {**JSON, "Host": host, "Origin": origin, "X-Forwarded-Proto": "http"})
+    assert forwarded.status_code == status  # an X-Forwarded-Proto changes nothing: waitress drops it (untrusted)
+
+
+def test_a_request_a_browser_marks_as_from_another_site_is_refused(reward_server):
+    # A page's GET without CORS (an <img>, fetch(url, {mode: "no-cors"})) carries no Origin; browsers (Chrome 76,
+    # Firefox 90, Safari 16.4 on) mark every request with Sec-Fetch-Site, which a page cannot set. same-site
+    # includes another port of this host (a site ignores ports).
+    for value, status in (("cross-site", 403), ("same-site", 403), ("bogus", 403), ("same-origin", 200),
+                          ("none", 200)):  # none: the user typed the URL or opened a bookmark
+        reply = requests.get(reward_server.url + "/health", headers={"Sec-Fetch-Site": value}, timeout=10)
+        assert reply.status_code == status, value
+        if status == 403:
+            assert reply.json()["error_msg"] == (f"request from a web page (Sec-Fetch-Site: {value}) refused: this "
+                                                 "server answers programs, not browsers"), value
+    reply = post(reward_server.url + "/", BATCH, {**JSON, "Sec-Fetch-Site": "same-site"})
+    assert reply.status_code == 403
