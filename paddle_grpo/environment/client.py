@@ -125,7 +125,12 @@ class RemoteToolSet(ToolSet):
         return ToolResult(call.name, content, error, latency)
 
     def _fetch_schemas(self) -> List[Dict[str, Any]]:
-        body = self._body(self._request("GET", "/tools"), "/tools")
+        try:
+            reply = self._request("GET", "/tools")
+        except requests.ReadTimeout:  # (a call's timeout is the policy's "timeout" result; a start's is an error)
+            raise ToolServerError(f"tool server {self.url}/tools did not answer in full within {self.timeout[1]:g} s "
+                                  "(tool_timeout_s)") from None
+        body = self._body(reply, "/tools")
         tools = body.get("tools")
         if not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance(t.get("function"), dict)
                                                   and isinstance(t["function"].get("name"), str) for t in tools):

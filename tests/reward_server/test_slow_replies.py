@@ -26,9 +26,9 @@ MARGIN_S = 1.0
 
 
 class DripServer(ThreadingHTTPServer):
-    """GET /tools answers at once; any POST trickles its reply one byte every `interval_s` seconds: the body
-    (`mode` "body": status line and headers at once), or everything from the headers on ("headers"); or sends it
-    at once after `big_bytes` spaces ("big"). `stop` ends every trickle."""
+    """GET /tools answers at once (`mode` "schemas": its body trickles); any POST trickles its reply one byte every
+    `interval_s` seconds: the body (`mode` "body": status line and headers at once), or everything from the
+    headers on ("headers"); or sends it at once after `big_bytes` spaces ("big"). `stop` ends every trickle."""
 
     daemon_threads = False  # server_close() joins the handler threads: none is left behind
 
@@ -47,6 +47,9 @@ class DripHandler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
+        if self.server.mode == "schemas":
+            self._trickle(json.dumps(SCHEMAS).encode())
+            return
         self._send_at_once(json.dumps(SCHEMAS).encode())
 
     def do_POST(self) -> None:
@@ -56,9 +59,13 @@ class DripHandler(BaseHTTPRequestHandler):
         if server.mode == "big":
             self._send_at_once(b" " * server.big_bytes + body)
             return
+        self._trickle(body)
+
+    def _trickle(self, body: bytes) -> None:
+        server = self.server
         head = (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                 "Connection: close\r\n\r\n").encode()
-        if server.mode == "body":
+        if server.mode in ("body", "schemas"):
             self.wfile.write(head)
             slow = body
         else:
@@ -119,6 +126,16 @@ def test_a_tool_reply_trickled_a_byte_a_second_is_a_timeout(drip, mode):
     # Not before 2 s: the limit counts from the request being sent, after the call began.
     assert 2.0 <= elapsed < 2.0 + MARGIN_S, elapsed
     assert 2.0 <= result.latency_s <= elapsed
+
+
+def test_schemas_trickled_at_start_up_are_a_tool_server_error_not_a_traceback(drip):
+    # A call's timeout is the policy's "timeout" result; at start-up there is no call: the run stops with the URL.
+    server = drip("schemas")
+    start = time.perf_counter()
+    with pytest.raises(ToolServerError, match=rf"^tool server {server.url}/tools did not answer in full within 2 s "
+                                              r"\(tool_timeout_s\)$"):
+        RemoteToolSet(server.url, timeout_s=2, retries=0)
+    assert time.perf_counter() - start < 2.0 + MARGIN_S
 
 
 def test_a_reply_trickled_within_the_limit_arrives_whole(drip):
