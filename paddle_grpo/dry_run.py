@@ -203,7 +203,8 @@ def model_dir_problems(path: str, key: str) -> List[str]:
         return []
     held = sorted(os.listdir(path))
     return [f"{key}: '{path}' is not a whole model directory (as save_pretrained writes it): it lacks "
-            f"{', '.join(missing)} (it holds {', '.join(held[:8]) + (', ...' if len(held) > 8 else '') or 'nothing'})"]
+            f"{', '.join(missing)} (it holds {', '.join(held[:8]) + (', ...' if len(held) > 8 else '') or 'nothing'})"
+            f"{hub.torch_pickle_note(path)}"]
 
 
 def inspect_model(name: str, key: str, labels: Optional[int] = None, cfg: Optional[Config] = None
@@ -441,7 +442,7 @@ def critic_dir_problems(path: str, key: str = CRITIC_KEY) -> List[str]:
         return []
     held = sorted(os.listdir(path))
     return [f"{key}: '{path}' is not a whole model directory: it lacks {', '.join(missing)} (it holds "
-            f"{', '.join(held[:8]) + (', ...' if len(held) > 8 else '') or 'nothing'})"]
+            f"{', '.join(held[:8]) + (', ...' if len(held) > 8 else '') or 'nothing'}){hub.torch_pickle_note(path)}"]
 
 
 def check_critic(cfg: Config, policy_vocab: Optional[int]) -> List[str]:

@@ -23,7 +23,7 @@ import threading
 from urllib.parse import urlparse
 
 __all__ = ["download_blocker", "hub_cache_dir", "is_complete_model_dir", "looks_like_hub_id", "made_by_note",
-           "missing_files", "resolve_model_dir"]
+           "missing_files", "resolve_model_dir", "torch_pickle_note"]
 
 CONFIG_FILE = "config.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -31,6 +31,7 @@ GENERATION_CONFIG_FILE = "generation_config.json"
 # The weight files PaddleNLP's from_pretrained accepts without torch conversion, in its order of preference.
 WEIGHT_FILES = ("model.safetensors.index.json", "model_state.pdparams.index.json", "model.safetensors",
                 "model_state.pdparams")
+TORCH_PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")  # named in errors, never loaded
 
 
 # Model directories that a command of this repository writes (a shipped config names them): a missing one's error
@@ -47,6 +48,19 @@ def made_by_note(name: str) -> str:
     that a command of this repository writes (MADE_BY), else ''."""
     command = MADE_BY.get(os.path.normpath(name).replace(os.sep, "/")) if name else None
     return f"; make it with: {command}" if command else ""
+
+
+def torch_pickle_note(directory: str) -> str:
+    """'; ...' saying how to convert when `directory` holds PyTorch's pickled weights (pytorch_model.bin or its
+    shards) but none of WEIGHT_FILES, else ''."""
+    if _weight_files(directory) is not None or not any(
+            os.path.isfile(os.path.join(directory, n)) for n in TORCH_PICKLE_FILES):
+        return ""
+    return ("; its weights are PyTorch's pickle (pytorch_model.bin), which is not loaded here (unpickling runs code, "
+            "and needs torch): save them once as safetensors with transformers, e.g. python -c \"from transformers "
+            "import AutoModelForCausalLM, AutoTokenizer as T; d='DIR'; AutoModelForCausalLM.from_pretrained(d)."
+            "save_pretrained(d + '-st'); T.from_pretrained(d).save_pretrained(d + '-st')\", and use DIR-st "
+            "(converted to PaddleNLP's layout at start-up)")
 
 
 def looks_like_hub_id(name: str) -> bool:
@@ -195,7 +209,7 @@ def _miss_message(key: str, name: str, cache: str, reason: str) -> str:
     home = os.environ.get("PPNLP_HOME")
     where = f"PPNLP_HOME={home}" if home else "PPNLP_HOME is unset: ~/.paddlenlp"
     state = (f"it holds {sorted(os.listdir(cache)) or 'nothing'} but lacks {', '.join(missing_files(cache))}"
-             if os.path.isdir(cache) else "it does not exist")
+             f"{torch_pickle_note(cache)}" if os.path.isdir(cache) else "it does not exist")
     return (f"{key}: '{name}' is not a local directory, and hub model '{name}' is not in PaddleNLP's model cache "
             f"(searched {cache}: {state}; {where}) and cannot be downloaded: {reason}. Fetch it where there is "
             f"network (python -c \"from paddle_grpo.policy import resolve_model_dir; resolve_model_dir('{name}')\") "

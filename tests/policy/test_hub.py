@@ -124,6 +124,21 @@ def test_missing_files_names_what_a_partial_cache_lacks(tmp_path):
     assert is_complete_model_dir(str(tmp_path))
 
 
+def test_pytorch_pickled_weights_are_named_with_how_to_convert_them(tmp_path):
+    from paddle_grpo.dry_run import model_dir_problems
+    from paddle_grpo.policy.hub import torch_pickle_note
+
+    for name in ("config.json", "tokenizer_config.json", "pytorch_model.bin"):
+        (tmp_path / name).write_bytes(b"{}")
+    [problem] = model_dir_problems(str(tmp_path), "actor_model_name_or_path")
+    assert problem.startswith(f"actor_model_name_or_path: '{tmp_path}' is not a whole model directory (as "
+                              "save_pretrained writes it): it lacks model.safetensors.index.json or ")
+    assert problem.endswith(torch_pickle_note(str(tmp_path)))
+    assert "PyTorch's pickle (pytorch_model.bin)" in problem and ".save_pretrained(d + '-st')" in problem
+    (tmp_path / "model.safetensors").write_bytes(b"x")  # loadable weights beside it: nothing to say
+    assert torch_pickle_note(str(tmp_path)) == ""
+
+
 def test_a_partial_cache_offline_names_the_missing_files(tmp_path, monkeypatch, refused_endpoint):
     # In process: point this process's PaddleNLP at a temporary cache and a refused server (module attributes).
     import paddlenlp.utils.env as env
