@@ -188,6 +188,16 @@ def resolve_model(name: str, key: str) -> Tuple[Optional[str], Optional[str]]:
                       "it through PaddleNLP's from_pretrained at start-up")
 
 
+def _holdings(path: str) -> str:
+    """'(it holds FILE, ...)' of an incomplete model directory (the first 8 names), and how to convert PyTorch's
+    pickled weights when those are what it holds (hub.torch_pickle_note)."""
+    from .policy import hub
+
+    held = sorted(os.listdir(path))
+    return (f"(it holds {', '.join(held[:8]) + (', ...' if len(held) > 8 else '') or 'nothing'})"
+            f"{hub.torch_pickle_note(path)}")
+
+
 def model_dir_problems(path: str, key: str) -> List[str]:
     """What local model directory `path` lacks (config.json, tokenizer_config.json, weight files), and whether its
     safetensors load as the run will load them (policy.hf_weights.plan: PaddleNLP's format as is, PyTorch's
@@ -201,10 +211,8 @@ def model_dir_problems(path: str, key: str) -> List[str]:
         except (hf_weights.WeightFormatError, OSError, ValueError) as e:
             return [_keyed(key, str(e))]
         return []
-    held = sorted(os.listdir(path))
     return [f"{key}: '{path}' is not a whole model directory (as save_pretrained writes it): it lacks "
-            f"{', '.join(missing)} (it holds {', '.join(held[:8]) + (', ...' if len(held) > 8 else '') or 'nothing'})"
-            f"{hub.torch_pickle_note(path)}"]
+            f"{', '.join(missing)} {_holdings(path)}"]
 
 
 def inspect_model(name: str, key: str, labels: Optional[int] = None, cfg: Optional[Config] = None
@@ -440,9 +448,7 @@ def critic_dir_problems(path: str, key: str = CRITIC_KEY) -> List[str]:
         except (hf_weights.WeightFormatError, OSError, ValueError) as e:
             return [_keyed(key, str(e))]
         return []
-    held = sorted(os.listdir(path))
-    return [f"{key}: '{path}' is not a whole model directory: it lacks {', '.join(missing)} (it holds "
-            f"{', '.join(held[:8]) + (', ...' if len(held) > 8 else '') or 'nothing'}){hub.torch_pickle_note(path)}"]
+    return [f"{key}: '{path}' is not a whole model directory: it lacks {', '.join(missing)} {_holdings(path)}"]
 
 
 def check_critic(cfg: Config, policy_vocab: Optional[int]) -> List[str]:

@@ -38,8 +38,9 @@ class ModelArguments:
                                        "token even then. Prefer the variable or a config file only you can read "
                                        "(mode 600) to the command line, which `ps` shows. Printed and written out as "
                                        "'***'.")
-    reward_server_timeout: float = arg(60.0, "(new) Seconds one reward-server request's whole reply may take once it is "
-                                             "sent (a silent or a trickled reply ends there; retried as a timeout).")
+    reward_server_timeout: float = arg(60.0, "(new) Seconds one reward-server request's whole reply may take once "
+                                             "it is sent (a silent or a trickled reply ends there; retried as a "
+                                             "timeout).")
     reward_server_max_retries: int = arg(-1, "(new) At most this many retries of a failed reward-server request "
                                              "(connection error, timeout, 5xx, 408, 429), with capped exponential "
                                              "backoff; -1: no limit on the count, reward_server_max_wait_s ends "

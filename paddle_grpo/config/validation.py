@@ -56,7 +56,8 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
                 "rollout_max_num_seqs", "logging_steps", "tensor_parallel_degree", "pipeline_parallel_degree",
                 "virtual_pp_degree", "max_gen_batches", "max_consecutive_nonfinite", "ref_model_sync_steps",
                 "overlong_reward_buffer", "max_length", "lora_rank", "fused_head_chunk_size",
-                "per_device_value_batch_size", "max_turns", "tool_max_workers", "max_tool_response_len")
+                "per_device_value_batch_size", "max_turns", "tool_max_workers", "max_tool_response_len",
+                "per_device_reward_batch_size")
     for key in positive:
         if getattr(cfg, key) < 1:
             bad(key, "must be at least 1")
@@ -121,8 +122,6 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
     if unknown:
         bad("sharding_parallel_config", f"unknown option {unknown[0]!r}; the options are "
                                         f"{', '.join(sorted(SHARDING_OPTIONS))}")
-    if cfg.per_device_reward_batch_size < 1:
-        bad("per_device_reward_batch_size", "must be at least 1")
     if cfg.do_eval and cfg.eval_steps < 1:
         bad("eval_steps", "must be at least 1")
     if cfg.save_strategy == "steps" and cfg.save_steps < 1:

@@ -9,8 +9,8 @@ function returns, no longer counted against `max_workers`; being a daemon thread
 exiting, which a ThreadPoolExecutor's workers would). The time limit starts when the call starts running, not
 while it waits for a slot. Built-in tools bound themselves (the calculator by sizes, `python` by its own limits);
 a user's tool that can hang should too. A RemoteToolSet's calls are not cut at `timeout_s`: they bound themselves
-(a reply not in full within `timeout_s` is their "timeout" result) and a tool server out of reach must raise, after the
-client's retry budget, rather than become a "timeout" the policy reads.
+(a reply not in full within `timeout_s` is their "timeout" result) and a tool server out of reach must raise, after
+the client's retry budget, rather than become a "timeout" the policy reads.
 
 The tool turn's tokens (`tool_turn_ids`): the format's own text is tokenized like a prompt, its markers
 (`<|im_end|>`, `<|im_start|>`) special ids; each tool output is plain text, so a special token's string in it
@@ -88,7 +88,8 @@ class ToolEnvironment:
 
     tools: a ToolSet or RemoteToolSet. fmt: the tool-call format (HermesFormat). timeout_s: per call, from its
     start (not applied to a tool set that `times_own_calls`, a RemoteToolSet: its bound on the whole reply is the
-    tool's time limit, and its retries end with a ToolServerError that `result()` raises). max_workers: calls running at once.
+    tool's time limit, and its retries end with a ToolServerError that `result()` raises). max_workers: calls
+    running at once.
     max_response_tokens: a tool output longer than this many tokens is cut to it, followed by a line saying how
     many tokens were cut."""
 
