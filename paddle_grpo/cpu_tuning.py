@@ -3,10 +3,12 @@
 Three causes, all measured on the 2-core AMD EPYC hosts (docs/PERFORMANCE.md):
 
 1. paddle's CPU wheel links MKL 2019.0.5 (`libmklml_intel.so`), which on a non-Intel CPU dispatches to a generic
-   SSE code path unless `MKL_DEBUG_CPU_TYPE=5` selects the AVX2 kernels (the variable is honoured by MKL <= 2020.0
+   SSE code path unless `MKL_DEBUG_CPU_TYPE` selects better kernels: 5 the AVX2 ones, 7 the AVX-512 ones, chosen
+   when the CPU has the five AVX-512 subsets they use (`mkl_cpu_type`). The variable is honoured by MKL <= 2020.0
    and read at the first MKL call, so it works when set after `import paddle`, but not after a first matmul: `apply()`
-   then reports `mkl_too_late` and warns instead of claiming the setting). fp32 GEMM 4096x256 @ 256x704 goes
-   from ~17 to ~45-70 GFLOP/s. Results differ from the SSE path only by float rounding (different summation order).
+   then reports `mkl_too_late` and warns instead of claiming the setting. fp32 GEMM 4096x256 @ 256x704 goes from
+   ~17 to ~45-70 GFLOP/s with AVX2 on the AVX2-only EPYC, from ~130 (AVX2) to ~245 (AVX-512) at 1 thread on a
+   Zen 5 EPYC. Results differ between the paths only by float rounding (different summation order).
 2. paddle allocates every CPU tensor with glibc `malloc`; blocks above the (dynamic) mmap threshold are mmap'ed and
    returned to the kernel when freed, so each op on a few-MB tensor page-faults its output again (~0.25 us per
    4 KiB page). An elementwise multiply of a 4 MB tensor took 4-10 ms instead of 0.2-0.5 ms. `mallopt` keeps such
@@ -46,11 +48,33 @@ SETTINGS = ("mkl", "malloc", "stride")
 
 
 def _is_amd():
+    return _cpu_fields().get("vendor_id") == "AuthenticAMD"
+
+
+def _cpu_fields() -> Dict[str, str]:
+    """The first processor's /proc/cpuinfo fields (empty without /proc)."""
     try:
         with open("/proc/cpuinfo") as f:
-            return "AuthenticAMD" in f.read(4096)
+            text = f.read(1 << 16)
     except OSError:
-        return False
+        return {}
+    fields = dict(line.split(":", 1) for line in text.split("\n\n")[0].splitlines() if ":" in line)
+    return {k.strip(): v.strip() for k, v in fields.items()}
+
+
+# The AVX-512 subsets MKL's AVX-512 ("Skylake server") kernels execute; a CPU missing one would fault on them.
+MKL_AVX512_FLAGS = frozenset({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"})
+
+
+def mkl_cpu_type(vendor: Optional[str], flags: Set[str]) -> Optional[str]:
+    """The MKL_DEBUG_CPU_TYPE that selects MKL's fastest kernels for a CPU of `vendor` with /proc/cpuinfo `flags`,
+    or None to leave MKL's own choice (Intel CPUs, and AMD CPUs without AVX2, which MKL's SSE path suits): on AMD
+    "7" (AVX-512) when the CPU has every subset in MKL_AVX512_FLAGS, else "5" (AVX2). Measured: on a Zen 5 EPYC the
+    AVX-512 path made the toy step 1.38x and the real-vocabulary step 1.42x shorter than AVX2 (docs/PERFORMANCE.md,
+    "MKL's AVX-512 kernels on AMD")."""
+    if vendor != "AuthenticAMD" or not {"avx2", "fma"} <= flags:
+        return None
+    return "7" if MKL_AVX512_FLAGS <= flags else "5"
 
 
 def wanted(device: str, choice: str = "1") -> Set[str]:
@@ -75,18 +99,20 @@ def apply(device: Optional[str] = None) -> Dict[str, Any]:
         return {}  # not cached: a later call for a CPU (a tool choosing its device) still applies them
     chosen = wanted(device, os.environ.get("PADDLE_GRPO_CPU_TUNING", "1"))
     _applied = {}
-    if "mkl" in chosen and "MKL_DEBUG_CPU_TYPE" not in os.environ and _is_amd():
-        os.environ["MKL_DEBUG_CPU_TYPE"] = "5"
+    fields = _cpu_fields()
+    cpu_type = mkl_cpu_type(fields.get("vendor_id"), set(fields.get("flags", "").split()))
+    if "mkl" in chosen and "MKL_DEBUG_CPU_TYPE" not in os.environ and cpu_type is not None:
+        os.environ["MKL_DEBUG_CPU_TYPE"] = cpu_type
         # MKL reads the variable once, at its first call; if a matmul ran before apply(), it keeps the path it chose
         # then (the generic one on AMD: ~4x slower GEMMs). Say so rather than claim the setting took effect.
         path = _mkl_code_path()
-        if path is None or path == 5:
-            _applied["MKL_DEBUG_CPU_TYPE"] = "5"
+        if path is None or str(path) == cpu_type:
+            _applied["MKL_DEBUG_CPU_TYPE"] = cpu_type
         else:
             _applied["mkl_too_late"] = MKL_CODE_PATHS.get(path, str(path))
             logger.warning("paddle's MKL chose its %s kernels before cpu_tuning.apply() (a matmul ran first): "
-                           "MKL_DEBUG_CPU_TYPE=5 has no effect in this process; apply the CPU tuning before the "
-                           "first matmul", _applied["mkl_too_late"])
+                           "MKL_DEBUG_CPU_TYPE=%s has no effect in this process; apply the CPU tuning before the "
+                           "first matmul", _applied["mkl_too_late"], cpu_type)
     if "malloc" in chosen and platform.system() == "Linux":
         try:
             libc = ctypes.CDLL("libc.so.6")
@@ -104,24 +130,23 @@ def apply(device: Optional[str] = None) -> Dict[str, Any]:
     return _applied
 
 
-# mkl_serv_cpu_detect() of paddle's MKL 2019: the code path it dispatches to. Values 0, 2, 4, 5 and 6 were read on
-# the AMD EPYC (0 by default, N under MKL_DEBUG_CPU_TYPE=N); 2, 4 and 5 select MKL's SSE, AVX and AVX2 kernels there
-# (their speed and sums differ, docs/PERFORMANCE.md). 7, MKL's AVX-512 path, is what an Intel CPU with AVX-512 is
-# expected to report (not seen here: this AMD host has no AVX-512).
+# mkl_serv_cpu_detect() of paddle's MKL 2019: the code path it dispatches to. Values 0, 2, 4 and 5 were read on the
+# AVX2-only AMD EPYC, 6 and 7 on a Zen 5 EPYC with AVX-512 (0 by default, N under MKL_DEBUG_CPU_TYPE=N); 2, 4, 5 and
+# 7 select MKL's SSE, AVX, AVX2 and AVX-512 kernels (their speed and sums differ, docs/PERFORMANCE.md). 7 is also
+# what an Intel CPU with AVX-512 reports by itself.
 MKL_CODE_PATHS = {0: "generic", 2: "SSE", 4: "AVX", 5: "AVX2", 6: "AVX-512 (Xeon Phi)", 7: "AVX-512"}
 
 
 def _cpuinfo() -> Dict[str, Any]:
-    """Vendor, model name and the vector-ISA flags that decide which kernels MKL, oneDNN and numpy take."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            text = f.read(1 << 16)
-    except OSError:
+    """Vendor, model name, family and model numbers (they tell CPU generations apart where the hypervisor hides the
+    name: AMD family 25 is Zen 3/4, 26 Zen 5) and the vector-ISA flags that decide which kernels MKL, oneDNN and
+    numpy take."""
+    fields = _cpu_fields()
+    if not fields:
         return {}
-    fields = dict(line.split(":", 1) for line in text.split("\n\n")[0].splitlines() if ":" in line)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
     flags = set(fields.get("flags", "").split())
     return {"vendor": fields.get("vendor_id"), "model_name": fields.get("model name"),
+            "family": fields.get("cpu family"), "model": fields.get("model"),
             "isa": [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
                     if f in flags]}
 
@@ -170,7 +195,8 @@ def describe(applied: Dict[str, Any]) -> str:
     """`apply()`'s result as one line for the start-up log."""
     parts = []
     if "MKL_DEBUG_CPU_TYPE" in applied:
-        parts.append(f"MKL's AVX2 kernels on this AMD CPU (MKL_DEBUG_CPU_TYPE={applied['MKL_DEBUG_CPU_TYPE']})")
+        path = MKL_CODE_PATHS.get(int(applied["MKL_DEBUG_CPU_TYPE"]), applied["MKL_DEBUG_CPU_TYPE"])
+        parts.append(f"MKL's {path} kernels on this AMD CPU (MKL_DEBUG_CPU_TYPE={applied['MKL_DEBUG_CPU_TYPE']})")
     if "mkl_too_late" in applied:
         parts.append(f"MKL's {applied['mkl_too_late']} kernels (it was called before the tuning)")
     if "mallopt" in applied:

@@ -27,6 +27,8 @@ def test_cpu_tuning_is_one_readable_line():
     assert describe(applied) == ("CPU tuning: MKL's AVX2 kernels on this AMD CPU (MKL_DEBUG_CPU_TYPE=5), malloc keeps "
                                  "blocks up to 32 MiB in the heap, paddle's stride kernels off "
                                  "(PADDLE_GRPO_CPU_TUNING=0 disables it)")
+    assert describe({"MKL_DEBUG_CPU_TYPE": "7"}) == \
+        "CPU tuning: MKL's AVX-512 kernels on this AMD CPU (MKL_DEBUG_CPU_TYPE=7) (PADDLE_GRPO_CPU_TUNING=0 disables it)"
     assert describe({"FLAGS_use_stride_kernel": False}) == \
         "CPU tuning: paddle's stride kernels off (PADDLE_GRPO_CPU_TUNING=0 disables it)"
 
