@@ -65,7 +65,7 @@ def model_config(path: str, *, trainable: bool = True, recompute: bool = False, 
     (critic.py), whose backbone loads the same way."""
     from paddlenlp.transformers import AutoConfig
 
-    cpu_tuning.apply()  # CPU runs only: MKL's AVX2 path on AMD, no page fault per tensor; before any forward
+    cpu_tuning.apply()  # CPU runs only: MKL's AVX2 or AVX-512 path on AMD, no page fault per tensor; before any forward
     config = AutoConfig.from_pretrained(path)
     config.recompute = bool(recompute and trainable)
     if config.recompute:

@@ -48,6 +48,9 @@ def test_tables_give_ranges_over_seeds_and_controls(load_tool):
     assert "| `--seed 1 --learning_rate 0` | 475 | 0.478 | 0.506 | +2.8 (all evals 0.478-0.512) | 176 s |" in text
 
 
+OTHER_MACHINES = ("quickstart_seeds_amd.json", "quickstart_seeds_zen5.json")  # beside quickstart_seeds.json (Intel)
+
+
 def test_readme_and_quickstart_doc_show_the_recorded_runs(load_tool, repo_root):
     """The numbers docs/quickstart.md gives are the ones tools/quickstart_seeds.py recorded, on the machine they
     name; README.md gives the overall range (its first screen and its status table)."""
@@ -64,20 +67,24 @@ def test_readme_and_quickstart_doc_show_the_recorded_runs(load_tool, repo_root):
     # the wall-time range is the recorded one of the runs that built their own policy (not the controls)
     walls = [r["wall_s"] for r in results["runs"] if r["wall_s"] is not None and not r["learning_rate_0"]]
     assert f"{min(walls) / 60:.1f}-{max(walls) / 60:.1f} min" in doc
-    # the second machine's runs (docs/results/quickstart_seeds_amd.json) and the ranges over both machines
-    with open(repo_root / "docs" / "results" / "quickstart_seeds_amd.json", encoding="utf-8") as f:
-        amd = json.load(f)
-    amd_line, amd_table = tool.tables(amd).split("\n", 1)
-    assert amd_line in doc and amd_table.strip() in doc
-    assert amd["machine"]["cpu"] in doc and f"{amd['machine']['cores']} cores" in doc
-    assert tool.combined([results, amd]).strip() in doc
-    runs = [r for res in (results, amd) for r in res["runs"] if not r["learning_rate_0"]]
-    controls = [r for res in (results, amd) for r in res["runs"] if r["learning_rate_0"]]
+    # the other machines' runs (AMD EPYC with AVX2, Zen 5 EPYC with AVX-512) and the ranges over all machines
+    others = []
+    for name in OTHER_MACHINES:
+        with open(repo_root / "docs" / "results" / name, encoding="utf-8") as f:
+            others.append(json.load(f))
+        line, other_table = tool.tables(others[-1]).split("\n", 1)
+        assert line in doc and other_table.strip() in doc, name
+        assert others[-1]["machine"]["cpu"] in doc and f"{others[-1]['machine']['cores']} cores" in doc
+    every = [results] + others
+    assert tool.combined(every).strip() in doc
+    runs = [r for res in every for r in res["runs"] if not r["learning_rate_0"]]
+    controls = [r for res in every for r in res["runs"] if r["learning_rate_0"]]
     gains = [100 * (r["eval_last"] - r["eval_first"]) for r in runs]
     control_gains = [100 * (r["eval_last"] - r["eval_first"]) for r in controls]
-    assert (f"{min(gains):+.1f} to {max(gains):+.1f} points held-out accuracy over {len(runs)} runs on two "
+    machines = {2: "two", 3: "three", 4: "four"}[len(every)]
+    assert (f"{min(gains):+.1f} to {max(gains):+.1f} points held-out accuracy over {len(runs)} runs on {machines} "
             f"machines") in readme
-    assert (f"rises by {min(gains):.1f} to {max(gains):.1f} points ({len(runs)} runs on two machines") in readme
+    assert f"rises by {min(gains):.1f} to {max(gains):.1f} points ({len(runs)} runs on {machines} machines" in readme
     assert f"`learning_rate: 0` {min(control_gains):+.1f} to {max(control_gains):+.1f}" in readme
 
 
