@@ -683,7 +683,21 @@ def async_plan(cfg: Config, processes: int) -> Tuple[List[str], List[str]]:
             f"(rollout_lag {lag}; before step 1: the initial weights) and scores the samples; {when}",
             f"async rollout: the trainer writes its {'LoRA adapters' if cfg.lora else 'trainable weights'} once per "
             f"step to a private directory (/dev/shm when present) that the worker reads, and {limit}; the worker "
-            f"logs to {os.path.join(cfg.output_dir, 'rollout_worker.log')}"] + reference_line, []
+            f"logs to {os.path.join(cfg.output_dir, 'rollout_worker.log')}", threads_line(cfg)] + reference_line, []
+
+
+def threads_line(cfg: Any) -> str:
+    """How many kernel threads the trainer and the rollout worker run, and whether they compete for the cores."""
+    from .kernels.numpy_kernels import threads
+    from .rollout.async_worker import oversubscribed
+
+    trainer, cores = threads(), len(os.sched_getaffinity(0))
+    worker = cfg.rollout_worker_threads or trainer
+    how = ("rollout_worker_threads" if cfg.rollout_worker_threads else "the trainer's, rollout_worker_threads 0")
+    verdict = ("they compete (a warning at start-up; docs/async.md)" if oversubscribed(trainer, worker, cores)
+               else "they fit")
+    return (f"async rollout: the trainer's kernels run {trainer} thread(s) (OMP_NUM_THREADS), the worker's {worker} "
+            f"({how}), on {cores} usable core(s): {verdict}")
 
 
 def visible_gpus() -> int:

@@ -125,7 +125,7 @@ def run_key_notes(cfg: Config) -> Dict[str, str]:
         notes["rollout_correction_min"] = (f"rollout_correction {cfg.rollout_correction!r} only caps the ratio from "
                                            "above (rollout_correction mis drops the tokens below this bound)")
     if not cfg.async_rollout:
-        for key in ("rollout_lag", "rollout_worker_timeout_s", "rollout_worker_reference"):
+        for key in ("rollout_lag", "rollout_worker_timeout_s", "rollout_worker_reference", "rollout_worker_threads"):
             notes[key] = "async_rollout is off: the trainer samples each step's batch itself"
     elif cfg.rollout_worker_reference and not cfg.needs_reference_model:
         notes["rollout_worker_reference"] = ("no KL term (kl_loss_coeff and reward_kl_coeff are 0): no reference "

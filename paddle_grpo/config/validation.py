@@ -70,7 +70,7 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
     for key in non_negative:
         if getattr(cfg, key) is not None and getattr(cfg, key) < 0:
             bad(key, "must not be negative")
-    for key in ("rollout_lag", "rollout_worker_timeout_s"):
+    for key in ("rollout_lag", "rollout_worker_timeout_s", "rollout_worker_threads"):
         if getattr(cfg, key) < 0:
             bad(key, "must not be negative")
     if cfg.reward_server_max_retries < -1:

@@ -33,7 +33,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["RolloutWorkerError", "WeightStore", "WorkerProcess", "die_with_parent", "parent_gone", "process_cpu_s"]
+__all__ = ["RolloutWorkerError", "WeightStore", "WorkerProcess", "die_with_parent", "oversubscribed", "parent_gone",
+           "process_cpu_s", "worker_env"]
 
 POLL_S = 0.002  # the worker's poll for a weights file: far below a step (>= 0.1 s), negligible CPU
 
@@ -114,6 +115,20 @@ class WeightStore:
 
 # ------------------------------------------------------------------------------------------------- process
 
+def worker_env(threads: int) -> Dict[str, str]:
+    """The environment the rollout worker gets on top of the trainer's: its kernels' thread count
+    (rollout_worker_threads; 0: none, it inherits the trainer's). paddle and MKL read both at the worker's start."""
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads > 0 else {}
+
+
+def oversubscribed(trainer: int, worker: int, cores: int) -> bool:
+    """Whether the trainer's and the worker's kernel threads compete harmfully for `cores`: both multi-threaded
+    beyond the cores (2 threads each on 2 cores: the rollout 2.6x, the update 1.4x longer at the TRL shape), or one
+    alone wanting more than all of them. A multi-threaded trainer beside a 1-thread worker is left alone: on a real
+    model it was the fastest split (docs/async.md)."""
+    return max(trainer, worker) > cores or (trainer > 1 and worker > 1 and trainer + worker > cores)
+
+
 def process_cpu_s(pid: Optional[int] = None) -> Optional[float]:
     """CPU seconds (user + system, all threads) of process `pid` (None: this one), from /proc/PID/stat; None when
     the process is gone or /proc is absent."""
@@ -169,12 +184,13 @@ class WorkerProcess:
     """A rollout worker child process running `entry(conn, payload)` (entry: "module:function"), its stdout and
     stderr appended to `log_path`."""
 
-    def __init__(self, entry: str, payload: Any, log_path: str, *, name: str = "rollout worker"):
+    def __init__(self, entry: str, payload: Any, log_path: str, *, name: str = "rollout worker",
+                 env: Optional[Dict[str, str]] = None):
         import socket
 
         self.name, self.log_path = name, log_path
         parent_sock, child_sock = socket.socketpair()
-        env = dict(os.environ)
+        env = {**os.environ, **(env or {})}  # `env`: variables set for the child only (e.g. its thread count)
         # The child imports this package as the parent does (a checkout on sys.path, not only an installed copy).
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])

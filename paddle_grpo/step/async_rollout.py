@@ -35,7 +35,8 @@ from ..config import ConfigError
 from ..data import PromptSampler, read_jsonl
 from ..parallel import ParallelContext
 from ..policy import Policy
-from ..rollout.async_worker import WeightStore, WorkerProcess, process_cpu_s, stop_requested
+from ..rollout.async_worker import (WeightStore, WorkerProcess, oversubscribed, process_cpu_s, stop_requested,
+                                     worker_env)
 from .batch import BATCH_TENSORS, Batch
 from .collection import PromptEncoder, build_rewarder, build_tools, collect
 from .experience import reference_logprobs
@@ -60,22 +61,23 @@ def batch_source(cfg: Any, par: ParallelContext, policy: Policy, encode: PromptE
                            "step(s) stale and uncorrected, which collapsed the quickstart's learning; set "
                            "rollout_correction: clip (docs/async.md)", cfg.rollout_lag, cfg.rollout_lag)
         if par.is_main:
-            warn_oversubscribed()
+            warn_oversubscribed(cfg.rollout_worker_threads)
         return AsyncBatches(cfg, par, policy, sampler)
     return SyncBatches(cfg, par, policy, encode, rewarder, sampler, records, prompts_per_rank, learner, collect)
 
 
-def warn_oversubscribed() -> None:
-    """Say so when the trainer and the worker, each with paddle's thread count, want more threads than the cores
-    this process may use: both then slow down (measured at the TRL shape with 2 threads each on 2 cores: the
-    rollout 2.6x, the update 1.4x longer; docs/async.md)."""
+def warn_oversubscribed(worker_threads: int = 0) -> None:
+    """Say so when the trainer's threads (OMP_NUM_THREADS) and the worker's (`worker_threads`, 0: the trainer's)
+    compete for the cores this process may use (`oversubscribed`)."""
     from ..kernels.numpy_kernels import threads
 
-    each, cores = threads(), len(os.sched_getaffinity(0))
-    if each > 1 and 2 * each > cores:
-        logger.warning("async_rollout: the trainer and the rollout worker each run %d thread(s) (OMP_NUM_THREADS) "
-                       "on %d usable core(s); set OMP_NUM_THREADS=%d so that they do not compete (docs/async.md)",
-                       each, cores, max(1, cores // 2))
+    trainer, cores = threads(), len(os.sched_getaffinity(0))
+    worker = worker_threads or trainer
+    if oversubscribed(trainer, worker, cores):
+        logger.warning("async_rollout: the trainer runs %d thread(s) (OMP_NUM_THREADS) and the rollout worker %d "
+                       "(rollout_worker_threads) on %d usable core(s); they compete: set OMP_NUM_THREADS=%d, or "
+                       "rollout_worker_threads 1 beside a multi-threaded trainer (docs/async.md)",
+                       trainer, worker, cores, max(1, cores // 2))
 
 
 def trainable_arrays(policy: Policy) -> Dict[str, np.ndarray]:
@@ -187,7 +189,8 @@ class AsyncBatches:
             raise RuntimeError(f"async_rollout: the weights after steps {missing} are not in {self.store.directory}")
         payload = {"cfg": self.cfg, "step": step, "base": self.base, "lag": self.lag,
                    "sampler": self.sampler.state_dict(), "weights_dir": self.store.directory}
-        self.held["worker"] = WorkerProcess(WORKER_ENTRY, payload, self.log_path)
+        self.held["worker"] = WorkerProcess(WORKER_ENTRY, payload, self.log_path,
+                                            env=worker_env(self.cfg.rollout_worker_threads))
         self.next_step = step
         logger.info("rollout worker: pid %d, rollout_lag %d (weights in %s, log %s)", self.worker.pid, self.lag,
                     self.store.directory, self.log_path)

@@ -373,6 +373,8 @@ def test_dry_run_states_the_plan(data, tiny_policy_dir, tmp_path, repo_root):
                          ({"kl_loss_coeff": 0.1, "rollout_worker_reference": False}, "computed by the trainer")):
         r = _run_rl(repo_root, {**values, **extra, "dry_run": True})
         assert r.returncode == 0 and f"async rollout: the reference log-probs (the KL terms) are {where}" in r.stdout
+    r = _run_rl(repo_root, {**values, "rollout_worker_threads": 1, "dry_run": True})
+    assert r.returncode == 0 and "the worker's 1 (rollout_worker_threads)" in r.stdout, r.stdout[-3000:]
 
 
 @pytest.mark.parametrize("correction, warned", [("none", True), ("tis", False)])
@@ -400,3 +402,55 @@ def test_more_threads_than_cores_for_two_processes_is_warned_about(monkeypatch, 
     assert len(said) == (1 if warned else 0), said
     if warned:
         assert f"{cores + 1} thread(s)" in said[0] and f"on {cores} usable core(s)" in said[0]
+
+
+@pytest.mark.parametrize("trainer, worker, cores, competes", [
+    (1, 1, 2, False),   # one core each: the measured default
+    (2, 1, 2, False),   # a 2-thread trainer beside a 1-thread worker: the fastest split for SmolLM2-135M
+    (2, 2, 2, True),    # 2 threads each on 2 cores: rollout 2.6x, update 1.4x longer (docs/async.md)
+    (3, 1, 2, True),    # one process alone wants more than the cores
+    (1, 3, 2, True),
+    (2, 2, 4, False),
+    (4, 2, 4, True),
+])
+def test_which_thread_splits_compete(trainer, worker, cores, competes):
+    from paddle_grpo.rollout.async_worker import oversubscribed
+
+    assert oversubscribed(trainer, worker, cores) is competes
+
+
+@pytest.mark.parametrize("worker_threads, warned", [(1, False), (0, True), (2, True)])
+def test_a_one_thread_worker_beside_a_two_thread_trainer_is_not_warned_about(monkeypatch, caplog, worker_threads,
+                                                                             warned):
+    from paddle_grpo.step.async_rollout import warn_oversubscribed
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # the 2-core machine the split was measured on
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    with caplog.at_level("WARNING", logger="paddle_grpo.trainer"):
+        warn_oversubscribed(worker_threads)
+    said = [r.getMessage() for r in caplog.records if "compete" in r.getMessage()]
+    assert len(said) == (1 if warned else 0), said
+
+
+def _environ(pid: int) -> dict:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return dict(item.decode().split("=", 1) for item in f.read().split(b"\0") if b"=" in item)
+
+
+@pytest.mark.parametrize("worker_threads, expected", [(1, "1"), (0, "2")])
+def test_the_worker_runs_rollout_worker_threads(data, tiny_policy_dir, tmp_path, monkeypatch, worker_threads,
+                                                expected):
+    """rollout_worker_threads sets the worker's OMP_NUM_THREADS / MKL_NUM_THREADS (paddle and MKL read them at its
+    start); 0 leaves the trainer's."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setenv("MKL_NUM_THREADS", "2")
+    cfg = make_cfg(data, tiny_policy_dir, tmp_path / "out", max_steps=1, save_strategy="no",
+                   rollout_worker_threads=worker_threads, **ASYNC)
+    trainer = Trainer(cfg)
+    try:
+        trainer.train_step()
+        env = _environ(trainer.batches.worker.pid)
+    finally:
+        trainer.batches.close()
+    assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"]) == (expected, expected)
+    assert os.environ["OMP_NUM_THREADS"] == "2"  # the trainer's own setting is untouched
