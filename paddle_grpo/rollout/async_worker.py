@@ -124,8 +124,9 @@ def worker_env(threads: int) -> Dict[str, str]:
 def oversubscribed(trainer: int, worker: int, cores: int) -> bool:
     """Whether the trainer's and the worker's kernel threads compete harmfully for `cores`: both multi-threaded
     beyond the cores (2 threads each on 2 cores: the rollout 2.6x, the update 1.4x longer at the TRL shape), or one
-    alone wanting more than all of them. A multi-threaded trainer beside a 1-thread worker is left alone: on a real
-    model it was the fastest split (docs/async.md)."""
+    alone wanting more than all of them. One multi-threaded process beside a 1-thread one is left alone: a 2-thread
+    trainer beside a 1-thread worker was the fastest split for SmolLM2-135M (docs/async.md); the reverse, 1 + 2 at
+    the toy TRL shape, was slower than 1 + 1 (0.52 against 0.37 s), which the step's waits show."""
     return max(trainer, worker) > cores or (trainer > 1 and worker > 1 and trainer + worker > cores)
 
 
