@@ -280,6 +280,9 @@ class Trainer:
                             "overwrite_output_dir: true to train again from scratch", cfg.output_dir, self.step,
                             self.max_steps)
             self.log.close()
+            # Every rank leaves together: rank 0 hosts the launch's TCP store, and leaving while a slower rank was
+            # still connecting to it aborted rank 0 (exit -6 in a 2-rank resume, 2026-11-28).
+            self.par.barrier()
             return metrics
         previous = guard.install()
         try:
