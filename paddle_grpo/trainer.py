@@ -129,7 +129,6 @@ class Trainer:
         self.batches = step.batch_source(cfg, par, self.policy, self.encode, self.rewarder, self.sampler,
                                          self.train_records, self.geometry.prompts_per_rank, self.learner,
                                          lambda *args: step.collect(*args))
-
         self.step, self.unlogged = 0, None
         self.guard = StepGuard(self)  # the state at each step's start, signals, saving on a fault (run/faults.py)
         if par.is_main:
@@ -280,9 +279,7 @@ class Trainer:
                             "overwrite_output_dir: true to train again from scratch", cfg.output_dir, self.step,
                             self.max_steps)
             self.log.close()
-            # Every rank leaves together: rank 0 hosts the launch's TCP store, and leaving while a slower rank was
-            # still connecting to it aborted rank 0 (exit -6 in a 2-rank resume, 2026-11-28).
-            self.par.barrier()
+            self.par.barrier()  # ranks leave together: rank 0 (the TCP store's host) aborted leaving first (exit -6)
             return metrics
         previous = guard.install()
         try:
