@@ -47,11 +47,7 @@ _applied = None
 SETTINGS = ("mkl", "malloc", "stride")
 
 
-def _is_amd():
-    return _cpu_fields().get("vendor_id") == "AuthenticAMD"
-
-
-def _cpu_fields() -> Dict[str, str]:
+def cpu_fields() -> Dict[str, str]:
     """The first processor's /proc/cpuinfo fields (empty without /proc)."""
     try:
         with open("/proc/cpuinfo") as f:
@@ -99,7 +95,7 @@ def apply(device: Optional[str] = None) -> Dict[str, Any]:
         return {}  # not cached: a later call for a CPU (a tool choosing its device) still applies them
     chosen = wanted(device, os.environ.get("PADDLE_GRPO_CPU_TUNING", "1"))
     _applied = {}
-    fields = _cpu_fields()
+    fields = cpu_fields()
     cpu_type = mkl_cpu_type(fields.get("vendor_id"), set(fields.get("flags", "").split()))
     if "mkl" in chosen and "MKL_DEBUG_CPU_TYPE" not in os.environ and cpu_type is not None:
         os.environ["MKL_DEBUG_CPU_TYPE"] = cpu_type
@@ -141,7 +137,7 @@ def _cpuinfo() -> Dict[str, Any]:
     """Vendor, model name, family and model numbers (they tell CPU generations apart where the hypervisor hides the
     name: AMD family 25 is Zen 3/4, 26 Zen 5) and the vector-ISA flags that decide which kernels MKL, oneDNN and
     numpy take."""
-    fields = _cpu_fields()
+    fields = cpu_fields()
     if not fields:
         return {}
     flags = set(fields.get("flags", "").split())

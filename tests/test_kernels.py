@@ -53,7 +53,8 @@ def test_the_rerun_settings_select_other_kernels(repo_root, rerun_digest):
     amd, avx512 = cpu_flags()
     if not (amd or avx512):
         pytest.skip("an Intel CPU without AVX-512: MKL's AVX2 kernels are already the default here")
-    # AMD: cpu_tuning's MKL_DEBUG_CPU_TYPE=5 or 7 (AVX2, AVX-512) becomes 4 (AVX). Intel with AVX-512: MKL_ENABLE_INSTRUCTIONS=AVX2.
+    # AMD: cpu_tuning's MKL_DEBUG_CPU_TYPE=5 or 7 (AVX2, AVX-512) becomes 4 (AVX).
+    # Intel with AVX-512: MKL_ENABLE_INSTRUCTIONS=AVX2.
     changed = [k for k in ("paddle_matmul", "paddle_backward", "paddle_softmax") if other[k] != default[k]]
     assert changed, (default, other)
 

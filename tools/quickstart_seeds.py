@@ -38,25 +38,18 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def machine() -> dict:
     """What the numbers depend on: float kernels differ by CPU, and results by thread count."""
-    cpu, flags, family, vendor, present = platform.processor() or "", [], None, None, set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            info = f.read().splitlines()
-        cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
-        family, vendor = (next((line.split(":", 1)[1].strip() for line in info if line.startswith(key)), None)
-                          for key in ("cpu family", "vendor_id"))
-        present = set(next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), []))
-        # paddle's oneDNN/MKL kernels are picked by these instruction sets, so results differ between CPUs
-        flags = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in present]
-    except OSError:
-        pass
     import paddle
 
     from paddle_grpo import cpu_tuning
 
+    fields = cpu_tuning.cpu_fields()  # /proc/cpuinfo's first processor (empty without /proc)
+    present = set(fields.get("flags", "").split())
+    # paddle's oneDNN/MKL kernels are picked by these instruction sets, so results differ between CPUs
+    flags = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in present]
     # the MKL code path the runs take: the environment's, else the one cpu_tuning picks (None: MKL's own choice)
-    mkl = os.environ.get("MKL_DEBUG_CPU_TYPE") or cpu_tuning.mkl_cpu_type(vendor, present)
-    return {"cpu": cpu, "cpu_family": family, "cpu_flags": flags, "mkl_debug_cpu_type": mkl, "cores": os.cpu_count(),
+    mkl = os.environ.get("MKL_DEBUG_CPU_TYPE") or cpu_tuning.mkl_cpu_type(fields.get("vendor_id"), present)
+    return {"cpu": fields.get("model name") or platform.processor() or "", "cpu_family": fields.get("cpu family"),
+            "cpu_flags": flags, "mkl_debug_cpu_type": mkl, "cores": os.cpu_count(),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"), "python": platform.python_version(),
             "paddle": paddle.__version__}
 
