@@ -17,6 +17,7 @@ The tool turn's tokens (`tool_turn_ids`): the format's own text is tokenized lik
 (`<|im_end|>`, EOS) is its characters, never the token: what a tool prints cannot close the turn, open another,
 or end the sequence. Lone surrogates in an output (which UTF-8 cannot encode) become U+FFFD.
 """
+import os
 import re
 import threading
 import time
@@ -27,6 +28,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from ..data import special_token_ids
 from .format import HermesFormat
 from .tool import ToolCall, ToolResult, ToolSet, error_result, precheck
+
+# How many characters of a tool's output are tokenized per token kept (ToolEnvironment._cut). A BPE token of these
+# vocabularies spells a few characters on average (about 4 in English text, code or JSON; a long run of one
+# character can be one token of up to a few dozen): 32 per token puts the character cut far past the kept tokens,
+# and a cut changes the tokens of its last word only, so the kept tokens are those of the whole output. An output
+# whose start averages more characters per token than this shows fewer tokens than max_tool_response_len, never
+# more.
+CUT_CHARS_PER_TOKEN = 32
 
 
 @dataclass
@@ -91,7 +100,7 @@ class ToolEnvironment:
     tool's time limit, and its retries end with a ToolServerError that `result()` raises). max_workers: calls
     running at once.
     max_response_tokens: a tool output longer than this many tokens is cut to it, followed by a line saying how
-    many tokens were cut."""
+    many tokens (for an output over max_response_tokens * CUT_CHARS_PER_TOKEN characters: characters) were cut."""
 
     def __init__(self, tools: ToolSet, fmt: HermesFormat, tokenizer: Any, *, timeout_s: float = 10,
                  max_workers: int = 8, max_response_tokens: int = 256) -> None:
@@ -233,11 +242,24 @@ class ToolEnvironment:
         return ToolTurn(messages, tool_turn_ids(self.tokenizer, self.fmt.tool_turn_parts(shown, close_turn)), shown)
 
     def _cut(self, result: ToolResult) -> ToolResult:
-        ids = plain_text_ids(self.tokenizer, result.content)
-        if len(ids) <= self.max_response_tokens:
-            return result
-        kept = self._decode(ids[:self.max_response_tokens])
-        note = f"\n[output cut: {len(ids) - self.max_response_tokens} more tokens not shown]"
+        """`result` with its content cut to max_response_tokens tokens and a note saying how much is not shown.
+        Only the first max_response_tokens * CUT_CHARS_PER_TOKEN characters are tokenized (a tool may return
+        megabytes, and tokenizing them all took seconds per call): an output within that bound is cut exactly as
+        if tokenized whole, with the count of tokens not shown; a longer one's total token count is unknown, so its
+        note counts the characters not shown."""
+        text, limit = result.content, self.max_response_tokens
+        bound = limit * CUT_CHARS_PER_TOKEN
+        ids = plain_text_ids(self.tokenizer, text[:bound])
+        if len(text) <= bound:
+            if len(ids) <= limit:
+                return result
+            kept = self._decode(ids[:limit])
+            note = f"\n[output cut: {len(ids) - limit} more tokens not shown]"
+        else:
+            kept = self._decode(ids[:limit])
+            # kept is text's start, but for a character whose bytes the last kept token splits (decoded as U+FFFD)
+            shown = len(os.path.commonprefix([kept, text[:len(kept)]]))
+            note = f"\n[output cut: {len(text) - shown} more characters not shown]"
         return ToolResult(result.name, kept + note, result.error, result.latency_s)
 
     def _decode(self, ids: List[int]) -> str:

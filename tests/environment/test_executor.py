@@ -76,16 +76,78 @@ def test_the_tool_turn_tokens_are_the_whole_conversations(which, request):
     assert ids(tok, prompt) + turn_ids + turn.ids + answer_ids == whole
 
 
-def test_long_tool_output_is_cut_with_a_marker(tool_tokenizer):
-    long_text = "print the result " * 40
-    tool = Tool("long", lambda: long_text, {"type": "function", "function": {
+def long_tool(text):
+    return Tool("long", lambda: text, {"type": "function", "function": {
         "name": "long", "description": "", "parameters": {"type": "object", "properties": {}, "required": []}}})
-    with ToolEnvironment(ToolSet([tool]), FMT, tool_tokenizer, max_response_tokens=5) as env:
+
+
+def test_long_tool_output_is_cut_with_a_marker(tool_tokenizer):
+    long_text = "print the result " * 9  # 153 characters: within 5 * CUT_CHARS_PER_TOKEN, tokenized whole
+    with ToolEnvironment(ToolSet([long_tool(long_text)]), FMT, tool_tokenizer, max_response_tokens=5) as env:
         turn = env.begin(ids(tool_tokenizer, '<tool_call>{"name": "long"}</tool_call>'), True).result()
     full = ids(tool_tokenizer, long_text)
     shown = tool_tokenizer.decode(full[:5], skip_special_tokens=False, clean_up_tokenization_spaces=False)
     assert turn.messages[0]["content"] == shown + f"\n[output cut: {len(full) - 5} more tokens not shown]"
     assert turn.ids == ids(tool_tokenizer, FMT.tool_turn_text(turn.results, True))
+
+
+class Recording:
+    """A real tokenizer that records the length of every text it is called on."""
+
+    def __init__(self, tok):
+        self.tok, self.lengths = tok, []
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+    def __len__(self):
+        return len(self.tok)
+
+    def __call__(self, text, **kwargs):
+        self.lengths.append(len(text))
+        return self.tok(text, **kwargs)
+
+
+def cut_content(tok, text, max_tokens):
+    with ToolEnvironment(ToolSet([long_tool(text)]), FMT, tok, max_response_tokens=max_tokens) as env:
+        return env.begin(ids(tok, '<tool_call>{"name": "long"}</tool_call>'), True).result().messages[0]["content"]
+
+
+def test_an_output_up_to_the_character_bound_is_cut_as_if_tokenized_whole(tool_tokenizer):
+    """Up to max_response_tokens * CUT_CHARS_PER_TOKEN characters the whole output is tokenized and the note
+    counts tokens (the cut of before); one character more and only the bound is tokenized, the note counting
+    characters."""
+    from paddle_grpo.environment.executor import CUT_CHARS_PER_TOKEN
+
+    decode = lambda x: tool_tokenizer.decode(x, skip_special_tokens=False,  # noqa: E731
+                                             clean_up_tokenization_spaces=False)
+    bound = 5 * CUT_CHARS_PER_TOKEN
+    at_bound = ("print the result " * 20)[:bound]
+    full = ids(tool_tokenizer, at_bound)
+    assert len(at_bound) == bound and len(full) > 5
+    assert cut_content(tool_tokenizer, at_bound, 5) == (decode(full[:5]) +
+                                                        f"\n[output cut: {len(full) - 5} more tokens not shown]")
+    over = at_bound + "x"
+    shown = decode(full[:5])
+    assert cut_content(tool_tokenizer, over, 5) == shown + f"\n[output cut: {len(over) - len(shown)} more " \
+                                                           "characters not shown]"
+
+
+def test_a_16_mib_output_is_cut_to_the_character_bound_before_it_is_tokenized(tool_tokenizer):
+    """The tokenizer never sees more than max_response_tokens * CUT_CHARS_PER_TOKEN characters of the output
+    (tokenizing 16 MiB took ~16 s per call); the policy reads the same start."""
+    from paddle_grpo.environment.executor import CUT_CHARS_PER_TOKEN
+
+    huge = "print the result\n" * (1 << 20)  # 17 characters a line: 17 MiB
+    tok = Recording(tool_tokenizer)
+    content = cut_content(tok, huge, 8)
+    bound = 8 * CUT_CHARS_PER_TOKEN
+    # the calls: the bound of the output, and the tool turn's plain text (the 8 tokens kept + note + markers)
+    assert bound in tok.lengths and max(tok.lengths) == bound
+    kept = tool_tokenizer.decode(ids(tool_tokenizer, huge[:bound])[:8], skip_special_tokens=False,
+                                 clean_up_tokenization_spaces=False)
+    assert huge.startswith(kept) and len(ids(tool_tokenizer, kept)) == 8
+    assert content == kept + f"\n[output cut: {len(huge) - len(kept)} more characters not shown]"
 
 
 def test_malformed_and_unknown_calls_answer_at_once(tool_tokenizer):

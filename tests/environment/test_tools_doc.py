@@ -77,3 +77,10 @@ def test_the_docs_say_what_a_turn_holds_and_what_a_dead_tool_server_does(repo_ro
     assert env.stop_token_ids() == [tool_tokenizer.get_vocab()["</tool_call>"]]
     assert "for up to `reward_server_max_wait_s`" in flat and "the rollout raises `ToolServerError`" in flat
     assert "**a tool's output is plain text**" in flat
+
+
+def test_the_character_bound_of_the_cut_is_the_constant(repo_root):
+    from paddle_grpo.environment.executor import CUT_CHARS_PER_TOKEN
+
+    _, text = blocks(repo_root, "text")
+    assert CUT_CHARS_PER_TOKEN == 32 and "`max_tool_response_len * 32` characters are tokenized" in text
