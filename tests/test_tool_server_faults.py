@@ -8,8 +8,11 @@ tool_helpers' tiny policy.
   budget), longer than tool_timeout_s, and then the rollout raises ToolServerError naming the server; the Trainer
   saves the last completed step through its fault path (run/faults.py), as for RewardServerError, and the error says
   so. No "timeout" tool message is ever made of it.
+- The tool server stalled (it lists its tools, then answers no call): tool_server_max_unanswered calls in a row
+  without a reply stop the run the same way.
 """
 import json
+import threading
 import time
 
 import pytest
@@ -133,3 +136,50 @@ def test_retries_of_many_waiting_calls_are_logged_at_most_every_5_s(serve, tool_
                 p.result()
     retries = [r for r in caplog.records if "retrying in" in r.getMessage()]
     assert len(retries) == 1 and "Connection refused" in retries[0].getMessage()
+
+
+def test_a_tool_server_stalled_mid_run_stops_the_run_and_saves_the_last_step(workdir, tmp_path, serve):
+    """The server lists its tools and answers step 1's calls, then holds every call unanswered (frozen,
+    overloaded): the calls of step 2 time out at tool_timeout_s, and the third in a row (tool_server_max_unanswered)
+    raises ToolServerError naming the server; the trainer saves step 1 as for a dead server. Before, each such call
+    was a 'timeout' result the policy trained on, step after step."""
+    app, stalled, release = create_app([], tools="calculator"), threading.Event(), threading.Event()
+
+    def stalling(environ, start_response):
+        if stalled.is_set() and environ["PATH_INFO"] == "/tool":
+            release.wait(60)
+        return app(environ, start_response)
+
+    server = serve(stalling)
+    out = tmp_path / "out"
+    cfg = config_from_dict(dict(
+        actor_model_name_or_path=str(workdir / "policy"), tools="calculator", tool_server=server.url, max_turns=3,
+        tool_timeout_s=0.5, tool_server_max_unanswered=3, reward_server_max_wait_s=2, use_rm_server=False,
+        reward_funcs=f"{workdir / 'rewards.py'}:used_calculator", train_datasets=str(workdir / "train.jsonl"),
+        output_dir=str(out), max_prompt_len=256, max_dec_len=128, min_dec_len=1, max_length=384,
+        max_tool_response_len=32, global_batch_size=4, rollout_n=4, per_device_train_batch_size=8,
+        per_device_logprob_batch_size=16, learning_rate=2e-3, max_steps=3, kl_coeff=0.0, save_strategy="steps",
+        save_steps=100, disable_tqdm=True, seed=3, temperature=1.0, report_to="none"))
+    trainer = Trainer(cfg)
+    logged = trainer.guard.logged
+
+    def logged_then_stall():
+        logged()
+        if trainer.step == 1:
+            stalled.set()
+
+    trainer.guard.logged = logged_then_stall
+    try:
+        with pytest.raises(ToolServerError) as info:
+            trainer.train()
+    finally:
+        release.set()
+    assert str(info.value).startswith(f"tool server {server.url}/tool did not answer 3 calls in a row within 0.5 s "
+                                      "(tool_timeout_s); it has stalled or is overloaded")
+    assert info.value.__notes__ == [f"ToolServerError at step 1: saved a checkpoint of the last completed step, "
+                                    f"{out}/checkpoint-1: re-running the same command resumes from it with nothing "
+                                    "lost"]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1] and rows[0]["rollout/tool_timeout_rate"] == 0.0
+    state = json.loads((out / "checkpoint-1" / "trainer_state.json").read_text())
+    assert state["step"] == 1 and state["sampler"]["position"] == 4  # step 2's draw rewound

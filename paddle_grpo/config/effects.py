@@ -76,7 +76,7 @@ CRITIC_KEYS = ("critic_model_name_or_path", "critic_learning_rate", "critic_min_
 CONSTANT_SCHEDULES = ("constant", "constant_with_warmup")
 # The tool keys other than `tools`: an effect only with tools (multi-turn rollouts).
 TOOL_KEYS = ("max_turns", "tool_timeout_s", "tool_max_workers", "tool_format", "max_tool_response_len",
-             "tool_server", "tool_server_token")
+             "tool_server", "tool_server_token", "tool_server_max_unanswered")
 
 
 def run_key_notes(cfg: Config) -> Dict[str, str]:
@@ -113,7 +113,8 @@ def run_key_notes(cfg: Config) -> Dict[str, str]:
         for key in TOOL_KEYS:
             notes[key] = "tools is empty: rollouts are single-turn (one completion per prompt, no tool calls)"
     elif not cfg.tool_server.strip():
-        notes["tool_server_token"] = "tool_server is empty: the tools run in the trainer's process"
+        for key in ("tool_server_token", "tool_server_max_unanswered"):
+            notes[key] = "tool_server is empty: the tools run in the trainer's process"
     if cfg.rollout_correction == "none":
         for key in ("rollout_correction_cap", "rollout_correction_min"):
             notes[key] = "rollout_correction is 'none': the policy loss is not weighted by the sampler's ratio"

@@ -37,3 +37,9 @@ class ToolArguments:
                                      "explicit empty value means no token even then. Prefer the variable or a "
                                      "config file only you can read (mode 600) to the command line, which `ps` "
                                      "shows. Printed and written out as '***'.")
+    tool_server_max_unanswered: int = arg(3, "(new) After this many tool calls in a row that tool_server does not "
+                                             "answer within tool_timeout_s (any answer resets the count), the run "
+                                             "saves and stops: the server has stalled, and its silence is not a "
+                                             "'timeout' for the policy to learn from (a tool that runs long is "
+                                             "answered by the server with error 'timeout' when its --timeout-s is "
+                                             "below tool_timeout_s). 0: never stop; every such call is a 'timeout'.")

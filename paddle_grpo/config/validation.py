@@ -137,6 +137,8 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
             bad("target_modules", f"'{pattern}' is not a valid regular expression ({e})")
     if cfg.tool_timeout_s <= 0:
         bad("tool_timeout_s", "must be greater than 0")
+    if cfg.tool_server_max_unanswered < 0:
+        bad("tool_server_max_unanswered", "must be 0 (never stop) or more")
     if cfg.tool_server.strip():
         bad_url = url_problem(cfg.tool_server)
         if bad_url:

@@ -8,7 +8,10 @@ What the policy wrote wrongly comes back as a result, as in-process: the server'
 "unknown_tool" result, 400/422 (bad arguments) a "bad_arguments" result, both with the server's message. A reply
 not in full within `timeout_s` of the request being sent (the tool ran longer, or the server or a proxy trickles
 the reply: the whole reply is timed, not each wait for a byte; http_util.WholeReplyAdapter) is a "timeout" result,
-not retried. What is wrong with the setup raises ToolServerError: 401/403 (the token), other 4xx, a reply that
+not retried, unless `max_unanswered` calls in a row (across all calls, any reply resetting the count) got no reply:
+then the server has stalled (frozen, overloaded, its connections held) rather than the tool run long (a tool over
+the server's own --timeout-s is answered 200 with error "timeout", a reply), and that call raises ToolServerError.
+What is wrong with the setup raises ToolServerError: 401/403 (the token), other 4xx, a reply that
 breaks the protocol or exceeds `max_reply_bytes`, and connection failures / 5xx / 408 / 429 once the retries
 (exponential backoff, for up to `max_wait_s` seconds from the request's first failure, or `retries` of them) have
 failed, naming the URL and the failures. A RemoteToolSet times its own calls (`times_own_calls`):
@@ -20,6 +23,7 @@ import itertools
 import json
 import logging
 import math
+import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -46,7 +50,8 @@ class RemoteToolSet(ToolSet):
     less than `max_wait_s` seconds ago (None: no time limit; the last wait is shortened to end at it) and at most
     `retries` times (-1: no count limit): whichever ends first. The trainer uses retries -1 and max_wait_s =
     reward_server_max_wait_s, the budget of the reward client, both for GET /tools at start-up and for each
-    call."""
+    call. max_unanswered: calls in a row without a reply within timeout_s after which a call raises
+    ToolServerError instead of giving a "timeout" result (0: never; the trainer's tool_server_max_unanswered)."""
 
     times_own_calls = True  # each request is bounded by its timeouts and the retry budget (module docstring)
     # The largest reply read (decoded): far above any tool output the policy can read (the trainer keeps
@@ -55,7 +60,8 @@ class RemoteToolSet(ToolSet):
 
     def __init__(self, url: str, token: str = "", timeout_s: float = 10, retries: int = 5,
                  names: Optional[Sequence[str]] = None, connect_timeout_s: float = 5, backoff_s: float = 0.5,
-                 session: Optional[requests.Session] = None, max_wait_s: Optional[float] = None) -> None:
+                 session: Optional[requests.Session] = None, max_wait_s: Optional[float] = None,
+                 max_unanswered: int = 3) -> None:
         super().__init__([])
         url = (url or "").strip().rstrip("/")
         if not url.startswith(("http://", "https://")):
@@ -66,6 +72,11 @@ class RemoteToolSet(ToolSet):
             raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
         if retries == -1 and max_wait_s is None:
             raise ValueError("retries -1 (no count limit) needs max_wait_s: the retries must end")
+        if max_unanswered < 0:
+            raise ValueError(f"tool_server_max_unanswered must be >= 0 (0: no limit), got {max_unanswered}")
+        self.max_unanswered = max_unanswered
+        self._unanswered = 0  # calls in a row without a reply; the calls of all rows run in threads at once
+        self._unanswered_lock = threading.Lock()
         self.url, self.retries, self.backoff_s, self.max_wait_s = url, retries, backoff_s, max_wait_s
         self._warned = -math.inf  # when a retry was last logged
         self.timeout = (connect_timeout_s, timeout_s)
@@ -110,8 +121,11 @@ class RemoteToolSet(ToolSet):
         try:
             reply = self._request("POST", "/tool", {"name": call.name, "arguments": call.arguments})
         except requests.ReadTimeout:
+            self._count_unanswered()
             return error_result(call.name, "timeout", f"{call.name} did not answer within {self.timeout[1]:g} s",
                                 time.perf_counter() - start)
+        with self._unanswered_lock:
+            self._unanswered = 0
         latency = time.perf_counter() - start
         if reply.status_code == 404:
             return error_result(call.name, "unknown_tool", error_msg(reply), latency)
@@ -123,6 +137,19 @@ class RemoteToolSet(ToolSet):
             raise ToolServerError(f"tool server {self.url}/tool answered content={type(content).__name__}, "
                                   f"error={error!r}; expected a string and null or one of {', '.join(TOOL_ERRORS)}")
         return ToolResult(call.name, content, error, latency)
+
+    def _count_unanswered(self) -> None:
+        """Count a call without a reply; raise ToolServerError when it makes max_unanswered in a row."""
+        with self._unanswered_lock:
+            self._unanswered += 1
+            count = self._unanswered
+        if self.max_unanswered and count >= self.max_unanswered:
+            raise ToolServerError(
+                f"tool server {self.url}/tool did not answer {count} calls in a row within {self.timeout[1]:g} s "
+                f"(tool_timeout_s); it has stalled or is overloaded, so the run stops at tool_server_max_unanswered "
+                f"= {self.max_unanswered} rather than teach the policy that its calls time out. A tool that runs "
+                "long is answered by the server itself (error 'timeout') when its --timeout-s is below "
+                "tool_timeout_s") from None
 
     def _fetch_schemas(self) -> List[Dict[str, Any]]:
         try:

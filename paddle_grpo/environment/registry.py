@@ -71,15 +71,17 @@ def split_specs(specs: Union[str, Sequence[str], None]) -> List[str]:
 
 
 def load_tools(specs: Union[str, Sequence[str], None], server: str = "", token: str = "",
-               timeout_s: float = 10, retries: int = 5, max_wait_s: Optional[float] = None) -> ToolSet:
+               timeout_s: float = 10, retries: int = 5, max_wait_s: Optional[float] = None,
+               max_unanswered: int = 3) -> ToolSet:
     """The tools of a run. Without `server`: a ToolSet of `get_tool(spec)` for each spec. With `server` (a tool
     server's URL): a RemoteToolSet whose schemas come from GET {server}/tools, restricted to the names in `specs`
     (all served tools when `specs` is empty); names the server does not serve raise ValueError naming them.
-    `retries` / `max_wait_s`: its retry budget (RemoteToolSet)."""
+    `retries` / `max_wait_s`: its retry budget; `max_unanswered`: calls in a row without a reply that stop it
+    (RemoteToolSet)."""
     names = split_specs(specs)
     if server:
         from .client import RemoteToolSet
 
         return RemoteToolSet(server, token=token, timeout_s=timeout_s, names=names or None, retries=retries,
-                             max_wait_s=max_wait_s)
+                             max_wait_s=max_wait_s, max_unanswered=max_unanswered)
     return ToolSet([get_tool(spec) for spec in names])

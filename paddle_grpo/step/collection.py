@@ -35,7 +35,8 @@ def build_tools(cfg: Any, tokenizer: Any, policy: Optional[Policy] = None,
     try:
         # A tool server that is down waits like a reward server (reward_server_max_wait_s), then stops the run.
         toolset = load_tools(cfg.tools, server=cfg.tool_server.strip(), token=cfg.tool_server_token,
-                             timeout_s=cfg.tool_timeout_s, retries=-1, max_wait_s=cfg.reward_server_max_wait_s)
+                             timeout_s=cfg.tool_timeout_s, retries=-1, max_wait_s=cfg.reward_server_max_wait_s,
+                             max_unanswered=cfg.tool_server_max_unanswered)
     except Exception as e:  # noqa: BLE001 - a user's module may raise anything: said with the key, cause chained
         raise ConfigError(f"key 'tools' ({', '.join(cfg.tools)}): {where}{_text(e)}") from e
     try:
