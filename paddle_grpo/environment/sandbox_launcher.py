@@ -1,19 +1,27 @@
-"""The `python` tool's launcher: run as `python -I sandbox_launcher.py SETTINGS_JSON STATUS_FD` by sandbox.run_python.
+"""The `python` tool's launcher: run as `python -I sandbox_launcher.py SETTINGS_JSON STATUS_FD < CODE_FILE` by
+sandbox.run_python, with the interpreter the snippet is to run with.
 
 Self-contained on purpose (standard library only, no package imports): it runs in a fresh interpreter in isolated
 mode, where the package may not be importable, and it must be small enough to read in one sitting. It
 
 1. becomes a child subreaper (Linux): every process the snippet starts and orphans is re-parented to it, however
    it detaches (fork, setsid, double fork), so it can kill them all at the end;
-2. with isolation "namespaces" (root on Linux; "auto" picks it when it can): new PID, mount, network, IPC and UTS
-   namespaces. A first child is PID 1 of the new PID namespace (when it exits the kernel kills every process left
-   in it; it dies with the launcher through PR_SET_PDEATHSIG) and builds a root of its own: an empty tmpfs with
-   read-only bind mounts of the system directories (/usr, /bin, /lib*, /etc) and of the Python interpreter's
-   directories, /dev with null, zero, full, random, urandom only, a /proc of the new PID namespace, and a private
-   tmpfs /tmp; it chroots there, and the snippet runs as `nobody` (no capabilities, no_new_privs);
-3. starts the snippet (`python -I -c CODE`) with the resource limits, waits at most the wall time, kills every
-   process that is left, and writes one JSON line to STATUS_FD: {"mode", "status" (a wait status), "timed_out",
-   "error" (why the snippet could not start, or null)}.
+2. as root, ends every process left of the call's user (SETTINGS "uid": one of a range, leased to this call alone
+   by sandbox.py) before and after the call, so that nothing of an earlier call shares its user;
+3. with isolation "namespaces" (root with CAP_SYS_ADMIN on Linux; "auto" picks it when it can): new PID, mount,
+   network, IPC and UTS namespaces. A first child is PID 1 of the new PID namespace (when it exits the kernel kills
+   every process left in it; it dies with the launcher through PR_SET_PDEATHSIG) and builds a root of its own: an
+   empty tmpfs with read-only bind mounts of the system directories (/usr, /bin, /lib*, /etc) and of the Python
+   interpreter's directories, /dev with null, zero, full, random, urandom only, a /proc of the new PID namespace,
+   and a private tmpfs /tmp; it chroots there;
+4. starts the snippet (`python -I -`: the code is read from standard input, the CODE_FILE, so that no length of
+   code meets the kernel's limit on arguments) with the resource limits, as the call's user when root (no
+   capabilities, no_new_privs, fresh kernel keyrings), and watches the budget of the whole call: every
+   CHECK_EVERY_S it sums the CPU time (live processes and those already gone) and the resident memory of all the
+   call's processes, counts them, and kills them all when a sum passes its budget or the wall time is up;
+5. writes one JSON line to STATUS_FD: {"mode", "status" (the snippet's wait status), "timed_out", "limit" (null,
+   "wall", "cpu", "memory" or "processes": what ended the call early), "used" (the sum that passed it: CPU seconds,
+   bytes or processes), "error" (why the snippet could not start, or null)}.
 """
 import ctypes
 import json
@@ -32,6 +40,14 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVA
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 DEVICES = ("null", "zero", "full", "random", "urandom")
+CHECK_EVERY_S = 0.05  # how often the call's budget is summed (each process is also held by its own rlimits)
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+CANNOT_START = "sandbox: cannot start the snippet: "  # sandbox.py reads a failure to start by this prefix
+# keyctl(2): not in glibc (libkeyutils has it), so called by number; architectures not listed keep their keyrings
+KEYCTL_SYSCALL = {"x86_64": 250, "aarch64": 219, "i686": 288, "riscv64": 219, "ppc64le": 311, "s390x": 280}
+KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_CLEAR, KEYCTL_GET_PERSISTENT = 1, 7, 22
+KEY_SPEC_SESSION_KEYRING, KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -3, -4, -5
 
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
@@ -100,33 +116,89 @@ def build_root(root: str, tmp_mb: int, workdir_name: str) -> str:
     return workdir
 
 
+def fresh_keyrings() -> None:
+    """Give this process (already the call's user) a new session keyring and empty the user's own keyrings.
+
+    Kernel keyrings outlive processes: a key one call adds to its user keyring (`@u`, kept for the life of the
+    user namespace since Linux 5.3) would be there for the next call of the same user, a channel between calls.
+    Where keyctl is refused (a container's seccomp profile) or unknown there is no keyring to clear."""
+    nr = KEYCTL_SYSCALL.get(os.uname().machine)
+    if _libc is None or nr is None:
+        return
+    keyctl = (lambda *args: _libc.syscall(nr, *(ctypes.c_long(a) for a in args)))
+    keyctl(KEYCTL_JOIN_SESSION_KEYRING, 0)  # an anonymous session keyring, gone with the call's processes
+    for ring in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING):
+        keyctl(KEYCTL_CLEAR, ring)
+    persistent = keyctl(KEYCTL_GET_PERSISTENT, -1, KEY_SPEC_SESSION_KEYRING)
+    if persistent > 0:
+        keyctl(KEYCTL_CLEAR, persistent)
+
+
 def run_snippet(settings: Dict[str, Any], workdir: str, drop_to: Optional[Tuple[int, int]]) -> None:
-    """In the forked child: the limits, the user, then exec the snippet's interpreter. Never returns."""
+    """In the forked child: the limits, the user, then exec the snippet's interpreter on the code in fd 0. Never
+    returns."""
     try:
         for name, value in (("RLIMIT_CPU", (settings["cpu_s"], settings["cpu_s"] + 1)),
                             ("RLIMIT_AS", (settings["memory"],) * 2), ("RLIMIT_FSIZE", (settings["fsize"],) * 2),
-                            ("RLIMIT_CORE", (0, 0))):
+                            ("RLIMIT_NOFILE", (settings["nofile"],) * 2), ("RLIMIT_CORE", (0, 0))):
             resource.setrlimit(getattr(resource, name), value)
         if drop_to is not None:
             uid, gid = drop_to
             os.chown(workdir, uid, gid)
-            # RLIMIT_NPROC counts the real user's processes: `nobody`'s are only snippets, so it bounds a fork bomb.
+            # RLIMIT_NPROC counts the real user's processes: the call's user is this call's alone (leased by
+            # sandbox.py), so it bounds this call's processes and threads, and no other call's.
             resource.setrlimit(resource.RLIMIT_NPROC, (settings["nproc"],) * 2)
             os.setgroups([])
             os.setgid(gid)
             os.setuid(uid)
+            fresh_keyrings()
+            for path in (sys.executable, os.path.dirname(os.__file__)):
+                if not os.access(path, os.R_OK | os.X_OK):
+                    raise PermissionError(
+                        f"the call's user (uid {uid}) cannot read {path}: a directory above the interpreter is "
+                        "closed to other users; set sandbox.INTERPRETER to one they can run (e.g. /usr/bin/python3)"
+                        " or give the process CAP_SYS_ADMIN for isolation 'namespaces' (docs/tools.md)")
         if _libc is not None:
             prctl(PR_SET_NO_NEW_PRIVS, 1)
         os.chdir(workdir)
-        os.execve(sys.executable, [sys.executable, "-I", "-c", settings["code"]], {})
+        os.execve(sys.executable, [sys.executable, "-I", "-"], {})
     except BaseException as exc:  # noqa: B902 - report any failure to start, never run on as the launcher
-        os.write(2, f"sandbox: cannot start the snippet: {type(exc).__name__}: {exc}\n".encode())
+        os.write(2, f"{CANNOT_START}{type(exc).__name__}: {exc}\n".encode())
     os._exit(126)
 
 
+def kill_user(uid: int) -> None:
+    """SIGKILL every process of user `uid` (as root): a child becomes that user and signals all it may, i.e. the
+    user's processes, until none is left (kill(-1) skips the caller itself)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            for _ in range(100):  # a fork bomb forks while it is killed: again until nothing answers
+                os.kill(-1, signal.SIGKILL)
+        except OSError:  # ESRCH: no process of the user is left
+            os._exit(0)
+        os._exit(1)
+    os.waitpid(pid, 0)
+
+
 def children(pid: int) -> List[int]:
-    """PIDs whose parent is `pid` (from /proc)."""
-    found = []
+    """PIDs whose parent is `pid`: from /proc/PID/task/*/children where the kernel has it, else a scan of /proc."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    found: List[int] = []
+    if os.path.exists(f"/proc/{pid}/task/{tasks[0]}/children"):
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                    found.extend(int(p) for p in f.read().split())
+            except OSError:
+                pass
+        return found
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
@@ -159,29 +231,62 @@ def kill_descendants() -> None:
                 pass
 
 
-def wait_at_most(pid: int, seconds: float) -> Optional[int]:
-    """The wait status of child `pid`, or None when it is still running after `seconds`. Without signals (an alarm
-    could fire after the child was reaped): a pidfd polled with select where there is one (Linux 5.3+), else a
-    short sleep between non-blocking waits."""
-    deadline = time.monotonic() + seconds
+def usage(baseline_cpu_s: float) -> Tuple[float, int, int]:
+    """(CPU seconds, resident bytes, processes) of everything below this process. CPU: the reaped children's
+    (getrusage, which includes what they reaped) minus `baseline_cpu_s`, plus each live process's own and its
+    reaped children's (/proc/PID/stat: utime, stime, cutime, cstime); a process is counted once, alive or gone.
+    Resident memory sums each process's RSS, so pages shared after a fork count in each (an over-estimate)."""
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s, rss_pages, count = reaped.ru_utime + reaped.ru_stime - baseline_cpu_s, 0, 0
+    todo = children(os.getpid())
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:  # gone since it was listed
+            continue
+        count += 1
+        cpu_s += sum(int(x) for x in fields[11:15]) / CLOCK_TICKS
+        rss_pages += int(fields[21])
+        todo.extend(children(pid))
+    return cpu_s, rss_pages * PAGE_BYTES, count
+
+
+def watch(pid: int, settings: Dict[str, Any]) -> Tuple[Optional[int], Optional[str], Optional[float]]:
+    """Wait for the snippet `pid` while the call keeps to its budget: (its wait status or None, the limit that
+    ended it early or None, the sum that passed it). Orphans re-parented here are reaped as they exit, so that
+    their CPU time is counted (getrusage). Without signals (an alarm could fire after the child was reaped): a
+    pidfd polled with select where there is one (Linux 5.3+), else short sleeps."""
+    deadline = time.monotonic() + settings["wall_s"]
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    baseline = reaped.ru_utime + reaped.ru_stime
+    budgets = (("cpu", settings["cpu_s"]), ("memory", settings["memory"]), ("processes", settings["nproc"]))
     try:
         pidfd = os.pidfd_open(pid)
     except (AttributeError, OSError):
         pidfd = None
     try:
-        delay = 0.001
         while True:
-            waited, status = os.waitpid(pid, os.WNOHANG)
-            if waited:
-                return status
+            while True:
+                try:
+                    waited, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    waited = 0
+                if waited == pid:
+                    return status, None, None
+                if not waited:
+                    break
             left = deadline - time.monotonic()
             if left <= 0:
-                return None
+                return None, "wall", settings["wall_s"]
+            for (limit, budget), used in zip(budgets, usage(baseline)):
+                if used > budget:
+                    return None, limit, used
             if pidfd is not None:
-                select.select([pidfd], [], [], left)
+                select.select([pidfd], [], [], min(left, CHECK_EVERY_S))
             else:
-                time.sleep(min(delay, left))
-                delay = min(delay * 2, 0.01)
+                time.sleep(min(left, CHECK_EVERY_S / 10))
     finally:
         if pidfd is not None:
             os.close(pidfd)
@@ -189,13 +294,12 @@ def wait_at_most(pid: int, seconds: float) -> Optional[int]:
 
 def supervise(settings: Dict[str, Any], workdir: str, drop_to: Optional[Tuple[int, int]],
               in_namespace: bool) -> Dict[str, Any]:
-    """Start the snippet, wait at most the wall time, kill everything left. Returns the status dict."""
+    """Start the snippet, watch it (`watch`), kill everything left. Returns the status dict."""
     pid = os.fork()
     if pid == 0:
         run_snippet(settings, workdir, drop_to)
-    status = wait_at_most(pid, settings["wall_s"])
-    timed_out = status is None
-    if timed_out:
+    status, limit, used = watch(pid, settings)
+    if status is None:
         os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
     if in_namespace:
@@ -206,16 +310,26 @@ def supervise(settings: Dict[str, Any], workdir: str, drop_to: Optional[Tuple[in
     if _libc is not None:
         kill_descendants()
     # (macOS: no subreaper; what stayed in the launcher's process group dies when sandbox.run_python kills it.)
-    return {"status": status, "timed_out": timed_out}
+    return {"status": status, "timed_out": limit == "wall", "limit": limit, "used": used}
+
+
+def report_to(status_fd: int, report: Dict[str, Any]) -> int:
+    os.write(status_fd, json.dumps(report).encode())
+    return 0
 
 
 def main(argv: List[str]) -> int:
     settings, status_fd = json.loads(argv[1]), int(argv[2])
     os.set_inheritable(status_fd, False)  # the snippet never gets it
     isolation = settings["isolation"]
-    report = {"mode": "process", "status": None, "timed_out": False, "error": None}
+    user = tuple(settings["uid"]) if settings.get("uid") is not None else None
+    report = {"mode": "process", "status": None, "timed_out": False, "limit": None, "used": None, "error": None}
+    if os.geteuid() == 0 and user is None:  # sandbox.run_python always leases one: never run a snippet as root
+        return report_to(status_fd, {**report, "error": "running as root without a user to run the snippet as"})
     if _libc is not None:
         prctl(PR_SET_CHILD_SUBREAPER, 1)
+    if user is not None:
+        kill_user(user[0])  # (before unshare: a process forked after it would be PID 1 of the new namespace)
     namespaces = False
     if isolation in ("auto", "namespaces"):
         why = "needs Linux" if _libc is None else "needs root" if os.geteuid() != 0 else None
@@ -226,14 +340,21 @@ def main(argv: List[str]) -> int:
             else:
                 why = f"unshare failed: {os.strerror(ctypes.get_errno())}"
         if why is not None and isolation == "namespaces":
-            report["error"] = f"isolation 'namespaces' is not available here ({why})"
-            os.write(status_fd, json.dumps(report).encode())
-            return 0
-    if not namespaces:
-        report.update(supervise(settings, settings["workdir"], None, False))
-        os.write(status_fd, json.dumps(report).encode())
-        return 0
-    report["mode"] = "namespaces"
+            return report_to(status_fd, {**report, "error": f"isolation 'namespaces' is not available here ({why})"})
+    if namespaces:  # (the kernel kills what is left in them when their PID 1 exits)
+        report["mode"] = "namespaces"
+        report.update(in_namespaces(settings, user))
+    else:
+        try:
+            report.update(supervise(settings, settings["workdir"], user, False))
+        finally:
+            if user is not None:
+                kill_user(user[0])  # (nothing should be left; this makes sure before the user is leased again)
+    return report_to(status_fd, report)
+
+
+def in_namespaces(settings: Dict[str, Any], user: Optional[Tuple[int, int]]) -> Dict[str, Any]:
+    """supervise() in PID 1 of the new namespaces, after it has built the snippet's root."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # PID 1 of the new namespaces
@@ -243,7 +364,7 @@ def main(argv: List[str]) -> int:
             # runner's kill of its process group, which this process is in, ends this one too.)
             prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
             workdir = build_root(settings["workdir"], settings["tmp_mb"], os.path.basename(settings["workdir"]))
-            result = supervise(settings, workdir, tuple(settings["nobody"]), True)
+            result = supervise(settings, workdir, user, True)
         except Exception as exc:  # the namespace could not be set up: said plainly, not run without it
             result = {"error": f"the sandbox could not be set up: {type(exc).__name__}: {exc}"}
         os.write(write_end, json.dumps(result).encode())
@@ -255,10 +376,9 @@ def main(argv: List[str]) -> int:
         if not chunk:
             break
         chunks.append(chunk)
+    os.close(read_end)
     os.waitpid(pid, 0)
-    report.update(json.loads(b"".join(chunks) or b'{"error": "the sandbox\'s first process died"}'))
-    os.write(status_fd, json.dumps(report).encode())
-    return 0
+    return json.loads(b"".join(chunks) or b'{"error": "the sandbox\'s first process died"}')
 
 
 if __name__ == "__main__":

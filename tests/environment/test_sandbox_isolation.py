@@ -17,6 +17,7 @@ from paddle_grpo.environment import sandbox
 from paddle_grpo.environment.sandbox import run_python
 from paddle_grpo.environment.tool import ToolError
 
+from .conftest import interpreter_for_call_users
 from .test_sandbox import running_with
 
 
@@ -92,34 +93,87 @@ print(os.getuid(), 'found' if found else 'not found')
 """
 
 
-def scan_from_a_trainer(isolation, repo_root):
-    """SCAN_ENVIRONS's output when run_python runs in a "trainer": a process started with a token in its
-    environment (what /proc/<pid>/environ shows is the environment a process started with, so the token must be
-    there from the start, not set later with os.environ)."""
+def scan_from_a_trainer(isolation, repo_root, code=SCAN_ENVIRONS, wrap=()):
+    """`code`'s output when run_python runs in a "trainer": a process started with a token in its environment
+    (what /proc/<pid>/environ shows is the environment a process started with, so the token must be there from the
+    start, not set later with os.environ); `wrap`: a command the trainer runs under (setpriv)."""
     secret = f"s3cret-{uuid.uuid4().hex}"
-    trainer = ("import sys; from paddle_grpo.environment.sandbox import run_python; "
-               "print(run_python(sys.argv[1], isolation=sys.argv[2]), end='')")
+    trainer = ("import sys; from paddle_grpo.environment import sandbox; sandbox.INTERPRETER = sys.argv[3]; "
+               "print(sandbox.run_python(sys.argv[1], isolation=sys.argv[2]), end='')")
     env = {**os.environ, "REWARD_SERVER_TOKEN": secret, "PYTHONPATH": str(repo_root)}
-    done = subprocess.run([sys.executable, "-c", trainer, SCAN_ENVIRONS.replace("SECRET_HEX", secret.encode().hex()),
-                           isolation], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([*wrap, sys.executable, "-c", trainer, code.replace("SECRET_HEX", secret.encode().hex()),
+                           isolation, interpreter_for_call_users()], env=env, capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+# Root without CAP_SYS_ADMIN, as in a default Docker container: the capability leaves the bounding set, so the
+# trainer started under it has it in none of its sets and cannot make namespaces.
+WITHOUT_SYS_ADMIN = ("setpriv", "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin")
+needs_setpriv_as_root = pytest.mark.skipif(
+    not (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("setpriv")),
+    reason="taking CAP_SYS_ADMIN away needs root and setpriv (util-linux)")
+
+
+@needs_setpriv_as_root
+def test_root_without_cap_sys_admin_never_runs_a_snippet_as_root(repo_root, tmp_path):
+    # Measured before: "auto" fell back to uid 0, the snippet read the token from its parent's environ and could
+    # write into the checkout. Now it runs as a user of its own: no token, no write; what stays open in this mode
+    # (docs/tools.md) is the network, shown here by a connection to a listener on 127.0.0.1.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        target = repo_root / f"escape-{uuid.uuid4().hex}"
+        code = SCAN_ENVIRONS + f"""
+try:
+    open({str(target)!r}, 'w').write('x')
+    print('wrote')
+except OSError as exc:
+    print(type(exc).__name__)
+import socket
+socket.create_connection(('127.0.0.1', {listener.getsockname()[1]}), timeout=5).close()
+print('connected')
+"""
+        out = scan_from_a_trainer("auto", repo_root, code, WITHOUT_SYS_ADMIN).splitlines()
+    uid, found = out[0].split(maxsplit=1)
+    assert int(uid) in sandbox.UID_RANGE and found == "not found", out
+    assert out[1:] == ["PermissionError", "connected"], out
+    assert not target.exists()
+
+
+@needs_setpriv_as_root
+def test_demanding_namespaces_fails_at_start_up_without_cap_sys_admin(repo_root):
+    done = subprocess.run([*WITHOUT_SYS_ADMIN, sys.executable, "-c",
+                           "from paddle_grpo.environment import sandbox; sandbox.set_isolation('namespaces')"],
+                          env={**os.environ, "PYTHONPATH": str(repo_root)}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1
+    assert ("SandboxUnavailable: the python tool cannot run code: isolation 'namespaces' is not available here "
+            "(unshare failed: Operation not permitted). Isolation 'namespaces' needs Linux and root with "
+            "CAP_SYS_ADMIN") in done.stderr, done.stderr
 
 
 @needs_namespaces
 def test_namespaces_hide_the_parents_environment(repo_root):
     # The trainer's environment holds a token. The snippet's own environment is empty; it reads /proc/<ppid>/environ
     # and every other /proc/<pid>/environ and cmdline it can see: no token.
-    assert scan_from_a_trainer("namespaces", repo_root) == f"{sandbox._nobody()[0]} not found\n"
+    uid, found = scan_from_a_trainer("namespaces", repo_root).split(maxsplit=1)
+    assert int(uid) in sandbox.UID_RANGE and found == "not found\n"
     # It sees the processes of its own namespace only: the launcher's first process (1) and itself.
     listed = run("import os; print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))", "namespaces")
     assert listed == "[1, 2]\n"
 
 
-def test_process_isolation_leaves_the_parents_environment_readable(repo_root):
-    # The fallback, as documented: the snippet runs as this user and reads the trainer's environment. (Also the
-    # control of the test above: the same scan finds the token when nothing hides it.)
-    assert scan_from_a_trainer("process", repo_root) == f"{os.getuid()} found\n"
+def test_process_isolation_hides_the_parents_environment_from_root_too(repo_root):
+    # Without namespaces a trainer that is root still never runs a snippet as root: it runs as a user of its own,
+    # which may not read root's /proc/<pid>/environ. (Before, "process" kept uid 0 and found the token; a trainer
+    # that is not root runs it as its own user, which finds it: test_a_user_who_is_not_root_gets_the_process_...)
+    uid, found = scan_from_a_trainer("process", repo_root).split(maxsplit=1)
+    if os.geteuid() == 0:
+        assert int(uid) in sandbox.UID_RANGE and found == "not found\n"
+    else:
+        assert (int(uid), found) == (os.getuid(), "found\n")
 
 
 @needs_namespaces
@@ -134,7 +188,7 @@ def test_namespaces_keep_writes_inside(tmp_path, repo_root):
     data.write_text('{"src": "q", "tgt": "the answer"}\n')
     os.chmod(data, 0o644)
     name = f"escape-{uuid.uuid4().hex}"
-    targets = [str(shared / name), str(repo_root / name), os.path.join(os.path.dirname(sys.executable), name),
+    targets = [str(shared / name), str(repo_root / name), os.path.join(os.path.dirname(sandbox.INTERPRETER), name),
                f"/usr/{name}", f"/tmp/{name}", f"/dev/shm/{name}"]
     code = f"""
 for path in {targets!r}:
@@ -235,11 +289,11 @@ def run_launcher_as(uid, gid, python, isolation, code, base):
     workdir = base / f"work-{isolation}"
     workdir.mkdir()
     os.chown(workdir, uid, gid)
-    settings = {"code": code, "cpu_s": 5, "memory": 1 << 30, "fsize": 4 << 20, "wall_s": 10.0,
-                "workdir": str(workdir), "isolation": isolation, "tmp_mb": 16, "nproc": 64, "nobody": [uid, gid]}
+    settings = {"cpu_s": 5, "memory": 1 << 30, "fsize": 4 << 20, "wall_s": 10.0, "workdir": str(workdir),
+                "isolation": isolation, "tmp_mb": 16, "nproc": 64, "nofile": 64, "uid": None}
     read_end, write_end = os.pipe()
     try:
-        done = subprocess.run([python, "-I", sandbox._LAUNCHER, json.dumps(settings), str(write_end)],
+        done = subprocess.run([python, "-I", sandbox._LAUNCHER, json.dumps(settings), str(write_end)], input=code,
                               user=uid, group=gid, extra_groups=[], cwd=str(workdir), env={}, pass_fds=(write_end,),
                               capture_output=True, text=True, timeout=60)
     finally:
@@ -255,7 +309,10 @@ def test_a_user_who_is_not_root_gets_the_process_fallback(tmp_path):
     # The launcher itself, run as `nobody` as a user's trainer would run as that user: "auto" falls back to
     # "process" (the snippet runs as that user), detached processes still die (a subreaper needs no privilege),
     # and "namespaces" is refused with its reason rather than run without them.
-    uid, gid = sandbox._nobody()
+    import pwd
+
+    entry = pwd.getpwnam("nobody")
+    uid, gid = entry.pw_uid, entry.pw_gid
     python = _python_for(uid, gid)
     if python is None:
         pytest.skip("no interpreter that `nobody` can run")
