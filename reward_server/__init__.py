@@ -58,6 +58,10 @@ access_log = logging.getLogger("reward_server.access")
 logger = logging.getLogger("reward_server")
 
 DEFAULT_MAX_CONTENT_LENGTH = 100 * 1024 * 1024
+# POST /tool's body limit: a call is a name and the arguments a policy wrote within its completion (max_dec_len
+# tokens, tens of KB); the reward limit (a whole batch) is far too much for one, and parsing JSON costs ~30x its
+# size in memory (a 5 MB `[[],[],...]` body took 140 MB).
+TOOL_MAX_BODY_BYTES = 1 << 20
 DEFAULT_TIMEOUT_S = 30.0
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -145,6 +149,25 @@ def allowed_host_check(host: str, allowed_hosts=None):
     return lambda name: name in names or (wildcard and _is_ip(name))
 
 
+def read_body(limit: int, hint: str) -> bytes:
+    """The request body, or RequestError(413) when it is over `limit` bytes (`hint`: what to do about it). The
+    Content-Length is checked before anything is read, and at most limit + 1 bytes are read, so a body without one
+    (chunked, under a server that passes it through as it comes) cannot get past either."""
+    length = request.content_length
+    if length is not None and length > limit:
+        raise RequestError(413, f"request body of {length} bytes exceeds the limit of {limit} bytes ({hint})")
+    chunks, size = [], 0
+    while size <= limit:  # a stream's read may return less than asked: read until the end or one byte over
+        chunk = request.stream.read(limit + 1 - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    if size > limit:
+        raise RequestError(413, f"request body exceeds the limit of {limit} bytes ({hint})")
+    return b"".join(chunks)
+
+
 def _error(status, message):
     response = jsonify(error_code=status, error_msg=message)
     response.status_code = status
@@ -158,8 +181,9 @@ def create_app(reward_names_or_fns, weights=None, token=None, max_content_length
     specs, a comma-separated string of them, or a ToolSet; see paddle_grpo.environment.load_tools).
 
     reward_names_or_fns may be empty when tools are given (a tool server). token: when set, POST /, GET /tools and
-    POST /tool need `Authorization: Bearer <token>` (401 otherwise); /health stays open. max_content_length: request
-    body limit in bytes (413 above it). timeout_s (None: no limit) bounds each reward-function call and each tool
+    POST /tool need `Authorization: Bearer <token>` (401 otherwise, checked before a body is read); /health stays
+    open. max_content_length: POST /'s body limit in bytes (413 above it; POST /tool's is TOOL_MAX_BODY_BYTES, or
+    this when smaller). timeout_s (None: no limit) bounds each reward-function call and each tool
     call (a tool over it is answered 200 with error "timeout", its thread abandoned as in-process). host: the address
     the server binds (for the Host check; see allowed_host_check), allowed_hosts: more names it answers to ("*":
     any). A tool other than the calculator without a token raises InsecureServerError unless insecure_no_token."""
@@ -279,11 +303,14 @@ def create_app(reward_names_or_fns, weights=None, token=None, max_content_length
         body = json.dumps({"error_code": 0, "error_msg": "Success", "tools": toolset.schemas()})
         return app.response_class(body + "\n", mimetype="application/json")
 
+    # Every POST route: the token first (who may ask at all, from headers only), then the Content-Type, then the
+    # body's size, and only then is the body read and parsed: a caller without the token costs no parsing.
     @app.post("/tool")
     def call_tool():
-        check_json()
         check_token()
-        name, arguments = parse_tool_call(request.get_data(cache=False))
+        check_json()
+        body = read_body(min(TOOL_MAX_BODY_BYTES, max_content_length), "a tool call is a name and its arguments")
+        name, arguments = parse_tool_call(body)
         g.batch_size = 1
         early = precheck(ToolCall(name, arguments), toolset.names)
         if early is not None:  # an unknown tool: the message the policy would read in-process
@@ -298,16 +325,13 @@ def create_app(reward_names_or_fns, weights=None, token=None, max_content_length
 
     @app.post("/")
     def score():
-        check_json()
         check_token()
+        check_json()
         if rewards is None:
             raise RequestError(404, f"this server serves no reward functions, only tools ({', '.join(toolset.names)})"
                                     "; start it with --reward to score")
-        length = request.content_length
-        if length is not None and length > max_content_length:
-            raise RequestError(413, f"request body of {length} bytes exceeds the limit of {max_content_length} "
-                                    "bytes (start the server with a larger --max-body-mb, or send smaller batches)")
-        batch = parse_batch(request.get_data(cache=False))
+        batch = parse_batch(read_body(max_content_length, "start the server with a larger --max-body-mb, or send "
+                                                          "smaller batches"))
         g.batch_size = len(batch["response"])
         turns = {"turns": batch["turns"]} if "turns" in batch else {}  # multi-turn: the rows' messages
         result = rewards(batch["src"], batch["response"], tgt=batch["tgt"], **turns)
