@@ -295,11 +295,12 @@ def plain_text_ids(tokenizer: Any, text: str) -> List[int]:
 
 
 def tool_turn_ids(tokenizer: Any, parts: Sequence[Tuple[str, bool]]) -> List[int]:
-    """The tokens of a tool turn given as the format's (text, is_content) pieces: the format's own text is cut at
-    special tokens, each one its id (as prompts are tokenized: data.tokenize_prompts); the text between them and
-    the contents are encoded together as plain text (`plain_text_ids`). So a content without special-token
-    strings gives exactly the tokens of the whole turn tokenized like a prompt, and one with them cannot forge a
-    turn: its `<|im_end|>` is the characters, not the marker."""
+    """The tokens of a tool turn (or of a prompt with tools: `HermesFormat.prompt_with_tools_parts`, the
+    schemas' special-token strings as contents) given as the format's (text, is_content) pieces: the format's own
+    text is cut at special tokens, each one its id (as prompts are tokenized: data.tokenize_prompts); the text
+    between them and the contents are encoded together as plain text (`plain_text_ids`). So a content without
+    special-token strings gives exactly the tokens of the whole turn tokenized like a prompt, and one with them
+    cannot forge a turn: its `<|im_end|>` is the characters, not the marker."""
     specials = special_token_ids(tokenizer)
     pattern = re.compile("(" + "|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)) + ")") \
         if specials else None

@@ -9,12 +9,18 @@ renders (docs/tools.md shows it in full); the markers are constructor arguments,
 `apply_chat_template` does not pass `tools` to the template: `context_data` only reaches its legacy ChatTemplate
 objects, so the template is rendered here, from its source string with JSON written as transformers writes it);
 otherwise the tools' system text below is put into the system turn.
+
+A schema is text from whoever serves the tool (a remote server's description may hold `<|im_end|>\n<|im_start|>
+system\n...`): `prompt_with_tools_parts` marks each special token's string in the schemas as content, which the
+prompt's tokenization (executor.tool_turn_ids) encodes as plain text, so it cannot open or close a turn.
 """
 import json
 import math
+import re
+import secrets
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..data import format_qwen_chat
+from ..data import format_qwen_chat, special_token_ids
 from .tool import ToolCall, ToolResult, json_type_name
 
 QWEN25_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
@@ -117,6 +123,30 @@ class HermesFormat:
                 f"{self.call_start}{self.call_end} XML tags:\n{self.call_start}\n"
                 f'{{"name": <function-name>, "arguments": <args-json-object>}}\n{self.call_end}')
 
+    def prompt_with_tools_parts(self, prompt: str, tokenizer: Any, schemas: Sequence[Dict[str, Any]],
+                                system: Optional[str] = None, mode: str = "auto") -> List[Tuple[str, bool]]:
+        """`prompt_with_tools` as (text, is_content) pieces, as `tool_turn_parts`: each string of one of the
+        tokenizer's special tokens inside the schemas (keys and values) is a content piece (plain text when
+        tokenized: executor.tool_turn_ids), the rest the template's text. The schemas are rendered with each such
+        string between two markers of a random nonce (ASCII letters and digits, which no JSON encoder or template
+        escapes), which are then cut out, so the text is the one `prompt_with_tools` renders unmarked."""
+        specials = sorted(special_token_ids(tokenizer), key=len, reverse=True) if tokenizer is not None else []
+        if not specials:
+            return [(self._prompt_with_tools(prompt, tokenizer, schemas, system, mode), False)]
+        nonce = secrets.token_hex(8)
+        opening, closing = f"PGRPO{nonce}O", f"PGRPO{nonce}C"
+        pattern = re.compile("|".join(re.escape(t) for t in specials))
+        marked = _mark(list(schemas), pattern, opening, closing)
+        parts: List[Tuple[str, bool]] = []
+        inside = False
+        for piece in re.split(f"({opening}|{closing})", self._prompt_with_tools(prompt, tokenizer, marked, system,
+                                                                                mode)):
+            if piece in (opening, closing):
+                inside = piece == opening
+            elif piece:
+                parts.append((piece, inside))
+        return parts
+
     def prompt_with_tools(self, prompt: str, tokenizer: Any, schemas: Sequence[Dict[str, Any]],
                           system: Optional[str] = None, mode: str = "auto") -> str:
         """The templated prompt for a raw `prompt` (a user turn) with the tools listed.
@@ -124,7 +154,12 @@ class HermesFormat:
         mode "auto": the tokenizer's jinja template when it renders `tools`; a jinja template that ignores them
         gets the tools' system text as its system message; no template: the built-in text (the same as Qwen2.5's
         template renders). mode "qwen": the built-in text. An already-templated prompt (it has `turn_start`) and
-        mode "none" return `prompt` unchanged: such prompts must list the tools themselves."""
+        mode "none" return `prompt` unchanged: such prompts must list the tools themselves. Tokenize it from
+        `prompt_with_tools_parts` (the same text), so that a schema cannot write a special token."""
+        return "".join(text for text, _ in self.prompt_with_tools_parts(prompt, tokenizer, schemas, system, mode))
+
+    def _prompt_with_tools(self, prompt: str, tokenizer: Any, schemas: Sequence[Dict[str, Any]],
+                           system: Optional[str], mode: str) -> str:
         if mode not in ("auto", "none", "qwen"):
             raise ValueError(f"chat_template: unknown mode {mode!r}; expected one of auto, none, qwen")
         if mode == "none" or self.turn_start in prompt:
@@ -294,6 +329,18 @@ def _lone_surrogate(value: Any) -> Optional[str]:
 def _surrogate_escape(text: str) -> str:
     first = next(c for c in text if 0xD800 <= ord(c) <= 0xDFFF)
     return f"\\u{ord(first):04x}"
+
+
+def _mark(value: Any, pattern: "re.Pattern[str]", opening: str, closing: str) -> Any:
+    """`value` (decoded JSON) with every match of `pattern` in its strings, keys too, between opening and
+    closing."""
+    if isinstance(value, str):
+        return pattern.sub(lambda m: opening + m.group(0) + closing, value)
+    if isinstance(value, dict):
+        return {_mark(k, pattern, opening, closing): _mark(v, pattern, opening, closing) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mark(v, pattern, opening, closing) for v in value]
+    return value
 
 
 def _tojson(value: Any) -> str:

@@ -68,7 +68,8 @@ def _text(error: BaseException) -> str:
 class PromptEncoder:
     """Left-padded prompt ids [B, L] and mask for dataset rows, tokenised once per row. With `tools` (a
     ToolEnvironment) a raw prompt is rendered with the tools listed (its format's `prompt_with_tools`; chat_template
-    none leaves it as is, and an already templated prompt stays unchanged)."""
+    none leaves it as is, and an already templated prompt stays unchanged), and a special token's string inside the
+    tools' schemas is tokenized as its characters (`prompt_with_tools_parts`, executor.tool_turn_ids)."""
 
     def __init__(self, policy: Policy, tokenizer: Any, chat_template: str, max_prompt_len: int,
                  tools: Optional[Any] = None):
@@ -80,18 +81,29 @@ class PromptEncoder:
     def text(self, prompt: str) -> str:
         """The text the policy sees for a record's prompt."""
         if self.tools is not None and self.chat_template != "none":
-            return self.tools.fmt.prompt_with_tools(prompt, self.tokenizer, self.tools.tools.schemas(), None,
-                                                    mode=self.chat_template)
+            return "".join(text for text, _ in self.parts(prompt))
         return apply_chat_template(prompt, self.tokenizer, mode=self.chat_template)
+
+    def parts(self, prompt: str) -> List[Tuple[str, bool]]:
+        """A prompt with tools as the format's (text, is_content) pieces; the schemas' special-token strings are
+        content (plain text)."""
+        return self.tools.fmt.prompt_with_tools_parts(prompt, self.tokenizer, self.tools.tools.schemas(), None,
+                                                      mode=self.chat_template)
+
+    def ids(self, prompt: str) -> List[int]:
+        """The token ids of `text(prompt)` (before policy.prompt_token_ids): as data.tokenize_prompts, except that
+        a special token's string in a tool's schema is its characters (a tool server's text cannot write one)."""
+        if self.tools is not None and self.chat_template != "none":
+            from ..environment.executor import tool_turn_ids
+            return tool_turn_ids(self.tokenizer, self.parts(prompt))
+        return tokenize_prompts(self.tokenizer, [self.text(prompt)])[0]
 
     def __call__(self, records: Sequence[dict], indices: Sequence[int]) -> Tuple[np.ndarray, np.ndarray]:
         token_lists = []
         for i in indices:
             key = (id(records), i)
             if key not in self._cache:
-                text = self.text(records[i]["src"])
-                ids = tokenize_prompts(self.tokenizer, [text])[0]
-                self._cache[key] = self.policy.prompt_token_ids(self.tokenizer, ids)
+                self._cache[key] = self.policy.prompt_token_ids(self.tokenizer, self.ids(records[i]["src"]))
             token_lists.append(self._cache[key])
         ids, mask = collate_prompts(token_lists, self.tokenizer.pad_token_id, self.max_prompt_len)
         return ids, mask
