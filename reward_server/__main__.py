@@ -18,7 +18,7 @@ from typing import List, Union
 from paddle_grpo.rewards import RewardModel
 
 from . import DEFAULT_TIMEOUT_S, InsecureServerError, create_app, tools_needing_a_token
-from .serving import make_server
+from .serving import CONNECTION_LIMIT, make_server
 
 logger = logging.getLogger("reward_server")
 
@@ -57,6 +57,9 @@ def parse_args(argv=None):
                              "THE PORT RUNS CODE AS THIS USER (other users of this machine, containers on its "
                              "network)")
     parser.add_argument("--threads", type=int, default=8, help="waitress worker threads (default 8)")
+    parser.add_argument("--connection-limit", type=int, default=CONNECTION_LIMIT, metavar="N",
+                        help=f"open connections at most; more wait until one closes (default {CONNECTION_LIMIT}; "
+                             "each may use 2 open files: raise `ulimit -n` with it; docs/tools.md, Security)")
     parser.add_argument("--max-body-mb", type=float, default=100.0, help="request body limit in MB (default 100)")
     parser.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S,
                         help=f"time limit per reward-function or tool call; 0 disables (default {DEFAULT_TIMEOUT_S:g})")
@@ -64,6 +67,8 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error("--threads must be >= 1")
+    if args.connection_limit < 1:
+        parser.error("--connection-limit must be >= 1")
     if args.max_body_mb <= 0:
         parser.error("--max-body-mb must be positive")
     if args.reward_batch_size < 1:
@@ -117,7 +122,8 @@ def main(argv=None):
         print(f"reward_server: cannot load rewards or tools: {exc}", file=sys.stderr)
         return 2
     rewards, tools = app.extensions["reward_set"], app.extensions["tool_set"]
-    server = make_server(app, host=args.host, port=args.port, threads=args.threads, max_body_bytes=max_bytes)
+    server = make_server(app, host=args.host, port=args.port, threads=args.threads, max_body_bytes=max_bytes,
+                         connection_limit=args.connection_limit)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.token:
         logger.warning("listening on %s without a token: anyone who can reach this port can use the server",
                        args.host)
