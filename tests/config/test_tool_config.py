@@ -1,7 +1,7 @@
-"""The tool keys (config/tools.py ToolArguments; docs/tools.md "Config keys"): parsing, range and URL errors that name the
-key, the one-line notes when a key has no effect (tools empty; tool_server_token and tool_server_max_unanswered
-without tool_server), the key reaching the RemoteToolSet, the refusal
-of an encoder-decoder policy, and the token kept secret."""
+"""The tool keys (config/tools.py ToolArguments; docs/tools.md "Config keys"): parsing, range and URL errors that name
+the key, the one-line notes when a key has no effect (tools empty; tool_server_token and tool_server_max_unanswered
+without tool_server), the key reaching the RemoteToolSet, the refusal of an encoder-decoder policy, and the token
+kept secret."""
 import pytest
 
 from paddle_grpo.config import ConfigError, config_from_dict, encoder_decoder_refusal, inert_key_messages, load_config
