@@ -149,6 +149,20 @@ def allowed_host_check(host: str, allowed_hosts=None):
     return lambda name: name in names or (wildcard and _is_ip(name))
 
 
+def log_field(value: str, limit: int = 200) -> str:
+    """`value` (a request's path, method...) as one field of an access-log line: every character that could end the
+    line or split the field (line breaks of any kind, other unprintable characters, spaces, backslashes, quotes)
+    escaped as \\xNN, \\uNNNN or \\UNNNNNNNN, so a request cannot forge a line or a field; cut at `limit`
+    characters (a path may be 256 KB), the cut marked `...[len=N]`."""
+    text = "".join(ch if ch.isprintable() and ch not in ' \\"' else _escaped(ch) for ch in value[:limit])
+    return text if len(value) <= limit else f"{text}...[len={len(value)}]"
+
+
+def _escaped(ch: str) -> str:
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 def read_body(limit: int, hint: str) -> bytes:
     """The request body, or RequestError(413) when it is over `limit` bytes (`hint`: what to do about it). The
     Content-Length is checked before anything is read, and at most limit + 1 bytes are read, so a body without one
@@ -237,9 +251,10 @@ def create_app(reward_names_or_fns, weights=None, token=None, max_content_length
     def log_request(response):
         response.headers["X-Request-Id"] = g.get("request_id", "-")
         latency_ms = (time.perf_counter() - g.get("start", time.perf_counter())) * 1000
+        # Every field from the request escaped (log_field): a path with %0A would otherwise write a line of its own.
         access_log.info("request_id=%s method=%s path=%s status=%d batch=%d latency_ms=%.1f",
-                        g.get("request_id", "-"), request.method, request.path, response.status_code,
-                        g.get("batch_size", 0), latency_ms)
+                        log_field(g.get("request_id", "-")), log_field(request.method), log_field(request.path),
+                        response.status_code, g.get("batch_size", 0), latency_ms)
         return response
 
     @app.errorhandler(RequestError)
