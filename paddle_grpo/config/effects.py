@@ -76,7 +76,7 @@ CRITIC_KEYS = ("critic_model_name_or_path", "critic_learning_rate", "critic_min_
 CONSTANT_SCHEDULES = ("constant", "constant_with_warmup")
 # The tool keys other than `tools`: an effect only with tools (multi-turn rollouts).
 TOOL_KEYS = ("max_turns", "tool_timeout_s", "tool_max_workers", "tool_format", "max_tool_response_len",
-             "tool_server", "tool_server_token", "tool_server_max_unanswered")
+             "tool_server", "tool_server_token", "tool_server_max_unanswered", "tool_sandbox")
 
 
 def run_key_notes(cfg: Config) -> Dict[str, str]:
@@ -115,6 +115,8 @@ def run_key_notes(cfg: Config) -> Dict[str, str]:
     elif not cfg.tool_server.strip():
         for key in ("tool_server_token", "tool_server_max_unanswered"):
             notes[key] = "tool_server is empty: the tools run in the trainer's process"
+    else:
+        notes["tool_sandbox"] = "the tools run on tool_server: its own --sandbox sets their isolation"
     if cfg.rollout_correction == "none":
         for key in ("rollout_correction_cap", "rollout_correction_min"):
             notes[key] = "rollout_correction is 'none': the policy loss is not weighted by the sampler's ratio"

@@ -43,3 +43,9 @@ class ToolArguments:
                                              "'timeout' for the policy to learn from (a tool that runs long is "
                                              "answered by the server with error 'timeout' when its --timeout-s is "
                                              "below tool_timeout_s). 0: never stop; every such call is a 'timeout'.")
+    tool_sandbox: str = arg("auto", "(new) Isolation of the python tool in the trainer's process (a tool server has "
+                                    "its own --sandbox): auto (namespaces where they can be made: root with "
+                                    "CAP_SYS_ADMIN on Linux; else none, a warning says so), namespaces (demanded: "
+                                    "the run refuses to start without them), process (never). As root a snippet "
+                                    "runs as a user of its own in every mode (docs/tools.md, \"What a snippet can "
+                                    "reach\").", choices=("auto", "namespaces", "process"))

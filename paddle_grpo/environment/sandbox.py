@@ -105,7 +105,8 @@ def set_isolation(isolation: str) -> None:
         except ToolError as exc:
             raise SandboxUnavailable(
                 f"{exc}. Isolation 'namespaces' needs Linux and root with CAP_SYS_ADMIN: in Docker, "
-                "`docker run --cap-add SYS_ADMIN --security-opt seccomp=unconfined ...` (or a VM of its own); "
+                "`docker run --cap-add SYS_ADMIN ...` (with `--security-opt apparmor=unconfined` where AppArmor "
+                "refuses mount), or a VM of its own; "
                 "'auto' runs without them (docs/tools.md, \"What a snippet can reach\")") from None
     global ISOLATION
     ISOLATION = isolation

@@ -43,6 +43,9 @@ DEVICES = ("null", "zero", "full", "random", "urandom")
 CHECK_EVERY_S = 0.05  # how often the call's budget is summed (each process is also held by its own rlimits)
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+# Where a user without namespaces can leave files for later (on the host, not in a namespace's private /tmp)
+WORLD_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock", "/dev/mqueue")
+IPC_RMID = 0
 CANNOT_START = "sandbox: cannot start the snippet: "  # sandbox.py reads a failure to start by this prefix
 # keyctl(2): not in glibc (libkeyutils has it), so called by number; architectures not listed keep their keyrings
 KEYCTL_SYSCALL = {"x86_64": 250, "aarch64": 219, "i686": 288, "riscv64": 219, "ppc64le": 311, "s390x": 280}
@@ -182,6 +185,41 @@ def kill_user(uid: int) -> None:
             os._exit(0)
         os._exit(1)
     os.waitpid(pid, 0)
+
+
+def remove_leftovers(uid: int) -> None:
+    """Remove what user `uid` left outside its processes (no namespaces): its entries in the host's world-writable
+    directories and its System V shared memory, queues and semaphores. Both outlive the call: memory outside its
+    budget, and a channel to the next call of the same user."""
+    import shutil
+
+    for directory in WORLD_WRITABLE_DIRS:
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+            except OSError:
+                pass
+    for kind, remove in (("shm", lambda i: _libc.shmctl(i, IPC_RMID, None)),
+                         ("msg", lambda i: _libc.msgctl(i, IPC_RMID, None)),
+                         ("sem", lambda i: _libc.semctl(i, 0, IPC_RMID))):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                header, *rows = [line.split() for line in f]
+        except (OSError, ValueError):
+            continue
+        for row in rows:
+            fields = dict(zip(header, row))
+            if uid in (int(fields.get("uid", -1)), int(fields.get("cuid", -1))):
+                remove(int(row[1]))
 
 
 def children(pid: int) -> List[int]:
@@ -350,6 +388,7 @@ def main(argv: List[str]) -> int:
         finally:
             if user is not None:
                 kill_user(user[0])  # (nothing should be left; this makes sure before the user is leased again)
+                remove_leftovers(user[0])
     return report_to(status_fd, report)
 
 

@@ -30,8 +30,13 @@ def build_tools(cfg: Any, tokenizer: Any, policy: Optional[Policy] = None,
         return None
     if policy is not None and policy.is_encoder_decoder:
         raise NotImplementedError(encoder_decoder_refusal(cfg, True))
-    from ..environment import ToolEnvironment, get_format, load_tools
+    from ..environment import ToolEnvironment, get_format, load_tools, sandbox
     where = f"tool_server {cfg.tool_server.strip()!r}: " if cfg.tool_server.strip() else ""
+    if not where:
+        try:
+            sandbox.set_isolation(cfg.tool_sandbox)  # "namespaces" demanded and not to be had: refused now
+        except sandbox.SandboxUnavailable as e:
+            raise ConfigError(f"key 'tool_sandbox' ({cfg.tool_sandbox!r}): {e}") from None
     try:
         # A tool server that is down waits like a reward server (reward_server_max_wait_s), then stops the run.
         toolset = load_tools(cfg.tools, server=cfg.tool_server.strip(), token=cfg.tool_server_token,

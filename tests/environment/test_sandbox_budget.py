@@ -108,10 +108,10 @@ def test_concurrent_calls_run_as_users_of_their_own(isolation, monkeypatch):
     # next call from starting its own (before, all calls shared `nobody` and its one RLIMIT_NPROC).
     monkeypatch.setattr(sandbox, "MAX_PROCESSES", 10)
     hog = ("import os, time\nn = 0\ntry:\n    while n < 50:\n        if os.fork() == 0:\n            time.sleep(60)\n"
-           "            os._exit(0)\n        n += 1\nexcept OSError:\n    pass\nprint(os.getuid(), 'hogs', n, flush=True)\n"
-           "time.sleep(3)\n")
-    plain = "import os, subprocess, sys, time\ntime.sleep(1)\nsubprocess.run([sys.executable, '-c', 'pass'], check=True)\n" \
-            "print(os.getuid())\n"
+           "            os._exit(0)\n        n += 1\nexcept OSError:\n    pass\n"
+           "print(os.getuid(), 'hogs', n, flush=True)\ntime.sleep(3)\n")
+    plain = ("import os, subprocess, sys, time\ntime.sleep(1)\n"
+             "subprocess.run([sys.executable, '-c', 'pass'], check=True)\nprint(os.getuid())\n")
     results = {}
 
     def call(name, code):
@@ -136,7 +136,8 @@ libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 ADD_KEY, KEYCTL, KEYCTL_SEARCH, USER_KEYRING = 248, 250, 10, -4  # x86_64 numbers
 def add(payload):
-    r = libc.syscall(ADD_KEY, b"user", b"covert", payload, ctypes.c_size_t(len(payload)), ctypes.c_long(USER_KEYRING))
+    r = libc.syscall(ADD_KEY, b"user", b"covert", payload, ctypes.c_size_t(len(payload)),
+                     ctypes.c_long(USER_KEYRING))
     return r if r > 0 else -ctypes.get_errno()
 def search():
     r = libc.syscall(KEYCTL, ctypes.c_long(KEYCTL_SEARCH), ctypes.c_long(USER_KEYRING), b"user", b"covert",
@@ -181,3 +182,29 @@ def test_a_launcher_that_cannot_start_loses_no_descriptor(monkeypatch):
         with pytest.raises(FileNotFoundError):
             run_python("print(1)")
     assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+@needs_root
+@pytest.mark.parametrize("isolation", BOTH)
+def test_nothing_a_call_leaves_outlives_it(isolation):
+    # Without namespaces the host's /tmp and /dev/shm and its System V IPC are shared: a file or a shared memory
+    # segment a call leaves would be memory outside its budget and a message for the next call of the same user.
+    # After the call none is left (with namespaces they were private to the call anyway).
+    name = f"left-{uuid.uuid4().hex}"
+    key = int(uuid.uuid4().hex[:7], 16)
+    code = f"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.shmget({key}, 1 << 20, 0o1000 | 0o666) >= 0)  # IPC_CREAT, 1 MB
+open('/tmp/{name}', 'w').write('x')
+try:
+    os.mkdir('/dev/shm/{name}')
+    open('/dev/shm/{name}/f', 'w').write('y')
+except FileNotFoundError:  # (namespaces: no /dev/shm)
+    pass
+"""
+    assert run(code, isolation) == "True\n"
+    assert not os.path.exists(f"/tmp/{name}") and not os.path.exists(f"/dev/shm/{name}")
+    with open("/proc/sysvipc/shm") as f:
+        keys = [int(line.split()[0]) for line in list(f)[1:]]
+    assert key not in keys

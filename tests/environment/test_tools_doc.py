@@ -50,12 +50,17 @@ def test_the_limits_stated_are_the_constants(repo_root):
     _, text = blocks(repo_root, "text")
     assert (sandbox.CPU_SECONDS, sandbox.WALL_SECONDS, sandbox.MEMORY_MB, sandbox.FILE_MB,
             sandbox.MAX_OUTPUT_CHARS) == (5, 8, 1024, 4, 2000)
-    for row in ("| CPU time (`RLIMIT_CPU`) | 5 s |", "| wall time (then every process it started is killed) | 8 s |",
-                "| address space (`RLIMIT_AS`) | 1024 MB |", "`RLIMIT_FSIZE`) | 4 MB |", "| 2,000 characters of"):
+    for row in ("| CPU time, per call (all its processes; each also `RLIMIT_CPU`) | 5 s |",
+                "| wall time (then every process it started is killed) | 8 s |",
+                "each also `RLIMIT_AS`, its address space) | 1024 MB |", "`RLIMIT_FSIZE`) | 4 MB |",
+                "| 2,000 characters of"):
         assert row in text, row
-    # What a snippet can reach: the namespaces' /tmp and nobody's process limit.
-    assert (sandbox.TMP_MB, sandbox.MAX_PROCESSES) == (64, 256)
-    assert "a private 64 MB `/tmp`" in text and "`sandbox.MAX_PROCESSES` (256, all snippets together)" in text
+    # Per call: processes and descriptors; the namespaces' /tmp; the uids of the calls.
+    assert (sandbox.MAX_PROCESSES, sandbox.MAX_FILES, sandbox.TMP_MB) == (64, 64, 64)
+    assert (sandbox.UID_RANGE.start, sandbox.UID_RANGE.stop) == (64000, 64064)
+    assert "`RLIMIT_NPROC` of the call's own user) | 64 |" in text and "a private 64 MB `/tmp`" in text
+    assert "`RLIMIT_NOFILE`; sockets' kernel buffers are memory outside the resident sum) | 64 |" in text
+    assert "`sandbox.MAX_PROCESSES` (64) per call" in text and "64000-64063" in text
     assert (builtins.MAX_EXPRESSION_CHARS, builtins.MAX_RESULT_BITS, builtins.MAX_EXPONENT) == (1000, 4096, 10000)
     assert "at most 1,000 characters, integer results up to 2**4096 (1,234 digits), exponents up to 10,000" in text
     assert len(str(2 ** 4096)) == 1234
