@@ -351,7 +351,7 @@ def check_tools(cfg: Config, tokenizer: Any = None, get: Optional[Callable] = No
     else:
         from .environment import load_tools
 
-        problems += tool_problems(cfg)
+        problems += tool_problems(cfg) + sandbox_problems(cfg)
         if not problems:
             toolset = load_tools(cfg.tools)
             print(f"  tools: {', '.join(toolset.names)} ({len(toolset.schemas())} schemas)")
@@ -363,6 +363,18 @@ def check_tools(cfg: Config, tokenizer: Any = None, get: Optional[Callable] = No
         except Exception as e:  # noqa: BLE001
             problems.append(f"tool_format: {cfg.tool_format!r}: {e}")
     return problems
+
+
+def sandbox_problems(cfg: Config) -> List[str]:
+    """The python tool's isolation `tool_sandbox` where it is demanded ("namespaces") and cannot be had here (a
+    snippet is run to find out): one line saying why and how to get it."""
+    from .environment import sandbox
+
+    try:
+        sandbox.set_isolation(cfg.tool_sandbox)
+    except sandbox.SandboxUnavailable as e:
+        return [f"tool_sandbox: {cfg.tool_sandbox!r}: {e}"]
+    return []
 
 
 def tool_problems(cfg: Config) -> List[str]:

@@ -51,14 +51,19 @@ def test_tool_sandbox_namespaces_reaches_the_python_tool():
 
 @needs_setpriv_as_root
 def test_a_trainer_demanding_namespaces_refuses_to_start_without_them(repo_root):
+    # The run (build_tools) and its dry run (check_tools) both refuse, naming the key.
     script = ("from paddle_grpo.config import ConfigError, config_from_dict\n"
+              "from paddle_grpo.dry_run import check_tools\n"
               "from paddle_grpo.step.collection import build_tools\n"
-              f"try:\n    build_tools(config_from_dict({dict(BASE, tool_sandbox='namespaces')!r}), tokenizer=None)\n"
+              f"cfg = config_from_dict({dict(BASE, tool_sandbox='namespaces')!r})\n"
+              "print(' | '.join(check_tools(cfg)))\n"
+              "try:\n    build_tools(cfg, tokenizer=None)\n"
               "except ConfigError as e:\n    print(e)\nelse:\n    print('started')\n")
     done = subprocess.run([*WITHOUT_SYS_ADMIN, sys.executable, "-c", script], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(repo_root)}, timeout=120)
-    assert done.stdout.startswith(f"key 'tool_sandbox' ('namespaces'): the python tool cannot run code: "
-                                  f"{UNAVAILABLE}"), (done.stdout, done.stderr)
+    dry, run = done.stdout.splitlines()
+    assert dry.startswith(f"tool_sandbox: 'namespaces': the python tool cannot run code: {UNAVAILABLE}"), dry
+    assert run.startswith(f"key 'tool_sandbox' ('namespaces'): the python tool cannot run code: {UNAVAILABLE}"), run
 
 
 def _server(repo_root, port, *args, wrap=()):
