@@ -195,12 +195,17 @@ def create_app(reward_names_or_fns, weights=None, token=None, max_content_length
     specs, a comma-separated string of them, or a ToolSet; see paddle_grpo.environment.load_tools).
 
     reward_names_or_fns may be empty when tools are given (a tool server). token: when set, POST /, GET /tools and
-    POST /tool need `Authorization: Bearer <token>` (401 otherwise, checked before a body is read); /health stays
-    open. max_content_length: POST /'s body limit in bytes (413 above it; POST /tool's is TOOL_MAX_BODY_BYTES, or
-    this when smaller). timeout_s (None: no limit) bounds each reward-function call and each tool
-    call (a tool over it is answered 200 with error "timeout", its thread abandoned as in-process). host: the address
-    the server binds (for the Host check; see allowed_host_check), allowed_hosts: more names it answers to ("*":
-    any). A tool other than the calculator without a token raises InsecureServerError unless insecure_no_token."""
+    POST /tool need `Authorization: Bearer <token>` (401 otherwise, checked before a body is read; the token is
+    stripped of surrounding whitespace, ValueError when nothing is left); /health stays open. max_content_length:
+    POST /'s body limit in bytes (413 above it; POST /tool's is TOOL_MAX_BODY_BYTES, or this when smaller).
+    timeout_s (None: no limit) bounds each reward-function call and each tool call (a tool over it is answered 200
+    with error "timeout", its thread abandoned as in-process). host: the address the server binds (for the Host
+    check; see allowed_host_check), allowed_hosts: more names it answers to ("*": any). A tool other than the
+    calculator without a token raises InsecureServerError unless insecure_no_token."""
+    if token is not None:  # a token read with a newline or spaces around it would refuse every caller's
+        token = token.strip()
+        if not token:
+            raise ValueError("token is empty or only whitespace: give the token, or None for no token")
     toolset = tools if isinstance(tools, ToolSet) else load_tools(tools)
     risky = tools_needing_a_token(toolset)
     if risky and not token and not insecure_no_token:

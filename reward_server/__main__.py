@@ -77,7 +77,14 @@ def parse_args(argv=None):
         args.reward = "" if args.reward_model or args.tool.strip() else "kk"
     if args.token is not None and args.token_file is not None:
         parser.error("give the token once: --token or --token-file")
-    args.token_source = "--token" if args.token else None
+    # Every source is stripped on both sides (a token pasted or exported with a newline or spaces would start the
+    # server and then refuse every caller), and one left empty refuses the start; an empty $REWARD_SERVER_TOKEN is
+    # unset (as for the trainer's reward_server_token).
+    args.token_source = "--token" if args.token is not None else None
+    if args.token is not None:
+        args.token = args.token.strip()
+        if not args.token:
+            parser.error("--token is empty or only whitespace: give the token, or leave --token out")
     if args.token_file is not None:
         try:
             with open(args.token_file, encoding="utf-8") as f:
@@ -87,9 +94,10 @@ def parse_args(argv=None):
         if not args.token:
             parser.error(f"--token-file: {args.token_file} is empty (its first line is the token)")
         args.token_source = "--token-file"
-    elif not args.token and os.environ.get("REWARD_SERVER_TOKEN"):
-        args.token, args.token_source = os.environ["REWARD_SERVER_TOKEN"], "$REWARD_SERVER_TOKEN"
-    args.token = args.token or None
+    elif args.token is None and os.environ.get("REWARD_SERVER_TOKEN"):
+        args.token, args.token_source = os.environ["REWARD_SERVER_TOKEN"].strip(), "$REWARD_SERVER_TOKEN"
+        if not args.token:
+            parser.error("$REWARD_SERVER_TOKEN is only whitespace: set it to the token, or unset it")
     args.allowed_hosts = [h.strip() for h in args.allowed_hosts.split(",") if h.strip()]
     return args
 
