@@ -15,6 +15,7 @@ import os
 import sys
 from typing import List, Union
 
+from paddle_grpo.environment import sandbox
 from paddle_grpo.rewards import RewardModel
 
 from . import DEFAULT_TIMEOUT_S, InsecureServerError, create_app, tools_needing_a_token
@@ -56,6 +57,11 @@ def parse_args(argv=None):
                         help="serve tools that need a token (python, your own) without one: ANYONE WHO CAN REACH "
                              "THE PORT RUNS CODE AS THIS USER (other users of this machine, containers on its "
                              "network)")
+    parser.add_argument("--sandbox", default="auto", choices=("auto", "namespaces", "process"),
+                        help="isolation of the python tool: auto (namespaces where they can be made: root with "
+                             "CAP_SYS_ADMIN on Linux; else none, with a warning), namespaces (refuse to start "
+                             "without them: what a server for untrusted code should use), process (never). As "
+                             "root a snippet runs as a user of its own in every mode (docs/tools.md)")
     parser.add_argument("--threads", type=int, default=8, help="waitress worker threads (default 8)")
     parser.add_argument("--connection-limit", type=int, default=CONNECTION_LIMIT, metavar="N",
                         help=f"open connections at most; more wait until one closes (default {CONNECTION_LIMIT}; "
@@ -119,6 +125,11 @@ def main(argv=None):
     if args.token_source == "--token":
         logger.warning("the token is on the command line, where any local user can read it (ps); prefer "
                        "$REWARD_SERVER_TOKEN or --token-file")
+    try:
+        sandbox.set_isolation(args.sandbox)
+    except sandbox.SandboxUnavailable as exc:
+        print(f"reward_server: --sandbox {args.sandbox}: {exc}", file=sys.stderr)
+        return 2
     try:
         app = create_app(build_rewards(args), weights=args.weights, token=args.token,
                          max_content_length=max_bytes, timeout_s=args.timeout_s or None, tools=args.tool,
