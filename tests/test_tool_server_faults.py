@@ -88,17 +88,34 @@ def workdir(tmp_path_factory):
     return d
 
 
-def test_a_tool_server_gone_mid_run_stops_the_run_and_saves_the_last_step(workdir, tmp_path, serve):
-    server = serve(create_app([], tools="calculator"))
-    out = tmp_path / "out"
-    cfg = config_from_dict(dict(
-        actor_model_name_or_path=str(workdir / "policy"), tools="calculator", tool_server=server.url, max_turns=3,
+def assert_saved_step_1(error, out):
+    """The run stopped by `error` in step 2 saved step 1 (and said so), logged step 1 only, and rewound step 2's
+    draw of prompts."""
+    assert error.__notes__ == [f"ToolServerError at step 1: saved a checkpoint of the last completed step, "
+                               f"{out}/checkpoint-1: re-running the same command resumes from it with nothing lost"]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1] and rows[0]["rollout/tool_timeout_rate"] == 0.0
+    state = json.loads((out / "checkpoint-1" / "trainer_state.json").read_text())
+    assert state["step"] == 1 and state["sampler"]["position"] == 4  # step 2's draw rewound
+
+
+def remote_tools_config(workdir, url, out, **extra):
+    """A 3-step run of the tiny tool policy whose calculator is served at `url` (tool calls time out at 0.5 s, a
+    server down is waited for 2 s), writing to `out`; `extra` keys on top."""
+    return config_from_dict(dict(
+        actor_model_name_or_path=str(workdir / "policy"), tools="calculator", tool_server=url, max_turns=3,
         tool_timeout_s=0.5, reward_server_max_wait_s=2, use_rm_server=False,
         reward_funcs=f"{workdir / 'rewards.py'}:used_calculator", train_datasets=str(workdir / "train.jsonl"),
         output_dir=str(out), max_prompt_len=256, max_dec_len=128, min_dec_len=1, max_length=384,
         max_tool_response_len=32, global_batch_size=4, rollout_n=4, per_device_train_batch_size=8,
         per_device_logprob_batch_size=16, learning_rate=2e-3, max_steps=3, kl_coeff=0.0, save_strategy="steps",
-        save_steps=100, disable_tqdm=True, seed=3, temperature=1.0, report_to="none"))
+        save_steps=100, disable_tqdm=True, seed=3, temperature=1.0, report_to="none", **extra))
+
+
+def test_a_tool_server_gone_mid_run_stops_the_run_and_saves_the_last_step(workdir, tmp_path, serve):
+    server = serve(create_app([], tools="calculator"))
+    out = tmp_path / "out"
+    cfg = remote_tools_config(workdir, server.url, out)
     trainer = Trainer(cfg)
     logged = trainer.guard.logged
 
@@ -113,13 +130,7 @@ def test_a_tool_server_gone_mid_run_stops_the_run_and_saves_the_last_step(workdi
         trainer.train()
     assert time.perf_counter() - start >= 2  # it waited the budget (longer than tool_timeout_s) before stopping
     assert str(info.value).startswith(f"tool server {server.url}/tool failed ")
-    assert info.value.__notes__ == [f"ToolServerError at step 1: saved a checkpoint of the last completed step, "
-                                    f"{out}/checkpoint-1: re-running the same command resumes from it with nothing "
-                                    "lost"]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1] and rows[0]["rollout/tool_timeout_rate"] == 0.0
-    state = json.loads((out / "checkpoint-1" / "trainer_state.json").read_text())
-    assert state["step"] == 1 and state["sampler"]["position"] == 4  # step 2's draw rewound
+    assert_saved_step_1(info.value, out)
 
 
 def test_retries_of_many_waiting_calls_are_logged_at_most_every_5_s(serve, tool_tokenizer, caplog):
@@ -152,14 +163,7 @@ def test_a_tool_server_stalled_mid_run_stops_the_run_and_saves_the_last_step(wor
 
     server = serve(stalling)
     out = tmp_path / "out"
-    cfg = config_from_dict(dict(
-        actor_model_name_or_path=str(workdir / "policy"), tools="calculator", tool_server=server.url, max_turns=3,
-        tool_timeout_s=0.5, tool_server_max_unanswered=3, reward_server_max_wait_s=2, use_rm_server=False,
-        reward_funcs=f"{workdir / 'rewards.py'}:used_calculator", train_datasets=str(workdir / "train.jsonl"),
-        output_dir=str(out), max_prompt_len=256, max_dec_len=128, min_dec_len=1, max_length=384,
-        max_tool_response_len=32, global_batch_size=4, rollout_n=4, per_device_train_batch_size=8,
-        per_device_logprob_batch_size=16, learning_rate=2e-3, max_steps=3, kl_coeff=0.0, save_strategy="steps",
-        save_steps=100, disable_tqdm=True, seed=3, temperature=1.0, report_to="none"))
+    cfg = remote_tools_config(workdir, server.url, out, tool_server_max_unanswered=3)
     trainer = Trainer(cfg)
     logged = trainer.guard.logged
 
@@ -176,10 +180,4 @@ def test_a_tool_server_stalled_mid_run_stops_the_run_and_saves_the_last_step(wor
         release.set()
     assert str(info.value).startswith(f"tool server {server.url}/tool did not answer 3 calls in a row within 0.5 s "
                                       "(tool_timeout_s); it has stalled or is overloaded")
-    assert info.value.__notes__ == [f"ToolServerError at step 1: saved a checkpoint of the last completed step, "
-                                    f"{out}/checkpoint-1: re-running the same command resumes from it with nothing "
-                                    "lost"]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1] and rows[0]["rollout/tool_timeout_rate"] == 0.0
-    state = json.loads((out / "checkpoint-1" / "trainer_state.json").read_text())
-    assert state["step"] == 1 and state["sampler"]["position"] == 4  # step 2's draw rewound
+    assert_saved_step_1(info.value, out)
