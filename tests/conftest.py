@@ -9,6 +9,12 @@ import pathlib
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+# As root, a python-tool snippet without namespaces runs as a user of its own, which must be able to run the
+# interpreter: named for the whole session, subprocesses included (tests/sandbox_helpers.py says why).
+if hasattr(os, "geteuid") and os.geteuid() == 0:
+    from sandbox_helpers import interpreter_for_call_users
+
+    os.environ.setdefault("PADDLE_GRPO_SANDBOX_PYTHON", interpreter_for_call_users())
 SHARED_DATA = pathlib.Path(os.environ.get("PADDLE_GRPO_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 

@@ -3,19 +3,19 @@ where it can, in namespaces of its own.
 
     python(code="print(123*45)") -> "5535\\n"
 
-Each call starts sandbox_launcher.py (a fresh interpreter: INTERPRETER, this one by default), which runs the code
-with `INTERPRETER -I -` (isolated mode: no user site-packages, no PYTHON* variables; the code comes on standard
-input, so no length of it meets the kernel's argument limit) in an empty environment (Python adds LC_CTYPE itself
-when it coerces the C locale) and a working directory of its own (removed afterwards). One budget holds for the
-call, all the processes it starts together (the launcher sums them every 50 ms and kills them all when a sum
-passes; each process is also held by its own rlimits): CPU time CPU_SECONDS, resident memory MEMORY_MB (also each
-process's RLIMIT_AS), MAX_PROCESSES processes and threads (RLIMIT_NPROC of the call's own user, when root); wall
+Each call starts sandbox_launcher.py (a fresh interpreter: INTERPRETER, $PADDLE_GRPO_SANDBOX_PYTHON or this one),
+which runs the code with `INTERPRETER -I -` (isolated mode: no user site-packages, no PYTHON* variables; the code
+comes on standard input, so no length of it meets the kernel's argument limit) in an empty environment (Python adds
+LC_CTYPE itself when it coerces the C locale) and a working directory of its own (removed afterwards). One budget
+holds for the call, all the processes it starts together (the launcher sums them every 50 ms and kills them all when
+a sum passes; each process is also held by its own rlimits): CPU time CPU_SECONDS, resident memory MEMORY_MB (also
+each process's RLIMIT_AS), MAX_PROCESSES processes and threads (RLIMIT_NPROC of the call's own user, when root); wall
 time WALL_SECONDS. Each process: FILE_MB per written file (RLIMIT_FSIZE, stdout and stderr included: they go to
 files, so a snippet printing without end cannot fill the trainer's memory), MAX_FILES open descriptors (sockets
 included: their kernel buffers are memory outside the resident sums), no core files. The policy sees at most
-MAX_OUTPUT_CHARS of stdout (the start) and of stderr (the end, where a traceback's reason is). When the snippet
-exits or a limit is hit, every process it started is killed, however it detached (new session, double fork): the
-launcher is their subreaper (Linux) and kills them all.
+MAX_OUTPUT_CHARS of stdout (the start) and of stderr (the end, where a traceback's reason is). When the snippet exits
+or a limit is hit, every process it started is killed, however it detached (new session, double fork): the launcher
+is their subreaper (Linux) and kills them all.
 
 A snippet never runs as root. As root, each call runs as a user of its own: a uid of UID_RANGE that no other call
 on this host holds while it runs (an flock per uid in a directory only root may write), with no capabilities,
@@ -72,8 +72,9 @@ UID_RANGE = range(64000, 64064)
 # refuse to run without them; "process": never use them. set_isolation() changes it after checking.
 ISOLATION = "auto"
 ISOLATIONS = ("auto", "namespaces", "process")
-INTERPRETER = sys.executable  # runs the launcher and the snippet; as root without namespaces, the call's user
-#                               must be able to read it (a Python under /root, mode 700, is refused with that reason)
+# Runs the launcher and the snippet. As root without namespaces the call's user must be able to read it: a Python
+# under /root (mode 700) is refused with that reason, and $PADDLE_GRPO_SANDBOX_PYTHON names another (the server too).
+INTERPRETER = os.environ.get("PADDLE_GRPO_SANDBOX_PYTHON") or sys.executable
 _LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_launcher.py")
 _CANNOT_START = "sandbox: cannot start the snippet: "  # sandbox_launcher.CANNOT_START
 _KILL_GRACE_S = 5.0  # the launcher enforces the wall limit; this is the backstop if the launcher itself hangs

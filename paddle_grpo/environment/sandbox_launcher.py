@@ -159,8 +159,9 @@ def run_snippet(settings: Dict[str, Any], workdir: str, drop_to: Optional[Tuple[
                 if not os.access(path, os.R_OK | os.X_OK):
                     raise PermissionError(
                         f"the call's user (uid {uid}) cannot read {path}: a directory above the interpreter is "
-                        "closed to other users; set sandbox.INTERPRETER to one they can run (e.g. /usr/bin/python3)"
-                        " or give the process CAP_SYS_ADMIN for isolation 'namespaces' (docs/tools.md)")
+                        "closed to other users; name one they can run in $PADDLE_GRPO_SANDBOX_PYTHON (e.g. "
+                        "/usr/bin/python3) or give the process CAP_SYS_ADMIN for isolation 'namespaces' "
+                        "(docs/tools.md)")
         if _libc is not None:
             prctl(PR_SET_NO_NEW_PRIVS, 1)
         os.chdir(workdir)

@@ -12,12 +12,12 @@ import tempfile
 import uuid
 
 import pytest
+from sandbox_helpers import interpreter_for_call_users
 
 from paddle_grpo.environment import sandbox
 from paddle_grpo.environment.sandbox import run_python
 from paddle_grpo.environment.tool import ToolError
 
-from .conftest import interpreter_for_call_users
 from .test_sandbox import running_with
 
 
@@ -338,3 +338,22 @@ print(os.getuid())
         assert report["error"] == "isolation 'namespaces' is not available here (needs root)"
     finally:
         shutil.rmtree(base)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="users of their own per call need root")
+def test_an_interpreter_the_calls_user_cannot_run_is_refused_with_the_reason(tmp_path, monkeypatch):
+    # As root without namespaces the snippet runs as the call's user: a Python in a directory closed to others (a
+    # venv linking to /root/.pyenv, mode 700) cannot start there, and the result says why and what to do, instead
+    # of a bare exit status 1 from an interpreter that could not read its standard library.
+    private = tmp_path / "private"
+    private.mkdir()
+    os.chmod(private, 0o700)
+    (private / "python3").symlink_to(interpreter_for_call_users())
+    monkeypatch.setattr(sandbox, "INTERPRETER", str(private / "python3"))
+    with pytest.raises(ToolError) as info:
+        run_python("print(1)", isolation="process")
+    prefix = "the python tool cannot run code: PermissionError: the call's user (uid "
+    assert str(info.value).startswith(prefix), str(info.value)
+    assert int(str(info.value)[len(prefix):].split(")")[0]) in sandbox.UID_RANGE
+    assert f"cannot read {private / 'python3'}: a directory above the interpreter is closed to other users; name " \
+           "one they can run in $PADDLE_GRPO_SANDBOX_PYTHON" in str(info.value)

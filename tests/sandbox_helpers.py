@@ -1,11 +1,10 @@
-"""Fixtures of the tool tests: an interpreter the python tool's per-call users can run."""
+"""An interpreter the python tool's per-call users can run, for the tests: as root without namespaces a snippet
+runs as a user of its own, which cannot run a Python under /root (mode 700), as a checkout's venv often links to.
+tests/conftest.py names it in $PADDLE_GRPO_SANDBOX_PYTHON for the whole session (servers started as subprocesses
+included); the snippets of the tests use the standard library only, so any Python 3 of the system does."""
 import os
 import stat
 import sys
-
-import pytest
-
-from paddle_grpo.environment import sandbox
 
 
 def readable_by_others(path: str) -> bool:
@@ -28,11 +27,3 @@ def interpreter_for_call_users() -> str:
         if os.path.exists(candidate) and readable_by_others(candidate):
             return candidate
     return sys.executable
-
-
-@pytest.fixture(autouse=True)
-def snippet_interpreter(monkeypatch):
-    """As root without namespaces a snippet runs as a user of its own, which must be able to run the interpreter
-    (sandbox.INTERPRETER); the tests use stdlib-only snippets, so any Python 3 of the system does."""
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        monkeypatch.setattr(sandbox, "INTERPRETER", interpreter_for_call_users())
