@@ -94,21 +94,47 @@ def redact_secrets(argv: Sequence[str]) -> List[str]:
     return out
 
 
-def launch_command(cfg: Config, argv: Sequence[str], device: str, script: str = "run_rl.py") -> str:
+# Thread counts the run reads from its environment (cpu_tuning, the rollout worker): a launch line that dropped
+# them would start another run than the one checked.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def started_environment() -> Mapping[str, str]:
+    """The environment this process was started with (/proc/self/environ): importing paddle sets OMP_NUM_THREADS=1
+    in os.environ, which is not the user's setting. os.environ where /proc is not there."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            pairs = [item.partition(b"=") for item in f.read().split(b"\0") if item]
+    except OSError:
+        return os.environ
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
+
+
+def launch_command(cfg: Config, argv: Sequence[str], device: str, script: str = "run_rl.py",
+                   environ: Optional[Mapping[str, str]] = None) -> str:
     """The command that starts this run (`argv`: the config file and overrides, without --dry_run) with the number
     of processes the config needs: plain `python run_rl.py ...` for one process, else paddle.distributed.launch
-    (CPU: `--devices "" --nproc_per_node N`; GPU: `--devices "0,1,..."`). Tokens given on the command line are
-    printed as *** (redact_secrets)."""
+    (CPU: `--devices "" --nproc_per_node N`; GPU: `--devices "0,1,..."`), after the THREAD_VARIABLES set in
+    `environ` (default: the one this process started with). Tokens given on the command line are printed as *** (redact_secrets)."""
     try:
         n = required_processes(cfg)
     except ConfigError:
         n = model_ranks(cfg)
     tail = " ".join([shlex.quote(script)] + [shlex.quote(a) for a in redact_secrets(argv)])
+    environ = started_environment() if environ is None else environ
+    threads = "".join(f"{k}={shlex.quote(environ[k])} " for k in THREAD_VARIABLES if environ.get(k))
     if n == 1:
-        return f"python {tail}"
+        return f"{threads}python {tail}"
     devices = '--devices "" --nproc_per_node ' + str(n) if device == "cpu" else \
         '--devices "' + ",".join(str(i) for i in range(n)) + '"'
-    return f"python -m paddle.distributed.launch {devices} {tail}"
+    return f"{threads}python -m paddle.distributed.launch {devices} {tail}"
+
+
+def launched_processes(environ: Mapping[str, str] = os.environ) -> Optional[int]:
+    """The number of processes of the paddle.distributed.launch this process runs under (PADDLE_TRAINERS_NUM, which
+    the launch sets for every rank), or None when it was started on its own."""
+    value = environ.get("PADDLE_TRAINERS_NUM")
+    return int(value) if value and value.isdigit() else None
 
 
 def keys_without_effect(cfg: Config, device: str, given: Optional[Mapping[str, str]] = None
@@ -653,14 +679,24 @@ def check_prompt_lengths(cfg: Config, tokenizer: Any, config: Any, records: Dict
     return warnings
 
 
-def check_layout(cfg: Config) -> Tuple[List[str], int]:
-    """(problems, processes): whether the configured parallel layout can start, and on how many processes."""
+def check_layout(cfg: Config, launched: Optional[int] = None) -> Tuple[List[str], int]:
+    """(problems, processes): whether the configured parallel layout can start, and on how many processes.
+    `launched`: the processes of the launch the dry run itself runs under (launched_processes): the layout is checked
+    on that many, as the run started by that launch would check it."""
     from .parallel.layout import check_pipeline_config, unsupported_layout
 
-    try:
-        n = required_processes(cfg)
-    except ConfigError as e:
-        return [str(e)], model_ranks(cfg)
+    if launched is not None:
+        n = launched
+        try:
+            cfg.batch_geometry(n)
+        except ConfigError as e:
+            return [f"this dry run runs under paddle.distributed.launch with {n} processes, where the run would stop: "
+                    f"{e}"], n
+    else:
+        try:
+            n = required_processes(cfg)
+        except ConfigError as e:
+            return [str(e)], model_ranks(cfg)
     problems = unsupported_layout(cfg) if n > 1 else []
     try:
         check_pipeline_config(cfg, n)
@@ -761,7 +797,8 @@ def dry_run(cfg: Config, argv: Sequence[str], device: str, script: str = "run_rl
     warnings, problems = warnings + critic_warnings, problems + critic_problems
     problems += check_rewards(cfg)
     problems += check_tools(cfg, tokenizer)
-    layout_problems, n = check_layout(cfg)
+    launched = launched_processes()
+    layout_problems, n = check_layout(cfg, launched)
     problems += layout_problems
     async_lines, async_problems = async_plan(cfg, n)
     print("".join(f"  {line}\n" for line in async_lines), end="")
@@ -777,7 +814,8 @@ def dry_run(cfg: Config, argv: Sequence[str], device: str, script: str = "run_rl
         print(f"  {key:<{key_width}}  {value:<12}  {where:<{where_width}}  {reason}")
     model = cfg.tensor_parallel_degree * cfg.pipeline_parallel_degree
     print(f"\nprocesses: {n} = tensor_parallel_degree {cfg.tensor_parallel_degree} x pipeline_parallel_degree "
-          f"{cfg.pipeline_parallel_degree} x data/sharding ranks {n // model}")
+          f"{cfg.pipeline_parallel_degree} x data/sharding ranks {n // model}"
+          + (" (this dry run's own paddle.distributed.launch)" if launched is not None else ""))
     print(f"launch: {launch_command(cfg, argv, device, script)}")
     if warnings:
         print(f"\nwarning{'s' if len(warnings) > 1 else ''} (the launch can start, but check these):")

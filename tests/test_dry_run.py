@@ -2,6 +2,7 @@
 the exit status says whether the launch could start, and the launch command fits the layout. Real files, a real
 tiny model directory, a real reward server on 127.0.0.1."""
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -180,7 +181,8 @@ def test_plain_run_on_the_wrong_number_of_processes_prints_the_launch_command(ba
     assert out.returncode == 2, out.stderr[-2000:]
     assert "run_rl.py: error: tensor_parallel_degree (2) x pipeline_parallel_degree (1) = 2 does not divide the " \
            "number of processes (1)" in out.stderr
-    expected = launch_command(config_from_dict({"tensor_parallel_degree": 2}), argv, "cpu")
+    # (the child started with this process's os.environ, where paddle's import set OMP_NUM_THREADS)
+    expected = launch_command(config_from_dict({"tensor_parallel_degree": 2}), argv, "cpu", environ=os.environ)
     assert out.stderr.rstrip().endswith(f"run_rl.py: start it with: {expected}")
 
 
