@@ -115,7 +115,8 @@ def launch_command(cfg: Config, argv: Sequence[str], device: str, script: str = 
     """The command that starts this run (`argv`: the config file and overrides, without --dry_run) with the number
     of processes the config needs: plain `python run_rl.py ...` for one process, else paddle.distributed.launch
     (CPU: `--devices "" --nproc_per_node N`; GPU: `--devices "0,1,..."`), after the THREAD_VARIABLES set in
-    `environ` (default: the one this process started with). Tokens given on the command line are printed as *** (redact_secrets)."""
+    `environ` (default: the one this process started with). Tokens given on the command line are printed as ***
+    (redact_secrets)."""
     try:
         n = required_processes(cfg)
     except ConfigError:

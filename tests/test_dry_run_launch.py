@@ -13,7 +13,8 @@ from paddle_grpo.dry_run import check_layout, launch_command, launched_processes
 
 
 # 3 prompts x 2 samples: one process takes them, two cannot split 3 prompts.
-GEOMETRY = {"global_batch_size": 3, "rollout_n": 2, "per_device_train_batch_size": 6, "per_device_logprob_batch_size": 6}
+GEOMETRY = {"global_batch_size": 3, "rollout_n": 2, "per_device_train_batch_size": 6,
+            "per_device_logprob_batch_size": 6}
 
 
 @pytest.fixture
