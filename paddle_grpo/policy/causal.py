@@ -11,6 +11,7 @@ this module's steppers (`stepper_for`): the rollout knows no model, the policy h
 """
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,7 +21,7 @@ from .. import cpu_tuning, rollout
 from ..algorithms import logprobs_from_logits
 from ..precision import full_precision
 from ..rollout import Rollout, Stepper
-from . import fast_decoder
+from . import fast_decoder, rope
 from .base import Policy, freeze, position_ids_from_mask
 from .hub import resolve_model_dir
 from .lm_head import LMHead, entropy, head_logprobs
@@ -66,7 +67,9 @@ def model_config(path: str, *, trainable: bool = True, recompute: bool = False, 
     from paddlenlp.transformers import AutoConfig
 
     cpu_tuning.apply()  # CPU runs only: MKL's AVX2 or AVX-512 path on AMD, no page fault per tensor; before any forward
-    config = AutoConfig.from_pretrained(path)
+    # rope_theta / rope_scaling as transformers 4 or 5 wrote them (PaddleNLP reads only the top-level rope_theta):
+    # set before the model is built; a type not computed here is refused naming the key (rope.py)
+    config = rope.normalize(AutoConfig.from_pretrained(path), os.path.join(path, "config.json"))
     config.recompute = bool(recompute and trainable)
     if config.recompute:
         if recompute_granularity not in fast_decoder.GRANULARITIES:
@@ -84,8 +87,10 @@ def model_config(path: str, *, trainable: bool = True, recompute: bool = False, 
 
 
 def prepare_loaded(model: paddle.nn.Layer, trainable: bool) -> paddle.nn.Layer:
-    """A model just loaded with `model_config`'s config: recompute switched on when the config asks for it, then
-    train mode, or frozen (eval, no gradients) unless `trainable`. Returns `model`."""
+    """A model just loaded with `model_config`'s config: rope scaling's tables installed (rope.install), recompute
+    switched on when the config asks for it, then train mode, or frozen (eval, no gradients) unless `trainable`.
+    Returns `model`."""
+    rope.install(model)  # transformers' scaled rotary tables when the config asks for scaling (rope.py)
     if model.config.recompute:
         # The config field alone is inert: PaddleNLP's layers recompute only once `enable_recompute` is set, which
         # its Trainer does for `--recompute` (this is the model's own method for it).
@@ -111,6 +116,7 @@ def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, promp
     parallelism. `chunk_size` (Policy.head_chunk_size; use_fused_head_and_loss_fn): the LM head runs `chunk_size`
     positions at a time and never holds the [bs, T, V] logits (lm_head.py); None: full logits.
     """
+    rope.check(model)  # a config with rope scaling over plain rotary tables: other logits, never silently
     if vocab_parallel is None and fast_decoder.enabled_for(model):
         # Lean decoder forward (Qwen2, Llama) with each group's shared prompt computed once (fast_decoder.py).
         fast = fast_decoder.FastDecoder(model)
@@ -165,6 +171,7 @@ def decoder_path(model: paddle.nn.Layer) -> str:
 def stepper_for(model: paddle.nn.Layer) -> type[Stepper]:
     """The decode stepper class of `model` (rollout.Stepper): the lean decoder path when it computes exactly what
     the model's forward would (`fast_decoder.enabled_for`), else the model's own decoder."""
+    rope.check(model)
     return FastDecoderStepper if fast_decoder.enabled_for(model) else PaddleNLPStepper
 
 

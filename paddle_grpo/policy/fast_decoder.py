@@ -27,7 +27,8 @@ greedy generations and gradients against `Qwen2ForCausalLM.forward` and `LlamaFo
 Switch: `enabled_for(model)` / `refusal(model)` accept a plain float32 `Qwen2ForCausalLM` or `LlamaForCausalLM`, or
 the critic's `Qwen2ForSequenceClassification` or ValueModel (critic.py: hidden states only, no LM head), built as
 PaddleNLP builds the family, and refuse, with the reason, any class, layer or config value this path does not
-implement (LoRA/quantised layers, tensor/sequence parallelism, fused layouts, rope scaling, another head_dim, extra
+implement (LoRA/quantised layers, tensor/sequence parallelism, fused layouts, rope scaling other than rope.py's
+tables (linear, dynamic, llama3, yarn: installed at load), another head_dim, extra
 biases, GPU kernel flags, AMP, ...), or everything when the environment sets `PADDLE_GRPO_FAST=0`. A refused model
 runs PaddleNLP's forward (modeling.py / rollout/); `describe(model)` is the start-up line that says which.
 
@@ -65,8 +66,10 @@ FAMILIES = {
 }
 # ValueModel (value_model.py) backbones: the critic of a family without a sequence classifier (Llama).
 BACKBONES = {"Qwen2Model": "qwen2", "LlamaModel": "llama"}
-# PaddleNLP rotary classes whose cached cos/sin tables are plain RoPE at the config's rope_theta (no scaling).
+# PaddleNLP rotary classes whose cached cos/sin tables are plain RoPE at the config's rope_theta (no scaling), and
+# rope.py's ScaledRotary (transformers' scaled tables, installed at load for a config with rope scaling).
 PLAIN_ROTARY = ("Qwen2RotaryEmbedding", "LlamaRotaryEmbedding")
+SCALED_ROTARY = "ScaledRotary"
 # Kernel flags (the precision plan's, or a config's): PaddleNLP's GPU kernels, not this path's ops.
 KERNEL_FLAGS = ("use_flash_attention", "use_fused_rms_norm", "use_fused_rope", "use_flash_attention_for_generation")
 # paddle's CPU softmax takes a slower kernel over a last axis shorter than 128: measured (paddle 3.3.1, one AMD EPYC
@@ -123,6 +126,7 @@ def refusal(model: paddle.nn.Layer) -> Optional[str]:
         if getattr(c, key, None):
             return f"{key} is {getattr(c, key)!r}"
     qkv_bias: list[bool] = []
+    rotary = ""
     for layer_index, layer in enumerate(decoder.layers):
         # Plain nn.Linear only: a LoRA (or quantised) layer inside the model has extra weights that this path,
         # which reads `.weight`/`.bias`, would silently ignore; fused layouts have other names.
@@ -139,8 +143,8 @@ def refusal(model: paddle.nn.Layer) -> Optional[str]:
             if getattr(part, name).bias is not None:
                 return f"layer {layer_index} {name} has a bias"
         rotary = type(getattr(a, "rotary_emb", None)).__name__
-        if rotary not in PLAIN_ROTARY:
-            return f"the rotary embedding is {rotary} (plain RoPE only)"
+        if rotary not in PLAIN_ROTARY + (SCALED_ROTARY,):
+            return f"the rotary embedding is {rotary} (plain RoPE, or rope.py's scaled tables, only)"
     dtype = decoder.embed_tokens.weight.dtype
     if dtype != paddle.float32:
         # PaddleNLP's RMSNorm upcasts bf16/fp16 activations, which this path does not replicate.
@@ -162,9 +166,12 @@ def refusal(model: paddle.nn.Layer) -> Optional[str]:
     bias = getattr(c, "attention_bias", None)
     if bias is not None and bool(bias) != any(qkv_bias):
         return f"attention_bias is {bias!r}"
-    for key in ("rope_scaling", "rope_scaling_type"):
-        if getattr(c, key, None) is not None:
-            return f"{key} is {getattr(c, key)!r} (plain RoPE only)"
+    # Scaling is computed only through rope.py's tables (the layer check above accepts them): a config that asks for
+    # it over PaddleNLP's plain tables is refused here (rope.check stops such a model before any forward).
+    if getattr(c, "rope_scaling_type", None) is not None:
+        return f"rope_scaling_type is {c.rope_scaling_type!r} (PaddleNLP's own scaling; not computed here)"
+    if getattr(c, "rope_scaling", None) and rotary != SCALED_ROTARY:
+        return f"rope_scaling is {c.rope_scaling!r} over the {rotary} tables (plain RoPE)"
     act = getattr(c, "hidden_act", "silu")  # PaddleNLP's Llama has no such field: its MLP is SwiGLU
     if act != "silu":
         return f"hidden_act is {act!r} (SiLU only)"
