@@ -44,17 +44,20 @@ W_RTOL = 16 * EPS32
 
 def loop_reference(old, sample, mask, mode, cap, lo, level):
     """The weights [bs, T] (0 on padding) and (ratio mean, ratio max, share capped or dropped), one token at a
-    time in float64."""
+    time in float64. `level`: "token" r_t; "sequence" the product of the row's r_t (Seq-TIS / Seq-MIS);
+    "geometric" their geometric mean."""
     bs, T = old.shape
     weights, ratios, hits = np.zeros((bs, T)), [], 0
     for i in range(bs):
         valid = [t for t in range(T) if mask[i, t]]
         clamp = lambda d: min(max(d, -20.0), 20.0)  # noqa: E731
-        seq = math.exp(clamp(sum(float(old[i, t]) - float(sample[i, t]) for t in valid) / max(len(valid), 1)))
+        log_product = sum(float(old[i, t]) - float(sample[i, t]) for t in valid)
+        seq = {"sequence": math.exp(clamp(log_product)),
+               "geometric": math.exp(clamp(log_product / max(len(valid), 1)))}.get(level)
         for t in valid:
             token = math.exp(clamp(float(old[i, t]) - float(sample[i, t])))
             ratios.append(token)
-            r = seq if level == "sequence" else token
+            r = token if level == "token" else seq
             if mode == "tis":
                 weights[i, t] = min(r, cap)
                 hits += r > cap
@@ -66,6 +69,21 @@ def loop_reference(old, sample, mask, mode, cap, lo, level):
                 weights[i, t] = 1.0
     n = max(len(ratios), 1)
     return weights, (sum(ratios) / n if ratios else 0.0, max(ratios, default=0.0), hits / n)
+
+
+def diagnostics_reference(old, sample, mask, weights):
+    """(kl, ess, ppl_ratio) in float64, one token at a time: k3 of KL(pi_s || pi_old) with docs/algorithms.md
+    section 3's clamps (d to [-20, 20], the estimate to [-10, 10]); the normalised effective sample size
+    (sum w)^2 / (n sum w^2) of the weights `weights` (per token, padding ignored); the trainer's perplexity over the
+    sampler's, exp(mean(l^s - l^old))."""
+    kl, w, w2, gap, n = 0.0, 0.0, 0.0, 0.0, 0
+    for i, t in zip(*np.nonzero(mask)):
+        d = float(old[i, t]) - float(sample[i, t])
+        dc = min(max(d, -20.0), 20.0)
+        kl += min(max(math.exp(dc) - dc - 1.0, -10.0), 10.0)
+        w, w2, gap, n = w + weights[i, t], w2 + weights[i, t] ** 2, gap - d, n + 1
+    n = max(n, 1)
+    return kl / n, (w * w / (n * w2) if w2 > 0 else 0.0), math.exp(min(max(gap / n, -20.0), 20.0))
 
 
 # Row 0: ratios around the band (0.75 -> 2.12 > 2 capped / dropped, -0.75 -> 0.47 < 0.5 dropped, +-0.6875 -> 1.99 /
@@ -92,7 +110,7 @@ def hand_made(seed=0):
     return old.astype(np.float32), sample.astype(np.float32)
 
 
-@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("level", ["token", "sequence", "geometric"])
 @pytest.mark.parametrize("mode, cap, lo", [("tis", 2.0, 0.5), ("mis", 2.0, 0.5), ("mis", 2.5, 0.0), ("none", 2.0, 0.5),
                                            ("clip", 2.0, 0.5)])
 def test_weights_and_statistics_match_a_loop(mode, cap, lo, level):
@@ -116,8 +134,43 @@ def test_weights_and_statistics_match_a_loop(mode, cap, lo, level):
     hit_key = {"tis": "capped_frac", "mis": "masked_frac"}.get(mode)
     for key in ("capped_frac", "masked_frac"):
         assert float(stats[key]) == pytest.approx(ref_hits if key == hit_key else 0.0, abs=EPS32)
-    if mode in ("tis", "mis") and level == "token":
+    if mode in ("tis", "mis"):
         assert ref_hits > 0  # the hand-made ratios do hit the cap / leave the band (the check can fail)
+    # The diagnostics: the ESS of the weights (tis / mis) or of the token ratios r_t (none / clip: the weight a
+    # correction would apply).
+    with np.errstate(invalid="ignore"):  # the garbage in padding (inf - inf), dropped by the where
+        d = np.clip(np.where(MASK == 1, old.astype(np.float64) - sample, 0.0), -20, 20)
+    ess_weights = ref_w if mode in ("tis", "mis") else np.exp(d)
+    kl, ess, ppl_ratio = diagnostics_reference(old, sample, MASK, ess_weights)
+    # k3 per token: exp (a few ulp of e^d) and two subtractions, 8 u (e^d + |d| + 1) absolute; then the mean of n
+    # terms (f32_sum_tol over their sum, at most 10 each).
+    kl_tol = (8 * EPS32 * (np.exp(d) + np.abs(d) + 1)[MASK == 1].sum() + f32_sum_tol(n, 10.0 * n)) / n
+    assert abs(float(stats["kl"]) - kl) <= kl_tol, (float(stats["kl"]), kl, kl_tol)
+    assert kl > 1.0  # the hand-made gaps are large (up to the clamps): a wrong estimator is far off
+    # ESS = mean(w)^2 / mean(w^2): each mean of n positive float32 terms within (n + 4) u relative (the products
+    # w * w one more rounding), the ratio and the square 3 more: 4 (n + 8) u relative.
+    assert float(stats["ess"]) == pytest.approx(ess, rel=4 * (n + 8) * EPS32, abs=0)
+    assert 0 < ess <= 1 and (ess < 0.5 if mode in ("none", "clip") else True)  # e^20 among ratios near 1: small
+    # The perplexity ratio: the log-ratios are exact (the 2^-10 grid), their sum too; / n and exp: a few ulp.
+    assert float(stats["ppl_ratio"]) == pytest.approx(ppl_ratio, rel=W_RTOL)
+    assert ppl_ratio < 0.5  # the trainer finds the tokens more likely than the sampler did (sum of d = 23.25 > 0)
+
+
+def test_a_sequence_is_the_product_of_its_ratios_and_geometric_their_mean():
+    """The issue's example: four tokens at r = 1.35 (product 3.32, above a cap of 2): Seq-TIS caps the row at 2 and
+    Seq-MIS drops it; at the geometric level (and per token) each weighs 1.35, inside the band."""
+    d = math.log(1.35)
+    old = paddle.to_tensor(np.full((1, 4), d, np.float32))
+    sample, mask = paddle.zeros([1, 4]), paddle.ones([1, 4])
+    expect = {("tis", "sequence"): 2.0, ("mis", "sequence"): 0.0, ("tis", "geometric"): 1.35,
+              ("mis", "geometric"): 1.35, ("tis", "token"): 1.35, ("mis", "token"): 1.35}
+    for (mode, level), value in expect.items():
+        w, stats = rollout_correction(old, sample, mask, mode, 2.0, 0.5, level)
+        np.testing.assert_allclose(w.numpy(), np.full((1, 4), value), rtol=W_RTOL, err_msg=f"{mode} {level}")
+    # A product below the band: four tokens at r = 0.8 (0.41 < 0.5) drop the row in Seq-MIS, not per token.
+    low = paddle.to_tensor(np.full((1, 4), math.log(0.8), np.float32))
+    assert float(rollout_correction(low, sample, mask, "mis", 2.0, 0.5, "sequence")[1]["masked_frac"]) == 1.0
+    assert float(rollout_correction(low, sample, mask, "mis", 2.0, 0.5, "token")[1]["masked_frac"]) == 0.0
 
 
 def test_band_edges_are_inclusive_and_a_ratio_of_one_is_exact():
@@ -131,6 +184,8 @@ def test_band_edges_are_inclusive_and_a_ratio_of_one_is_exact():
     for lo, cap in ((0.5, 1.0), (1.0, 2.0)):
         w, stats = rollout_correction(on_policy, on_policy, m, "mis", cap=cap, min_ratio=lo)
         assert (w.numpy()[MASK == 1] == 1.0).all() and float(stats["masked_frac"]) == 0.0
+        # On-policy the diagnostics are exact: log-ratio 0 gives k3 0, equal weights an ESS of 1, a ratio of 1.
+        assert (float(stats["kl"]), float(stats["ess"]), float(stats["ppl_ratio"])) == (0.0, 1.0, 1.0)
     # Just outside either edge (log-ratio 2^-10 away): capped / dropped.
     nudged = paddle.to_tensor(np.where(MASK == 1, old - GRID, 0.0).astype(np.float32))
     assert float(rollout_correction(on_policy, nudged, m, "tis", cap=1.0)[1]["capped_frac"]) == 1.0
@@ -139,13 +194,16 @@ def test_band_edges_are_inclusive_and_a_ratio_of_one_is_exact():
     # Nothing valid: statistics 0, no division by zero.
     empty = paddle.zeros([2, 3], dtype="int64")
     w, stats = rollout_correction(t[:2, :3], t[:2, :3], empty, "mis")
-    assert (w.numpy() == 0).all() and all(float(v) == 0.0 for v in stats.values())
+    assert (w.numpy() == 0).all() and float(stats.pop("ppl_ratio")) == 1.0  # exp(0): no gap measured
+    assert all(float(v) == 0.0 for v in stats.values())
 
 
 def test_bad_arguments_name_what_is_wrong():
     old = paddle.zeros([1, 2])
     with pytest.raises(UnknownNameError, match="unknown rollout_correction 'cap'; valid: clip, mis, none, tis"):
         rollout_correction(old, old, old, "cap")
+    with pytest.raises(UnknownNameError, match="unknown rollout_correction_level 'row'; valid: geometric, sequence"):
+        rollout_correction(old, old, old, "tis", level="row")
     with pytest.raises(ValueError, match="rollout_correction_min must be in"):
         rollout_correction(old, old, old, "mis", cap=2.0, min_ratio=3.0)
     with pytest.raises(ValueError, match="shape mismatch"):
@@ -193,7 +251,7 @@ def reference_loss(cfg, lp, old, sample, ref, adv, mask):
     lp, old, sample, ref, adv = (np.asarray(x, np.float64) for x in (lp, old, sample, ref, adv))
     m = mask.astype(bool)
     w, _ = loop_reference(old, sample, mask, cfg.rollout_correction, cfg.rollout_correction_cap,
-                          cfg.rollout_correction_min, cfg.importance_sampling_level)
+                          cfg.rollout_correction_min, cfg.correction_level)
     if cfg.rollout_correction == "clip":  # PPO's ratio against the sampler, no weight
         old = sample
     rho = np.exp(np.clip(lp - old, -20, 20))
@@ -223,12 +281,20 @@ def reference_loss(cfg, lp, old, sample, ref, adv, mask):
 
 
 @pytest.mark.parametrize("mode", ["tis", "mis", "clip"])
-@pytest.mark.parametrize("level, agg", [("token", "token-mean"), ("token", "seq-mean-token-mean"),
-                                        ("sequence", "token-mean")])
-def test_corrected_loss_and_gradient_match_numpy(model_logits, mode, level, agg):
+@pytest.mark.parametrize("level, agg, correction_level", [
+    ("token", "token-mean", None), ("token", "seq-mean-token-mean", None), ("sequence", "token-mean", None),
+    ("token", "token-mean", "sequence"), ("token", "seq-mean-token-mean", "geometric")])
+def test_corrected_loss_and_gradient_match_numpy(model_logits, mode, level, agg, correction_level):
+    """`level` is the loss's ratio (GSPO's with "sequence"); `correction_level` the correction's (unset: geometric
+    for GSPO, else token; "sequence": Seq-TIS / Seq-MIS on a token-level loss). The weights are detached: the
+    gradient of a token-level loss is the weight times the uncorrected token's, which the reference computes."""
+    if mode == "clip" and correction_level is not None:
+        pytest.skip("clip applies no weight: the level has no effect (the dry run says so)")
     logits, completion = model_logits
     cfg = cfg_of(rollout_correction=mode, importance_sampling_level=level, loss_agg_mode=agg, kl_loss_coeff=0.3,
-                 clip_ratio_c=3.0, pg_loss_coeff=1.0)
+                 clip_ratio_c=3.0, pg_loss_coeff=1.0, rollout_correction_level=correction_level)
+    assert cfg.correction_level == correction_level or (correction_level is None and cfg.correction_level == (
+        "geometric" if level == "sequence" else "token"))
     lp, ent = logprobs_from_completion_logits(logits, completion, cfg.temperature, "detached")
     old, sample, ref, adv = loss_inputs(lp.numpy())
     mask = paddle.to_tensor(LOSS_MASK)
@@ -245,15 +311,21 @@ def test_corrected_loss_and_gradient_match_numpy(model_logits, mode, level, agg)
                                 clip_ratio_c=3.0), lp, ent, paddle.to_tensor(old), paddle.to_tensor(adv), mask,
                          paddle.to_tensor(ref), agg_counts, None, paddle.to_tensor(sample))[0]
     assert abs(float(plain) - float(loss)) > 100 * tol
-    if level == "token":
+    if level == "token":  # (GSPO's sequence ratio has a gradient through the row's mean; its loss is checked)
         (grad,) = paddle.grad(loss, [lp])
         # Per token a product of ~6 float32 roundings, divided by the count: 10 u relative of each term.
         np.testing.assert_allclose(grad.numpy(), ref_grad, rtol=0, atol=10 * EPS32 * np.abs(ref_grad).max())
     # The statistics in LossSums' layout: token-weighted sums, then the maximum, then the token count.
     means = step.LossSums(sums).means()
-    _, (r_mean, r_max, hits) = loop_reference(old, sample, LOSS_MASK, mode, 2.0, 0.5, level)
+    ref_w, (r_mean, r_max, hits) = loop_reference(old, sample, LOSS_MASK, mode, 2.0, 0.5, cfg.correction_level)
     assert means["rollout_correction/ratio_mean"] == pytest.approx(r_mean, rel=1e-6)
     assert means["rollout_correction/ratio_max"] == pytest.approx(r_max, rel=1e-6)
+    # The diagnostics through LossSums (token means of w, w^2, the log gap, then the ESS and the ratio of them).
+    ess_weights = ref_w if mode != "clip" else np.exp(np.where(LOSS_MASK == 1, old - sample, 0.0))
+    kl, ess, ppl_ratio = diagnostics_reference(old, sample, LOSS_MASK, ess_weights)
+    assert means["rollout_correction/kl"] == pytest.approx(kl, rel=1e-5)
+    assert means["rollout_correction/ess"] == pytest.approx(ess, rel=1e-5) and 0 < ess <= 1
+    assert means["rollout_correction/ppl_ratio"] == pytest.approx(ppl_ratio, rel=1e-5)
     if mode == "clip":  # the PPO clip statistics are now against the sampler: some tokens clipped each side
         assert means["rollout_correction/capped_frac"] == 0 and means["rollout_correction/masked_frac"] == 0
         if level == "sequence":  # (GSPO's clip shares count rows' ratios; the loss check above covers it)
@@ -340,7 +412,7 @@ def test_a_real_update_with_none_ignores_the_sampler_and_tis_weights_it():
     assert all(np.array_equal(p0[k], p1[k]) for k in p0)
     differ = {k for k in m0 if m0[k] != m1[k] and k.startswith("rollout_correction/")}
     assert {k: m0[k] for k in m0 if k not in differ} == {k: m1[k] for k in m1 if k not in differ}
-    assert differ == {"rollout_correction/ratio_mean", "rollout_correction/ratio_max"}  # the gap, logged
+    assert differ == {f"rollout_correction/{k}" for k in ("ratio_mean", "ratio_max", "kl", "ess", "ppl_ratio")}
     assert "rollout_correction/capped_frac" not in m0 and "rollout_correction/masked_frac" not in m0
     # The same batch with tis: the sampler's log-probs are spread around the model's (~log 1/96 = -4.6), some
     # tokens are capped, others weighted by their ratio, and the update differs. (Had every token been capped,

@@ -8,14 +8,15 @@
   losses.py         clipped policy losses by name (token-level, GSPO; dual-clip), loss aggregation,
                     log-probs and entropy from logits
   normalization.py  running reward normalisation (Chan), advantage whitening
-  rollout_correction.py  importance weights of the sampler's log-probs against the trainer's: TIS / MIS
+  rollout_correction.py  importance weights of the sampler's log-probs against the trainer's: TIS / MIS at the
+                    token, sequence or geometric level; the off-policy diagnostics (KL, ESS, perplexity ratio)
   shaping.py        reward clipping, DAPO overlong penalty (combining reward functions: rewards.RewardSet)
   schedule.py       the learning-rate schedule (warm-up, constant / linear / cosine, decay floor)
   registry.py       the name -> spec registries: what each estimator / loss needs and where its KL goes
   _common.py        dtype / mask helpers, last-axis gathers that do not copy the whole tensor
 The config reads its choices from this package (rl_algorithm, importance_sampling_level from the registries;
-kl_estimator, kl_loss_estimator, loss_agg_mode, rollout_correction from KL_ESTIMATORS, LOSS_AGG_MODES,
-ROLLOUT_CORRECTIONS), so nothing else lists them.
+kl_estimator, kl_loss_estimator, loss_agg_mode, rollout_correction, rollout_correction_level from KL_ESTIMATORS,
+LOSS_AGG_MODES, ROLLOUT_CORRECTIONS, ROLLOUT_CORRECTION_LEVELS), so nothing else lists them.
 The formulas are those of docs/algorithms.md, sections 1-5 and 8. Every batch statistic is over the batch passed
 in, so the trainer passes the global (all-rank) batch.
 """
@@ -48,17 +49,20 @@ from .losses import (
 from ._common import gather_last, subtract_at
 from .schedule import lr_lambda
 from .normalization import RunningRewardNormalizer, normalize_advantage
-from .rollout_correction import ROLLOUT_CORRECTIONS, rollout_correction
+from .rollout_correction import (ROLLOUT_CORRECTION_LEVELS, ROLLOUT_CORRECTIONS, effective_sample_size,
+                                 rollout_correction)
 from .registry import EstimatorSpec, PolicyLossSpec, UnknownNameError
 from .shaping import clip_reward, overlong_penalty
 from .value_loss import explained_variance, positive_example_mask, value_loss
 
 __all__ = [
-    "EstimatorSpec", "KL_ESTIMATORS", "LOSS_AGG_MODES", "PolicyLossSpec", "ROLLOUT_CORRECTIONS",
+    "EstimatorSpec", "KL_ESTIMATORS", "LOSS_AGG_MODES", "PolicyLossSpec", "ROLLOUT_CORRECTION_LEVELS",
+    "ROLLOUT_CORRECTIONS",
     "RunningRewardNormalizer",
     "UnknownNameError",
     "advantage_estimator_spec", "aggregate_loss", "available_advantage_estimators", "available_policy_losses",
-    "clip_reward", "compute_policy_loss", "entropy_from_logits", "explained_variance", "gae_advantage",
+    "clip_reward", "compute_policy_loss", "effective_sample_size", "entropy_from_logits", "explained_variance",
+    "gae_advantage",
     "gather_last", "get_advantage_estimator", "get_policy_loss",
     "global_denominators", "importance_sampling_levels", "kl_penalty", "kl_token_rewards", "logprobs_from_logits",
     "lr_lambda", "masked_mean", "normalize_advantage", "overlong_penalty", "policy_loss_spec",

@@ -33,16 +33,25 @@ class AlgorithmArguments:
                                               "unset).")
     importance_sampling_level: str = arg("token", "(new) token: per-token ratio; sequence: GSPO's sequence ratio.",
                                          choices=_from_algorithms("importance_sampling_levels"))
-    rollout_correction: str = arg(
-        "none", "(new) Off-policy correction of the policy-gradient loss by the sampler's own log-probs l^s "
+    rollout_correction: Optional[str] = arg(
+        None, "(new) Off-policy correction of the policy-gradient loss by the sampler's own log-probs l^s "
                 "(docs/algorithms.md, \"Rollout correction\"): each token's loss is weighted by the ratio "
                 "r = exp(l^old - l^s) of the trainer's old log-probs to the sampler's. tis: truncated, "
                 "min(r, rollout_correction_cap); mis: masked, r inside [rollout_correction_min, "
                 "rollout_correction_cap] and the token dropped outside; clip: no weight, but PPO's ratio is taken "
                 "against l^s instead of l^old, so clip_range_ratio bounds the trainer's drift from the policy that "
                 "sampled (the choice for async_rollout, docs/async.md); none: no weight (the ratio's mean and max "
-                "are logged either way). With importance_sampling_level sequence the ratio is the sequence's "
-                "geometric mean.", choices=_from_algorithms("ROLLOUT_CORRECTIONS"))
+                "are logged either way). The ratio is taken per token or per sequence: rollout_correction_level. "
+                "Unset (null): clip with async_rollout and rollout_lag >= 1 (a lagged sampler uncorrected "
+                "collapsed the quickstart, docs/async.md), else none; an explicit none is kept.",
+        choices=_from_algorithms("ROLLOUT_CORRECTIONS"))
+    rollout_correction_level: Optional[str] = arg(
+        None, "(new) rollout_correction tis / mis: the level of the ratio (verl's names, docs/algorithms.md). token: "
+              "r_t per token; sequence: the product of the row's token ratios, exp(sum_t log r_t), one weight per "
+              "row (Seq-TIS / Seq-MIS); geometric: their geometric mean, exp(mean_t log r_t) (GSPO's length "
+              "normalisation; as a band keep it tight, verl uses 1.0001-1.001). Unset (null): geometric with "
+              "importance_sampling_level sequence (GSPO), else token.",
+        choices=_from_algorithms("ROLLOUT_CORRECTION_LEVELS"))
     rollout_correction_cap: float = arg(2.0, "(new) rollout_correction tis: the cap C of the ratio; mis: the upper "
                                              "bound of the band of kept ratios (no effect with clip or none). > 1 "
                                              "(the on-policy ratio, 1, is never capped or dropped).")

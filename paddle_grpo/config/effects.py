@@ -117,15 +117,16 @@ def run_key_notes(cfg: Config) -> Dict[str, str]:
             notes[key] = "tool_server is empty: the tools run in the trainer's process"
     else:
         notes["tool_sandbox"] = "the tools run on tool_server: its own --sandbox sets their isolation"
-    if cfg.rollout_correction == "none":
-        for key in ("rollout_correction_cap", "rollout_correction_min"):
+    mode = cfg.correction_mode  # unset: from async_rollout and rollout_lag (Config.correction_mode)
+    if mode == "none":
+        for key in ("rollout_correction_cap", "rollout_correction_min", "rollout_correction_level"):
             notes[key] = "rollout_correction is 'none': the policy loss is not weighted by the sampler's ratio"
-    elif cfg.rollout_correction == "clip":
-        for key in ("rollout_correction_cap", "rollout_correction_min"):
+    elif mode == "clip":
+        for key in ("rollout_correction_cap", "rollout_correction_min", "rollout_correction_level"):
             notes[key] = ("rollout_correction 'clip' takes PPO's ratio against the sampler's log-probs: "
                           "clip_range_ratio (_low, _high) bounds it, no weight is applied")
-    elif cfg.rollout_correction != "mis":
-        notes["rollout_correction_min"] = (f"rollout_correction {cfg.rollout_correction!r} only caps the ratio from "
+    elif mode != "mis":
+        notes["rollout_correction_min"] = (f"rollout_correction {mode!r} only caps the ratio from "
                                            "above (rollout_correction mis drops the tokens below this bound)")
     if not cfg.async_rollout:
         for key in ("rollout_lag", "rollout_worker_timeout_s", "rollout_worker_reference", "rollout_worker_threads"):

@@ -63,6 +63,11 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
         estimator = self._estimator
         if key in dict(estimator.key_defaults) and getattr(self, key) is None:
             return f"null = rl_algorithm {self.rl_algorithm}'s default {yaml_value(estimator.key_default(key))}"
+        if key == "rollout_correction":
+            return f"null = {self.correction_mode}: {self.correction_reason}"
+        if key == "rollout_correction_level":
+            return f"null = {self.correction_level}" + (" (GSPO's ratio is the geometric mean)"
+                                                         if self.importance_sampling_level == "sequence" else "")
         fallbacks = {"clip_range_ratio_high": ("clip_range_ratio", self.clip_range_ratio),
                      "clip_range_ratio_low": ("clip_range_ratio", self.clip_range_ratio),
                      "positive_example_lm_coeff": ("off", None), "pretrain_critic_steps": ("no pretraining", None),
@@ -91,6 +96,34 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
     @property
     def lora_alpha_value(self) -> float:
         return 2.0 * self.lora_rank if self.lora_alpha == -1 else self.lora_alpha
+
+    # The rollout correction as it runs: one decision, used by the step, the dry run and the config notes.
+    @property
+    def correction_mode(self) -> str:
+        """rollout_correction as set, or when it is unset `clip` for a lagged sampler (async_rollout with
+        rollout_lag >= 1: uncorrected, it collapsed the quickstart, docs/async.md), else `none`."""
+        if self.rollout_correction is not None:
+            return self.rollout_correction
+        return "clip" if self.async_rollout and self.rollout_lag >= 1 else "none"
+
+    @property
+    def correction_reason(self) -> str:
+        """Why `correction_mode` is what it is, for the dry run and the resolved configuration."""
+        if self.rollout_correction is not None:
+            return "set in the configuration"
+        if self.correction_mode == "clip":
+            return (f"the default for async_rollout with rollout_lag {self.rollout_lag} (the samples come from "
+                    f"weights {self.rollout_lag} update(s) old; uncorrected, that collapsed the quickstart: "
+                    "docs/async.md); set rollout_correction: none to train on them uncorrected")
+        return "the default without a lagged sampler (synchronous, or rollout_lag 0)"
+
+    @property
+    def correction_level(self) -> str:
+        """rollout_correction_level as set, or when it is unset `geometric` for GSPO's sequence ratio
+        (importance_sampling_level sequence, whose own ratio is the geometric mean), else `token`."""
+        if self.rollout_correction_level is not None:
+            return self.rollout_correction_level
+        return "geometric" if self.importance_sampling_level == "sequence" else "token"
 
     # Where the reward's KL goes: one decision, used by the trainer, the step and the config notes.
     @property

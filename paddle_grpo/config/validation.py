@@ -83,10 +83,10 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
             "the lower clip range must be below 1 (the ratio is clipped to [1 - low, 1 + high])")
     if cfg.clip_ratio_c is not None and cfg.clip_ratio_c <= 1:
         bad("clip_ratio_c", "the dual-clip constant must be greater than 1 (leave it unset to disable dual-clip)")
-    if cfg.rollout_correction in ("tis", "mis") and not cfg.rollout_correction_cap > 1:
-        bad("rollout_correction_cap", f"must be greater than 1 with rollout_correction {cfg.rollout_correction!r} "
+    if cfg.correction_mode in ("tis", "mis") and not cfg.rollout_correction_cap > 1:
+        bad("rollout_correction_cap", f"must be greater than 1 with rollout_correction {cfg.correction_mode!r} "
             "(the ratio of an on-policy token is 1: a cap at or below it would cap or drop them all)")
-    if cfg.rollout_correction == "mis" and not 0 <= cfg.rollout_correction_min < 1:
+    if cfg.correction_mode == "mis" and not 0 <= cfg.rollout_correction_min < 1:
         bad("rollout_correction_min", "must be in [0, 1) with rollout_correction 'mis' (0: no lower bound; from 1 "
             "up the band of kept ratios would drop the on-policy tokens, whose ratio is 1)")
     if not 0 < cfg.top_p <= 1:

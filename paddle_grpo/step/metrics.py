@@ -164,10 +164,15 @@ class LengthMetrics:
 # denominators); the token-weighted statistics are divided by the mini-batch's token count at the end; the maxima
 # are reduced by max.
 SHARE_KEYS = ("train/policy_loss", "train/kl_loss", "train/positive_lm_loss")
-TOKEN_MEAN_KEYS = ("train/entropy", "train/clip_frac_low", "train/clip_frac_high", "train/clip_frac_dual",
-                   "train/approx_kl_old", "rollout_correction/ratio_mean", "rollout_correction/capped_frac",
-                   "rollout_correction/masked_frac")
+# The rollout correction's statistics (algorithms.rollout_correction) that are token means, in LossSums' order.
+CORRECTION_TOKEN_MEANS = ("ratio_mean", "capped_frac", "masked_frac", "kl", "weight_mean", "weight_sq_mean",
+                          "log_ppl_diff")
+TOKEN_MEAN_KEYS = (("train/entropy", "train/clip_frac_low", "train/clip_frac_high", "train/clip_frac_dual",
+                    "train/approx_kl_old") + tuple(f"rollout_correction/{k}" for k in CORRECTION_TOKEN_MEANS))
 MAX_KEYS = ("rollout_correction/ratio_max",)
+# Token means that only feed a logged statistic: the effective sample size is mean(w)^2 / mean(w^2) and the
+# perplexity ratio exp(mean(l^s - l^old)) of the whole mini-batch, not a mean of the micro-batches' values.
+_HIDDEN = ("rollout_correction/weight_mean", "rollout_correction/weight_sq_mean", "rollout_correction/log_ppl_diff")
 # The rollout correction's share of tokens it changed, kept only in the mode that changes them.
 CORRECTION_FRAC = {"tis": "rollout_correction/capped_frac", "mis": "rollout_correction/masked_frac"}
 
@@ -208,6 +213,9 @@ class LossSums:
         out = dict(zip(SHARE_KEYS, self.values[:n_share].tolist()))
         out.update({k: float(v) / tokens for k, v in zip(TOKEN_MEAN_KEYS, self.values[n_share:n_share + n_mean])})
         out.update(zip(MAX_KEYS, self.values[self._max_part].tolist()))
+        w, w2, log_ppl = (out.pop(k) for k in _HIDDEN)
+        out["rollout_correction/ess"] = w * w / w2 if w2 > 0 else 0.0  # algorithms.effective_sample_size
+        out["rollout_correction/ppl_ratio"] = math.exp(min(max(log_ppl, -20.0), 20.0))  # as rollout_correction's
         return out
 
 

@@ -17,7 +17,7 @@ from ..policy import Policy, position_ids_from_mask
 from ..policy.causal import logprobs_from_completion_logits
 from ..policy.lm_head import head_logprobs
 from .batch import Batch, MicroBatch, model_precision, plan_micro_batches
-from .metrics import LossSums, UpdateMetrics
+from .metrics import CORRECTION_TOKEN_MEANS, LossSums, UpdateMetrics
 
 logger = logging.getLogger("paddle_grpo.step")
 
@@ -84,19 +84,19 @@ def rl_loss(cfg: Any, lp: paddle.Tensor, entropy: paddle.Tensor, old: paddle.Ten
     values. All inputs [mb, T]; `ref` None without KL loss; `positive` None without the positive-example loss, else
     the mask of its tokens, whose NLL is token-averaged over the mini-batch's `agg["positive_tokens"]` (all ranks).
     `sample`: the sampler's log-probs of the tokens (Batch.sample_logprobs); with them the policy-gradient term is
-    weighted per token by `cfg.rollout_correction` (tis / mis against `old`; none: not weighted; clip: not
-    weighted, the PPO ratio taken against `sample` instead of `old`) and the ratio's statistics are logged
-    (docs/algorithms.md, "Rollout correction"). The KL, entropy and positive-example terms are never weighted."""
+    weighted per token by `cfg.correction_mode` (tis / mis against `old`, at `cfg.correction_level`; none: not
+    weighted; clip: not weighted, the PPO ratio taken against `sample` instead of `old`) and the ratio's statistics
+    are logged (docs/algorithms.md, "Rollout correction"). The KL, entropy and positive-example terms are never
+    weighted."""
     positive_tokens = agg.get("positive_tokens", 0.0)
     agg = {k: v for k, v in agg.items() if k != "positive_tokens"}
     weights, correction = None, None
     if sample is not None:
-        # GSPO's sequence ratio gets a sequence-level correction (the geometric mean of its tokens' ratios, as its
-        # own ratio); every other loss a per-token one.
-        weights, correction = rollout_correction(
-            old, sample, mask, cfg.rollout_correction, cfg.rollout_correction_cap, cfg.rollout_correction_min,
-            level="sequence" if cfg.importance_sampling_level == "sequence" else "token")
-        if cfg.rollout_correction == "clip":  # the trust region around the sampling policy, not the trainer's
+        # The level: rollout_correction_level, unset the geometric mean for GSPO's sequence ratio (its own ratio's
+        # level), else per token (Config.correction_level).
+        weights, correction = rollout_correction(old, sample, mask, cfg.correction_mode, cfg.rollout_correction_cap,
+                                                 cfg.rollout_correction_min, level=cfg.correction_level)
+        if cfg.correction_mode == "clip":  # the trust region around the sampling policy, not the trainer's
             old = sample
     out = compute_policy_loss(lp, old, advantages, mask, clip_ratio_low=cfg.eps_low, clip_ratio_high=cfg.eps_high,
                               clip_ratio_c=cfg.clip_ratio_c, importance_sampling_level=cfg.importance_sampling_level,
@@ -119,10 +119,10 @@ def rl_loss(cfg: Any, lp: paddle.Tensor, entropy: paddle.Tensor, old: paddle.Ten
                    out["clip_frac_dual"], out["approx_kl_old"])
     maxima = [0.0]
     if correction is not None:
-        token_means += (correction["ratio_mean"], correction["capped_frac"], correction["masked_frac"])
+        token_means += tuple(correction[k] for k in CORRECTION_TOKEN_MEANS)
         maxima = [float(correction["ratio_max"])]
     else:
-        token_means += (0.0, 0.0, 0.0)
+        token_means += (0.0,) * len(CORRECTION_TOKEN_MEANS)
     # LossSums' layout: shares, token-weighted sums, maxima, tokens
     sums = np.array([float(out["pg_loss"]), float(kl_loss), float(positive_loss)]
                     + [float(v) * tokens for v in token_means] + maxima + [tokens])
@@ -249,7 +249,7 @@ def update(par: ParallelContext, learner: Learner, inputs: UpdateInputs, cfg: An
     if learner.pipeline is not None:  # the next rollout, log-probs and checkpoint use the full copy
         learner.pipeline.copy_to(learner.policy.model)
     return UpdateMetrics(per_mini_metrics, state.nonfinite_total, state.optimizer_steps, cfg.kl_loss_coeff != 0,
-                         inputs.positive is not None, cfg.rollout_correction)
+                         inputs.positive is not None, cfg.correction_mode)
 
 
 def apply_gradients(par: ParallelContext, params: list, optimizer: Any, amp: Any, state: UpdateState, finite: bool,

@@ -4,6 +4,8 @@ The trainer-level tests (tests/test_trainer.py) run the phases end to end; these
 contract: how groups are kept and padded, what the one gather returns, how rewards are shaped and where the
 reward's KL goes for each estimator spec.
 """
+import math
+
 import numpy as np
 import paddle
 import pytest
@@ -261,22 +263,33 @@ def test_a_registered_estimator_gets_what_its_spec_asks_for():
 
 
 def test_loss_sums_means_divide_the_token_weighted_statistics_by_the_tokens():
-    sums = step.LossSums(np.array([0.5, 0.1, 0.3, 2.0, 0.4, 0.2, 0.0, 1.0, 4.4, 0.8, 0.0, 1.5, 4.0]))
-    assert sums.means() == {"train/policy_loss": 0.5, "train/kl_loss": 0.1, "train/positive_lm_loss": 0.3,
-                            "train/entropy": 0.5,
-                            "train/clip_frac_low": 0.1, "train/clip_frac_high": 0.05, "train/clip_frac_dual": 0.0,
-                            "train/approx_kl_old": 0.25, "rollout_correction/ratio_mean": 1.1,
-                            "rollout_correction/capped_frac": 0.2, "rollout_correction/masked_frac": 0.0,
-                            "rollout_correction/ratio_max": 1.5}
-    assert step.LossSums().means()["train/entropy"] == 0.0  # no tokens: no division by zero
+    # shares (3), token-weighted sums (entropy, 4 clip / approx-KL, 7 rollout correction), the maximum, 4 tokens
+    sums = step.LossSums(np.array([0.5, 0.1, 0.3, 2.0, 0.4, 0.2, 0.0, 1.0, 4.4, 0.8, 0.0, 0.4, 4.8, 6.4, -0.4, 1.5,
+                                   4.0]))
+    means = sums.means()
+    ess, ppl = means.pop("rollout_correction/ess"), means.pop("rollout_correction/ppl_ratio")
+    assert means == {"train/policy_loss": 0.5, "train/kl_loss": 0.1, "train/positive_lm_loss": 0.3,
+                     "train/entropy": 0.5,
+                     "train/clip_frac_low": 0.1, "train/clip_frac_high": 0.05, "train/clip_frac_dual": 0.0,
+                     "train/approx_kl_old": 0.25, "rollout_correction/ratio_mean": 1.1,
+                     "rollout_correction/capped_frac": 0.2, "rollout_correction/masked_frac": 0.0,
+                     "rollout_correction/kl": 0.1, "rollout_correction/ratio_max": 1.5}
+    # The ESS of the whole mini-batch from the token means of w (1.2) and w^2 (1.6), not a mean of ESS values; the
+    # perplexity ratio exp of the mean gap (-0.1). A few float64 roundings: 1e-15 relative.
+    assert ess == pytest.approx(1.2 ** 2 / 1.6, rel=1e-15) and ppl == pytest.approx(math.exp(-0.1), rel=1e-15)
+    empty = step.LossSums().means()
+    assert empty["train/entropy"] == 0.0 and empty["rollout_correction/ess"] == 0.0  # no division by zero
+    assert empty["rollout_correction/ppl_ratio"] == 1.0
 
 
 def test_loss_sums_add_sums_and_keeps_the_largest_maximum():
-    a = step.LossSums(np.arange(13, dtype=np.float64))
-    b = np.arange(13, dtype=np.float64)[::-1].copy()
+    n = len(step.LossSums().values)
+    assert n == 17  # 3 shares + 12 token means + 1 maximum + the token count
+    a = step.LossSums(np.arange(n, dtype=np.float64))
+    b = np.arange(n, dtype=np.float64)[::-1].copy()
     a.add(b)
-    expected = np.full(13, 12.0)
-    expected[-2] = 11.0  # the maximum of 11 (a's) and 1 (b's), not their sum
+    expected = np.full(n, n - 1.0)
+    expected[-2] = n - 2.0  # the maximum of 15 (a's) and 1 (b's), not their sum
     np.testing.assert_array_equal(a.values, expected)
     assert step.LossSums(a.values.copy()).reduced(ParallelContext()).values.tolist() == expected.tolist()
 
