@@ -28,6 +28,20 @@ def test_split_covers_every_pair_once_and_holds_out_100():
     assert sm.split_pairs() == (train, held)  # fixed: no run seed enters it
 
 
+def test_no_held_out_sum_is_trained_on_in_either_order():
+    # The ordered-pair split held out 84 problems whose twin b + a was in training (counted here with the old
+    # rule: one shuffle of the 400 ordered pairs, the first 100 held out); the split by unordered pair holds none.
+    import random
+
+    train, held = sm.split_pairs()
+    trained = set(train)
+    assert [p for p in held if (p[1], p[0]) in trained] == []
+    ordered = [(a, b) for a in range(1, 21) for b in range(1, 21)]
+    random.Random(sm.SPLIT_SEED).shuffle(ordered)
+    old_train, old_held = set(ordered[100:]), ordered[:100]
+    assert sum((b, a) in old_train for a, b in old_held) == 84
+
+
 def test_shipped_data_files_are_the_generators_output_and_disjoint(repo_root, tmp_path):
     spec = importlib.util.spec_from_file_location("_gen_smollm2_data", repo_root / "tools" / "gen_smollm2_data.py")
     tool = importlib.util.module_from_spec(spec)

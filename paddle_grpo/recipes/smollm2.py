@@ -9,8 +9,10 @@ echoes the question. The task and reward follow a TRL run on the same weights, s
   default system turn, which its template adds when the conversation has none), a and b in 1..20;
 - reward `smollm2_first_number`: 1.0 when the first integer in the completion equals the sum, else 0.0.
 
-The 400 pairs of 1..20 are split once, by a fixed shuffle, into 300 training and 100 held-out pairs
-(`split_pairs()`), whatever the run's seed: the held-out problems are never trained on.
+The 400 ordered pairs of 1..20 are split once, by a fixed shuffle of the unordered pairs, into 300 training and 100
+held-out problems (`split_pairs()`), whatever the run's seed: a held-out sum is never trained on in either order
+(before 2026-12-07 the split was by ordered pair, and 84 of the 100 held-out problems had their twin b + a in
+training).
 Left out: any other operation or range; chain-of-thought (12 new tokens leave no room for it).
 """
 from __future__ import annotations
@@ -51,11 +53,21 @@ def record(a: int, b: int) -> Dict[str, Any]:
 
 
 def split_pairs(eval_size: int = EVAL_SIZE, seed: int = SPLIT_SEED) -> Tuple[List[Problem], List[Problem]]:
-    """(train, held_out): every pair of MIN_OPERAND..MAX_OPERAND once, shuffled with `seed`, the first
-    `eval_size` held out. Fixed for every run seed, so no run trains on a held-out problem."""
-    pairs = [(a, b) for a in range(MIN_OPERAND, MAX_OPERAND + 1) for b in range(MIN_OPERAND, MAX_OPERAND + 1)]
-    random.Random(seed).shuffle(pairs)
-    return pairs[eval_size:], pairs[:eval_size]
+    """(train, held_out): every ordered pair of MIN_OPERAND..MAX_OPERAND once, split by UNORDERED pair: a pair and
+    its commuted twin (a + b, b + a) fall on the same side, so no held-out sum of two numbers is trained on in either
+    order. The unordered pairs are shuffled once with `seed` and held out in that order until `eval_size` ordered
+    problems are (a pair whose two orders would pass eval_size is skipped for the next one that fits); fixed for
+    every run seed. Each side is in shuffled order, the two orders of a pair side by side."""
+    unordered = [(a, b) for a in range(MIN_OPERAND, MAX_OPERAND + 1) for b in range(a, MAX_OPERAND + 1)]
+    random.Random(seed).shuffle(unordered)
+    train: List[Problem] = []
+    held_out: List[Problem] = []
+    for a, b in unordered:
+        both = [(a, b)] if a == b else [(a, b), (b, a)]
+        (held_out if len(held_out) + len(both) <= eval_size else train).extend(both)
+    if len(held_out) != eval_size:
+        raise ValueError(f"no split holds out exactly {eval_size} problems by unordered pair (got {len(held_out)})")
+    return train, held_out
 
 
 def first_integer(text: str) -> Optional[int]:
