@@ -161,19 +161,15 @@ class Trainer:
             reference_s = collected.reference_s
         else:
             reference_s = time.perf_counter() - t0 if ref_lp is not None else 0.0
-        on_policy = geo.optimizer_steps_per_step == 1
-        old_lp = None if on_policy else step.logprobs(self.policy, batch, cfg, par.vocab_parallel, False, amp)[0]
-        # The reward's KL uses the sampling policy's log-probs: recomputed when off-policy, else the rollout's own
-        # (equal to a recomputation up to float rounding, and free).
-        old_for_reward = None
-        if cfg.reward_kl_coeff > 0 and ref_lp is not None:
-            old_for_reward = old_lp if old_lp is not None else batch.sample_logprobs
+        # None where the loss reads none: on-policy, or with clip (verl's bypass mode; step.old_logprobs)
+        old_lp = step.old_logprobs(self.policy, batch, cfg, geo, par.vocab_parallel, amp)
         logprob_s = time.perf_counter() - t0
         critic, t0 = self.critic_learner, time.perf_counter()
         values = step.values(critic.critic, batch, cfg, critic.amp) if critic is not None else None
         critic_metrics = {"perf/value_s": time.perf_counter() - t0} if critic is not None else {}
 
-        rows = step.gather(par, batch, old_for_reward, ref_lp, values)
+        # The reward's KL: the sampler's log-probs, whatever the mini-batching (step.reward_kl_logprobs)
+        rows = step.gather(par, batch, step.reward_kl_logprobs(batch, ref_lp, cfg), ref_lp, values)
         rewards, reward_metrics = step.shape_rewards(rows, cfg, self.normalizer)
         estimate = step.estimate_advantages(rows, rewards, cfg)
         inputs, critic_inputs = step.update_inputs(rows, estimate, batch, old_lp, ref_lp, values, cfg,

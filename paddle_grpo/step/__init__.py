@@ -29,7 +29,8 @@ from .collection import (PromptEncoder, build_rewarder, build_tools, rollout, fi
     collect)
 from .async_rollout import AsyncBatches, SyncBatches, batch_source
 from .experience import (logprobs, reference_logprobs, reference_kl, shape_rewards, Estimate, estimate_advantages,
-    compute_advantages, positive_rows, positive_threshold, values, local_rows, update_inputs)
+    compute_advantages, positive_rows, positive_threshold, values, local_rows, update_inputs, old_logprobs,
+    reward_kl_logprobs)
 from .policy_update import (TrainingError, UpdateState, Learner, UpdateInputs, rl_loss, pipeline_logprobs,
     clip_gradients, update, apply_gradients, head_logprobs)
 from .critic_update import (CriticLearner, build_critic_learner, CriticInputs, update_critic)
@@ -42,7 +43,8 @@ __all__ = [
     "ValueMetrics", "apply_gradients", "attention_mask", "balance", "build_critic_learner", "build_tools",
     "clip_gradients", "collect", "completion_texts", "compute_advantages", "estimate_advantages",
     "eval_tool_metrics", "final_answer", "gather", "head_logprobs", "local_rows", "tool_calls_per_row",
-    "logprobs", "model_precision", "pipeline_logprobs", "plan_micro_batches", "positive_rows", "positive_threshold", "reference_kl",
+    "logprobs", "old_logprobs", "reward_kl_logprobs",
+    "model_precision", "pipeline_logprobs", "plan_micro_batches", "positive_rows", "positive_threshold", "reference_kl",
     "reference_logprobs", "removes_padding", "rl_loss", "rollout", "score", "shape_rewards", "update",
     "update_critic", "update_inputs", "values"
 ]

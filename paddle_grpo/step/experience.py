@@ -57,6 +57,28 @@ def logprobs(policy: Policy, batch: Batch, cfg: Any, vocab_parallel: Any = None,
     return _in_row_order(out, plan, T), (_in_row_order(ent, plan, T) if with_entropy else None)
 
 
+def old_logprobs(policy: Policy, batch: Batch, cfg: Any, geometry: Any, vocab_parallel: Any = None,
+                 amp: Any = None) -> Optional[paddle.Tensor]:
+    """The old log-probs [n, T] the update's loss reads, recomputed once before it (`logprobs`), or None where
+    nothing reads them (docs/algorithms.md section 4, "What old is"): on-policy (one optimizer step per step: the
+    loss takes `l.detach()` of its own forward, the same parameters), and with `rollout_correction` clip, whose loss
+    takes the sampler's log-probs as old (verl's bypass mode: the pass would be computed and discarded). The reward's
+    KL never reads them (`reward_kl_logprobs`)."""
+    if geometry.optimizer_steps_per_step == 1 or cfg.correction_mode == "clip":
+        return None
+    return logprobs(policy, batch, cfg, vocab_parallel, False, amp)[0]
+
+
+def reward_kl_logprobs(batch: Batch, ref_lp: Optional[paddle.Tensor], cfg: Any) -> Optional[paddle.Tensor]:
+    """The policy's side [n, T] of the reward's KL term (`cfg.reward_kl_coeff`): the sampler's own log-probs
+    (`Batch.sample_logprobs`), whatever the mini-batching; None without the term. The rewarded tokens were drawn by
+    the sampler, so `k(l^s, l^ref)` estimates KL(pi_s || pi_ref) of the policy that wrote them; the log-probs come
+    with the batch (no forward pass) and are the same with one optimizer step per step or several, synchronous or
+    lagged. (The trainer's recomputed log-probs, taken with several optimizer steps before, made the penalty of a
+    lagged run depend on global_mini_batch_size; synchronously the two agree up to float32 rounding.)"""
+    return batch.sample_logprobs if cfg.reward_kl_coeff > 0 and ref_lp is not None else None
+
+
 def reference_logprobs(policy: Policy, reference: Optional[Policy], batch: Batch, cfg: Any,
                        vocab_parallel: Any = None, amp: Any = None) -> Optional[paddle.Tensor]:
     """Log-probs under the reference model: the frozen copy, or under LoRA the policy with its adapters disabled
