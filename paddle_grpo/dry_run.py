@@ -260,21 +260,28 @@ def inspect_model(name: str, key: str, labels: Optional[int] = None, cfg: Option
     problems = model_dir_problems(path, key)
     if problems:
         return problems, None, None
-    from paddlenlp.transformers import AutoConfig, AutoTokenizer
+    from paddlenlp.transformers import AutoConfig
 
-    from .policy import quiet_paddlenlp
+    from .policy import quiet_paddlenlp, rope
+    from .policy.tokenizer import read_tokenizer, tokenizer_kind
 
     quiet_paddlenlp()
-    try:
-        config = AutoConfig.from_pretrained(path)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+    try:  # as the run reads them: rope as transformers 4 or 5 wrote it, tokenizer.json whatever its class
+        config = rope.normalize(AutoConfig.from_pretrained(path), os.path.join(path, "config.json"))
+        tokenizer = read_tokenizer(path)
+    except rope.RopeError as e:
+        return [f"{key}: {e}"], None, None
     except Exception as e:  # noqa: BLE001  PaddleNLP raises many types; the message is what the user needs
-        return ([f"{key}: '{path}' does not load with PaddleNLP's AutoConfig/AutoTokenizer: {type(e).__name__}: {e}"],
-                None, None)
+        return ([f"{key}: '{path}' does not load with PaddleNLP's AutoConfig or its tokenizer "
+                 f"({tokenizer_kind(path)}): {type(e).__name__}: {e}"], None, None)
     if labels is not None and getattr(config, "num_labels", None) != labels:
         return ([f"{key}: '{path}' has num_labels {getattr(config, 'num_labels', None)} in its config.json; a reward "
                  f"model has {labels} (one score per sequence)"], config, tokenizer)
-    print(f"  {key}: {path} ({type(config).__name__}, {type(tokenizer).__name__}, vocabulary {len(tokenizer)})")
+    print(f"  {key}: {path} ({type(config).__name__}, {tokenizer_kind(path)}, vocabulary {len(tokenizer)})")
+    if getattr(config, "rope_theta", None) is not None and not getattr(config, "is_encoder_decoder", False):
+        scaling = rope.scaling_of(config)
+        print(f"  {key}: rope theta {config.rope_theta:g}, " +
+              (f"scaling {scaling} (transformers' tables: policy/rope.py)" if scaling else "no scaling"))
     from .policy import hf_weights
 
     weights = hf_weights.plan(path)  # checked by model_dir_problems above

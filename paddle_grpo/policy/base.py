@@ -113,11 +113,12 @@ def quiet_paddlenlp() -> None:
 
 
 def load_tokenizer(path: str) -> PretrainedTokenizer:
-    """PaddleNLP tokenizer of a local directory or hub ID (hub.resolve_model_dir); the pad token falls back to
-    EOS; padding side left."""
-    from paddlenlp.transformers import AutoTokenizer
+    """The tokenizer of a local directory or hub ID (hub.resolve_model_dir): its tokenizer.json when it has one,
+    whatever class tokenizer_config.json names, else PaddleNLP's AutoTokenizer (tokenizer.read_tokenizer); the pad
+    token falls back to EOS; padding side left."""
+    from .tokenizer import read_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(path))
+    tokenizer = read_tokenizer(resolve_model_dir(path))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
