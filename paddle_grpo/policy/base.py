@@ -36,6 +36,9 @@ class Policy:
 
     is_encoder_decoder: bool = False
     head_chunk_size: int | None = None
+    # The model's own end ids (generation_config.json's eos_token_id: Llama 3 and Qwen2.5 list several), where every
+    # rollout also stops (`with_end_ids`), whatever end id the caller passes (the tokenizer's EOS).
+    end_token_ids: tuple[int, ...] = ()
     load_model = None  # staticmethod(path, *, trainable, recompute, tensor_parallel_degree, tensor_parallel_rank,
     #                                  dtype, config_overrides, recompute_granularity, recompute_use_reentrant)
 
@@ -49,11 +52,19 @@ class Policy:
              recompute_use_reentrant: bool = True) -> "Policy":
         """This class's model from a local directory or hub ID (in `dtype`, float32 by default, with
         `config_overrides` set on its config; frozen unless `trainable`), wrapped in the class."""
-        return cls(cls.load_model(path, trainable=trainable, recompute=recompute,
-                                  tensor_parallel_degree=tensor_parallel_degree,
-                                  tensor_parallel_rank=tensor_parallel_rank, dtype=dtype,
-                                  config_overrides=config_overrides, recompute_granularity=recompute_granularity,
-                                  recompute_use_reentrant=recompute_use_reentrant))
+        policy = cls(cls.load_model(path, trainable=trainable, recompute=recompute,
+                                    tensor_parallel_degree=tensor_parallel_degree,
+                                    tensor_parallel_rank=tensor_parallel_rank, dtype=dtype,
+                                    config_overrides=config_overrides, recompute_granularity=recompute_granularity,
+                                    recompute_use_reentrant=recompute_use_reentrant))
+        policy.end_token_ids = generation_end_ids(path)
+        return policy
+
+    def with_end_ids(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """`rollout.generate` keyword arguments whose `eos_token_ids` also hold the model's `end_token_ids`."""
+        given = kwargs.get("eos_token_ids", ())
+        given = [given] if np.isscalar(given) else list(given)
+        return {**kwargs, "eos_token_ids": sorted({int(i) for i in given} | set(self.end_token_ids))}
 
     # ------------------------------------------------------------------------------------- what subclasses do
 
@@ -123,6 +134,22 @@ def load_tokenizer(path: str) -> PretrainedTokenizer:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return tokenizer
+
+
+def generation_end_ids(path: str) -> tuple[int, ...]:
+    """The end ids of generation_config.json's `eos_token_id` (an id or a list) in the model directory or hub ID
+    `path` (hub.resolve_model_dir, nothing downloaded); () when it has none."""
+    import json
+
+    directory = resolve_model_dir(path, download=False)
+    file = os.path.join(directory, "generation_config.json")
+    if not os.path.isfile(file):
+        return ()
+    with open(file, encoding="utf-8") as f:
+        ids = json.load(f).get("eos_token_id")
+    if ids is None:
+        return ()
+    return tuple(sorted({int(i) for i in ([ids] if isinstance(ids, int) else ids)}))
 
 
 def is_encoder_decoder(model_or_path: str | os.PathLike | paddle.nn.Layer | PretrainedConfig) -> bool:

@@ -274,8 +274,8 @@ class CausalPolicy(Policy):
     def generate(self, prompt_ids: paddle.Tensor | np.ndarray, prompt_mask: paddle.Tensor | np.ndarray,
                  **kwargs: Any) -> Rollout:
         """`generate(self.model, prompt_ids, prompt_mask, **kwargs)`: rollout/'s decode loop with this model's
-        stepper."""
-        return generate(self.model, prompt_ids, prompt_mask, **kwargs)
+        stepper, stopping also at the model's own end ids (Policy.with_end_ids)."""
+        return generate(self.model, prompt_ids, prompt_mask, **self.with_end_ids(kwargs))
 
     def logprobs(self, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, completion_ids: paddle.Tensor,
                  completion_mask: paddle.Tensor, *, temperature: float = 1.0, with_entropy: bool | str = False,

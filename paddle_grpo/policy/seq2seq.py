@@ -217,8 +217,8 @@ class Seq2SeqPolicy(Policy):
     def generate(self, prompt_ids: paddle.Tensor | np.ndarray, prompt_mask: paddle.Tensor | np.ndarray,
                  **kwargs: Any) -> rollout.Rollout:
         """`generate(self.model, prompt_ids, prompt_mask, **kwargs)` (this module's, keyword arguments of
-        rollout.generate)."""
-        return generate(self.model, prompt_ids, prompt_mask, **kwargs)
+        rollout.generate), stopping also at the model's own end ids (Policy.with_end_ids)."""
+        return generate(self.model, prompt_ids, prompt_mask, **self.with_end_ids(kwargs))
 
     def logprobs(self, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, completion_ids: paddle.Tensor,
                  completion_mask: paddle.Tensor, *, temperature: float = 1.0, with_entropy: bool | str = False,
