@@ -735,11 +735,21 @@ def async_plan(cfg: Config, processes: int) -> Tuple[List[str], List[str]]:
                  "the trainer (" + ("sync_ref_model mixes its reference" if cfg.sync_ref_model else
                                     "rollout_worker_reference false") + ")")
         reference_line = [f"async rollout: the reference log-probs (the KL terms) are computed by {where}"]
-    return [f"async rollout: a rollout worker process samples step t with the weights after step t-{lag + 1} "
+    return [f"async rollout: {correction_line(cfg)}",
+            f"async rollout: a rollout worker process samples step t with the weights after step t-{lag + 1} "
             f"(rollout_lag {lag}; before step 1: the initial weights) and scores the samples; {when}",
             f"async rollout: the trainer writes its {'LoRA adapters' if cfg.lora else 'trainable weights'} once per "
             f"step to a private directory (/dev/shm when present) that the worker reads, and {limit}; the worker "
             f"logs to {os.path.join(cfg.output_dir, 'rollout_worker.log')}", threads_line(cfg)] + reference_line, []
+
+
+def correction_line(cfg: Any) -> str:
+    """The rollout correction the run applies and why (Config.correction_mode: unset, clip with a lagged sampler)."""
+    line = f"rollout_correction {cfg.correction_mode} ({cfg.correction_reason})"
+    if cfg.correction_mode == "none" and cfg.rollout_lag > 0:
+        line += (f": the samples are {cfg.rollout_lag} update(s) stale and uncorrected, which collapsed the "
+                 "quickstart (docs/async.md)")
+    return line
 
 
 def threads_line(cfg: Any) -> str:

@@ -69,7 +69,7 @@ from .rollout import RolloutArguments
 from .tools import ToolArguments
 from .training import TrainingArguments
 from .validation import (critic_refusals, encoder_decoder_refusal, real_model_name_marks, resolve_rule_reward,
-                         url_problem, validate)
+                         resolve_rollout_correction, url_problem, validate)
 
 __all__ = [
     'logger', 'LR_SCHEDULERS', 'REPORT_TO', 'VISUALDL_STANDS_IN', 'ALIASES', 'SECRET_KEYS', 'CPU_FLOAT32',
@@ -80,6 +80,6 @@ __all__ = [
     'ToolArguments', 'BatchGeometry', 'Config', 'GROUPS', 'FIELDS', 'key_effect', 'SHARDING_OPTIONS',
     'sharding_options', 'inert_key_messages', 'CRITIC_KEYS', 'CONSTANT_SCHEDULES', 'TOOL_KEYS', 'run_key_notes',
     'run_key_effect', 'reward_kl_notes', 'validate', 'url_problem', 'critic_refusals', 'encoder_decoder_refusal',
-    'resolve_rule_reward', 'load_config', 'default_device', 'parse_args', 'config_from_dict', 'given_keys',
+    'resolve_rule_reward', 'resolve_rollout_correction', 'load_config', 'default_device', 'parse_args', 'config_from_dict', 'given_keys',
     'dump_config', 'write_config', 'relative_path_note', 'real_model_name_marks',
 ]

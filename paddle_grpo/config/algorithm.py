@@ -33,8 +33,8 @@ class AlgorithmArguments:
                                               "unset).")
     importance_sampling_level: str = arg("token", "(new) token: per-token ratio; sequence: GSPO's sequence ratio.",
                                          choices=_from_algorithms("importance_sampling_levels"))
-    rollout_correction: Optional[str] = arg(
-        None, "(new) Off-policy correction of the policy-gradient loss by the sampler's own log-probs l^s "
+    rollout_correction: str = arg(
+        "none", "(new) Off-policy correction of the policy-gradient loss by the sampler's own log-probs l^s "
                 "(docs/algorithms.md, \"Rollout correction\"): each token's loss is weighted by the ratio "
                 "r = exp(l^old - l^s) of the trainer's old log-probs to the sampler's. tis: truncated, "
                 "min(r, rollout_correction_cap); mis: masked, r inside [rollout_correction_min, "
@@ -42,8 +42,9 @@ class AlgorithmArguments:
                 "against l^s instead of l^old, so clip_range_ratio bounds the trainer's drift from the policy that "
                 "sampled (the choice for async_rollout, docs/async.md); none: no weight (the ratio's mean and max "
                 "are logged either way). The ratio is taken per token or per sequence: rollout_correction_level. "
-                "Unset (null): clip with async_rollout and rollout_lag >= 1 (a lagged sampler uncorrected "
-                "collapsed the quickstart, docs/async.md), else none; an explicit none is kept.",
+                "Not set in the file or on the command line: clip with async_rollout and rollout_lag >= 1 (a "
+                "lagged sampler uncorrected collapsed the quickstart, docs/async.md), else none; an explicit none "
+                "is kept.",
         choices=_from_algorithms("ROLLOUT_CORRECTIONS"))
     rollout_correction_level: Optional[str] = arg(
         None, "(new) rollout_correction tis / mis: the level of the ratio (verl's names, docs/algorithms.md). token: "

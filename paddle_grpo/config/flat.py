@@ -47,6 +47,8 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
                 # a token from the environment is in neither the file nor the command line: say where it came from
                 where = getattr(self, "_given", {}).get(f.name, "")  # loading.given_keys
                 note = self.unset_note(f.name) if value is None else f"from {where}" if where.startswith("$") else None
+                if f.name in getattr(self, "_derived", {}):  # a default that depends on other keys (not set here)
+                    note = self._derived[f.name]
                 lines.append(f"{f.name}: {yaml_value(shown_value(f.name, value))}" + (f"  # {note}" if note else ""))
         return "\n".join(lines) + "\n"
 
@@ -63,8 +65,6 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
         estimator = self._estimator
         if key in dict(estimator.key_defaults) and getattr(self, key) is None:
             return f"null = rl_algorithm {self.rl_algorithm}'s default {yaml_value(estimator.key_default(key))}"
-        if key == "rollout_correction":
-            return f"null = {self.correction_mode}: {self.correction_reason}"
         if key == "rollout_correction_level":
             return f"null = {self.correction_level}" + (" (GSPO's ratio is the geometric mean)"
                                                          if self.importance_sampling_level == "sequence" else "")
@@ -100,22 +100,22 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
     # The rollout correction as it runs: one decision, used by the step, the dry run and the config notes.
     @property
     def correction_mode(self) -> str:
-        """rollout_correction as set, or when it is unset `clip` for a lagged sampler (async_rollout with
-        rollout_lag >= 1: uncorrected, it collapsed the quickstart, docs/async.md), else `none`."""
-        if self.rollout_correction is not None:
-            return self.rollout_correction
-        return "clip" if self.async_rollout and self.rollout_lag >= 1 else "none"
+        """rollout_correction as the run applies it: as set, or when the file and the command line leave it out,
+        `clip` for a lagged sampler (async_rollout with rollout_lag >= 1: uncorrected, it collapsed the quickstart,
+        docs/async.md), else `none` (validation.resolve_rollout_correction writes it at load)."""
+        return self.rollout_correction
 
     @property
     def correction_reason(self) -> str:
         """Why `correction_mode` is what it is, for the dry run and the resolved configuration."""
-        if self.rollout_correction is not None:
-            return "set in the configuration"
-        if self.correction_mode == "clip":
-            return (f"the default for async_rollout with rollout_lag {self.rollout_lag} (the samples come from "
-                    f"weights {self.rollout_lag} update(s) old; uncorrected, that collapsed the quickstart: "
-                    "docs/async.md); set rollout_correction: none to train on them uncorrected")
-        return "the default without a lagged sampler (synchronous, or rollout_lag 0)"
+        where = getattr(self, "_given", {}).get("rollout_correction")  # loading.given_keys
+        if where:
+            return f"set at {where}"
+        if getattr(self, "_derived", {}).get("rollout_correction"):
+            return (f"the default for async_rollout with rollout_lag {self.rollout_lag}: the samples come from "
+                    f"weights {self.rollout_lag} update(s) old, and uncorrected that collapsed the quickstart "
+                    "(docs/async.md); set rollout_correction: none to train on them uncorrected")
+        return "the default without a lagged sampler"
 
     @property
     def correction_level(self) -> str:

@@ -13,7 +13,7 @@ import yaml
 from .effects import inert_key_messages
 from .fields import ALIASES, SECRET_ENV, SECRET_KEYS, ConfigError, logger, raise_errors, shown_value
 from .flat import FIELDS, Config
-from .validation import resolve_rule_reward, validate
+from .validation import resolve_rollout_correction, resolve_rule_reward, validate
 
 # ----------------------------------------------------------------------------------------------------- loading
 
@@ -225,6 +225,7 @@ def load_config(path: Union[str, os.PathLike, None] = None, overrides: Sequence[
     _secrets_from_environment(values, given)
     cfg = Config(**values)
     resolve_rule_reward(cfg, given)
+    resolve_rollout_correction(cfg, given)  # unset with a lagged sampler: clip
     validate(cfg, given)
     cfg._given = dict(given)  # given_keys
     cfg._file = os.path.abspath(path) if path is not None else None  # config_file
@@ -280,6 +281,7 @@ def config_from_dict(values: Dict[str, Any], **kwargs: Any) -> Config:
     raise_errors(_apply(values, _Source("<dict>"), cfg_values, given), "bad values")
     cfg = Config(**cfg_values)
     resolve_rule_reward(cfg, given)
+    resolve_rollout_correction(cfg, given)  # unset with a lagged sampler: clip
     validate(cfg, given)
     cfg._given = dict(given)  # given_keys
     return cfg

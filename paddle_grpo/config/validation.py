@@ -286,6 +286,20 @@ def encoder_decoder_refusal(cfg: Config, is_encoder_decoder: bool) -> Optional[s
             "policies (use a decoder-only policy, or an estimator without a critic)")
 
 
+def resolve_rollout_correction(cfg: Config, given: Dict[str, str]) -> None:
+    """rollout_correction left out of the file and the command line, with a lagged sampler (async_rollout,
+    rollout_lag >= 1), becomes `clip`: uncorrected, one step of lag collapsed the quickstart while clip kept it
+    within the synchronous range (docs/async.md). An explicit value, `none` included, is kept (`given`: a YAML
+    `none` reads the same as the default, so the key's presence decides). Recorded in `cfg._derived` for the
+    resolved configuration and the dry run (Config.correction_reason)."""
+    cfg._derived = {}
+    if "rollout_correction" in given or not (cfg.async_rollout and cfg.rollout_lag >= 1):
+        return
+    cfg.rollout_correction = "clip"
+    cfg._derived["rollout_correction"] = (f"not set: the default for async_rollout with rollout_lag "
+                                          f"{cfg.rollout_lag} (docs/async.md); none turns it off")
+
+
 def resolve_rule_reward(cfg: Config, given: Dict[str, str]) -> None:
     """PaddleNLP's `use_rule_reward: true` (its PPO configs' GSM8K rule reward, scored in-process) becomes
     `reward_funcs: gsm8k`, logged; combinations PaddleNLP would resolve by ignoring a key are refused, naming both."""

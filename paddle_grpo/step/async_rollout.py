@@ -55,11 +55,15 @@ def batch_source(cfg: Any, par: ParallelContext, policy: Policy, encode: PromptE
     `collect` (step.collect's arguments) with `learner.amp`, the model precision of the trainer's passes, read at
     each step."""
     if cfg.async_rollout:
-        if cfg.rollout_lag > 0 and cfg.rollout_correction == "none" and par.is_main:
+        if cfg.rollout_lag > 0 and cfg.correction_mode == "none" and par.is_main:
             # Measured on the quickstart (docs/async.md): one step of staleness without correction collapsed it.
+            # Only an explicit `none` gets here: unset, a lag means clip (Config.correction_mode).
             logger.warning("async_rollout with rollout_lag %d and rollout_correction none: the samples are %d "
                            "step(s) stale and uncorrected, which collapsed the quickstart's learning; set "
-                           "rollout_correction: clip (docs/async.md)", cfg.rollout_lag, cfg.rollout_lag)
+                           "rollout_correction: clip, or leave it unset (docs/async.md)", cfg.rollout_lag,
+                           cfg.rollout_lag)
+        elif cfg.rollout_correction is None and par.is_main:
+            logger.info("async_rollout: rollout_correction %s (%s)", cfg.correction_mode, cfg.correction_reason)
         if par.is_main:
             warn_oversubscribed(cfg.rollout_worker_threads)
         return AsyncBatches(cfg, par, policy, sampler)

@@ -377,11 +377,14 @@ def test_dry_run_states_the_plan(data, tiny_policy_dir, tmp_path, repo_root):
     assert r.returncode == 0 and "the worker's 1 (rollout_worker_threads)" in r.stdout, r.stdout[-3000:]
 
 
-@pytest.mark.parametrize("correction, warned", [("none", True), ("tis", False)])
+@pytest.mark.parametrize("correction, warned", [("none", True), ("tis", False), (None, False)])
 def test_stale_uncorrected_samples_are_warned_about(data, tiny_policy_dir, tmp_path, caplog, correction, warned):
-    """Lag 1 without rollout_correction collapsed the quickstart (docs/async.md): the start says so, once; with a
-    correction it does not. (Two processes are then refused, which ends the call before a worker starts.)"""
-    cfg = make_cfg(data, tiny_policy_dir, tmp_path / "out", **ASYNC, rollout_correction=correction)
+    """Lag 1 without rollout_correction collapsed the quickstart (docs/async.md): the start says so, once, when
+    `none` is set explicitly; with a correction, or with the key left out (then clip), it does not. (Two processes
+    are then refused, which ends the call before a worker starts.)"""
+    extra = {} if correction is None else {"rollout_correction": correction}
+    cfg = make_cfg(data, tiny_policy_dir, tmp_path / "out", **ASYNC, **extra)
+    assert cfg.correction_mode == (correction or "clip")
     with caplog.at_level("WARNING", logger="paddle_grpo.trainer"), pytest.raises(ConfigError):
         step.batch_source(cfg, ParallelContext(world_size=2, rank=0), None, None, None, None, None, 1, None, None)
     said = [r.getMessage() for r in caplog.records if "rollout_correction none" in r.getMessage()]
