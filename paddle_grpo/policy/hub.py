@@ -23,7 +23,7 @@ import threading
 from urllib.parse import urlparse
 
 __all__ = ["download_blocker", "hub_cache_dir", "is_complete_model_dir", "looks_like_hub_id", "made_by_note",
-           "missing_files", "resolve_model_dir", "torch_pickle_note"]
+           "missing_files", "resolve_model_dir", "shorten", "torch_pickle_note"]
 
 CONFIG_FILE = "config.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -135,7 +135,7 @@ def resolve_model_dir(name_or_path: str, *, key: str = "actor_model_name_or_path
         try:
             _download(name)
         except Exception as e:  # noqa: BLE001 PaddleNLP raises OSError, RuntimeError, ValueError, even AttributeError
-            reason = f"the download failed ({type(e).__name__}: {' '.join(str(e).split())[:300]})"
+            reason = f"the download failed ({type(e).__name__}: {shorten(str(e), 300)})"
         else:
             if is_complete_model_dir(cache):
                 return _loadable(cache, key)
@@ -153,6 +153,16 @@ def _loadable(directory: str, key: str) -> str:
         return loadable_dir(directory, key)
     except WeightFormatError as e:  # the dry run names the key of a local directory; a hub ID's cache is found here
         raise WeightFormatError(f"{key}: {e}") from None
+
+
+def shorten(text: str, limit: int) -> str:
+    """`text` on one line, cut after at most `limit` characters at a word boundary (never mid-word) and marked
+    " [...]" when cut: requests' and PaddleNLP's messages run to kilobytes."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    cut = flat[:limit + 1].rsplit(" ", 1)[0] if " " in flat[:limit + 1] else flat[:limit]
+    return f"{cut} [...]"
 
 
 def download_blocker(timeout: float = 10.0) -> str | None:
@@ -177,7 +187,7 @@ def download_blocker(timeout: float = 10.0) -> str | None:
         except requests.Timeout:
             pass  # reported as "did not answer"
         except requests.RequestException as e:
-            outcome.append(f"{e.__class__.__name__}: {' '.join(str(e).split())[:200]}")
+            outcome.append(f"{e.__class__.__name__}: {shorten(str(e), 200)}")
 
     worker = threading.Thread(target=probe, daemon=True)
     worker.start()

