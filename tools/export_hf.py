@@ -9,22 +9,26 @@ model first (W + (lora_alpha / r) * A @ B in float32, paddle_grpo.policy.lora's 
 
 DIR gets what transformers' `save_pretrained` writes, so that transformers' `AutoModelForCausalLM` /
 `AutoTokenizer.from_pretrained(DIR)` load it, and with them vLLM and llama.cpp's convert_hf_to_gguf.py:
-- config.json in transformers' form (architectures LlamaForCausalLM or Qwen2ForCausalLM, model_type, torch_dtype,
-  tie_word_embeddings, rope_theta, head counts, rms_norm_eps, token ids), without PaddleNLP's own keys;
+- config.json in transformers 5's form, the version the `.[peer]` extra resolves (architectures LlamaForCausalLM or
+  Qwen2ForCausalLM, model_type, dtype, tie_word_embeddings, rope_parameters with the theta and any scaling, head
+  counts, rms_norm_eps, token ids), with transformers 4's rope_theta / rope_scaling / torch_dtype beside them, and
+  without PaddleNLP's own keys;
 - model.safetensors with metadata {"format": "pt"}: transformers' tensor names and torch's [out, in] linear layout,
   obtained by running PaddleNLP's own name mapping of the model class (the one paddle_grpo/policy/hf_weights.py uses
   to load such files) in reverse; a tied LM head is left out, as transformers saves it;
 - tokenizer.json (the byte-level BPE as the `tokenizers` library reads it: PaddleNLP's fast tokenizer of SOURCE,
   converted from vocab.json + merges.txt by PaddleNLP's own converter when SOURCE has no tokenizer.json),
-  tokenizer_config.json (tokenizer_class PreTrainedTokenizerFast, which reads tokenizer.json as it is; the special
-  tokens; the chat template), special_tokens_map.json and generation_config.json.
+  the source's own tokenizer.json when it has one; every token of its added_tokens_decoder registered, chat markers
+  that are not special included), tokenizer_config.json (tokenizer_class PreTrainedTokenizerFast, which transformers
+  4 and 5 both read from tokenizer.json as it is; the special tokens; the chat template), chat_template.jinja (where
+  transformers 5 reads it), special_tokens_map.json and generation_config.json.
 The written tokenizer.json is checked against PaddleNLP's tokenizer of SOURCE on a few strings before the tool
 reports success.
 
 Supported: PaddleNLP's LlamaForCausalLM and Qwen2ForCausalLM in float32, bfloat16 or float16 (dtype kept unless
 --dtype; bfloat16 rounded to nearest even). Refused, naming the field: other architectures, quantized weights
 (`quantization_config`), and settings whose weights or maths transformers' classes would read differently (fused
-q/k/v or gate/up, rope scaling, sliding windows, an activation other than SiLU, a head_dim other than
+q/k/v or gate/up, PaddleNLP's own rope_scaling_type, sliding windows, an activation other than SiLU, a head_dim other than
 hidden_size / num_attention_heads). Needs numpy and safetensors-format writing only (no torch).
 """
 from __future__ import annotations
@@ -75,8 +79,7 @@ def check_supported(config: Any, where: str) -> str:
     refused = {
         "fuse_attention_qkv": (False, "fused q/k/v weights"),
         "fuse_attention_ffn": (False, "fused gate/up weights"),
-        "rope_scaling_type": (None, "rope scaling"),
-        "rope_scaling": (None, "rope scaling"),
+        "rope_scaling_type": (None, "PaddleNLP's own rope scaling"),
         "use_sliding_window": (False, "a sliding attention window"),
         "alibi": (False, "ALiBi"),
         "use_long_sequence_strategies": (False, "long-sequence strategies"),
@@ -160,7 +163,7 @@ def load_source(source: str, base: str | None) -> tuple[Any, dict[str, np.ndarra
     import paddle
     from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
 
-    from paddle_grpo.policy import lora
+    from paddle_grpo.policy import lora, rope
     from paddle_grpo.policy.hub import resolve_model_dir
 
     info: dict[str, Any] = {"source": os.path.abspath(source) if os.path.isdir(source) else source}
@@ -173,9 +176,9 @@ def load_source(source: str, base: str | None) -> tuple[Any, dict[str, np.ndarra
             raise ExportError(f"{source}: LoRA adapters; their base model {base_name!r} is not found (pass --base; "
                               f"lora_config.json records base_model_name_or_path = "
                               f"{adapter.base_model_name_or_path!r}): {e}") from None
-        config = AutoConfig.from_pretrained(model_dir)
+        config = rope.normalize(AutoConfig.from_pretrained(model_dir), os.path.join(model_dir, "config.json"))
         check_supported(config, model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
+        model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype="float32")
         model = lora.merge_adapters(lora.load_adapters(model, source))
         tokenizer_dir = source if lora._has_tokenizer(source) else model_dir
         info.update(base=os.path.abspath(model_dir), lora_r=adapter.r, lora_alpha=adapter.lora_alpha)
@@ -183,9 +186,9 @@ def load_source(source: str, base: str | None) -> tuple[Any, dict[str, np.ndarra
         if base:
             raise ExportError(f"--base is for LoRA adapters; {source} has no lora_config.json")
         model_dir = resolve_model_dir(source)
-        config = AutoConfig.from_pretrained(model_dir)
+        config = rope.normalize(AutoConfig.from_pretrained(model_dir), os.path.join(model_dir, "config.json"))
         check_supported(config, model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
+        model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype="float32")
         tokenizer_dir = model_dir
     state = {}
     for name, tensor in model.state_dict().items():
@@ -198,7 +201,10 @@ def load_source(source: str, base: str | None) -> tuple[Any, dict[str, np.ndarra
 # ------------------------------------------------------------------------------------------------------- config
 
 def transformers_config(config: Any, arch: str, dtype: str) -> dict[str, Any]:
-    """config.json as transformers writes it for `arch`, from the PaddleNLP config's fields."""
+    """config.json as transformers 5 writes it for `arch` (the `.[peer]` version), from the PaddleNLP config's
+    fields, with the keys transformers 4 reads instead beside them (rope_theta / rope_scaling, torch_dtype)."""
+    from paddle_grpo.policy import rope
+
     heads = config.num_attention_heads
     out = {
         "architectures": [arch], "model_type": SUPPORTED[arch], "vocab_size": config.vocab_size,
@@ -208,11 +214,14 @@ def transformers_config(config: Any, arch: str, dtype: str) -> dict[str, Any]:
         "head_dim": config.hidden_size // heads, "hidden_act": "silu",
         "max_position_embeddings": config.max_position_embeddings,
         "initializer_range": getattr(config, "initializer_range", 0.02), "rms_norm_eps": config.rms_norm_eps,
-        "rope_theta": float(getattr(config, "rope_theta", 10000.0)), "rope_scaling": None,
+        # transformers 5 reads rope_parameters (and writes nothing else); transformers 4 the top-level keys
+        "rope_parameters": rope.parameters(config), "rope_theta": float(getattr(config, "rope_theta", 10000.0)),
+        "rope_scaling": rope.scaling_of(config),
         "attention_dropout": float(getattr(config, "attention_dropout", 0.0) or 0.0),
         "tie_word_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
         "bos_token_id": getattr(config, "bos_token_id", None), "eos_token_id": getattr(config, "eos_token_id", None),
         "pad_token_id": getattr(config, "pad_token_id", None), "use_cache": True, "torch_dtype": dtype,
+        "dtype": dtype,  # transformers 5's name for torch_dtype
     }
     if arch == "LlamaForCausalLM":  # PaddleNLP's Llama has no q/k/v/o or MLP biases
         out.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
@@ -237,27 +246,57 @@ def generation_config(config: Any, source_dir: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------------- tokenizer
 
+def add_registered_tokens(backend: Any, source_config: dict[str, Any], tokenizer_dir: str,
+                          run_tokens: dict[str, int]) -> None:
+    """Every token of the source's tokenizer_config.json `added_tokens_decoder` (chat markers such as <tool_call>,
+    special or not) added to `backend` as the source registers it, and every other token the run kept whole
+    (`run_tokens`: data.special_token_ids, e.g. ChatML's turn markers found in the vocabulary) as a special token, so
+    that each stays one token as in the run: PaddleNLP's conversion from vocab.json keeps such a marker in the
+    vocabulary but splits it in text. ExportError when one would get another id than the source's."""
+    from tokenizers import AddedToken
+
+    decoder = {int(i): e for i, e in (source_config.get("added_tokens_decoder") or {}).items()}
+    listed = {e["content"] for e in decoder.values()}
+    decoder.update({i: {"content": t, "special": True} for t, i in run_tokens.items()
+                    if t not in listed and backend.encode(t, add_special_tokens=False).ids != [i]})
+    for index, entry in sorted(decoder.items()):
+        token = AddedToken(entry["content"], single_word=bool(entry.get("single_word")),
+                           lstrip=bool(entry.get("lstrip")), rstrip=bool(entry.get("rstrip")),
+                           normalized=bool(entry.get("normalized")), special=bool(entry.get("special")))
+        (backend.add_special_tokens if entry.get("special") else backend.add_tokens)([token])
+        if backend.token_to_id(entry["content"]) != index:
+            raise ExportError(f"{tokenizer_dir}: tokenizer_config.json added_tokens_decoder gives "
+                              f"{entry['content']!r} id {index}; the exported tokenizer.json would give it "
+                              f"{backend.token_to_id(entry['content'])}")
+
+
 def export_tokenizer(tokenizer_dir: str, out_dir: str) -> dict[str, Any]:
     """tokenizer.json, tokenizer_config.json (with the chat template), special_tokens_map.json in `out_dir` from
     PaddleNLP's tokenizer of `tokenizer_dir`; checked on PROBES against that tokenizer. Returns a summary."""
     from paddlenlp.transformers import AutoTokenizer
     from tokenizers import Tokenizer
 
+    from paddle_grpo.data import special_token_ids, tokenize_prompts
     from paddle_grpo.policy import load_tokenizer
+    from paddle_grpo.policy.tokenizer import chat_template_text
 
     with open(os.path.join(tokenizer_dir, "tokenizer_config.json"), encoding="utf-8") as f:
         source_config = json.load(f)
-    fast = AutoTokenizer.from_pretrained(tokenizer_dir, use_fast=True)
-    backend = getattr(fast, "_tokenizer", None)
-    if backend is None:
-        raise ExportError(f"{tokenizer_dir}: tokenizer_config.json field 'tokenizer_class' is "
-                          f"{source_config.get('tokenizer_class')!r}, which PaddleNLP cannot convert to a "
-                          "tokenizer.json (a byte-level BPE such as Qwen2's or Llama 3's is exported)")
-    backend = Tokenizer.from_str(backend.to_str())  # a copy: the special flags below do not touch PaddleNLP's
+    source_json = os.path.join(tokenizer_dir, "tokenizer.json")
+    if os.path.isfile(source_json):  # the file the run read (policy/tokenizer.py), exactly
+        fast, backend = load_tokenizer(tokenizer_dir), Tokenizer.from_file(source_json)
+    else:
+        fast = AutoTokenizer.from_pretrained(tokenizer_dir, use_fast=True)
+        if getattr(fast, "_tokenizer", None) is None:
+            raise ExportError(f"{tokenizer_dir}: tokenizer_config.json field 'tokenizer_class' is "
+                              f"{source_config.get('tokenizer_class')!r}, which PaddleNLP cannot convert to a "
+                              "tokenizer.json (a byte-level BPE such as Qwen2's or Llama 3's is exported)")
+        backend = Tokenizer.from_str(fast._tokenizer.to_str())  # a copy: the flags below leave PaddleNLP's alone
     special = {k: str(getattr(fast, k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")
                if source_config.get(k) and getattr(fast, k, None)}
     extra = [str(t) for t in (getattr(fast, "additional_special_tokens", None) or [])]
     backend.add_special_tokens(list(special.values()) + extra)  # marked special (skipped by decode(skip_special))
+    add_registered_tokens(backend, source_config, tokenizer_dir, special_token_ids(load_tokenizer(tokenizer_dir)))
     backend.save(os.path.join(out_dir, "tokenizer.json"))
     data = json.loads(backend.to_str())
     decoder = {str(t["id"]): {k: t[k] for k in ("content", "lstrip", "rstrip", "normalized", "single_word",
@@ -269,9 +308,12 @@ def export_tokenizer(tokenizer_dir: str, out_dir: str) -> dict[str, Any]:
         config["model_max_length"] = int(source_config["model_max_length"])
     if source_config.get("add_bos_token") is not None:
         config["add_bos_token"] = bool(source_config["add_bos_token"])
-    template = source_config.get("chat_template")
+    template = source_config.get("chat_template") or chat_template_text(tokenizer_dir)
     if isinstance(template, str) and template:
+        # transformers 5 reads chat_template.jinja (and writes only that); transformers 4 reads tokenizer_config.json
         config["chat_template"] = template
+        with open(os.path.join(out_dir, "chat_template.jinja"), "w", encoding="utf-8") as f:
+            f.write(template)
     elif os.path.isfile(os.path.join(tokenizer_dir, "chat_template.json")):
         raise ExportError(f"{tokenizer_dir}: chat_template.json holds PaddleNLP's own template format, which "
                           "transformers does not read; put a Jinja template under 'chat_template' in "
@@ -280,16 +322,19 @@ def export_tokenizer(tokenizer_dir: str, out_dir: str) -> dict[str, Any]:
         json.dump(config, f, indent=2, ensure_ascii=False)
     with open(os.path.join(out_dir, "special_tokens_map.json"), "w", encoding="utf-8") as f:
         json.dump({**special, "additional_special_tokens": extra}, f, indent=2, ensure_ascii=False)
-    # The check: the tokenizer the run used (PaddleNLP's, slow or fast) against the file just written.
+    # The check: the run's tokenization (its tokenizer, PaddleNLP's slow or fast, with data.tokenize_prompts' exact
+    # special and registered tokens) against the file just written, on PROBES and each registered token in text
     ours, written = load_tokenizer(tokenizer_dir), Tokenizer.from_file(os.path.join(out_dir, "tokenizer.json"))
-    for text in PROBES:
-        expected = ours(text, add_special_tokens=False)["input_ids"]
+    markers = [e["content"] for e in (source_config.get("added_tokens_decoder") or {}).values()]
+    for text in PROBES + [f"a {m}x 12{m}" for m in markers]:
+        expected = tokenize_prompts(ours, [text])[0]  # as the run tokenized its prompts (markers whole)
         got = written.encode(text, add_special_tokens=False).ids
         if got != expected:
             raise ExportError(f"{tokenizer_dir}: the exported tokenizer.json tokenizes {text!r} as {got}, "
                               f"PaddleNLP's tokenizer as {expected}")
-    return {"tokenizer_class": source_config.get("tokenizer_class"), "chat_template": "chat_template" in config,
-            "vocab": written.get_vocab_size(with_added_tokens=True)}
+    return {"source_class": source_config.get("tokenizer_class"), "written_class": config["tokenizer_class"],
+            "chat_template": "chat_template" in config, "vocab": written.get_vocab_size(with_added_tokens=True),
+            "registered_tokens": len(markers)}
 
 
 # --------------------------------------------------------------------------------------------------------- main
@@ -344,12 +389,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from paddle_grpo.policy import quiet_paddlenlp
     from paddle_grpo.policy.hf_weights import WeightFormatError
+    from paddle_grpo.policy.rope import RopeError
+
+    quiet_paddlenlp()  # PaddleNLP's INFO lines (its banner, the classes it picks) are not what was written
     from paddle_grpo.policy.lora import LoRAError
 
     try:
         summary = export(args.source, args.out, base=args.base, dtype=args.dtype)
-    except (ExportError, LoRAError, WeightFormatError, OSError) as e:
+    except (ExportError, LoRAError, WeightFormatError, RopeError, OSError) as e:
         print(f"export_hf: error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(summary))

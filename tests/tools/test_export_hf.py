@@ -20,6 +20,7 @@ import pytest
 from lora_helpers import randomize_adapters
 from numerics import f32_sum_tol, tiny_lm_tol
 from peer_helpers import peer_python
+from paddle_grpo.data import tokenize_prompts
 from paddle_grpo.policy import load_policy, load_tokenizer
 from paddle_grpo.policy import lora as L
 from paddle_grpo.policy.causal import load_causal_lm
@@ -132,10 +133,14 @@ def test_the_export_is_transformers_layout(exported):
     assert config["architectures"] == src["architectures"] and config["torch_dtype"] == "float32"
     assert config["tie_word_embeddings"] == src.get("tie_word_embeddings", False)
     assert config["rope_theta"] == src["rope_theta"] and config["num_key_value_heads"] == 2
-    assert "paddlenlp_version" not in config and "dtype" not in config
+    # transformers 5's keys (the `.[peer]` version), beside transformers 4's
+    assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": src["rope_theta"]}
+    assert config["dtype"] == "float32" and config["rope_scaling"] is None
+    assert "paddlenlp_version" not in config
     assert ("lm_head.weight" in tensors) != config["tie_word_embeddings"]
     tok = json.load(open(os.path.join(out, "tokenizer_config.json"), encoding="utf-8"))
     assert tok["chat_template"] == TEMPLATE and tok["eos_token"] == "<|im_end|>"
+    assert open(os.path.join(out, "chat_template.jinja"), encoding="utf-8").read() == TEMPLATE
     assert os.path.isfile(os.path.join(out, "tokenizer.json"))
     assert json.load(open(os.path.join(out, "generation_config.json")))["eos_token_id"] == 2
 
@@ -148,9 +153,10 @@ def test_the_export_loads_back_with_the_original_logits(exported):
     # PaddleNLP 3.0.0b4's AutoTokenizer does not know that class name)
     from tokenizers import Tokenizer
 
+    # against the run's tokenization (data.tokenize_prompts: ChatML markers and registered tokens whole)
     ours, theirs = load_tokenizer(source), Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
     for s in STRINGS:
-        assert theirs.encode(s).ids == ours(s)["input_ids"], s
+        assert theirs.encode(s).ids == tokenize_prompts(ours, [s])[0], s
 
 
 def test_a_runs_checkpoint_exports_its_policy(exporter, tiny_policy_dir, tmp_path):
@@ -302,7 +308,7 @@ def test_transformers_loads_the_exports(exporter, tiny_policy_dir, tmp_path):
         tol = 2 * f32_sum_tol(INTER, np.abs(ours).max() + 1, depth=9 * LAYERS + 2)
         assert np.abs(ours - np.array(got["logits"])).max() < tol, name
         tok = load_tokenizer(src)
-        assert got["ids"] == [tok(s)["input_ids"] for s in STRINGS], name
+        assert got["ids"] == tokenize_prompts(tok, STRINGS), name
         assert got["chat"] == tok.apply_chat_template([{"role": "user", "content": "Hi 12"}], tokenize=False,
                                                       add_generation_prompt=True) == \
             "<|im_start|>user\nHi 12<|im_end|>\n<|im_start|>assistant\n"
@@ -310,3 +316,29 @@ def test_transformers_loads_the_exports(exporter, tiny_policy_dir, tmp_path):
     # test_lora_checkpoint_exports_merged)
     tol = 2 * f32_sum_tol(INTER, np.abs(lora_logits).max() + 1, depth=9 * LAYERS + 2) + tiny_lm_tol(INTER, LAYERS, 0)
     assert np.abs(lora_logits - np.array(theirs[outs["lora"]]["logits"])).max() < tol
+
+
+def test_chat_markers_that_are_not_special_are_exported(exporter, tmp_path):
+    """A tokenizer with registered non-special markers (the tools quickstart's <tool_call>, ...): the exported
+    tokenizer.json keeps each whole with the source's id, not special (decode keeps it), and tokenizes like the
+    run (data.tokenize_prompts; before: the export split the markers into pieces)."""
+    from tokenizers import Tokenizer
+
+    from paddle_grpo.recipes.quickstart_tools import MARKERS
+    from paddle_grpo.recipes.tiny import build_model, build_tokenizer
+
+    source = str(tmp_path / "src")
+    corpus = [f"{m} call 12 + 35 = 47 {m}" for m in MARKERS] * 20 + ["Hello world, what is 3 + 4?"] * 20
+    tokenizer = build_tokenizer(corpus, source, vocab_size=300, added_tokens=MARKERS)
+    build_model(source, tokenizer)
+    summary = exporter.export(source, str(tmp_path / "hf"))
+    assert summary["tokenizer"]["registered_tokens"] == len(MARKERS)
+    assert summary["tokenizer"]["written_class"] == "PreTrainedTokenizerFast"
+    written = Tokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json"))
+    ours = load_tokenizer(source)
+    for marker in MARKERS:
+        text = f"a {marker}12 {marker}"
+        ids = written.encode(text, add_special_tokens=False).ids
+        assert ids == tokenize_prompts(ours, [text])[0]  # the run's tokenization: markers whole
+        assert ours.convert_tokens_to_ids(marker) in ids
+        assert written.decode(ids, skip_special_tokens=True) == text
