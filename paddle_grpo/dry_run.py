@@ -27,7 +27,8 @@ import tempfile
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .config import (DEVICES, FIELDS, GROUPS, SECRET_KEYS, Config, ConfigError, dump_config, encoder_decoder_refusal,
-                     given_keys, key_effect, relative_path_note, run_key_effect, shown_value, yaml_value)
+                     given_keys, group_size_notes, key_effect, relative_path_note, run_key_effect, shown_value,
+                     yaml_value)
 
 MAX_PROCESSES = 1024  # the launch sizes tried, as multiples of the model-parallel ranks
 MAX_LENGTH_CHECKS = 20000  # prompts tokenized per data key (about a minute); beyond, an even sample of this many
@@ -794,7 +795,8 @@ def dry_run(cfg: Config, argv: Sequence[str], device: str, script: str = "run_rl
     print("\nchecks:")
     records: Dict[Tuple[str, str], list] = {}
     problems = check_data(cfg, records)
-    warnings: List[str] = []
+    # rollout_n 1 under a group estimator: the run trains, on other advantages than the estimator's name says
+    warnings: List[str] = group_size_notes(cfg, given_keys(cfg))
     tokenizer = None
     if cfg.build_actor_if_missing and not os.path.isdir(cfg.actor_model_name_or_path):
         print(f"  actor_model_name_or_path: '{cfg.actor_model_name_or_path}' will be built first by the "

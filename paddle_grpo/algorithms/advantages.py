@@ -29,14 +29,15 @@ _ESTIMATORS = Registry("advantage estimator", EstimatorSpec)
 def register_advantage_estimator(name: str, *, kl_in_reward: str = "sequence", config_options: Sequence[Any] = (),
                                  min_group_size: int = 1, uses_groups: bool = True,
                                  normalization_keys: bool = True, needs_values: bool = False,
-                                 key_defaults: Sequence[Tuple[str, Any]] = ()) -> Callable[[Callable], Callable]:
+                                 key_defaults: Sequence[Tuple[str, Any]] = (),
+                                 group_of_one: str = "") -> Callable[[Callable], Callable]:
     """Decorator registering an estimator under `name` with its `EstimatorSpec` fields (see there); the defaults
     fit a group-relative estimator of outcome rewards, so `@register_advantage_estimator("mine")` is enough for
     one. The name becomes a valid `rl_algorithm`."""
     return _ESTIMATORS.register(name, kl_in_reward=kl_in_reward, config_options=config_options,
                                 min_group_size=min_group_size, uses_groups=uses_groups,
                                 normalization_keys=normalization_keys, needs_values=needs_values,
-                                key_defaults=key_defaults)
+                                key_defaults=key_defaults, group_of_one=group_of_one)
 
 
 def unregister_advantage_estimator(name: str) -> None:
@@ -171,7 +172,10 @@ def _broadcast(per_seq: np.ndarray, mask: paddle.Tensor, dtype: str) -> paddle.T
 # ---- outcome-reward estimators --------------------------------------------------------------------------------------
 
 # normalize_reward / normalize_advantage off, as PaddleNLP forces them for GRPO (EstimatorSpec.normalization_keys).
-@register_advantage_estimator("grpo", config_options=("norm_adv_by_std",), normalization_keys=False)
+@register_advantage_estimator("grpo", config_options=("norm_adv_by_std",), normalization_keys=False,
+                              group_of_one="a group of one has mean 0 and std 1 and each advantage is the sample's "
+                                           "own reward R / (1 + 1e-6) (R with norm_adv_by_std false): no baseline, "
+                                           "every nonzero reward moves the policy")
 def grpo_advantage(token_level_rewards: TensorLike, response_mask: TensorLike, index: Sequence,
                    norm_adv_by_std: bool = True, epsilon: float = 1e-6) -> Tuple[paddle.Tensor, paddle.Tensor]:
     """GRPO (DeepSeekMath, arXiv 2402.03300): `A_{i,t} = m_{i,t} (R_i - mean_g R) / (std_g R + epsilon)`.
@@ -250,7 +254,10 @@ def reinforce_plus_plus_advantage(token_level_rewards: TensorLike, response_mask
     return _reinforce_pp(rewards, mask, dtype, gamma, kl_coeff, old_log_probs, ref_log_probs, kl_estimator)
 
 
-@register_advantage_estimator("reinforce_plus_plus_baseline", kl_in_reward="token")
+@register_advantage_estimator("reinforce_plus_plus_baseline", kl_in_reward="token",
+                              group_of_one="a group of one keeps its reward (its mean is taken as 0): the "
+                                           "advantages are those of rl_algorithm 'reinforce_plus_plus' (returns "
+                                           "whitened over the batch, no group baseline)")
 def reinforce_plus_plus_baseline_advantage(token_level_rewards: TensorLike, response_mask: TensorLike,
                                            index: Sequence, gamma: float = 1.0, kl_coeff: float = 0.0,
                                            old_log_probs: Optional[TensorLike] = None,

@@ -50,6 +50,8 @@ class EstimatorSpec:
         trains a critic (ppo, vapo); the config's `needs_critic`.
     key_defaults: `(("config_key", default), ...)`: defaults of config keys that depend on the estimator, used when
         the key is left at None (vapo: `positive_example_lm_coeff` 0.1, the paper's recipe).
+    group_of_one: what a `uses_groups` estimator computes when every group holds one sample (`rollout_n` 1), for
+        the start-up note (config.effects.group_size_notes); empty: a generic note.
     """
     name: str
     fn: Callable
@@ -60,6 +62,7 @@ class EstimatorSpec:
     normalization_keys: bool = True
     needs_values: bool = False
     key_defaults: Tuple[Tuple[str, Any], ...] = ()
+    group_of_one: str = ""
 
     def __post_init__(self) -> None:
         if self.kl_in_reward not in KL_IN_REWARD:

@@ -24,6 +24,7 @@ from .effects import (
     CRITIC_KEYS,
     SHARDING_OPTIONS,
     TOOL_KEYS,
+    group_size_notes,
     inert_key_messages,
     key_effect,
     reward_kl_notes,
@@ -79,7 +80,8 @@ __all__ = [
     'AlgorithmArguments', 'EvalArguments', 'LoggingArguments', 'KernelArguments', 'CriticArguments',
     'ToolArguments', 'BatchGeometry', 'Config', 'GROUPS', 'FIELDS', 'key_effect', 'SHARDING_OPTIONS',
     'sharding_options', 'inert_key_messages', 'CRITIC_KEYS', 'CONSTANT_SCHEDULES', 'TOOL_KEYS', 'run_key_notes',
-    'run_key_effect', 'reward_kl_notes', 'validate', 'url_problem', 'critic_refusals', 'encoder_decoder_refusal',
+    'run_key_effect', 'reward_kl_notes', 'group_size_notes', 'validate', 'url_problem', 'critic_refusals',
+    'encoder_decoder_refusal',
     'resolve_rule_reward', 'resolve_rollout_correction', 'load_config', 'default_device', 'parse_args', 'config_from_dict', 'given_keys',
     'dump_config', 'write_config', 'relative_path_note', 'real_model_name_marks',
 ]

@@ -60,6 +60,7 @@ def inert_key_messages(cfg: Config, given: Dict[str, str], device: str) -> List[
                 out.append(f"{given['sharding_parallel_config']}: key 'sharding_parallel_config': option "
                            f"'{option}' has no effect here: {SHARDING_OPTIONS[option]}")
     out.extend(reward_kl_notes(cfg, given))
+    out.extend(group_size_notes(cfg, given))
     for key in ("normalize_reward", "normalize_advantage"):  # PaddleNLP forces both off for GRPO
         if key in given and getattr(cfg, key) and not cfg._normalization_keys_apply:
             out.append(f"{given[key]}: key '{key}' has no effect here: rl_algorithm {cfg.rl_algorithm!r} normalises "
@@ -169,3 +170,18 @@ def reward_kl_notes(cfg: Config, given: Dict[str, str]) -> List[str]:
                else "kl_coeff is 0")
         out.append(f"{given['use_kl_in_reward']}: key 'use_kl_in_reward' has no effect here: {why}")
     return out
+
+
+def group_size_notes(cfg: Config, given: Dict[str, str]) -> List[str]:
+    """One line when `rollout_n` is 1 under an estimator that compares the samples of a prompt (its registry spec's
+    `uses_groups`): every group then holds one sample, and the line says what the estimator computes instead
+    (`EstimatorSpec.group_of_one`). A caveat, not "no effect": the run trains, on other advantages than the name
+    suggests. Estimators that cannot work with one sample (rloo: `min_group_size` 2) are refused by validate."""
+    from ..algorithms import advantage_estimator_spec  # paddle: see _from_algorithms
+    spec = advantage_estimator_spec(cfg.rl_algorithm)
+    if cfg.rollout_n != 1 or not spec.uses_groups:
+        return []
+    becomes = spec.group_of_one or "its group statistics see one sample each"
+    return [f"{given.get('rollout_n', 'rollout_n')}: key 'rollout_n' is 1 with rl_algorithm {cfg.rl_algorithm!r}, "
+            f"which compares the samples of each prompt's group: every group holds one sample, so {becomes}; "
+            "set rollout_n to 2 or more for group-relative advantages"]

@@ -180,7 +180,7 @@ def estimate_advantages(rows: GlobalRows, rewards: np.ndarray, cfg: Any) -> Esti
     m = mask.astype(bool)
     metrics = AdvantageMetrics(mean=float(adv[m].mean()) if m.any() else 0.0,
                                std=float(adv[m].std()) if m.any() else 0.0,
-                               frac_reward_zero_std=float((rewards.reshape(-1, G).std(axis=1) < 1e-6).mean()))
+                               frac_reward_zero_std=frac_reward_zero_std(rewards, G))
     if not spec.needs_values:
         return Estimate(adv, None, metrics)
     returns = returns.numpy()
@@ -188,6 +188,16 @@ def estimate_advantages(rows: GlobalRows, rewards: np.ndarray, cfg: Any) -> Esti
                                  returns_mean=float(returns[m].mean()) if m.any() else 0.0,
                                  explained_variance=explained_variance(rows.values, returns, m))
     return Estimate(adv, returns, metrics, value_metrics)
+
+
+def frac_reward_zero_std(rewards: np.ndarray, group_size: int) -> float:
+    """train/frac_reward_zero_std: the share of the groups (`group_size` consecutive rewards of [N]) whose rewards
+    all agree (population std < 1e-6), i.e. whose group-relative advantages are 0. A group of one sample
+    (rollout_n 1) never counts: its estimator does not centre it on its group (grpo gives it R / (1 + 1e-6)), so
+    with rollout_n 1 the share is 0."""
+    if group_size < 2:
+        return 0.0
+    return float((rewards.reshape(-1, group_size).std(axis=1) < 1e-6).mean())
 
 
 def compute_advantages(rows: GlobalRows, rewards: np.ndarray, cfg: Any) -> Tuple[np.ndarray, AdvantageMetrics]:

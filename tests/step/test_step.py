@@ -182,6 +182,28 @@ def test_group_estimators_take_the_reward_kl_per_sequence_with_use_kl_in_reward(
     assert metrics.frac_reward_zero_std == 0.5  # the second group's shaped rewards agree
 
 
+@pytest.mark.parametrize("algorithm", ["grpo", "reinforce_plus_plus_baseline"])
+def test_a_group_of_one_sample_is_not_counted_as_zero_std(algorithm):
+    # rollout_n 1 (issue 41 item 4.5): every group is one sample, whose std is 0, yet grpo gives it R / (1 + 1e-6)
+    # and reinforce_plus_plus_baseline the whitened reward: a nonzero advantage, so the share of zero-std groups
+    # (no learning signal) is 0 by hand, not 1.
+    mask = np.ones((4, 3), dtype=np.int64)
+    rewards = np.array([1.0, 0.0, 0.5, 1.0], dtype=np.float32)
+    adv, metrics = step.compute_advantages(global_rows(rewards, [True] * 4, mask), rewards,
+                                           cfg_of(rl_algorithm=algorithm, rollout_n=1, global_batch_size=4))
+    assert metrics.frac_reward_zero_std == 0.0
+    assert metrics.std > 0.1 and np.abs(adv).max() > 0.5  # the advantages the metric must agree with
+
+
+def test_frac_reward_zero_std_with_groups_of_two_is_unchanged():
+    # 3 groups of 2: (1, 1) and (0.5, 0.5) agree, (0, 1) does not: 2/3 by hand
+    mask = np.ones((6, 2), dtype=np.int64)
+    rewards = np.array([1.0, 1.0, 0.0, 1.0, 0.5, 0.5], dtype=np.float32)
+    _, metrics = step.compute_advantages(global_rows(rewards, [True] * 6, mask), rewards,
+                                         cfg_of(rollout_n=2, global_batch_size=3))
+    assert metrics.frac_reward_zero_std == 2 / 3
+
+
 @pytest.mark.parametrize("algorithm", ["grpo", "rloo"])
 def test_group_estimators_ignore_kl_coeff_without_use_kl_in_reward(algorithm):
     # PaddleNLP's GRPO keeps the reference KL out of the reward (kl_coeff has no effect): the advantages are those
