@@ -28,8 +28,8 @@ reports success.
 Supported: PaddleNLP's LlamaForCausalLM and Qwen2ForCausalLM in float32, bfloat16 or float16 (dtype kept unless
 --dtype; bfloat16 rounded to nearest even). Refused, naming the field: other architectures, quantized weights
 (`quantization_config`), and settings whose weights or maths transformers' classes would read differently (fused
-q/k/v or gate/up, PaddleNLP's own rope_scaling_type, sliding windows, an activation other than SiLU, a head_dim other than
-hidden_size / num_attention_heads). Needs numpy and safetensors-format writing only (no torch).
+q/k/v or gate/up, PaddleNLP's own rope_scaling_type, sliding windows, an activation other than SiLU, a head_dim
+other than hidden_size / num_attention_heads). Needs numpy and safetensors-format writing only (no torch).
 """
 from __future__ import annotations
 
