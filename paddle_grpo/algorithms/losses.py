@@ -109,7 +109,8 @@ _POLICY_LOSSES = Registry("policy loss", PolicyLossSpec)
 
 
 def register_policy_loss(name: str, *, importance_sampling_level: Optional[str] = None,
-                         needs_old_log_probs: bool = True) -> Callable[[Callable], Callable]:
+                         needs_old_log_probs: bool = True,
+                         advantage_weighted: bool = False) -> Callable[[Callable], Callable]:
     """Decorator registering a policy loss under `name` with its `PolicyLossSpec` fields (see there). With an
     `importance_sampling_level` the loss becomes that config value of `importance_sampling_level`; one level has
     one loss."""
@@ -119,7 +120,7 @@ def register_policy_loss(name: str, *, importance_sampling_level: Optional[str] 
             raise ValueError(f"importance_sampling_level {importance_sampling_level!r} is already implemented by "
                              f"policy loss {taken!r}")
     return _POLICY_LOSSES.register(name, importance_sampling_level=importance_sampling_level,
-                                   needs_old_log_probs=needs_old_log_probs)
+                                   needs_old_log_probs=needs_old_log_probs, advantage_weighted=advantage_weighted)
 
 
 def unregister_policy_loss(name: str) -> None:
@@ -172,8 +173,8 @@ def _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high, clip_
     return loss, info
 
 
-@register_policy_loss("vanilla", importance_sampling_level="token")
-@register_policy_loss("clip")
+@register_policy_loss("vanilla", importance_sampling_level="token", advantage_weighted=True)
+@register_policy_loss("clip", advantage_weighted=True)
 def vanilla_policy_loss(log_prob: paddle.Tensor, old_log_prob: paddle.Tensor, advantages: paddle.Tensor,
                         response_mask: paddle.Tensor, clip_ratio_low: float, clip_ratio_high: float,
                         clip_ratio_c: Optional[float]) -> Tuple[paddle.Tensor, Dict[str, paddle.Tensor]]:
@@ -184,7 +185,7 @@ def vanilla_policy_loss(log_prob: paddle.Tensor, old_log_prob: paddle.Tensor, ad
     return _clipped_surrogate(paddle.exp(log_ratio), advantages, clip_ratio_low, clip_ratio_high, clip_ratio_c)
 
 
-@register_policy_loss("gspo", importance_sampling_level="sequence")
+@register_policy_loss("gspo", importance_sampling_level="sequence", advantage_weighted=True)
 def gspo_policy_loss(log_prob: paddle.Tensor, old_log_prob: paddle.Tensor, advantages: paddle.Tensor,
                      response_mask: paddle.Tensor, clip_ratio_low: float, clip_ratio_high: float,
                      clip_ratio_c: Optional[float]) -> Tuple[paddle.Tensor, Dict[str, paddle.Tensor]]:

@@ -125,11 +125,16 @@ class PolicyLossSpec:
         "sequence"), or None when it is only reachable by its name (an alias such as "clip").
     needs_old_log_probs: whether `old_log_prob` enters the loss (every ratio-based loss); on policy the caller
         passes `log_prob.detach()`.
+    advantage_weighted: whether every token's loss is a multiple of its advantage (PPO clip, dual-clip, GSPO), so
+        that with every advantage 0 the loss and its gradient are exactly 0 whatever the parameters; the update then
+        skips the forward and backward of such a mini-batch (step.policy_update.nothing_to_learn). False (the
+        default of a registered loss) never skips.
     """
     name: str
     fn: Callable
     importance_sampling_level: Optional[str] = None
     needs_old_log_probs: bool = True
+    advantage_weighted: bool = False
 
 
 SpecT = TypeVar("SpecT", EstimatorSpec, PolicyLossSpec)

@@ -221,7 +221,7 @@ class LossSums:
 
 @dataclass
 class UpdateMetrics:
-    per_mini_batch: List[Dict[str, float]]   # LossSums.means() + train/grad_norm of each mini-batch
+    per_mini_batch: List[Dict[str, float]]   # LossSums.means() + train/grad_norm, train/update_skipped of each
     nonfinite_updates: int
     optimizer_steps: int
     with_kl_loss: bool
@@ -229,10 +229,12 @@ class UpdateMetrics:
     rollout_correction: str = "none"   # which of CORRECTION_FRAC's statistics to keep
 
     def as_dict(self) -> Dict[str, float]:
-        """The mini-batches' finite values averaged (the maxima: their maximum)."""
+        """The mini-batches' finite values averaged (the maxima: their maximum). A statistic no mini-batch
+        computed (the forward's, when every mini-batch had nothing to learn: policy_update.SKIPPED_MEANS) is left
+        out."""
         out = {}
-        for k in self.per_mini_batch[0]:
-            values = [m[k] for m in self.per_mini_batch if math.isfinite(m[k])]
+        for k in dict.fromkeys(k for m in self.per_mini_batch for k in m):
+            values = [m[k] for m in self.per_mini_batch if k in m and math.isfinite(m[k])]
             reduce = np.max if k in MAX_KEYS else np.mean
             out[k] = float(reduce(values)) if values else float("nan")
         if not self.with_kl_loss:

@@ -10,8 +10,8 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 import paddle
 
-from ..algorithms import (aggregate_loss, compute_policy_loss, global_denominators, kl_penalty, masked_mean,
-                          rollout_correction)
+from ..algorithms import (aggregate_loss, compute_policy_loss, global_denominators, importance_sampling_levels,
+                          kl_penalty, masked_mean, policy_loss_spec, rollout_correction)
 from ..parallel import ParallelContext
 from ..policy import Policy, position_ids_from_mask
 from ..policy.causal import logprobs_from_completion_logits
@@ -197,6 +197,42 @@ def _pipeline_mini_batch(learner: Learner, inputs: UpdateInputs, sl: slice, agg:
     return out[:-1], bool(out[-1] == micro_batches)
 
 
+def nothing_to_learn(par: ParallelContext, learner: Learner, inputs: UpdateInputs, rows: slice,
+                     agg: Dict[str, Any], cfg: Any) -> bool:
+    """Whether the policy loss of the mini-batch `rows` has a gradient of exactly 0 whatever the parameters, on
+    every rank: every advantage of its valid tokens is 0 (each group's rewards agreed) and no term of `rl_loss`
+    is independent of the advantages: no KL loss (kl_loss_coeff), no entropy bonus (entropy_coeff), no positive
+    example of VAPO's LM loss in the mini-batch (`agg["positive_tokens"]`, all ranks), and a policy loss registered
+    as `advantage_weighted` (PPO clip, dual-clip, GSPO; the rollout correction's weights multiply it). LoRA adds
+    no term. Never under pipeline parallelism, whose stages run the loss through fleet's schedule."""
+    if learner.pipeline is not None or cfg.kl_loss_coeff != 0 or cfg.entropy_coeff > 0:
+        return False
+    if inputs.positive is not None and agg.get("positive_tokens", 0) > 0:
+        return False
+    level = cfg.importance_sampling_level
+    if not policy_loss_spec(importance_sampling_levels().get(level, level)).advantage_weighted:
+        return False
+    # NaN advantages are not 0: such a mini-batch runs and is counted as non-finite, as before
+    zero = bool(paddle.all((inputs.advantages[rows] == 0) | (inputs.loss_mask[rows] == 0)))
+    return par.all_true(zero)
+
+
+# What a mini-batch with nothing to learn logs: its loss terms are exactly 0; the statistics of the forward pass
+# (entropy, clip fractions, approx_kl_old, the rollout correction's) are not computed and not logged for it.
+SKIPPED_MEANS = {"train/policy_loss": 0.0, "train/kl_loss": 0.0, "train/positive_lm_loss": 0.0}
+
+
+def zero_gradients(params: Sequence[Any]) -> None:
+    """Give each trained parameter (not stop_gradient) the gradient of a loss that does not depend on it: exact
+    zeros, through a backward pass so that what a backward does to gradients (AMP's master-gradient hooks) happens
+    as in a real one. The optimizer step that follows is then the one a forward and backward with zero advantages
+    would give: AdamW decays its moments, advances its step count and applies weight decay, exactly."""
+    trained = [p for p in params if not p.stop_gradient]
+    if trained:
+        # d(0 * sum p)/dp = 0 elementwise, even where p holds inf or NaN; O(parameters), no forward of the model
+        paddle.add_n([p.sum() * 0.0 for p in trained]).backward()
+
+
 def clip_gradients(parameters: Sequence[Any], grad_norm: float, max_grad_norm: float) -> None:
     """Scale gradients by max_grad_norm / norm when the norm exceeds it (as ClipGradByGlobalNorm, but with the
     norm of the whole model under tensor parallelism, not of this rank's shard)."""
@@ -215,7 +251,10 @@ def update(par: ParallelContext, learner: Learner, inputs: UpdateInputs, cfg: An
     optimizer step each, gradients accumulated over micro-batches of per_device_train_batch_size rows
     (`plan_micro_batches`: by length and trimmed with use_remove_padding, by tokens with max_tokens_per_micro_batch)
     and summed over the data-parallel ranks. A mini-batch whose loss or gradient is not finite on any rank is
-    skipped on all; `max_consecutive_nonfinite` skipped in a row raise TrainingError."""
+    skipped on all; `max_consecutive_nonfinite` skipped in a row raise TrainingError. A mini-batch with nothing to
+    learn (`nothing_to_learn`: every advantage 0 and no other term) skips the model's forward and backward and
+    takes the optimizer step with zero gradients (`zero_gradients`): the parameters, optimizer state, schedule and
+    counters are those of the full pass, bit for bit (train/update_skipped: the share of such optimizer steps)."""
     n = inputs.batch.completion_ids.shape[0]
     per_mini, mb = geometry.sequences_per_mini_batch, cfg.per_device_train_batch_size
     per_mini_metrics = []
@@ -232,7 +271,10 @@ def update(par: ParallelContext, learner: Learner, inputs: UpdateInputs, cfg: An
             agg = dict(zip(keys, par.all_reduce_sum([local[k] for k in keys]).tolist()))
             agg["max_dec_len"] = cfg.max_dec_len  # read by seq-mean-token-sum-norm only
             sums, finite = LossSums(), True
-            if learner.pipeline is not None:
+            skipped = nothing_to_learn(par, learner, inputs, slice(m0, m0 + per_mini), agg, cfg)
+            if skipped:  # all groups agreed: the gradient is 0, so no forward or backward of the model
+                zero_gradients(params)
+            elif learner.pipeline is not None:
                 values, finite = _pipeline_mini_batch(learner, inputs, slice(m0, m0 + per_mini), agg, cfg,
                                                       geometry.grad_accum_steps)
                 sums.add(values)
@@ -241,7 +283,8 @@ def update(par: ParallelContext, learner: Learner, inputs: UpdateInputs, cfg: An
                     micro_sums, micro_finite = _micro_batch(learner, inputs, micro, agg, cfg, vocab_parallel)
                     sums.add(micro_sums)
                     finite = finite and micro_finite
-            per_mini_metrics.append(sums.reduced(par).means())
+            per_mini_metrics.append(dict(SKIPPED_MEANS) if skipped else sums.reduced(par).means())
+            per_mini_metrics[-1]["train/update_skipped"] = float(skipped)
             per_mini_metrics[-1]["train/grad_norm"] = apply_gradients(par, params, learner.optimizer, learner.amp,
                                                                       state, finite, cfg, step)
             learner.scheduler.step()
