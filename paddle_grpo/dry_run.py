@@ -291,6 +291,42 @@ def inspect_model(name: str, key: str, labels: Optional[int] = None, cfg: Option
     return [], config, tokenizer
 
 
+def decoder_line(cfg: Config, config: Any) -> Optional[str]:
+    """The run's start-up line "decoder: fast path (llama)" or "decoder: PaddleNLP's forward (<why>)", found as the
+    run finds it (fast_decoder.describe on the policy model built from `config` with the run's precision flags, rope
+    tables and LoRA) on a model of ONE decoder layer and a 16-token vocabulary: the layers' classes, biases and
+    rotary tables are what the run's are (the path depends on them, not on their number or the vocabulary), no
+    weight is read, and a large model costs one layer's memory. None for an encoder-decoder (the run prints no such
+    line); the reason when the model cannot be built here."""
+    if getattr(config, "is_encoder_decoder", False):
+        return None
+    from .policy import fast_decoder
+
+    if cfg.tensor_parallel_degree > 1:  # its layers need the ranks' process group; the reason needs no layers
+        return f"decoder: PaddleNLP's forward (tensor_parallel_degree is {cfg.tensor_parallel_degree})"
+    if cfg.lora:
+        return f"decoder: PaddleNLP's forward ({fast_decoder.LORA_REFUSAL})"
+    import copy
+
+    from paddlenlp.transformers import AutoModelForCausalLM
+
+    from .policy import rope
+    from .precision import plan_for_run
+
+    plan = plan_for_run(cfg, announce=False)
+    config = copy.deepcopy(config)
+    for key, value in dict(plan.model_flags).items():
+        setattr(config, key, value)
+    config.recompute = bool(cfg.recompute)
+    config.num_hidden_layers, config.vocab_size, config.intermediate_size = 1, 16, 16
+    try:
+        model = AutoModelForCausalLM.from_config(config, dtype=plan.load_dtype)
+        rope.install(model)
+    except Exception as e:  # noqa: BLE001 - a config PaddleNLP cannot build: the run would say so at load
+        return f"decoder: not determined here ({type(e).__name__}: {e})"
+    return fast_decoder.describe(model)
+
+
 def check_model(name: str, key: str) -> List[str]:
     """Problems with model `name` (inspect_model's, without the loaded config and tokenizer)."""
     return inspect_model(name, key)[0]
@@ -807,6 +843,8 @@ def dry_run(cfg: Config, argv: Sequence[str], device: str, script: str = "run_rl
         problems += model_problems
         if config is not None:  # the LM head the run will use (chunked or full logits), as the run says it
             print(f"  {cfg.lm_head_decision(int(config.vocab_size))[1]}")
+            line = decoder_line(cfg, config)
+            print(f"  {line}" if line else "", end="\n" if line else "")
             refusal = encoder_decoder_refusal(cfg, bool(getattr(config, "is_encoder_decoder", False)))
             problems += [refusal] if refusal else []
         if tokenizer is not None and records:

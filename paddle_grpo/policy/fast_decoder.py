@@ -56,6 +56,7 @@ from ..kernels.mlp import mlp, mlp_plan
 from ..kernels.norm import rms_norm
 
 ENV_SWITCH = "PADDLE_GRPO_FAST"
+LORA_REFUSAL = "LoRA adapters (LoRAModel): its LoRA layers run in PaddleNLP's forward"
 
 # The PaddleNLP classes the lean forward implements, by family. Both families have the same decoder blocks (pre-norm
 # RMSNorm, grouped-query attention with rotary positions, SwiGLU MLP, final RMSNorm, optional tied head); Qwen2's
@@ -113,7 +114,7 @@ def refusal(model: paddle.nn.Layer) -> Optional[str]:
         return f"{ENV_SWITCH}=0"
     fam = family(model)
     if type(model).__name__ == "LoRAModel":
-        return "LoRA adapters (LoRAModel): its LoRA layers run in PaddleNLP's forward"
+        return LORA_REFUSAL
     if fam is None:
         return (f"{type(model).__name__} is not a class it implements ({', '.join(FAMILIES)}, or the critic's "
                 f"ValueModel over {' / '.join(BACKBONES)})")
