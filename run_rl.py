@@ -8,7 +8,7 @@ CONFIG is a flat YAML/JSON file with PaddleNLP's keys (docs/configuration.md); `
 The configuration is validated before anything heavy is imported; a problem with the configuration, the data, the
 model directory or the reward server exits with status 2 and a message that names the file, line or key (the data
 files and local model directories are checked first, as --dry_run checks them: dry_run.preflight).
-`--dry_run` (paddle_grpo/dry_run.py) checks the data, model, reward and parallel layout without training, prints the
+`--dry_run` (paddle_grpo/dry_run/) checks the data, model, reward and parallel layout without training, prints the
 keys that have no effect on this device and the launch command, and exits 0 when that launch could start.
 """
 import logging

@@ -292,7 +292,7 @@ def test_prompts_longer_than_max_prompt_len_are_a_warning_with_the_numbers(base,
     assert status == 0 and f"  train_datasets: prompts of {min(counts)}-{counts[3]} tokens, none longer" in out
     assert out.rstrip().endswith("dry run: ok")
     # a file larger than MAX_LENGTH_CHECKS: an even sample (here prompts 0 and 2 of 4), and the line says so
-    monkeypatch.setattr("paddle_grpo.dry_run.MAX_LENGTH_CHECKS", 2)
+    monkeypatch.setattr("paddle_grpo.dry_run.prompts.MAX_LENGTH_CHECKS", 2)
     status, out, _ = run_rl_main([*base, "--train_datasets", data, "--chat_template", "none", "--max_prompt_len",
                                   limit, "--dry_run"], capsys)
     assert status == 0 and (f"  train_datasets: prompts of {counts[2]}-{counts[0]} tokens, none longer than "

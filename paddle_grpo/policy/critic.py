@@ -178,7 +178,7 @@ def critic_plan(config: Any, path: str, *, key: str = "critic_model_name_or_path
     line after the name ("a reward model (Qwen2ForSequenceClassification): its one-label score head is the value
     head"). Raises ValueError / FileNotFoundError, naming `key` and the file, for what load_critic refuses: a
     classifier with other than one label, a ValueModel critic without its head file. --dry_run reports the same
-    (dry_run.py)."""
+    (dry_run/critic.py)."""
     kind = critic_kind(config)
     arch = ", ".join(getattr(config, "architectures", None) or ["no architectures"])
     classifier = any(a.endswith("ForSequenceClassification") for a in getattr(config, "architectures", None) or [])
