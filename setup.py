@@ -53,7 +53,7 @@ INSTALL_REQUIRES = PADDLE + [
     "matplotlib>=3.7",
 ]
 
-# `.[peer]`: the PyTorch side of tools/trl_bench.py (TRL's GRPOTrainer; docs/PERFORMANCE.md), the versions its
+# `.[peer]`: the PyTorch side of tools/bench/trl_bench.py (TRL's GRPOTrainer; docs/PERFORMANCE.md), the versions its
 # comparison was measured with. It needs its own virtual environment, installed with PADDLE_GRPO_PEER_ONLY=1:
 # TRL 1.16 needs transformers >= 4.56, which needs tokenizers >= 0.22, while paddlenlp 3.0.0b4 needs tokenizers < 0.22,
 # so the two cannot share an environment; PADDLE_GRPO_PEER_ONLY=1 leaves this project's runtime requirements out (the
@@ -62,9 +62,9 @@ INSTALL_REQUIRES = PADDLE + [
 # (install that first from PyTorch's CPU wheel index where it is not already at hand; pip then keeps it).
 PEER = ["torch==2.13.0", "trl==1.16.0"]
 
-# `.[gguf]`: tools/import_gguf.py (a llama.cpp GGUF file -> a PaddleNLP model directory; docs/models.md). `gguf` is
-# llama.cpp's own reader and numpy dequantizer (it needs only numpy, pyyaml, requests, tqdm; no torch). Pinned to the
-# version the importer was verified with: its reader API (ReaderField.contents) and quantization tables changed
+# `.[gguf]`: tools/models/import_gguf.py (a llama.cpp GGUF file -> a PaddleNLP model directory; docs/models.md).
+# `gguf` is llama.cpp's own reader and numpy dequantizer (it needs only numpy, pyyaml, requests, tqdm; no torch).
+# Pinned to the version the importer was verified with: its reader API (ReaderField.contents) and quantization tables changed
 # between releases, and the importer's results are compared bit for bit with this version's.
 GGUF = ["gguf==0.19.0"]
 # The tests include the importer's (tiny GGUF files written by gguf's own writer; no download), so `.[test]` has it.

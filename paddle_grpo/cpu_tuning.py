@@ -26,8 +26,8 @@ than the CPU (`paddle.get_device()`: a GPU process keeps paddle's own process-wi
 were measured for CPU kernels only); `PADDLE_GRPO_CPU_TUNING=mkl,malloc` (any subset of mkl, malloc,
 stride) applies only those. `wanted(device, choice)` is that decision. It never overrides an `MKL_DEBUG_CPU_TYPE` or
 `FLAGS_use_stride_kernel` the user set in the environment and sets the MKL variable only on AMD CPUs. It is called
-by `policy.causal.load_causal_lm` (before any model runs) and by tools/bench.py. It changes no numbers beyond float
-rounding.
+by `policy.causal.load_causal_lm` (before any model runs) and by tools/bench/bench.py. It changes no numbers beyond
+float rounding.
 """
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def _mkl_code_path() -> Optional[int]:
 
 def kernel_report() -> Dict[str, Any]:
     """Which CPU this process runs on and which kernel code paths it gets there: paddle's MKL path, numpy's OpenBLAS
-    core and SIMD level, transparent huge pages. Recorded by tools/bench.py so that runs on different machines say
+    core and SIMD level, transparent huge pages. Recorded by tools/bench/bench.py so that runs on different machines say
     what differed (docs/PERFORMANCE.md, "Speed by CPU family")."""
     report: Dict[str, Any] = {"cpu": _cpuinfo()}
     path = _mkl_code_path()

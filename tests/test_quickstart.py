@@ -78,7 +78,7 @@ def test_held_out_problems_never_train():
 
 def test_shipped_data_files_are_the_generators_output(repo_root, tmp_path):
     spec = importlib.util.spec_from_file_location("_gen_quickstart_data",
-                                                  repo_root / "tools" / "gen_quickstart_data.py")
+                                                  repo_root / "tools" / "data" / "gen_quickstart_data.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     tool.main(["--out-dir", str(tmp_path)])
@@ -107,7 +107,7 @@ def test_config_loads_and_validates(repo_root):
 
 def test_build_tool_passes_its_arguments(repo_root, monkeypatch, capsys):
     spec = importlib.util.spec_from_file_location("_build_quickstart_policy",
-                                                  repo_root / "tools" / "build_quickstart_policy.py")
+                                                  repo_root / "tools" / "models" / "build_quickstart_policy.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     calls = []

@@ -115,7 +115,7 @@ def test_held_out_problems_never_train():
 
 def test_shipped_data_files_are_the_generators_output(repo_root, tmp_path):
     spec = importlib.util.spec_from_file_location("_gen_quickstart_tools_data",
-                                                  repo_root / "tools" / "gen_quickstart_tools_data.py")
+                                                  repo_root / "tools" / "data" / "gen_quickstart_tools_data.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     tool.main(["--out-dir", str(tmp_path)])

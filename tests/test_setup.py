@@ -29,7 +29,7 @@ def test_cpu_requirements_name_paddle_and_the_pins(repo_root):
 
 
 def test_the_peer_environment_leaves_the_project_requirements_out(repo_root):
-    """`.[peer]` (tools/trl_bench.py) is installed with PADDLE_GRPO_PEER_ONLY=1 into its own environment: TRL's
+    """`.[peer]` (tools/bench/trl_bench.py) is installed with PADDLE_GRPO_PEER_ONLY=1 into its own environment: TRL's
     transformers and paddlenlp 3.0.0b4 need different tokenizers, so none of the project's requirements go there."""
     setup = load_setup(repo_root)
     assert setup.requirements({"PADDLE_GRPO_PEER_ONLY": "1"}) == []

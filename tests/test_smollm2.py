@@ -43,7 +43,8 @@ def test_no_held_out_sum_is_trained_on_in_either_order():
 
 
 def test_shipped_data_files_are_the_generators_output_and_disjoint(repo_root, tmp_path):
-    spec = importlib.util.spec_from_file_location("_gen_smollm2_data", repo_root / "tools" / "gen_smollm2_data.py")
+    spec = importlib.util.spec_from_file_location("_gen_smollm2_data",
+                                                  repo_root / "tools" / "data" / "gen_smollm2_data.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     tool.main(["--out-dir", str(tmp_path)])
@@ -106,11 +107,11 @@ def test_a_missing_model_names_the_import_command(repo_root, tmp_path, monkeypat
 
 
 def test_docs_show_the_committed_results(repo_root):
-    """docs/smollm2.md's table is what tools/smollm2_seeds.py prints for docs/results/smollm2_seeds.json, and every
+    """docs/smollm2.md's table is what tools/eval/smollm2_seeds.py prints for docs/results/smollm2_seeds.json, and every
     learning run's held-out accuracy there rose while every learning_rate 0 control's did not."""
     import json
 
-    spec = importlib.util.spec_from_file_location("_smollm2_seeds", repo_root / "tools" / "smollm2_seeds.py")
+    spec = importlib.util.spec_from_file_location("_smollm2_seeds", repo_root / "tools" / "eval" / "smollm2_seeds.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     with open(repo_root / "docs" / "results" / "smollm2_seeds.json", encoding="utf-8") as f:
@@ -126,7 +127,7 @@ def test_docs_show_the_committed_results(repo_root):
 
 def test_wall_clock_table_from_hand_made_runs(repo_root):
     """The side-by-side table in training minutes: cumulative step seconds up to each evaluation (hand-computed)."""
-    spec = importlib.util.spec_from_file_location("_smollm2_seeds", repo_root / "tools" / "smollm2_seeds.py")
+    spec = importlib.util.spec_from_file_location("_smollm2_seeds", repo_root / "tools" / "eval" / "smollm2_seeds.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     ours = {"name": "s7", "seed": 7, "learning_rate": 1e-5, "evals": [[0, 0.0], [2, 0.6], [3, 0.7]],

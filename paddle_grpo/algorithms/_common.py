@@ -13,7 +13,7 @@ def gather_last(x: paddle.Tensor, index: paddle.Tensor) -> paddle.Tensor:
     """`x[..., index[..., j]]` along the last axis: x [..., m], index [..., k] int64 -> [..., k].
 
     `paddle.take_along_axis` with `broadcast=False`: its default (broadcast=True) copies all of `x` whatever k is
-    (60 ms for a [256, 151,936] x [256, 1] gather against 0.02 ms; tools/bench_ops.py, docs/platform.md)."""
+    (60 ms for a [256, 151,936] x [256, 1] gather against 0.02 ms; tools/bench/bench_ops.py, docs/platform.md)."""
     return paddle.take_along_axis(x, index, axis=-1, broadcast=False)
 
 

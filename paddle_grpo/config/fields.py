@@ -44,11 +44,11 @@ def shown_value(key: str, value: Any) -> Any:
 CPU_FLOAT32 = ("CPU runs compute in float32 (paddle's CPU kernels have no bfloat16 matmul, docs/platform.md)")
 HOST_MEMORY = "on a CPU run everything is already in host memory"
 # fused_head_chunk_size's default: at V = 151,936 the chunked head's forward + backward over 8 x 128 positions took
-# 10.7 / 9.8 / 9.3 / 9.2 s with chunks of 128 / 256 / 512 / 1024 positions (tools/bench.py --ops, docs/PERFORMANCE.md);
-# 512 is within 2 % of 1024 at half its transient memory (512 x V float32 = 311 MB per buffer).
+# 10.7 / 9.8 / 9.3 / 9.2 s with chunks of 128 / 256 / 512 / 1024 positions (tools/bench/bench.py --ops,
+# docs/PERFORMANCE.md); 512 is within 2 % of 1024 at half its transient memory (512 x V float32 = 311 MB per buffer).
 DEFAULT_HEAD_CHUNK_SIZE = 512
 # use_fused_head_and_loss_fn when the config leaves it unset: the chunked head from this vocabulary size on, full
-# logits below. Measured with `python tools/bench_head.py` (the update's LM head, forward + backward, 8 x 128
+# logits below. Measured with `python tools/bench/bench_head.py` (the update's LM head, forward + backward, 8 x 128
 # positions, hidden 896, chunk 512; docs/PERFORMANCE.md), in process CPU seconds because the 2-core host was under
 # load 8: chunked / full time 2.1, 1.2, 1.3, 1.15, 0.81, 0.80, 0.77 and peak memory 1.0, 0.68, 0.60, 0.54, 0.63,
 # 0.46, 0.40 at V = 128, 1,024, 2,048, 4,096, 8,192, 32,768, 151,936. From 8,192 on the chunked head is faster and

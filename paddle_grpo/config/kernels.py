@@ -36,7 +36,7 @@ class KernelArguments:
               "log-probs). Unset (null), it is chosen from the policy's vocabulary: on from "
               f"{HEAD_CHUNK_MIN_VOCAB:,} tokens (every real model's: Qwen's 151,936, Llama's 32,000), off below "
               "(the quickstart's 300), where the full logits are faster and small (measured: "
-              "tools/bench_head.py); the start-up line `LM head: ...` says which and why. PaddleNLP's default is "
+              "tools/bench/bench_head.py); the start-up line `LM head: ...` says which and why. PaddleNLP's default is "
               "false; ours differs only when the key is unset, because full logits at a real vocabulary cost GBs "
               "and time for the same numbers. An explicit true or false (file or command line) always wins.",
         cpu=ON,

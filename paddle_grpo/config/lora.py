@@ -11,7 +11,7 @@ from .fields import arg
 class LoRAArguments:
     lora: bool = arg(False, "Train LoRA adapters (paddlenlp.peft) instead of all weights. The reference model is "
                             "the base model with the adapters disabled (no second copy of the weights); checkpoints "
-                            "hold the adapters only (tools/merge_lora.py makes a full model of them).")
+                            "hold the adapters only (tools/models/merge_lora.py makes a full model of them).")
     lora_path: str = arg("", "Adapters to start from (a LoRA checkpoint, or PaddleNLP LoRA output); their saved rank, "
                              "alpha and target modules are used, as in PaddleNLP. Empty: new adapters (B = 0, so "
                              "training starts from the base model).")

@@ -3,7 +3,7 @@ backward gradient, in two implementations with the same maths (chunked_head.py d
 
 - numpy on CPU (numpy_kernels.py: a writable view of the logits' own memory, the rows split over the CPU threads,
   8 rows at a time so that a step's exp buffer stays in cache): one [512, 151,936] chunk's forward statistics add
-  ~120 ms to its 500 ms GEMM, against ~530 ms with paddle ops (`python tools/bench.py --ops`, "one chunk" rows).
+  ~120 ms to its 500 ms GEMM, against ~530 ms with paddle ops (`python tools/bench/bench.py --ops`, "one chunk" rows).
 - paddle ops: any other device (on GPU these kernels are fused and fast), or with `PADDLE_GRPO_NUMPY_KERNELS=0`.
 """
 from __future__ import annotations

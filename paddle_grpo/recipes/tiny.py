@@ -4,7 +4,7 @@
 and saves it as a PaddleNLP `Qwen2Tokenizer` with Qwen's special tokens; `build_model(out_dir, tokenizer, **sizes)`
 saves a randomly initialised `Qwen2ForCausalLM`; `build_reward_model(out_dir, corpus)` both, with a one-label
 `Qwen2ForSequenceClassification` (a reward model); `build_char_tokenizer(out_dir, vocab_size)` a character-level
-tokenizer of exactly `vocab_size` tokens, any size up to Qwen's 151,936 (tools/bench.py). The directory then loads
+tokenizer of exactly `vocab_size` tokens, any size up to Qwen's 151,936 (tools/bench/bench.py). The directory then loads
 with `AutoTokenizer` / `AutoModelForCausalLM` like any PaddleNLP checkpoint.
 """
 from __future__ import annotations
@@ -156,7 +156,7 @@ def synthetic_words(n: int) -> list[str]:
 
 def write_char_vocab(out_dir: str, vocab_size: int) -> tuple[str, str]:
     """`vocab.json` and an empty `merges.txt` of build_char_tokenizer's vocabulary in `out_dir`, without importing
-    paddle (tools/trl_bench.py loads them with transformers' Qwen2Tokenizer). Returns the two paths."""
+    paddle (tools/bench/trl_bench.py loads them with transformers' Qwen2Tokenizer). Returns the two paths."""
     import json
 
     n_chars = min(vocab_size - len(SPECIAL_TOKENS), len(CHAR_ALPHABET))

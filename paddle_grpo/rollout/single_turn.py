@@ -25,7 +25,7 @@ Every per-step op on the [N, V] logits is linear in V and cheap at a 152k vocabu
 `F.log_softmax` is superlinear in V, so it is never used): the log-prob is `z[token] - logsumexp(z)` from one
 max / exp / sum pass, sampling does no float64 [N, V] pass (`sample_with_uniforms`), top-k / top-p take a
 `paddle.topk` of candidates instead of sorting the vocabulary (`sampling.candidates`), and the repetition penalty
-and the EOS mask touch only the seen / EOS columns. `tools/bench_ops.py` times each op.
+and the EOS mask touch only the seen / EOS columns. `tools/bench/bench_ops.py` times each op.
 """
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ from ..precision import full_precision
 from .sampling import candidates, sample_with_uniforms, uniforms
 
 # The decode step's max / exp / sum take numpy kernels on CPU from this vocabulary size: at [8, 151,936] 1.8 ms
-# against 3.8 ms with paddle ops (tools/bench_ops.py, "decode" rows); at small vocabularies both cost microseconds,
-# and paddle's keep the sampled tokens of the tiny models (quickstart, tests) bit for bit what they were.
+# against 3.8 ms with paddle ops (tools/bench/bench_ops.py, "decode" rows); at small vocabularies both cost
+# microseconds, and paddle's keep the sampled tokens of the tiny models (quickstart, tests) bit for bit what they were.
 NUMPY_FROM_VOCAB = 4096
 
 
@@ -162,7 +162,7 @@ def choose(logits: paddle.Tensor, temperature: float, seen: Optional[paddle.Tens
 
 def _exp_and_logsumexp(z: paddle.Tensor) -> Tuple[paddle.Tensor, paddle.Tensor]:
     """exp(z - max) [N, V] (unnormalised probabilities) and logsumexp(z) [N], from one max / exp / sum pass
-    (paddle's CPU `logsumexp` costs about as much as this and `softmax` together: tools/bench_ops.py). On CPU at a
+    (paddle's CPU `logsumexp` costs about as much as this and `softmax` together: tools/bench/bench_ops.py). On CPU at a
     vocabulary of at least NUMPY_FROM_VOCAB, numpy kernels over the tensors' memory
     (paddle_grpo/kernels/numpy_kernels.py)."""
     if z.shape[-1] < NUMPY_FROM_VOCAB or not numpy_kernels.enabled(z):

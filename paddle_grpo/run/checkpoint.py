@@ -1,8 +1,8 @@
 """Checkpoints: `<output_dir>/checkpoint-<step>/`, written to a temporary directory and renamed into place.
 
 Contents: the policy in `save_pretrained` format (loadable by `AutoModelForCausalLM`; under `lora: true` the
-adapters only, in paddlenlp.peft's format with the base model's path in lora_config.json: tools/merge_lora.py makes
-a full model of them) and its tokenizer, and unless
+adapters only, in paddlenlp.peft's format with the base model's path in lora_config.json: tools/models/merge_lora.py
+makes a full model of them) and its tokenizer, and unless
 `ignore_save_lr_and_optim`, `optimizer.pdopt`, `trainer_state.json` (step, data position, running reward statistics,
 counters, scheduler state, the fp16 loss scale: run/state.trainer_state) and `rng_state.pkl` (paddle, numpy and python
 generators). PPO / VAPO add `critic/`: the critic (`Critic.save`, loadable by `load_critic`) and, unless
@@ -170,7 +170,7 @@ def load_trainer_state(path: str) -> Dict[str, Any]:
     if not state.get("full"):
         raise ValueError(f"{path} was saved with ignore_save_lr_and_optim: true (model only); it can be used as "
                          "actor_model_name_or_path (a LoRA checkpoint: as lora_path, or merged by "
-                         "tools/merge_lora.py) but not resumed from")
+                         "tools/models/merge_lora.py) but not resumed from")
     return state
 
 

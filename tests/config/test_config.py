@@ -617,7 +617,7 @@ def test_help_texts_cite_no_issue_numbers(repo_root):
     # run_rl.py's usage
     texts = {f"config key {k}": f.metadata["help"] for k, f in FIELDS.items()}
     texts.update({f"effect of {k}": e.note for k, f in FIELDS.items() for e in f.metadata["effect"].values()})
-    for path in [repo_root / "run_rl.py", *sorted((repo_root / "tools").glob("*.py"))]:
+    for path in [repo_root / "run_rl.py", *sorted((repo_root / "tools").rglob("*.py"))]:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         texts[f"{path.name} docstring"] = ast.get_docstring(tree) or ""
         for node in ast.walk(tree):
@@ -958,7 +958,7 @@ def test_build_actor_if_missing_refuses_a_path_named_like_a_real_model(tmp_path,
 @pytest.mark.parametrize("path", ["build/quickstart_policy", "build/quickstart_tools_policy", "build/qs_s42",
                                   "build/qs_ppo_s1", "policy", "built_policy"])
 def test_build_actor_if_missing_builds_at_a_toy_name(tmp_path, monkeypatch, path):
-    # the names the quickstarts, tools/quickstart_seeds.py and the tests build at; and an existing real-looking
+    # the names the quickstarts, tools/eval/quickstart_seeds.py and the tests build at; and an existing real-looking
     # directory is simply used (nothing to build)
     monkeypatch.chdir(tmp_path)
     assert config_from_dict({"actor_model_name_or_path": path, "build_actor_if_missing": "quickstart"})

@@ -75,7 +75,7 @@ def test_blockwise_equals_unblocked_attention_and_its_gradients(block, kernels, 
 
 def test_query_block_sizes():
     assert query_block(8, 14, 127, 191) is None                   # 8 x 128 completion tokens: one batched product
-    assert query_block(32, 8, 127, 127) is None                   # the toy shape (tools/shapes/default.json)
+    assert query_block(32, 8, 127, 127) is None                   # the toy shape (tools/bench/shapes/default.json)
     assert query_block(8, 14, 511, 575) == 65                     # 8 x 512: blocks of 65 queries (16 MB)
     block = query_block(8, 14, 2047, 2111)                        # 8 x 2048: 1.9 GB of scores otherwise
     assert block == attention.BLOCK_ELEMENTS // (8 * 14 * 2111) == 17

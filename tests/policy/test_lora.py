@@ -294,7 +294,8 @@ def lora_cfg(tmp_path, tiny_policy_dir, out, **overrides):
 
 @pytest.fixture
 def load_merge_tool(repo_root):
-    spec = importlib.util.spec_from_file_location("_merge_lora_for_test_lora", repo_root / "tools" / "merge_lora.py")
+    spec = importlib.util.spec_from_file_location("_merge_lora_for_test_lora",
+                                                  repo_root / "tools" / "models" / "merge_lora.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

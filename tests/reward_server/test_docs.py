@@ -5,7 +5,7 @@ docs), except that the numbers of a server with a reward model are compared to a
 (REWARD_MODEL_TOL).
 
 Each curl runs twice: with the real curl through bash, as a user pastes it, and parsed with shlex and sent with
-requests, so the check does not depend on curl being installed. A `python tools/build_tiny_reward_model.py DIR`
+requests, so the check does not depend on curl being installed. A `python tools/models/build_tiny_reward_model.py DIR`
 block builds the reward model the next server serves; it runs as written, with DIR moved into the test's tmp_path.
 The block making a token file (MAKE_TOKEN) runs as written in the test's tmp_path; a server's `--token-file
 server_token` and a curl's `$(cat server_token)` then read that file.
@@ -27,7 +27,7 @@ from paddle_grpo.rewards import available_rewards, get_reward_fn
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DOC_PORT = "http://127.0.0.1:8731"
 DOC_RM_DIR = "/tmp/tiny_reward_model"  # where the page builds its tiny reward model
-BUILD_RM = "python tools/build_tiny_reward_model.py"
+BUILD_RM = "python tools/models/build_tiny_reward_model.py"
 TOKEN_FILE = "server_token"
 MAKE_TOKEN = f'python -c "import secrets; print(secrets.token_urlsafe(24))" > {TOKEN_FILE} && chmod 600 {TOKEN_FILE}'
 CAT_TOKEN = f"$(cat {TOKEN_FILE})"
@@ -35,9 +35,9 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 REQUEST_ID = re.compile(r'"request_id":"([^"]*)"')
 # A JSON string (skipped: digits in it are text) or a JSON number (compared as a number).
 JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?')
-# The tiny reward model's score is a float32 forward pass (tools/build_tiny_reward_model.py), and other CPUs' kernels
-# sum in other orders (2026-11-25: an AMD EPYC differed from the Intel-written page by 2e-8): numbers of a server
-# with --reward-model are compared within reward_model_helpers.REWARD_MODEL_TOL (its derivation is there). The
+# The tiny reward model's score is a float32 forward pass (tools/models/build_tiny_reward_model.py), and other CPUs'
+# kernels sum in other orders (2026-11-25: an AMD EPYC differed from the Intel-written page by 2e-8): numbers of a
+# server with --reward-model are compared within reward_model_helpers.REWARD_MODEL_TOL (its derivation is there). The
 # rule-based rewards are float64 Python arithmetic, the same everywhere: compared exactly.
 
 

@@ -1,12 +1,13 @@
 """Load: 16 concurrent clients, 192 requests of 64 K&K samples against a real `python -m reward_server`; zero
 errors, and every reply equal to the in-process reward (no cross-talk between concurrent requests).
-The full-size measurement is tools/bench_reward_server.py (numbers in docs/PERFORMANCE.md)."""
+The full-size measurement is tools/bench/bench_reward_server.py (numbers in docs/PERFORMANCE.md)."""
 import importlib.util
 import time
 
 
 def load_bench(repo_root):
-    spec = importlib.util.spec_from_file_location("bench_reward_server", repo_root / "tools" / "bench_reward_server.py")
+    spec = importlib.util.spec_from_file_location("bench_reward_server",
+                                                  repo_root / "tools" / "bench" / "bench_reward_server.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -7,9 +7,9 @@ import pytest
 
 @pytest.fixture(scope="session")
 def load_tool(repo_root):
-    """load_tool("gen_kk") -> the module tools/gen_kk.py (loaded once per session)."""
+    """load_tool("data/gen_kk") -> the module tools/data/gen_kk.py (loaded once per session)."""
     def load(name):
-        module_name = f"_tool_{name}"
+        module_name = "_tool_" + name.replace("/", "_")
         if module_name not in sys.modules:
             spec = importlib.util.spec_from_file_location(module_name, repo_root / "tools" / f"{name}.py")
             module = importlib.util.module_from_spec(spec)

@@ -1,4 +1,4 @@
-"""tools/bench.py end to end on a tiny shape: the JSON line, its keys, and that the numbers are consistent; the
+"""tools/bench/bench.py end to end on a tiny shape: the JSON line, its keys, and that the numbers are consistent; the
 variable-length mode, the per-phase RSS, the config overrides and the --ops delegation."""
 import json
 import math
@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-TINY = REPO / "tools" / "shapes" / "tiny.json"
+BENCH = REPO / "tools" / "bench" / "bench.py"
+TINY = REPO / "tools" / "bench" / "shapes" / "tiny.json"
 PHASES = ("rollout", "reward", "logprob", "reference", "value", "update", "critic_update", "other")
 
 
 def run_bench(*args):
-    out = subprocess.run([sys.executable, str(REPO / "tools" / "bench.py"), "--shape", str(TINY), "--threads", "1",
+    out = subprocess.run([sys.executable, str(BENCH), "--shape", str(TINY), "--threads", "1",
                           *args], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
@@ -141,7 +142,7 @@ def test_fixed_lengths_report(result):
 
 @pytest.fixture(scope="module")
 def bench(load_tool):
-    return load_tool("bench")
+    return load_tool("bench/bench")
 
 
 def test_draw_lengths_uniform_and_keyed(bench):
@@ -264,7 +265,7 @@ def test_shape_config_overrides_trainer_keys(bench, tmp_path):
 
 
 def test_real_size_shape_file():
-    shape = json.loads((REPO / "tools" / "shapes" / "qwen2.5-0.5b-2layers.json").read_text())
+    shape = json.loads((REPO / "tools" / "bench" / "shapes" / "qwen2.5-0.5b-2layers.json").read_text())
     peer = {"vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864, "num_layers": 2, "num_heads": 14,
             "num_kv_heads": 2, "prompt_len": 64, "completion_len": 128, "prompts_per_step": 2, "group_size": 4,
             "beta": 0.04, "warmup_steps": 1, "timed_steps": 2}

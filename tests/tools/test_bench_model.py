@@ -1,6 +1,6 @@
-"""tools/bench.py --model and tools/trl_bench.py --model: the benchmark on a real model directory (weights,
+"""tools/bench/bench.py --model and tools/bench/trl_bench.py --model: the benchmark on a real model directory (weights,
 tokenizer, chat template) instead of a random model, on a tiny stand-in (conftest's tiny Qwen2 with a ChatML chat
-template, and its transformers export by tools/export_hf.py for TRL's side).
+template, and its transformers export by tools/models/export_hf.py for TRL's side).
 
 bench.py runs here; TRL's side runs in the `.[peer]` environment (PADDLE_GRPO_PEER_PYTHON) and is skipped with the
 reason otherwise. Both print each prompt's token count: they must be equal, and equal to an independent count
@@ -17,7 +17,8 @@ import pytest
 from peer_helpers import peer_python
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-TINY = REPO / "tools" / "shapes" / "tiny.json"
+BENCH = REPO / "tools" / "bench" / "bench.py"
+TINY = REPO / "tools" / "bench" / "shapes" / "tiny.json"
 TEMPLATE = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
             "{{ '<|im_start|>system\nYou are a tiny test model<|im_end|>\n' }}{% endif %}"
             "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
@@ -30,7 +31,7 @@ SMOLLM2_SIZES = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1
 def model_dir(tiny_policy_dir, tmp_path_factory):
     """conftest's tiny Qwen2 (vocabulary 320, 2 layers) with SmolLM2's kind of chat template (a default system) and
     `<|im_start|>` a special token, as in SmolLM2 and Qwen (the tiny tokenizer has it as a plain vocabulary entry,
-    which tools/export_hf.py's tokenizer.json would leave to the byte-level BPE: 3 tokens in transformers)."""
+    which tools/models/export_hf.py's tokenizer.json would leave to the byte-level BPE: 3 tokens in transformers)."""
     dst = tmp_path_factory.mktemp("model") / "tiny"
     shutil.copytree(tiny_policy_dir, dst)
     path = dst / "tokenizer_config.json"
@@ -47,15 +48,15 @@ def expected_questions(n):
 
 
 def test_chat_questions_are_the_user_turns(load_tool):
-    bench = load_tool("bench")
+    bench = load_tool("bench/bench")
     assert bench.chat_questions(5) == expected_questions(5)
     with pytest.raises(SystemExit, match=r"train.jsonl: 300 prompts, the shape needs .* = 301"):
         bench.chat_questions(301)
 
 
 def test_model_shape_takes_the_sizes_from_config_json(load_tool, tmp_path):
-    bench = load_tool("bench")
-    shape = json.loads((REPO / "tools" / "shapes" / "smollm2.json").read_text())
+    bench = load_tool("bench/bench")
+    shape = json.loads((REPO / "tools" / "bench" / "shapes" / "smollm2.json").read_text())
     assert {k: shape[k] for k in SMOLLM2_SIZES} == SMOLLM2_SIZES  # the real model's sizes, documented in the file
     assert (shape["prompts_per_step"], shape["group_size"], shape["completion_len"], shape["beta"]) == (8, 4, 128, 0)
     (tmp_path / "config.json").write_text(json.dumps({
@@ -94,7 +95,7 @@ def profiled(model_dir, tmp_path_factory):
     """bench.py --model with --profile (the per-op profile docs/PERFORMANCE.md tells to take on the real model):
     (JSON line, the stdout before it, the trace directory)."""
     trace = tmp_path_factory.mktemp("trace")
-    out = subprocess.run([sys.executable, str(REPO / "tools" / "bench.py"), "--shape", str(TINY), "--threads", "1",
+    out = subprocess.run([sys.executable, str(BENCH), "--shape", str(TINY), "--threads", "1",
                           "--model", model_dir, "--profile", str(trace)], capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -138,7 +139,7 @@ def test_bench_refuses_a_model_without_chat_template(tiny_policy_dir, tmp_path):
     config = json.loads(path.read_text(encoding="utf-8"))
     config.pop("chat_template", None)
     path.write_text(json.dumps(config), encoding="utf-8")
-    out = subprocess.run([sys.executable, str(REPO / "tools" / "bench.py"), "--shape", str(TINY), "--threads", "1",
+    out = subprocess.run([sys.executable, str(BENCH), "--shape", str(TINY), "--threads", "1",
                           "--model", str(src)], capture_output=True, text=True, timeout=600)
     assert out.returncode != 0 and out.stdout == ""
     assert f"--model {src}: its tokenizer has no chat template" in out.stderr
@@ -147,18 +148,18 @@ def test_bench_refuses_a_model_without_chat_template(tiny_policy_dir, tmp_path):
 @pytest.fixture(scope="module")
 def exported(model_dir, load_tool, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("hf") / "tiny-hf")
-    load_tool("export_hf").export(model_dir, out)
+    load_tool("models/export_hf").export(model_dir, out)
     return out
 
 
 def run_trl_bench(*args):
-    """tools/trl_bench.py in the peer's environment (skips without one); its JSON line."""
+    """tools/bench/trl_bench.py in the peer's environment (skips without one); its JSON line."""
     python = peer_python(("torch", "trl"))
     if python is None:
         pytest.skip("trl and torch are not installed here (the peer has its own environment: python -m venv "
                     ".peer-venv && PADDLE_GRPO_PEER_ONLY=1 .peer-venv/bin/pip install -e '.[peer]'; then set "
                     "PADDLE_GRPO_PEER_PYTHON=.peer-venv/bin/python)")
-    out = subprocess.run([python, str(REPO / "tools" / "trl_bench.py"), "--threads", "1", *args],
+    out = subprocess.run([python, str(REPO / "tools" / "bench" / "trl_bench.py"), "--threads", "1", *args],
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()

@@ -1,4 +1,4 @@
-"""tools/bench_ops.py: every decode and update op is timed and reported in the table and the JSON line; the old
+"""tools/bench/bench_ops.py: every decode and update op is timed and reported in the table and the JSON line; the old
 sampler it times for comparison agrees with the new one."""
 import json
 
@@ -9,7 +9,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def bench_ops(load_tool):
-    return load_tool("bench_ops")
+    return load_tool("bench/bench_ops")
 
 
 def test_table_and_json_list_every_op(bench_ops, capsys):

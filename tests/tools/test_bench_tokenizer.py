@@ -1,4 +1,4 @@
-"""recipes.tiny.build_char_tokenizer at any vocabulary size (what tools/bench.py builds): exactly V entries, every
+"""recipes.tiny.build_char_tokenizer at any vocabulary size (what tools/bench/bench.py builds): exactly V entries, every
 id decodes to text, prompts encode one character per token, and small vocabularies keep their files byte for byte."""
 import hashlib
 import json

@@ -1,5 +1,5 @@
-"""tools/bench.py --turns: multi-turn steps whose completions are scripted through calculator calls; the JSON line's
-turn keys against what the script and the environment's tool turn must give, and the bench's own checks."""
+"""tools/bench/bench.py --turns: multi-turn steps whose completions are scripted through calculator calls; the JSON
+line's turn keys against what the script and the environment's tool turn must give, and the bench's own checks."""
 import json
 import pathlib
 import subprocess
@@ -8,17 +8,18 @@ import sys
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-TINY = REPO / "tools" / "shapes" / "tiny.json"
+BENCH = REPO / "tools" / "bench" / "bench.py"
+TINY = REPO / "tools" / "bench" / "shapes" / "tiny.json"
 
 
 def run_bench(*args):
-    return subprocess.run([sys.executable, str(REPO / "tools" / "bench.py"), "--shape", str(TINY), "--threads", "1",
+    return subprocess.run([sys.executable, str(BENCH), "--shape", str(TINY), "--threads", "1",
                            *args], capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
 def bench(load_tool):
-    return load_tool("bench")
+    return load_tool("bench/bench")
 
 
 @pytest.fixture(scope="module")

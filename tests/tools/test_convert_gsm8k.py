@@ -1,4 +1,4 @@
-"""tools/convert_gsm8k.py on the real GSM8K training file (../shared/data/gsm8k/train.jsonl)."""
+"""tools/data/convert_gsm8k.py on the real GSM8K training file (../shared/data/gsm8k/train.jsonl)."""
 import json
 import re
 
@@ -14,7 +14,7 @@ def test_every_gold_number_is_the_sources_final_answer(load_tool, tmp_path, shar
     source = shared_data / "gsm8k" / "train.jsonl"
     lines = source.read_text(encoding="utf-8").splitlines()
     out, ev = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
-    convert = load_tool("convert_gsm8k")
+    convert = load_tool("data/convert_gsm8k")
     assert convert.main(["--input", str(source), "--output", str(out), "--eval-fraction", "0.05",
                          "--eval-output", str(ev)]) == 0
     train, evaluation = read_jsonl(out), read_jsonl(ev)
@@ -40,7 +40,7 @@ def test_first_line_exactly(load_tool, tmp_path):
     src.write_text(json.dumps({"question": "How many legs do 3 cats have? ",
                                "answer": "3 * 4 = <<3*4=12>>12\n#### 1,012"}) + "\n", encoding="utf-8")
     out = tmp_path / "o.jsonl"
-    load_tool("convert_gsm8k").main(["--input", str(src), "--output", str(out)])
+    load_tool("data/convert_gsm8k").main(["--input", str(src), "--output", str(out)])
     assert json.loads(out.read_text(encoding="utf-8")) == {
         "src": ["<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHow many legs do 3 "
                 "cats have?\n\n" + INSTRUCTION + "<|im_end|>\n<|im_start|>assistant\n"],
@@ -59,5 +59,5 @@ def test_bad_answers_name_file_and_line(load_tool, tmp_path, answer, what):
     src.write_text(json.dumps({"question": "q", "answer": "#### 1"}) + "\n\n"
                    + json.dumps({"question": "q2", "answer": answer}) + "\n", encoding="utf-8")
     with pytest.raises(DataError) as err:
-        load_tool("convert_gsm8k").main(["--input", str(src), "--output", str(tmp_path / "o.jsonl")])
+        load_tool("data/convert_gsm8k").main(["--input", str(src), "--output", str(tmp_path / "o.jsonl")])
     assert str(err.value) == f"{src}:3: key 'answer': {what}"

@@ -1,4 +1,5 @@
-"""tools/convert_kk.py on the real K&K parquet files (../shared/data/kk), checked against the files' own columns."""
+"""tools/data/convert_kk.py on the real K&K parquet files (../shared/data/kk), checked against the files' own
+columns."""
 import ast
 import itertools
 import json
@@ -64,7 +65,7 @@ def test_real_statements_have_the_dataset_solution_as_only_solution(parquet_rows
 
 
 def run(load_tool, tmp_path, shared_data, *extra):
-    convert = load_tool("convert_kk")
+    convert = load_tool("data/convert_kk")
     inputs = ",".join(str(shared_data / "kk" / d / "train.parquet") for d in PPL)
     out = tmp_path / "train.jsonl"
     assert convert.main(["--input", inputs, "--output", str(out), *extra]) == 0
@@ -119,7 +120,7 @@ def flip(values):
 
 
 def test_a_wrong_solution_column_stops_the_conversion(load_tool, tmp_path, shared_data):
-    convert = load_tool("convert_kk")
+    convert = load_tool("data/convert_kk")
 
     def wrong_solution(df):
         df.at[2, "solution"] = flip(df.at[2, "solution"])
@@ -138,7 +139,7 @@ def test_a_wrong_solution_column_stops_the_conversion(load_tool, tmp_path, share
 
 
 def test_cli_errors(load_tool, tmp_path):
-    convert = load_tool("convert_kk")
+    convert = load_tool("data/convert_kk")
     with pytest.raises(SystemExit):
         convert.main(["--input", "x.parquet", "--output", str(tmp_path / "o.jsonl"), "--eval-fraction", "0.1"])
     with pytest.raises(SystemExit):

@@ -1,4 +1,4 @@
-"""tools/eval_gsm8k.py: lm-eval's gsm8k filters, normalisation, stderr, table layout, and end-to-end runs."""
+"""tools/eval/eval_gsm8k.py: lm-eval's gsm8k filters, normalisation, stderr, table layout, and end-to-end runs."""
 import json
 import math
 import re
@@ -11,7 +11,7 @@ INVALID = "[invalid]"
 
 @pytest.fixture(scope="module")
 def ev(load_tool):
-    return load_tool("eval_gsm8k")
+    return load_tool("eval/eval_gsm8k")
 
 
 # ---------------------------------------------------------------------------------------------- extraction
@@ -208,7 +208,7 @@ def test_real_gsm8k_rows_raw_and_converted_agree(ev, load_tool, capsys, tiny_pol
 
     head = write_lines(tmp_path / "head.jsonl", originals)
     converted = tmp_path / "converted.jsonl"
-    assert load_tool("convert_gsm8k").main(["--input", str(head), "--output", str(converted)]) == 0
+    assert load_tool("data/convert_gsm8k").main(["--input", str(head), "--output", str(converted)]) == 0
     capsys.readouterr()
     _, conv = run(ev, capsys, tiny_policy_dir, converted, tmp_path / "conv.jsonl", "--max-new-tokens", "12")
     by_prompt = {p["prompt"]: p for p in conv}  # convert_gsm8k shuffles; match rows by prompt

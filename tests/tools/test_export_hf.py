@@ -1,4 +1,4 @@
-"""tools/export_hf.py: a PaddleNLP policy (LoRA merged) written as a transformers checkpoint.
+"""tools/models/export_hf.py: a PaddleNLP policy (LoRA merged) written as a transformers checkpoint.
 
 Round trip in this environment: tiny random models (conftest's Qwen2; a Llama with grouped-query attention and a
 non-default rope theta, tied and untied) exported, then loaded back through hf_weights' conversion (the path every
@@ -36,7 +36,7 @@ STRINGS = ["Hello world", "<|im_start|>user\nWhat is 12 + 35?<|im_end|>\n", "  4
 
 @pytest.fixture(scope="module")
 def exporter(load_tool):
-    return load_tool("export_hf")
+    return load_tool("models/export_hf")
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""tools/gen_kk.py and the solver in paddle_grpo.recipes.kk_puzzles.
+"""tools/data/gen_kk.py and the solver in paddle_grpo.recipes.kk_puzzles.
 
 The generated puzzles are checked by reading their English back: the parser and brute-force checker below share no
 code with the generator or the solver, so a wrong rendering, a wrong solver or a wrong answer line all fail here.
@@ -151,7 +151,7 @@ def test_checker_rejects_a_wrong_answer(repo_root):
 
 @pytest.mark.parametrize("people", range(2, 9))
 def test_generated_puzzles_have_one_solution_for_every_size(load_tool, tmp_path, people):
-    gen = load_tool("gen_kk")
+    gen = load_tool("data/gen_kk")
     out = tmp_path / "kk.jsonl"
     num = 12 if people <= 5 else 4
     assert gen.main(["--num", str(num), "--min-people", str(people), "--max-people", str(people), "--seed", "11",
@@ -164,7 +164,7 @@ def test_generated_puzzles_have_one_solution_for_every_size(load_tool, tmp_path,
 
 
 def test_every_statement_form_is_rendered_and_checked(load_tool):
-    gen = load_tool("gen_kk")
+    gen = load_tool("data/gen_kk")
     puzzles = gen.generate(300, 3, 4, seed=2)
     ops = {s[0] for p in puzzles for s in p["statements"]}
     assert ops == {"telling-truth", "lying", "not", "and", "or", "->", "<=>"}
@@ -181,7 +181,7 @@ def test_every_statement_form_is_rendered_and_checked(load_tool):
 
 
 def test_generator_is_deterministic(load_tool, tmp_path):
-    gen = load_tool("gen_kk")
+    gen = load_tool("data/gen_kk")
     args = ["--num", "40", "--min-people", "2", "--max-people", "6", "--eval-num", "10"]
     outs = []
     for run, seed in enumerate(["4", "4", "5"]):
@@ -193,7 +193,7 @@ def test_generator_is_deterministic(load_tool, tmp_path):
 
 
 def test_canonical_key_ignores_renaming_and_operand_order(load_tool):
-    gen = load_tool("gen_kk")
+    gen = load_tool("data/gen_kk")
     # A: "B is a knave and C is a knight"; B: "A is a knave"; C: "A iff B". Solved by hand: A knave, B knight,
     # C knave.
     p = [("and", ("lying", 1), ("telling-truth", 2)), ("lying", 0),
@@ -209,7 +209,7 @@ def test_canonical_key_ignores_renaming_and_operand_order(load_tool):
 
 
 def test_generator_limits(load_tool):
-    gen = load_tool("gen_kk")
+    gen = load_tool("data/gen_kk")
     with pytest.raises(ValueError, match="within 2..8"):
         gen.generate_puzzle(random.Random(0), 9)
     with pytest.raises(ValueError):
@@ -222,7 +222,7 @@ def test_generator_limits(load_tool):
 
 
 def test_names_are_distinct_and_never_inside_one_another(load_tool):
-    names = load_tool("gen_kk").NAMES
+    names = load_tool("data/gen_kk").NAMES
     assert len(set(names)) == len(names) >= 8
     for a, b in itertools.permutations(names, 2):
         assert a.lower() not in b.lower(), (a, b)
@@ -247,10 +247,10 @@ def test_shipped_data_parses_is_correct_and_disjoint(repo_root):
 
 def test_shipped_data_is_reproduced_by_the_recorded_command(load_tool, repo_root, tmp_path):
     readme = (repo_root / "data" / "README.md").read_text(encoding="utf-8")
-    command = re.search(r"```\n(python tools/gen_kk\.py .*?)\n```", readme, re.S).group(1).replace("\\\n", " ")
+    command = re.search(r"```\n(python tools/data/gen_kk\.py .*?)\n```", readme, re.S).group(1).replace("\\\n", " ")
     argv = command.split()[2:]
     argv[argv.index("--output") + 1] = str(tmp_path / "train.jsonl")
     argv[argv.index("--eval-output") + 1] = str(tmp_path / "eval.jsonl")
-    load_tool("gen_kk").main(argv)
+    load_tool("data/gen_kk").main(argv)
     assert (tmp_path / "train.jsonl").read_bytes() == (repo_root / "data" / "kk_synthetic_train.jsonl").read_bytes()
     assert (tmp_path / "eval.jsonl").read_bytes() == (repo_root / "data" / "kk_synthetic_eval.jsonl").read_bytes()

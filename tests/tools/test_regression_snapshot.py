@@ -1,9 +1,9 @@
-"""tools/regression_snapshot.py: the comparison of two snapshots (the runs themselves take minutes: opt-in)."""
+"""tools/eval/regression_snapshot.py: the comparison of two snapshots (the runs themselves take minutes: opt-in)."""
 import json
 
 
 def test_compare_reports_identical_runs_and_the_first_difference(load_tool, tmp_path):
-    tool = load_tool("regression_snapshot")
+    tool = load_tool("eval/regression_snapshot")
     rows = [{"step": 1, "train/reward": 0.5, "train/kl": 0.01}, {"step": 2, "train/reward": 0.625}]
     changed = [dict(rows[0]), {"step": 2, "train/reward": 0.6250001}]
     before = {"runs": {"quickstart": rows, "dp2": rows}}

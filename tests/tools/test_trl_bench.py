@@ -1,5 +1,5 @@
-"""tools/trl_bench.py, the TRL peer of tools/bench.py: its --help without torch, its shape checks, the tokenizer and
-prompts it shares with bench.py, and one tiny TRL step where TRL is installed.
+"""tools/bench/trl_bench.py, the TRL peer of tools/bench/bench.py: its --help without torch, its shape checks, the
+tokenizer and prompts it shares with bench.py, and one tiny TRL step where TRL is installed.
 
 TRL and torch live in the peer's own environment (setup.py's `peer` extra with PADDLE_GRPO_PEER_ONLY=1: TRL's
 transformers and paddlenlp need different tokenizers). The step test runs with the python named by
@@ -15,8 +15,8 @@ import pytest
 from peer_helpers import peer_python
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-TOOL = REPO / "tools" / "trl_bench.py"
-TINY = REPO / "tools" / "shapes" / "tiny.json"
+TOOL = REPO / "tools" / "bench" / "trl_bench.py"
+TINY = REPO / "tools" / "bench" / "shapes" / "tiny.json"
 
 
 def blocked_env(tmp_path):
@@ -43,7 +43,7 @@ def test_without_torch_it_says_where_to_run(tmp_path):
 
 
 def test_shape_checks(load_tool, tmp_path):
-    trl_bench = load_tool("trl_bench")
+    trl_bench = load_tool("bench/trl_bench")
     shape = json.loads(TINY.read_text())
     assert trl_bench.load_shape(str(TINY), ["completion_len=7"]) == {**shape, "completion_len": 7}
     bad = tmp_path / "bad.json"
@@ -61,9 +61,9 @@ def test_shape_checks(load_tool, tmp_path):
 
 
 def test_same_prompts_and_vocabulary_as_bench(load_tool, tmp_path):
-    """The prompts equal the ones tools/bench.py writes, and the vocabulary file equals build_char_tokenizer's."""
+    """The prompts equal the ones tools/bench/bench.py writes, and the vocabulary file equals build_char_tokenizer's."""
     pytest.importorskip("paddle", reason="bench.py's side of the comparison needs paddle")
-    trl_bench, bench = load_tool("trl_bench"), load_tool("bench")
+    trl_bench, bench = load_tool("bench/trl_bench"), load_tool("bench/bench")
     shape = {**json.loads(TINY.read_text()), "vocab_size": 200}  # past 131 tokens: synthetic words too
     _, data = bench.build(shape, str(tmp_path))
     with open(data) as f:
@@ -86,7 +86,7 @@ def test_one_tiny_step(tmp_path):
                           "--set", "timed_steps=1"], capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
-    assert len(lines) == 1, out.stdout  # one JSON line, as tools/bench.py
+    assert len(lines) == 1, out.stdout  # one JSON line, as tools/bench/bench.py
     result = json.loads(lines[0])
     shape = json.loads(TINY.read_text())
     assert result["peer"] == "trl" and result["trl_version"] == "1.16.0" and result["torch_version"].startswith("2.13")

@@ -1,6 +1,6 @@
 """Convert GSM8K JSONL (`question`, `answer` ending in `#### N`) into src/tgt JSONL for training.
 
-    python tools/convert_gsm8k.py --input ../shared/data/gsm8k/train.jsonl --output gsm8k_train.jsonl \
+    python tools/data/convert_gsm8k.py --input ../shared/data/gsm8k/train.jsonl --output gsm8k_train.jsonl \
         [--limit N] [--seed S] [--eval-fraction F --eval-output gsm8k_eval.jsonl]
 
 Each output line:
@@ -24,7 +24,7 @@ import os
 import re
 import sys
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 

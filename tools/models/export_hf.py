@@ -1,11 +1,11 @@
 """Export a trained policy as a transformers checkpoint: config.json, model.safetensors, tokenizer, generation config.
 
-    python tools/export_hf.py SOURCE --out DIR [--base DIR] [--dtype float32|bfloat16|float16]
+    python tools/models/export_hf.py SOURCE --out DIR [--base DIR] [--dtype float32|bfloat16|float16]
 
 SOURCE: a checkpoint of run_rl.py (`<output_dir>/checkpoint-<step>`), any PaddleNLP model directory (or a hub ID
 that PaddleNLP's cache holds), or, for a `lora: true` run, its LoRA checkpoint: the adapters are merged into the base
 model first (W + (lora_alpha / r) * A @ B in float32, paddle_grpo.policy.lora's merge), the base model found at
---base or at the `base_model_name_or_path` recorded in lora_config.json, as tools/merge_lora.py does.
+--base or at the `base_model_name_or_path` recorded in lora_config.json, as tools/models/merge_lora.py does.
 
 DIR gets what transformers' `save_pretrained` writes, so that transformers' `AutoModelForCausalLM` /
 `AutoTokenizer.from_pretrained(DIR)` load it, and with them vLLM and llama.cpp's convert_hf_to_gguf.py:
@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

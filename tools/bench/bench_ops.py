@@ -1,6 +1,6 @@
 """Time every op on the rollout's decode step and the update's LM head at a given vocabulary.
 
-    python tools/bench_ops.py --vocab 151936 --rows 8 --threads 2 [--hidden 896] [--tokens 128] [--chunks 512]
+    python tools/bench/bench_ops.py --vocab 151936 --rows 8 --threads 2 [--hidden 896] [--tokens 128] [--chunks 512]
 
 Paddle's CPU kernels have traps that only show at a real vocabulary (docs/platform.md: `F.log_softmax` is
 superlinear in V), so each op of the hot paths is timed alone on its real shape:
@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Callable, Iterator, List, Tuple
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

@@ -1,6 +1,6 @@
 """Write the SmolLM2 recipe's prompt files: `What is a + b?` (a, b in 1..20) as src/tgt JSONL.
 
-    python tools/gen_smollm2_data.py [--out-dir data/smollm2_add]
+    python tools/data/gen_smollm2_data.py [--out-dir data/smollm2_add]
 
 `train.jsonl`: 300 pairs; `eval.jsonl`: the other 100 pairs of 1..20, held out (the split of
 `paddle_grpo.recipes.smollm2.split_pairs()`: one fixed shuffle, the same for every run seed). Rows: `src` (the prompt
@@ -14,7 +14,7 @@ import os
 import sys
 from typing import List, Optional
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 

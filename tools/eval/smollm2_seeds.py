@@ -1,7 +1,7 @@
 """Collect the SmolLM2 recipe's runs into one results file and print the tables docs/smollm2.md shows.
 
-    python tools/smollm2_seeds.py --collect s42 s1 s2 s42_lr0 --out docs/results/smollm2_seeds.json
-    python tools/smollm2_seeds.py --tables docs/results/smollm2_seeds.json
+    python tools/eval/smollm2_seeds.py --collect s42 s1 s2 s42_lr0 --out docs/results/smollm2_seeds.json
+    python tools/eval/smollm2_seeds.py --tables docs/results/smollm2_seeds.json
 
 A run NAME is `output/smollm2_NAME` (from `python run_rl.py configs/smollm2_grpo.yaml --seed S --output_dir
 output/smollm2_NAME ...`; `_lr0` in the name marks a `--learning_rate 0` control). Per run the file keeps the seed,
@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Dict, List, Optional
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
@@ -77,7 +77,7 @@ def tables(results: Dict) -> str:
 
 
 def trl_run(path: str) -> Dict:
-    """A run of tools/trl_smollm2.py (its JSON file) in collect_run's form, marked `peer: trl`."""
+    """A run of tools/bench/trl_smollm2.py (its JSON file) in collect_run's form, marked `peer: trl`."""
     with open(path, encoding="utf-8") as f:
         rec = json.load(f)
     steps = [[s["step"], None if s.get("reward") is None else round(s["reward"], 4), s["step_s"]]
@@ -153,7 +153,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--collect", nargs="+", metavar="NAME", help="runs output/smollm2_NAME to collect")
     parser.add_argument("--trl", nargs="*", default=[], metavar="JSON",
-                        help="runs of tools/trl_smollm2.py to set beside them")
+                        help="runs of tools/bench/trl_smollm2.py to set beside them")
     parser.add_argument("--cpu-log", help="log of CPU ticks per run (see the module docstring)")
     parser.add_argument("--note", default="", help="what the machine was doing meanwhile, kept in the file")
     parser.add_argument("--out", default="output/smollm2_seeds.json")
@@ -169,7 +169,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     if not args.collect:
         parser.error("give --collect NAME... or --tables JSON")
-    from tools.quickstart_seeds import machine
+    from tools.eval.quickstart_seeds import machine
 
     runs = [collect_run(name) for name in args.collect]
     if args.cpu_log:

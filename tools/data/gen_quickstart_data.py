@@ -1,6 +1,6 @@
 """Write the quickstart's prompt files: two-digit addition problems as src/tgt JSONL.
 
-    python tools/gen_quickstart_data.py [--train-num 2000 --seed 1 --out-dir data]
+    python tools/data/gen_quickstart_data.py [--train-num 2000 --seed 1 --out-dir data]
 
 `data/quickstart_train.jsonl`: `--train-num` distinct problems drawn with `--seed` (the GRPO prompts);
 `data/quickstart_eval.jsonl`: the fixed held-out set `paddle_grpo.recipes.quickstart.eval_problems()` (never in the train
@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 

@@ -1,10 +1,10 @@
 """Rollout speed of the PyTorch peer: Hugging Face `generate` (what TRL's GRPOTrainer samples with on CPU) on a random
-Qwen2 of a SHAPE.json's sizes, beside `tools/bench.py`'s rollout phase on the same shape.
+Qwen2 of a SHAPE.json's sizes, beside `tools/bench/bench.py`'s rollout phase on the same shape.
 
-Runs in the peer's virtual environment (tools/trl_bench.py's: `python -m venv .peer-venv &&
+Runs in the peer's virtual environment (tools/bench/trl_bench.py's: `python -m venv .peer-venv &&
 PADDLE_GRPO_PEER_ONLY=1 .peer-venv/bin/pip install -e ".[peer]"`), not in this project's:
 
-    SHAPE_FILE=tools/shapes/qwen2.5-0.5b-2layers.json .peer-venv/bin/python tools/peer_generation.py
+    SHAPE_FILE=tools/bench/shapes/qwen2.5-0.5b-2layers.json .peer-venv/bin/python tools/bench/peer_generation.py
 
 Samples `group_size` completions of exactly `completion_len` tokens (min_new_tokens = max_new_tokens, temperature 1,
 KV cache) for each of `prompts_per_step` random prompts of `prompt_len` tokens, `warmup_steps + timed_steps` times,

@@ -1,9 +1,10 @@
 """Run the quickstart over several seeds, with learning-rate-0 controls, and record what a user can expect.
 
-    python tools/quickstart_seeds.py --seeds 42,1,2,3,4 --controls 42,1,2 --out docs/results/quickstart_seeds.json
-    python tools/quickstart_seeds.py --tables docs/results/quickstart_seeds.json      # print the tables again
-    python tools/quickstart_seeds.py --tables docs/results/quickstart_seeds.json docs/results/quickstart_seeds_amd.json
-    python tools/quickstart_seeds.py --config configs/quickstart_ppo.yaml --seeds 42,1,2 --controls 42,1 \
+    python tools/eval/quickstart_seeds.py --seeds 42,1,2,3,4 --controls 42,1,2 --out docs/results/quickstart_seeds.json
+    python tools/eval/quickstart_seeds.py --tables docs/results/quickstart_seeds.json      # print the tables again
+    python tools/eval/quickstart_seeds.py --tables docs/results/quickstart_seeds.json \
+        docs/results/quickstart_seeds_amd.json
+    python tools/eval/quickstart_seeds.py --config configs/quickstart_ppo.yaml --seeds 42,1,2 --controls 42,1 \
         --out docs/results/quickstart_ppo_seeds.json                           # PPO with a critic
 
 Seed s builds its own policy (`build/qs_s<s>`, as `build_actor_if_missing` does) and trains into `output/s<s>`; a
@@ -33,7 +34,7 @@ import subprocess
 import sys
 import time
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def machine() -> dict:

@@ -1,6 +1,7 @@
 """Build the quickstart policy (tokenizer + tiny Qwen2 with brief SFT on two-digit addition) into a directory.
 
-    python tools/build_quickstart_policy.py build/quickstart_policy [--seed 42] [--max-steps 1000] [--target-loss 0.3]
+    python tools/models/build_quickstart_policy.py build/quickstart_policy [--seed 42] [--max-steps 1000] \
+        [--target-loss 0.3]
 
 `python run_rl.py configs/quickstart.yaml` does this by itself when the directory is missing
 (`build_actor_if_missing: quickstart`); this tool is for building ahead of time or with other SFT settings.
@@ -14,7 +15,7 @@ import logging
 import os
 import sys
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 

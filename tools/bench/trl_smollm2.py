@@ -1,7 +1,7 @@
 """TRL's side of the SmolLM2 recipe (configs/smollm2_grpo.yaml): TRL's GRPOTrainer on the same task, weights and batch.
 
-    python tools/export_hf.py build/models/smollm2-135m-instruct --out build/models/smollm2-hf      # once
-    /path/to/peer-venv/bin/python tools/trl_smollm2.py --model build/models/smollm2-hf --seed 42 \
+    python tools/models/export_hf.py build/models/smollm2-135m-instruct --out build/models/smollm2-hf      # once
+    /path/to/peer-venv/bin/python tools/bench/trl_smollm2.py --model build/models/smollm2-hf --seed 42 \
         --out output/trl_smollm2_s42.json
 
 Runs in the peer environment (torch 2.13 + TRL 1.16: setup.py's `peer` extra, docs/PERFORMANCE.md "The TRL side"),
@@ -21,7 +21,7 @@ as the run the recipe was compared with.
 
 Writes one JSON file: per step the training reward (TRL's logged mean), wall seconds and process CPU seconds (all threads), each evaluation's accuracy,
 the cumulative training seconds at each evaluation (evaluations excluded) and the process's CPU seconds, threads and
-load average, so that `tools/smollm2_seeds.py` can set it beside the recipe's runs.
+load average, so that `tools/eval/smollm2_seeds.py` can set it beside the recipe's runs.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _FIRST_INTEGER = re.compile(r"-?\d+")
 
 
@@ -55,7 +55,7 @@ def read_jsonl(path: str) -> List[Dict]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True, help="a transformers checkpoint of SmolLM2 (tools/export_hf.py's)")
+    ap.add_argument("--model", required=True, help="a transformers checkpoint of SmolLM2 (tools/models/export_hf.py's)")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--max-steps", type=int, default=60)
     ap.add_argument("--eval-steps", type=int, default=10)

@@ -1,8 +1,8 @@
 """Record what three reference runs compute, and check later that a refactoring left every number unchanged.
 
-    python tools/regression_snapshot.py record output/snapshot_before.json     # before a change
-    python tools/regression_snapshot.py record output/snapshot_after.json      # after it, same machine
-    python tools/regression_snapshot.py compare output/snapshot_before.json output/snapshot_after.json
+    python tools/eval/regression_snapshot.py record output/snapshot_before.json     # before a change
+    python tools/eval/regression_snapshot.py record output/snapshot_after.json      # after it, same machine
+    python tools/eval/regression_snapshot.py compare output/snapshot_before.json output/snapshot_after.json
 
 The runs (each into its own directory under output/regression/, policies under build/):
 - `quickstart`: the default command, `python run_rl.py configs/quickstart.yaml` (GRPO, 300 steps, evaluations);
@@ -23,7 +23,7 @@ import subprocess
 import sys
 from typing import Dict, List
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _OUT = "output/regression"
 
 RUNS: Dict[str, List[str]] = {

@@ -1,6 +1,6 @@
 """The update's LM head with full logits against the chunked head, at several vocabulary sizes (docs/PERFORMANCE.md).
 
-    python tools/bench_head.py [--vocabs 128,512,2048,8192,32768,151936] [--rows 8] [--tokens 128]
+    python tools/bench/bench_head.py [--vocabs 128,512,2048,8192,32768,151936] [--rows 8] [--tokens 128]
                                [--hidden 896] [--chunk 512] [--threads 2] [--repeats 3]
 
 What `use_fused_head_and_loss_fn`'s default (config.head_chunk_size_for) was chosen from: for each vocabulary V, one
@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _hwm_mb() -> float:

@@ -1,6 +1,6 @@
 """Build a tiny random reward model (one-label Qwen2ForSequenceClassification + tokenizer) into a directory.
 
-    python tools/build_tiny_reward_model.py OUT_DIR [--seed 0]
+    python tools/models/build_tiny_reward_model.py OUT_DIR [--seed 0]
 
 For trying `reward_model_name_or_path` or `python -m reward_server --reward-model OUT_DIR` without a real model:
 its scores are seeded and deterministic but meaningless. Built locally in seconds, nothing is downloaded.
@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 

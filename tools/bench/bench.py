@@ -1,14 +1,16 @@
 """Benchmark of full RL steps with a random Qwen2 of any size (its interface and results: docs/PERFORMANCE.md).
 
-    python tools/bench.py --shape tools/shapes/default.json [--threads 2] [--repeat 3] [--set completion_len=128]
-    python tools/bench.py --shape tools/shapes/qwen2.5-0.5b-2layers.json --lengths uniform:32   # real size
-    python tools/bench.py --config use_fused_head_and_loss_fn=false      # a trainer config key overridden
-    python tools/bench.py --threads 1 --config async_rollout=true  # rollouts in the worker process, overlapping
-    python tools/bench.py --algorithm ppo             # a PPO step: the same, plus a critic (values, critic update)
-    python tools/bench.py --turns 2 --set completion_len=160   # multi-turn: a calculator call, then the answer
-    python tools/bench.py --gemm --threads 2          # paddle's peak fp32 GEMM rate on this machine
-    python tools/bench.py --ops [ARGS]                # per-op timings at the real vocabulary (tools/bench_ops.py)
-    python tools/bench.py --model build/models/smollm2-135m-instruct --shape tools/shapes/smollm2.json  # real model
+    python tools/bench/bench.py --shape tools/bench/shapes/default.json [--threads 2] [--repeat 3] \
+        [--set completion_len=128]
+    python tools/bench/bench.py --shape tools/bench/shapes/qwen2.5-0.5b-2layers.json --lengths uniform:32  # real size
+    python tools/bench/bench.py --config use_fused_head_and_loss_fn=false     # a trainer config key overridden
+    python tools/bench/bench.py --threads 1 --config async_rollout=true  # rollouts in the worker process, overlapping
+    python tools/bench/bench.py --algorithm ppo     # a PPO step: the same, plus a critic (values, critic update)
+    python tools/bench/bench.py --turns 2 --set completion_len=160   # multi-turn: a calculator call, then the answer
+    python tools/bench/bench.py --gemm --threads 2  # paddle's peak fp32 GEMM rate on this machine
+    python tools/bench/bench.py --ops [ARGS]        # per-op timings at the real vocabulary (tools/bench/bench_ops.py)
+    python tools/bench/bench.py --model build/models/smollm2-135m-instruct \
+        --shape tools/bench/shapes/smollm2.json     # a real model
 
 Builds, in a temporary directory and without any download, a character-level tokenizer with exactly `vocab_size`
 tokens (`recipes.tiny.build_char_tokenizer`: characters, then synthetic lowercase words, so that every id decodes to
@@ -20,16 +22,16 @@ when `beta > 0` (as `kl_loss_coeff = beta`), advantages and the update. SHAPE.js
 trainer config keys overriding the bench's, e.g. {"use_fused_head_and_loss_fn": true}; `--config KEY=VALUE` adds
 to it, VALUE parsed as JSON, else taken as a string) and `lengths` (as `--lengths`).
 
-`--model DIR`: a real model directory (PaddleNLP-loadable, e.g. tools/import_gguf.py's output) instead of the random
-one: its weights, its tokenizer and its Jinja chat template. The prompts are the user questions of MODEL_PROMPTS
+`--model DIR`: a real model directory (PaddleNLP-loadable, e.g. tools/models/import_gguf.py's output) instead of the
+random one: its weights, its tokenizer and its Jinja chat template. The prompts are the user questions of MODEL_PROMPTS
 (data/smollm2_add/train.jsonl: the last user turn of each templated `src`, in file order), the first
 `prompts_per_step * (warmup + timed)` of them, rendered by the trainer with the model's chat template
 (`chat_template: auto`): 45-47 tokens for SmolLM2 (its default system turn included; digits are single tokens),
 left-padded to the longest of a step. SHAPE.json still gives the batch, `completion_len`, `beta` and the steps; its
 model-size keys and `prompt_len` are ignored (`ignored_shape_keys` in the JSON line lists them with their SHAPE.json
 values; `shape` holds the model's sizes and the longest prompt instead). The JSON line adds `model` and
-`prompt_tokens` (each prompt's token count, as the trainer tokenizes it: tools/trl_bench.py --model prints the same
-list for TRL).
+`prompt_tokens` (each prompt's token count, as the trainer tokenizes it: tools/bench/trl_bench.py --model prints the
+same list for TRL).
 
 Completion lengths (`--lengths`):
 - `fixed` (default): every completion has exactly `completion_len` = T tokens (min_dec_len = max_dec_len), no EOS.
@@ -77,7 +79,7 @@ perf/logprob_s (the reference pass and, off-policy only, the old-policy pass) wi
 `--algorithm ppo` (or vapo): rl_algorithm ppo with a critic (`critic_model_name_or_path`) loaded from the same
 random model directory: its backbone and a new value head (initialised to zeros), its own AdamW; the critic's
 micro-batches are the policy's. Compare with the default (grpo) run of the same shape to see what the critic costs.
-Left out: evaluation, checkpoints, logging to disk and the reward server (see tools/bench_reward_server.py).
+Left out: evaluation, checkpoints, logging to disk and the reward server (see tools/bench/bench_reward_server.py).
 
 `--config async_rollout=true` (docs/async.md; `rollout_lag=N` too): the rollout and its reward run in the rollout
 worker process while the trainer updates (and, with `beta > 0`, the reference pass: `rollout_worker_reference`). The
@@ -118,7 +120,7 @@ import time
 
 import numpy as np
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "prompt_len",
         "completion_len", "prompts_per_step", "group_size", "beta", "warmup_steps", "timed_steps")
 PHASES = ("rollout", "reward", "logprob", "reference", "value", "update", "critic_update", "other")
@@ -465,7 +467,7 @@ def build(shape, workdir, seed=0):
 
 
 def chat_questions(n: int, path: "os.PathLike | str" = MODEL_PROMPTS) -> "list[str]":
-    """The first `n` user questions of the JSONL file `path` (--model's prompts, shared with tools/trl_bench.py):
+    """The first `n` user questions of the JSONL file `path` (--model's prompts, shared with tools/bench/trl_bench.py):
     the content of the last user turn of a ChatML-templated `src`, or the `src` itself when it is not templated."""
     questions = []
     with open(path, encoding="utf-8") as f:
@@ -484,7 +486,8 @@ def chat_questions(n: int, path: "os.PathLike | str" = MODEL_PROMPTS) -> "list[s
 
 def model_shape(shape: dict, model_dir: str) -> "tuple[dict, dict]":
     """(shape with the model's sizes from `model_dir`/config.json, {ignored key: its SHAPE.json value}) for --model;
-    `prompt_len` is left to the caller (the longest rendered prompt). No paddle: tools/trl_bench.py uses it too."""
+    `prompt_len` is left to the caller (the longest rendered prompt). No paddle: tools/bench/trl_bench.py uses it
+    too."""
     path = os.path.join(model_dir, "config.json")
     try:
         with open(path) as f:
@@ -767,13 +770,13 @@ def run(shape, threads, workdir, profile_dir=None, algorithm="grpo", model=None)
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    if "--ops" in argv:  # per-op timings: tools/bench_ops.py owns the remaining arguments
-        sys.path.insert(0, str(REPO / "tools"))
+    if "--ops" in argv:  # per-op timings: tools/bench/bench_ops.py owns the remaining arguments
+        sys.path.insert(0, str(REPO / "tools" / "bench"))
         import bench_ops
 
         return bench_ops.main([a for a in argv if a != "--ops"])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", default=str(REPO / "tools" / "shapes" / "default.json"))
+    ap.add_argument("--shape", default=str(REPO / "tools" / "bench" / "shapes" / "default.json"))
     ap.add_argument("--threads", type=int, default=2, help="CPU threads for paddle's kernels (default 2)")
     ap.add_argument("--repeat", type=int, default=1, help="run the benchmark this many times, each in a fresh process")
     ap.add_argument("--fast", choices=("auto", "off"), default="auto",
@@ -800,7 +803,7 @@ def main(argv=None):
                                                    "template) instead of a random model; SHAPE.json's model sizes "
                                                    "and prompt_len are then ignored (module docstring)")
     ap.add_argument("--gemm", action="store_true", help="only measure paddle's peak fp32 GEMM rate (JSON line)")
-    ap.add_argument("--ops", action="store_true", help="per-op timings (tools/bench_ops.py; the other arguments "
+    ap.add_argument("--ops", action="store_true", help="per-op timings (tools/bench/bench_ops.py; the other arguments "
                                                        "go to it)")
     ap.add_argument("--profile", metavar="DIR", help="paddle.profiler over the timed steps; summary to stdout "
                                                      "(before the JSON line), chrome trace to DIR")

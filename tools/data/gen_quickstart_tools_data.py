@@ -1,6 +1,6 @@
 """Write the tool quickstart's prompt files: 3-digit by 2-digit multiplication problems as src/tgt JSONL.
 
-    python tools/gen_quickstart_tools_data.py [--train-num 2000 --seed 1 --out-dir data]
+    python tools/data/gen_quickstart_tools_data.py [--train-num 2000 --seed 1 --out-dir data]
 
 `data/quickstart_tools_train.jsonl`: `--train-num` distinct problems drawn with `--seed` (the RL prompts);
 `data/quickstart_tools_eval.jsonl`: the fixed held-out set `paddle_grpo.recipes.quickstart_tools.eval_problems()`
@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 

@@ -1,11 +1,11 @@
 """Evaluate a saved checkpoint on GSM8K: greedy or sampled answers, exact match under lm-eval's two filters.
 
-    python tools/eval_gsm8k.py --model DIR --data FILE [--limit N] [--batch-size B] [--max-new-tokens T]
+    python tools/eval/eval_gsm8k.py --model DIR --data FILE [--limit N] [--batch-size B] [--max-new-tokens T]
         [--chat-template auto|none|qwen] [--temperature T [--seed S]] [--output predictions.jsonl]
 
 DIR is any `save_pretrained` directory with its tokenizer (a `checkpoint-<step>` of run_rl.py or a PaddleNLP
 model). FILE is raw GSM8K JSONL (`question`, `answer` ending in `#### N`) or src/tgt JSONL as written by
-tools/convert_gsm8k.py; a raw question gets exactly the prompt convert_gsm8k.py gives it for training, a `src` is
+tools/data/convert_gsm8k.py; a raw question gets exactly the prompt convert_gsm8k.py gives it for training, a `src` is
 templated like the trainer does (`--chat-template`, default auto; an already templated prompt is used verbatim).
 
 Scoring follows lm-evaluation-harness's `gsm8k` task (version 3):
@@ -43,7 +43,7 @@ import time
 from decimal import Decimal
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_REPO = os.path.dirname(_HERE)
+_REPO = os.path.dirname(os.path.dirname(_HERE))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
@@ -147,10 +147,10 @@ def format_table(metrics):
 # ---------------------------------------------------------------------------------------------------- data
 
 def _convert_gsm8k():
-    """tools/convert_gsm8k.py (a script, not a package): its prompt builder and gold-answer parser."""
+    """tools/data/convert_gsm8k.py (a script, not a package): its prompt builder and gold-answer parser."""
     name = "_eval_gsm8k_convert_gsm8k"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(_HERE, "convert_gsm8k.py"))
+        spec = importlib.util.spec_from_file_location(name, os.path.join(_REPO, "tools", "data", "convert_gsm8k.py"))
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         sys.modules[name] = module

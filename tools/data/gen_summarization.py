@@ -1,7 +1,7 @@
 """Generate small synthetic news-style documents with reference summaries, as src/tgt JSONL (the project's own
 summarization data, for GRPO with an encoder-decoder policy and the `rouge_l` reward).
 
-    python tools/gen_summarization.py --num 400 --eval-num 40 --seed 1 \
+    python tools/data/gen_summarization.py --num 400 --eval-num 40 --seed 1 \
         --output data/summarization_train.jsonl --eval-output data/summarization_eval.jsonl
 
 Each document reports one main event about made-up people, organisations and towns (names built from syllables this
@@ -26,7 +26,7 @@ import os
 import random
 import sys
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 

@@ -2,7 +2,7 @@
 SmolLM2-135M-Instruct's shape (30 layers, hidden 576, intermediate 1536, 9 query / 3 key-value heads, tied
 embeddings, rope theta 100,000, vocabulary 49,152), float32 on CPU.
 
-    python tools/bench_fast_decoder.py [--prompts 2] [--samples 4] [--prompt-len 64] [--completion-len 64]
+    python tools/bench/bench_fast_decoder.py [--prompts 2] [--samples 4] [--prompt-len 64] [--completion-len 64]
                                        [--new-tokens 32] [--repeats 2]
 
 Times, after one warm-up each, the three things a step does with the policy: a log-prob pass without gradients (old
@@ -20,7 +20,8 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "tests"))
 
 
 def main() -> None:

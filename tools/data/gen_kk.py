@@ -1,7 +1,7 @@
 """Generate Knights-and-Knaves puzzles with exactly one solution, as src/tgt JSONL (the project's own K&K data).
 
-    python tools/gen_kk.py --num 2000 --min-people 2 --max-people 4 --seed 1 --output data/kk_synthetic_train.jsonl \
-        [--eval-num 200 --eval-output data/kk_synthetic_eval.jsonl]
+    python tools/data/gen_kk.py --num 2000 --min-people 2 --max-people 4 --seed 1 \
+        --output data/kk_synthetic_train.jsonl [--eval-num 200 --eval-output data/kk_synthetic_eval.jsonl]
 
 Each person (2..8, names drawn from NAMES, which this tool owns) makes one statement from a small grammar:
 "X is a knight", "X is a knave", "X is not a knight/knave", and two such simple claims joined by "and", "or",
@@ -10,7 +10,7 @@ assignments) keeps only puzzles with exactly one consistent assignment; others a
 Puzzles are also unique as logic: two puzzles that differ only by renaming or reordering the people are never
 both emitted (`canonical_key`), so the train and eval outputs, drawn from one stream, are disjoint.
 
-Output lines have seed 003's format, built by the same code as `tools/convert_kk.py`:
+Output lines have seed 003's format, built by the same code as `tools/data/convert_kk.py`:
 `src` [K&K system prompt + quiz + `<|im_start|>assistant\\n<think>`], `tgt` ["(1) Name is a knight\\n..."],
 `solution` (list of bools, True = knight) and `id`. Everything is drawn from `random.Random(seed)`, so a seed
 always gives the same file (for a given Python 3 version; the generator uses only `random`'s stable methods).
@@ -27,7 +27,7 @@ import os
 import random
 import sys
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 

@@ -1,6 +1,6 @@
 """Merge LoRA adapters into their base model: a full model directory that `AutoModelForCausalLM` loads.
 
-    python tools/merge_lora.py --adapters DIR --out DIR [--base DIR] [--dtype float32|bfloat16|float16]
+    python tools/models/merge_lora.py --adapters DIR --out DIR [--base DIR] [--dtype float32|bfloat16|float16]
         [--tokenizer DIR] [--no-check]
 
 --adapters: a LoRA checkpoint of run_rl.py (`<output_dir>/checkpoint-<step>` of a `lora: true` run) or any
@@ -9,7 +9,7 @@ PaddleNLP's LoRA fine-tuning). --base: the base model the adapters were trained 
 `base_model_name_or_path` recorded in lora_config.json. --out gets the merged weights in `save_pretrained` format,
 the tokenizer (from --tokenizer, else the adapter directory when it has one, else the base model) and
 `merge_info.json` (what was merged). The result needs no paddlenlp.peft: use it as `actor_model_name_or_path`, with
-tools/eval_gsm8k.py --model, or anywhere a PaddleNLP model directory is expected.
+tools/eval/eval_gsm8k.py --model, or anywhere a PaddleNLP model directory is expected.
 
 Each adapted weight becomes W + (lora_alpha / r) * A @ B, computed in float32 and saved in --dtype (default: the
 base model's configured dtype). Unless --no-check, the logits of a few random tokens are compared before and after
@@ -29,7 +29,7 @@ import pathlib
 import sys
 import time
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def parse_args(argv=None):

@@ -1,6 +1,6 @@
 """Convert Knights-and-Knaves parquet files into src/tgt JSONL for training (PaddleNLP's protocol, seed 003).
 
-    python tools/convert_kk.py --input ../shared/data/kk/3ppl/train.parquet,../shared/data/kk/4ppl/train.parquet \
+    python tools/data/convert_kk.py --input ../shared/data/kk/3ppl/train.parquet,../shared/data/kk/4ppl/train.parquet \
         --output kk_train.jsonl [--limit N] [--seed S] [--eval-fraction F --eval-output kk_eval.jsonl]
 
 Reads the columns `quiz`, `names`, `solution` and `statements` of the K&K dataset's parquet files. Each output line:
@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import sys
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 

@@ -1,15 +1,16 @@
-"""The PyTorch peer of tools/bench.py: TRL's GRPOTrainer on a random Qwen2 of a SHAPE.json's sizes.
+"""The PyTorch peer of tools/bench/bench.py: TRL's GRPOTrainer on a random Qwen2 of a SHAPE.json's sizes.
 
     python -m venv .peer-venv && PADDLE_GRPO_PEER_ONLY=1 .peer-venv/bin/pip install -e ".[peer]"   # once
-    .peer-venv/bin/python tools/trl_bench.py --shape tools/shapes/default.json [--threads 2] [--set KEY=VALUE]
-    .peer-venv/bin/python tools/trl_bench.py --model build/models/smollm2-135m-instruct-hf \
-        --shape tools/shapes/smollm2.json                 # a real model (a transformers checkpoint)
+    .peer-venv/bin/python tools/bench/trl_bench.py --shape tools/bench/shapes/default.json [--threads 2] \
+        [--set KEY=VALUE]
+    .peer-venv/bin/python tools/bench/trl_bench.py --model build/models/smollm2-135m-instruct-hf \
+        --shape tools/bench/shapes/smollm2.json                 # a real model (a transformers checkpoint)
 
 Runs in its own virtual environment (setup.py's `peer` extra: torch 2.13.0 and TRL 1.16.0, which cannot share one
 with paddlenlp, and PADDLE_GRPO_PEER_ONLY=1 leaves the project's own requirements out). Takes the same SHAPE.json
-files as tools/bench.py (tools/shapes/*.json, tools/shapes/peer/*.json: model sizes, prompt and completion lengths,
-prompts per step, group size, beta, warm-up and timed steps) and builds, in a temporary directory and without any
-download:
+files as tools/bench/bench.py (tools/bench/shapes/*.json, tools/bench/shapes/peer/*.json: model sizes, prompt and
+completion lengths, prompts per step, group size, beta, warm-up and timed steps) and builds, in a temporary directory
+and without any download:
 - the same tokenizer as bench.py: build_char_tokenizer's vocabulary (recipes/tiny.py's write_char_vocab), loaded
   with transformers' Qwen2Tokenizer, so that prompts and completions are the same number of tokens on both sides;
 - a random transformers Qwen2ForCausalLM of the shape's sizes (untied LM head, as bench.py's model), saved and
@@ -21,9 +22,9 @@ tokens (min_new_tokens = max_new_tokens, so no EOS: bench.py's `fixed` lengths) 
 scores them with bench.py's reward (share of vowels), and takes one optimizer step (AdamW, constant lr 1e-5, beta as
 the KL coefficient, all sequences of a step in one micro-batch unless SHAPE.json has `micro_batch_size`).
 
-`--model DIR`: a transformers checkpoint (tools/export_hf.py's export of the model directory tools/bench.py
+`--model DIR`: a transformers checkpoint (tools/models/export_hf.py's export of the model directory tools/bench/bench.py
 --model runs, so the same weights) instead of the random model, with its own tokenizer and chat template. The
-prompts are tools/bench.py's for --model (`chat_questions`: the user questions of data/smollm2_add/train.jsonl),
+prompts are tools/bench/bench.py's for --model (`chat_questions`: the user questions of data/smollm2_add/train.jsonl),
 given to GRPOTrainer as conversations (one user message), so that TRL renders them with the model's chat template
 itself; `prompt_tokens` in the JSON line counts each as TRL tokenizes it and must equal bench.py's list. As in
 bench.py, SHAPE.json's model sizes and `prompt_len` are ignored (`ignored_shape_keys`; `shape` holds the model's).
@@ -35,7 +36,7 @@ loaded in float32, `gradient_checkpointing=False` (GRPOConfig's default recomput
 and AdamW's weight decay 0.01 (our trainer's `weight_decay`; transformers' is 0). The effective values, read back
 from the trainer and its model, are in `trl_settings`.
 
-Prints ONE JSON line (stdout; TRL's own logging goes to stderr) with tools/bench.py's names where they mean the
+Prints ONE JSON line (stdout; TRL's own logging goes to stderr) with tools/bench/bench.py's names where they mean the
 same: `step_s_median` (wall seconds per step, median over the timed steps; TRL's step = rollout + reward + reference
 + update), `step_s_min`, `step_s_max`,
 `step_s_all`, `completion_tokens_per_step`, `completion_tokens_per_s` (completion tokens / step time),
@@ -61,7 +62,7 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "prompt_len",
         "completion_len", "prompts_per_step", "group_size", "beta", "warmup_steps", "timed_steps")
 LEARNING_RATE = 1e-5  # bench.py's
@@ -89,7 +90,7 @@ def load_shape(path: str, sets: Sequence[str] = ()) -> Dict[str, Any]:
         raise SystemExit(f"{path}: missing keys {missing} (a SHAPE.json needs {list(KEYS)})")
     if shape.get("lengths", "fixed") != "fixed":
         raise SystemExit(f"{path}: lengths {shape['lengths']!r}: this harness forces every completion to exactly "
-                         "completion_len tokens (tools/bench.py's 'fixed'); TRL has no hook to end rows at drawn "
+                         "completion_len tokens (tools/bench/bench.py's 'fixed'); TRL has no hook to end rows at drawn "
                          "lengths")
     n = shape["prompts_per_step"] * shape["group_size"]
     if n % shape.get("micro_batch_size", n):
@@ -99,7 +100,8 @@ def load_shape(path: str, sets: Sequence[str] = ()) -> Dict[str, Any]:
 
 
 def prompts(shape: Dict[str, Any], seed: int = 0) -> List[str]:
-    """tools/bench.py's prompts: letters and digits of the character alphabet (one token each), `prompt_len` long."""
+    """tools/bench/bench.py's prompts: letters and digits of the character alphabet (one token each), `prompt_len`
+    long."""
     import random
 
     from paddle_grpo.recipes.tiny import CHAR_ALPHABET
@@ -160,10 +162,10 @@ class StepTimer:
 
 
 def bench_module() -> Any:
-    """tools/bench.py as a module (its --model prompts and model sizes; it imports neither paddle nor torch)."""
+    """tools/bench/bench.py as a module (its --model prompts and model sizes; it imports neither paddle nor torch)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("_paddle_grpo_bench", REPO / "tools" / "bench.py")
+    spec = importlib.util.spec_from_file_location("_paddle_grpo_bench", REPO / "tools" / "bench" / "bench.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -257,18 +259,19 @@ def run(shape: Dict[str, Any], threads: int, workdir: str, seed: int = 0,
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", default=str(REPO / "tools" / "shapes" / "default.json"),
-                    help="a tools/bench.py SHAPE.json (default tools/shapes/default.json)")
-    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2, as tools/bench.py)")
+    ap.add_argument("--shape", default=str(REPO / "tools" / "bench" / "shapes" / "default.json"),
+                    help="a tools/bench/bench.py SHAPE.json (default tools/bench/shapes/default.json)")
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2, as tools/bench/bench.py)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a SHAPE.json key (VALUE as JSON), e.g. --set completion_len=128")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--gradient-checkpointing", action="store_true",
                     help="recompute activations in the backward pass (GRPOConfig's default; compare with "
-                         "tools/bench.py --config recompute=true)")
-    ap.add_argument("--model", metavar="DIR", help="a transformers checkpoint (e.g. tools/export_hf.py's export) "
-                                                   "instead of a random model: its weights, tokenizer and chat "
-                                                   "template; SHAPE.json's model sizes and prompt_len are ignored")
+                         "tools/bench/bench.py --config recompute=true)")
+    ap.add_argument("--model", metavar="DIR", help="a transformers checkpoint (e.g. tools/models/export_hf.py's "
+                                                   "export) instead of a random model: its weights, tokenizer and "
+                                                   "chat template; SHAPE.json's model sizes and prompt_len are "
+                                                   "ignored")
     args = ap.parse_args(argv)
     shape = load_shape(args.shape, args.set)
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)  # before torch loads

@@ -1,6 +1,6 @@
 """Load test of the reward server: N concurrent clients send batches to a real `python -m reward_server`.
 
-    python tools/bench_reward_server.py --reward kk --clients 16 --requests 400 --batch 64
+    python tools/bench/bench_reward_server.py --reward kk --clients 16 --requests 400 --batch 64
 
 Starts the server as a subprocess on a free loopback port (access log off), builds K&K batches from the real
 puzzles in ../shared/data/kk when present (else from generated ones), sends `--requests` requests from `--clients`
@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 import requests  # noqa: E402
