@@ -145,3 +145,32 @@ def test_wall_clock_table_from_hand_made_runs(repo_root):
     assert rows[2] == "| `--seed 7` | 60.0 | 3.0 (step 3) | step 2, 1.5 min (0.60) | 0.70 (step 3) |"
     # TRL: median of 120, 120, 60 = 120; 300 s = 5.0 min; never reaches 0.5
     assert rows[3] == "| TRL 1.16.0, seed 7 | 120.0 | 5.0 (step 3) | not reached | 0.40 (step 3) |"
+
+
+def test_the_speed_beside_trl_is_the_recorded_pairs(repo_root):
+    """README, docs/smollm2.md and docs/PERFORMANCE.md quote the three alternated pairs of
+    docs/results/bench_smollm2_recipe.jsonl: each side's medians and the paired ratios, recomputed here."""
+    import json
+
+    rows = [json.loads(line) for line in
+            (repo_root / "docs" / "results" / "bench_smollm2_recipe.jsonl").read_text().splitlines()]
+    by = {(r["pair"], r["side"]): r["step_s_median"] for r in rows}
+    pairs = sorted({r["pair"] for r in rows})
+    assert pairs == [1, 2, 3] and len(rows) == 12
+    assert all(r["prompt_tokens"] == rows[0]["prompt_tokens"] for r in rows)  # the same prompts on both sides
+
+    def span(values, digits=2):
+        return f"{min(values):.{digits}f}-{max(values):.{digits}f}"
+
+    ratios = {side: [by[p, side] / by[p, "trl_2t"] for p in pairs] for side in ("ours_1t", "ours_2t", "ours_async_1t")}
+    perf = (repo_root / "docs" / "PERFORMANCE.md").read_text()
+    for side, label in (("ours_1t", "ours, `--threads 1`"), ("ours_2t", "ours, `--threads 2`"),
+                        ("ours_async_1t", "ours, async, 1 + 1 threads"), ("trl_2t", "TRL 1.16, `--threads 2`")):
+        assert f"| {label} | {', '.join(f'{by[p, side]:.2f}' for p in pairs)} |" in perf, side
+    assert (f"1 thread {span(ratios['ours_1t'])}; 2 threads {span(ratios['ours_2t'])}; async "
+            f"{span(ratios['ours_async_1t'])}") in perf
+    readme = (repo_root / "README.md").read_text()
+    trl = span([by[p, "trl_2t"] for p in pairs], 1)
+    assert f"against TRL's {trl}" in " ".join(readme.split())
+    assert f"{span(ratios['ours_2t'] + ratios['ours_async_1t'])}x" in " ".join(readme.split())
+    assert f"{span(ratios['ours_1t'])}x" in " ".join(readme.split())
