@@ -174,3 +174,29 @@ def test_the_speed_beside_trl_is_the_recorded_pairs(repo_root):
     assert f"against TRL's {trl}" in " ".join(readme.split())
     assert f"{span(ratios['ours_2t'] + ratios['ours_async_1t'])}x" in " ".join(readme.split())
     assert f"{span(ratios['ours_1t'])}x" in " ".join(readme.split())
+
+
+def test_the_128_token_pairs_are_the_recorded_ones(repo_root):
+    """docs/PERFORMANCE.md and docs/smollm2.md quote docs/results/bench_smollm2_128.jsonl: every side's step per pair
+    and the paired ratios, recomputed here."""
+    import json
+
+    rows = [json.loads(line) for line in
+            (repo_root / "docs" / "results" / "bench_smollm2_128.jsonl").read_text().splitlines()]
+    by = {(r["pair"], r["side"]): r["step_s_median"] for r in rows}
+    pairs = sorted({r["pair"] for r in rows})
+    assert len(rows) == 4 * len(pairs) and all(r["completion_len_mean"] == 128 for r in rows)
+
+    def span(values):
+        return f"{min(values):.2f}-{max(values):.2f}"
+
+    perf = (repo_root / "docs" / "PERFORMANCE.md").read_text()
+    for side, label in (("ours_1t", "ours, `--threads 1`"), ("ours_2t", "ours, `--threads 2`"),
+                        ("ours_async_1t", "ours, async, 1 + 1 threads"), ("trl_2t", "TRL 1.16, `--threads 2`")):
+        assert f"| {label} | {', '.join(f'{by[p, side]:.2f}' for p in pairs)} |" in perf, side
+    ratios = {side: span([by[p, side] / by[p, "trl_2t"] for p in pairs])
+              for side in ("ours_1t", "ours_2t", "ours_async_1t")}
+    assert f"1 thread {ratios['ours_1t']}; 2 threads {ratios['ours_2t']}; async {ratios['ours_async_1t']}" in perf
+    doc = " ".join((repo_root / "docs" / "smollm2.md").read_text().split())
+    assert (f"was {ratios['ours_2t']} at two threads, {ratios['ours_async_1t']} asynchronous and "
+            f"{ratios['ours_1t']} at one") in doc
