@@ -23,10 +23,12 @@ import os
 from typing import Dict, List, Sequence, Tuple
 
 from ..config import Config, encoder_decoder_refusal, given_keys, group_size_notes, relative_path_note
-from .launch import (MAX_PROCESSES, split_dry_run, model_ranks, required_processes, redact_secrets, THREAD_VARIABLES,
+from .launch import (split_dry_run, model_ranks, required_processes, redact_secrets, THREAD_VARIABLES,
                      started_environment, launch_command, launched_processes, check_layout, visible_gpus)  # noqa: F401
 from .keys import keys_without_effect, resolved_config_file  # noqa: F401
-from .prompts import MAX_LENGTH_CHECKS, data_files, check_data, prompt_renderer, check_prompt_lengths  # noqa: F401
+# (the modules' tunable constants, MAX_PROCESSES and MAX_LENGTH_CHECKS, are not re-exported: a copy here would not
+# change what the checks read; set them on dry_run.launch / dry_run.prompts)
+from .prompts import data_files, check_data, prompt_renderer, check_prompt_lengths  # noqa: F401
 from .models import resolve_model, model_dir_problems, inspect_model, decoder_line, check_model  # noqa: F401
 from .rewards import reward_model_specs, check_rewards  # noqa: F401
 from .tools import check_tools, sandbox_problems, tool_problems  # noqa: F401
