@@ -16,7 +16,7 @@ import paddle
 import pytest
 
 from numerics import f32_sum_tol
-from peer_helpers import peer_python
+from peer_helpers import transformers_python_or_skip
 from paddle_grpo.policy import load_policy
 from paddle_grpo.policy.causal import FastDecoderStepper, PaddleNLPStepper, decoder_path
 
@@ -60,11 +60,7 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
     """{name: (directory, transformers' logits [1, 20, 40])} of MODELS, written by transformers 5."""
-    python = peer_python()
-    if python is None:
-        pytest.skip("transformers and torch are not installed here: they need their own environment (setup.py's "
-                    "`.[peer]`, e.g. python -m venv /work/peer-venv && /work/peer-venv/bin/pip install torch==2.13.0 "
-                    "transformers); then set PADDLE_GRPO_PEER_PYTHON=/work/peer-venv/bin/python")
+    python = transformers_python_or_skip()
     root = tmp_path_factory.mktemp("rope-peer")
     spec = {"ids": IDS, "models": {n: (a, p, str(root / n)) for n, (a, p) in MODELS.items()}}
     peer = subprocess.run([python, "-c", PEER, json.dumps(spec)], capture_output=True, text=True, timeout=600)

@@ -15,9 +15,8 @@ import json
 import os
 import subprocess
 
-import pytest
 
-from peer_helpers import peer_python
+from peer_helpers import transformers_python_or_skip
 from tokenizer_helpers import probe_strings, write_tokenizer_dir
 from paddle_grpo.policy import load_tokenizer
 
@@ -42,11 +41,7 @@ print(json.dumps(out))
 
 
 def test_ids_and_chat_text_equal_transformers(tmp_path):
-    python = peer_python()
-    if python is None:
-        pytest.skip("transformers is not installed here: it needs its own environment (setup.py's `.[peer]`, e.g. "
-                    "python -m venv /work/peer-venv && /work/peer-venv/bin/pip install torch==2.13.0 transformers); "
-                    "then set PADDLE_GRPO_PEER_PYTHON=/work/peer-venv/bin/python")
+    python = transformers_python_or_skip()
     strings = probe_strings()
     dirs = [(write_tokenizer_dir(tmp_path / c, c, template_file=c != "Qwen2Tokenizer"), str(tmp_path / f"{c}-saved"))
             for c in CLASSES]
