@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 
-
 from peer_helpers import transformers_python_or_skip
 from tokenizer_helpers import probe_strings, write_tokenizer_dir
 from paddle_grpo.policy import load_tokenizer
