@@ -67,6 +67,13 @@ PEER = ["torch==2.13.0", "trl==1.16.0"]
 # Pinned to the version the importer was verified with: its reader API (ReaderField.contents) and quantization tables changed
 # between releases, and the importer's results are compared bit for bit with this version's.
 GGUF = ["gguf==0.19.0"]
+# `.[llamacpp]`: tools/bench/llamacpp_generation.py, llama.cpp's side of the generation comparison (docs/PERFORMANCE.md,
+# "Generation"). llama-cpp-python ships llama.cpp as source: pip compiles it (cmake and a C++ compiler, about 8 minutes
+# on 2 cores), so it goes into its own environment, installed with PADDLE_GRPO_PEER_ONLY=1 (the tool needs neither
+# paddle nor torch). Pinned to the version the tool's low-level calls (llama_batch, per-sequence KV streams,
+# llama_memory_seq_cp) were written against: those C bindings change between releases. gguf reads the file's weight
+# types and writes the tool's float32 copy.
+LLAMACPP = ["llama-cpp-python==0.3.36"] + GGUF
 # The tests include the importer's (tiny GGUF files written by gguf's own writer; no download), so `.[test]` has it.
 # pytest-xdist: pytest.ini runs the suite on two worker processes (`-n 2`).
 TEST = ["pytest>=7.4", "pytest-xdist>=3.5"] + GGUF
@@ -91,7 +98,7 @@ if __name__ == "__main__":  # setuptools runs this file as __main__; tests impor
         packages=find_packages(include=["paddle_grpo", "paddle_grpo.*", "reward_server", "reward_server.*"]),
         py_modules=["run_rl"],
         install_requires=requirements(),
-        extras_require={"test": TEST, "peer": PEER, "gguf": GGUF},
+        extras_require={"test": TEST, "peer": PEER, "gguf": GGUF, "llamacpp": LLAMACPP},
         entry_points={"console_scripts": ["paddle-grpo-reward-server=reward_server.__main__:main"]},
         license="Apache-2.0",
     )

@@ -1,5 +1,5 @@
 """tools/bench/bench.py end to end on a tiny shape: the JSON line, its keys, and that the numbers are consistent; the
-variable-length mode, the per-phase RSS, the config overrides and the --ops delegation."""
+variable-length mode, the per-phase RSS, the config overrides, the rollout's floor and the --ops delegation."""
 import json
 import math
 import pathlib
@@ -16,18 +16,55 @@ TINY = REPO / "tools" / "bench" / "shapes" / "tiny.json"
 PHASES = ("rollout", "reward", "logprob", "reference", "value", "update", "critic_update", "other")
 
 
-def run_bench(*args):
+def run_bench_with_stderr(*args):
     out = subprocess.run([sys.executable, str(BENCH), "--shape", str(TINY), "--threads", "1",
                           *args], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 1, out.stdout  # exactly one JSON line on stdout
-    return json.loads(lines[0])
+    return json.loads(lines[0]), out.stderr
+
+
+def run_bench(*args):
+    return run_bench_with_stderr(*args)[0]
 
 
 @pytest.fixture(scope="module")
-def result():
-    return run_bench()
+def default_run():
+    return run_bench_with_stderr()
+
+
+@pytest.fixture(scope="module")
+def result(default_run):
+    return default_run[0]
+
+
+# tiny.json's matrix-product FLOPs per token, by hand: hidden 32, 4 heads of 8, 2 key-value heads, intermediate 64,
+# 2 layers, vocabulary 64 (untied head): 2 x (2 x (q 32x32 + k, v 32x16 + o 32x32 + gate, up, down 32x64) + 64x32)
+TINY_FLOP_PER_TOKEN = 2 * (2 * (32 * 32 + 2 * 32 * 16 + 32 * 32 + 3 * 32 * 64) + 64 * 32)
+# float64 recomputation of the floor in another order than bench.py's: a few roundings of 2^-53 each side
+FLOOR_REL = 8 * 2.0 ** -53
+
+
+def tiny_floor(rate):
+    """tiny.json's rollout floor by its definition: the step's 2 prompts of 8 tokens once each (their 3 samples
+    share the prefill) and 2 x 3 x 5 sampled tokens, TINY_FLOP_PER_TOKEN each, at `rate` GFLOP/s."""
+    return TINY_FLOP_PER_TOKEN / (rate * 1e9) * (2 * 8) + TINY_FLOP_PER_TOKEN / (rate * 1e9) * (2 * 3 * 5)
+
+
+def test_rollout_floor_beside_the_rollout(default_run):
+    """The floor keys (issue 42): FLOPs per token as counted by hand, the prompt tokens once per prompt, the GEMM
+    rate measured in the run's process (gemm_peak), the floor and the ratio by their definitions; the same on the
+    summary line (stderr)."""
+    r, stderr = default_run
+    assert r["matmul_mflop_per_token"] * 1e6 == pytest.approx(TINY_FLOP_PER_TOKEN, rel=FLOOR_REL)
+    assert (r["rollout_prompt_tokens"], r["rollout_sampled_tokens"]) == (2 * 8, 2 * 3 * 5)
+    assert r["gemm_rate_measured"] == {"1": True} and 0.1 < r["gemm_gflop_per_s_best"] < 1e5
+    assert r["rollout_floor_s"] == pytest.approx(tiny_floor(r["gemm_gflop_per_s_best"]), rel=FLOOR_REL)
+    assert r["rollout_floor_ratio"] == pytest.approx(r["rollout_s_median"] / r["rollout_floor_s"], rel=FLOOR_REL)
+    assert (r["rollout_floor_s_1thread"], r["gemm_gflop_per_s_best_1thread"]) == \
+        (r["rollout_floor_s"], r["gemm_gflop_per_s_best"])  # a 1-thread run: the same rate
+    assert f"ratio {r['rollout_floor_ratio']:.2f}" in stderr and "16 prompt + 30 sampled tokens" in stderr
 
 
 def test_keys_and_finite_values(result):
@@ -65,10 +102,15 @@ def test_phases_add_up(result):
 
 
 def test_no_reference_without_kl_and_repeat_aggregates():
-    r = run_bench("--set", "beta=0", "--set", "timed_steps=1", "--repeat", "2")
+    """Also --gemm-rate: the given rate, not measured, in every run, and the aggregate's floor over its median
+    rollout."""
+    r = run_bench("--set", "beta=0", "--set", "timed_steps=1", "--repeat", "2", "--gemm-rate", "1=50")
     assert r["reference_s_median"] == 0.0 and r["shape"]["beta"] == 0
     assert r["repeat"] == 2 and len(r["step_s_median_runs"]) == 2
     assert min(r["step_s_median_runs"]) <= r["step_s_median"] <= max(r["step_s_median_runs"])
+    assert r["gemm_rate_measured"] == {"1": False} and r["gemm_gflop_per_s_best"] == 50.0
+    assert r["rollout_floor_s"] == pytest.approx(tiny_floor(50.0), rel=FLOOR_REL)
+    assert r["rollout_floor_ratio"] == pytest.approx(r["rollout_s_median"] / r["rollout_floor_s"], rel=FLOOR_REL)
 
 
 def test_peak_rss_by_phase(result):

@@ -10,6 +10,7 @@ import json
 import os
 import pathlib
 import shutil
+import statistics
 import subprocess
 import sys
 
@@ -131,6 +132,23 @@ def test_bench_runs_the_model_with_its_chat_template(ours, model_dir):
     assert ours["completion_len_min"] == ours["completion_len_max"] == shape["completion_len"]
     assert ours["reference_s_median"] > 0 and ours["update_s_median"] > 0  # tiny.json's beta 0.1: a reference pass
     assert ours["fast_path"] is True
+
+
+def test_the_rollout_floor_counts_each_prompt_once(ours):
+    """--model: the floor's prompt tokens are the median over the timed steps of the step's prompts' tokens (each
+    prompt once, not once per sample), its FLOPs per token the tiny Qwen2's, counted by hand: hidden 64, 4 heads of
+    16, 2 key-value heads, intermediate 128, 2 layers, vocabulary 320 (untied head)."""
+    shape = json.loads(TINY.read_text())
+    P, warmup = shape["prompts_per_step"], shape["warmup_steps"]
+    counts = ours["prompt_tokens"]
+    steps = [sum(counts[s * P:(s + 1) * P]) for s in range(warmup, warmup + shape["timed_steps"])]
+    assert ours["rollout_prompt_tokens"] == statistics.median(steps)
+    flop = 2 * (2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128) + 320 * 64)
+    assert ours["matmul_mflop_per_token"] * 1e6 == pytest.approx(flop, rel=8 * 2.0 ** -53)
+    assert ours["rollout_sampled_tokens"] == ours["completion_tokens_per_step"]
+    tokens = ours["rollout_prompt_tokens"] + ours["rollout_sampled_tokens"]
+    floor = flop * tokens / ours["gemm_gflop_per_s_best"] / 1e9
+    assert ours["rollout_floor_s"] == pytest.approx(floor, rel=8 * 2.0 ** -53)
 
 
 def test_bench_refuses_a_model_without_chat_template(tiny_policy_dir, tmp_path):

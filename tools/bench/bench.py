@@ -55,6 +55,18 @@ transparent huge pages), so that lines from two machines say what differed. With
 runs R times in fresh processes; the line then carries the median of the runs' medians, each run's step median, the
 overall min/max step and, per phase, the largest RSS figures of the runs.
 
+The rollout's float32 floor (issue 42; docs/PERFORMANCE.md, "Generation"), beside `rollout_s_median`:
+`rollout_floor_s` = (`rollout_prompt_tokens` + `rollout_sampled_tokens`) x `matmul_mflop_per_token` /
+`gemm_gflop_per_s_best`, and `rollout_floor_ratio` = rollout_s_median / rollout_floor_s; `_1thread` keys give the
+same at the 1-thread rate. Prompt tokens count once per prompt (medians over the timed steps of the step's prompts'
+tokens: the G samples of a prompt share its prefill); sampled tokens are the completion tokens of the step (tool
+turns included with --turns: they pass through the model too). FLOPs per token: every projection weight of every
+layer and the LM head's V x D, multiply-add = 2 (`matmul_flop_per_token`; attention's score and value products are
+not in the floor). The GEMM rate is `--gemm`'s best (`gemm_peak`), measured in this process at the run's threads and
+at 1 thread before the trainer starts (about 10 s; then its matrices' heap pages are given back: on tiny.json the RSS
+before the steps came out 15 MB above a run given the rate, the peak RSS the same), or given with `--gemm-rate
+[THREADS=]GFLOPS` (`gemm_rate_measured` says which). A summary line with both floors goes to stderr.
+
 Peak RSS per phase (`peak_rss_mb_by_phase`, `rss_increase_mb_by_phase`): the kernel's high-water mark (VmHWM),
 read and reset at every phase boundary (`RssMonitor`; exact, no sampling thread). Phases are marked by wrapping,
 for the run, the step/ functions the trainer calls: `rollout` = step.rollout (generation only), `logprob` =
@@ -588,7 +600,8 @@ def flops(shape, shared, critic=False):
 
 
 def gemm_peak(threads, repeat=20):
-    """Best fp32 GEMM rate of paddle.matmul at two shapes, GFLOP/s (the hardware/library ceiling for the bench)."""
+    """Best fp32 GEMM rate of paddle.matmul at four shapes, GFLOP/s (the hardware/library ceiling for the bench);
+    `gemm_gflop_per_s_best` is the highest of them (the rate of the generation floor, `matmul_flop_per_token`)."""
     import paddle
 
     from paddle_grpo import cpu_tuning
@@ -596,8 +609,9 @@ def gemm_peak(threads, repeat=20):
     cpu_tuning.apply()
     paddle.base.core.set_num_threads(threads)
     out = {}
+    rng = np.random.default_rng(0)  # not paddle.randn: measured inside a run, it must not move paddle's generator
     for m, k, n in ((4096, 256, 704), (2272, 256, 1408), (32, 256, 1408), (1024, 1024, 1024)):
-        a, b = paddle.randn([m, k]), paddle.randn([k, n])
+        a, b = (paddle.to_tensor(rng.standard_normal(s, dtype=np.float32)) for s in ((m, k), (k, n)))
         paddle.matmul(a, b)
         best = float("inf")
         for _ in range(5):
@@ -607,13 +621,106 @@ def gemm_peak(threads, repeat=20):
             float(c[0, 0])
             best = min(best, (time.perf_counter() - t0) / repeat)
         out[f"{m}x{k}x{n}"] = 2 * m * k * n / best / 1e9
-    return {"gemm_gflop_per_s": out, "threads": threads, "paddle_version": paddle.__version__,
+    return {"gemm_gflop_per_s": out, "gemm_gflop_per_s_best": max(out.values()), "threads": threads,
+            "paddle_version": paddle.__version__,
             "cpu_tuning": cpu_tuning.apply(), "kernels": cpu_tuning.kernel_report(),
             "load_average": list(os.getloadavg())}
 
 
-def run(shape, threads, workdir, profile_dir=None, algorithm="grpo", model=None):
-    """One benchmark in this process (`model`: --model's directory, else a random one); returns the result dict."""
+def matmul_flop_per_token(shape: dict) -> int:
+    """Floating-point operations (multiply-add = 2) of the matrix products one token costs through the model: every
+    projection weight of every layer (q, k, v, o, gate, up, down) and the LM head's V x D (issue 42's floor; 269 MFLOP
+    for SmolLM2-135M). Attention's score and value products are left out: they grow with the context, not with the
+    weights. `shape`: SHAPE.json's model sizes (model_shape gives a model directory's)."""
+    D, I, V, layers = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"], shape["num_layers"]
+    H, KV = shape["num_heads"], shape["num_kv_heads"]
+    d = D // H
+    per_layer = D * H * d + 2 * D * KV * d + H * d * D + 3 * D * I   # q, k + v, o, gate + up + down
+    return 2 * (layers * per_layer + V * D)
+
+
+def generation_floor_s(prompt_tokens: float, sampled_tokens: float, flop_per_token: float,
+                       gflop_per_s: float) -> float:
+    """The float32 floor of a generation, in seconds: (prompt tokens + sampled tokens) x matmul FLOPs per token at
+    the best GEMM rate. Prompt tokens count once per prompt (the samples of a prompt share its prefill)."""
+    return (prompt_tokens + sampled_tokens) * flop_per_token / (gflop_per_s * 1e9)
+
+
+def parse_gemm_rates(specs: "list[str]", threads: "list[int]") -> "dict[int, float]":
+    """`--gemm-rate` values -> {threads: GFLOP/s}. "T=GFLOPS" gives the rate at T threads; a bare "GFLOPS" the rate
+    at the run's thread count (only when the run has one)."""
+    rates = {}
+    for spec in specs:
+        t, sep, value = spec.rpartition("=")
+        try:
+            key, rate = (int(t) if sep else None), float(value)
+        except ValueError:
+            raise SystemExit(f"--gemm-rate: expected GFLOPS or THREADS=GFLOPS, got {spec!r}")
+        if key is None:
+            if len(threads) != 1:
+                raise SystemExit(f"--gemm-rate {spec}: runs at {threads} threads; give THREADS=GFLOPS for each")
+            key = threads[0]
+        if rate <= 0 or key < 1:
+            raise SystemExit(f"--gemm-rate {spec}: threads >= 1 and a positive rate expected")
+        rates[key] = rate
+    return rates
+
+
+def gemm_rates(threads: "list[int]", given: "dict[int, float]") -> "tuple[dict[int, float], dict[int, bool]]":
+    """({threads: best GEMM GFLOP/s}, {threads: measured here}) for every thread count of `threads`: `given`'s rate,
+    else gemm_peak's best, measured in this process (it leaves paddle at the last count's threads)."""
+    rates, measured = {}, {}
+    for t in threads:
+        measured[t] = t not in given
+        rates[t] = given[t] if t in given else gemm_peak(t)["gemm_gflop_per_s_best"]
+    return rates, measured
+
+
+def release_heap() -> None:
+    """Return glibc's free heap pages to the kernel (malloc_trim): cpu_tuning's mallopt keeps freed blocks in the heap,
+    so the in-process GEMM measurement's matrices (~50 MB) would otherwise stay in the RSS the run reports."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing kept to give back
+        pass
+
+
+def floor_fields(flop_per_token: int, prompt_tokens: float, sampled_tokens: float, seconds: float, threads: int,
+                 rates: "dict[int, float]", measured: "dict[int, bool]", prefix: str = "rollout_",
+                 token_keys: "tuple[str, str]" = ("rollout_prompt_tokens", "rollout_sampled_tokens")) -> dict:
+    """The floor keys of a JSON line: the token counts (named `token_keys`), FLOPs per token, the GEMM rates, and
+    the floor and seconds / floor (`{prefix}floor_s`, `{prefix}floor_ratio`) at the run's thread count and at 1
+    thread (`..._1thread`); a thread count without a rate in `rates` gets no floor keys."""
+    out = {token_keys[0]: prompt_tokens, token_keys[1]: sampled_tokens, "matmul_mflop_per_token": flop_per_token / 1e6,
+           "gemm_rate_measured": {str(t): m for t, m in measured.items()}}
+    for suffix, t in (("", threads), ("_1thread", 1)):
+        if t not in rates:
+            continue
+        floor = generation_floor_s(prompt_tokens, sampled_tokens, flop_per_token, rates[t])
+        out.update({f"gemm_gflop_per_s_best{suffix}": rates[t], f"{prefix}floor_s{suffix}": floor,
+                    f"{prefix}floor_ratio{suffix}": seconds / floor})
+    return out
+
+
+def floor_summary(result: dict, seconds_key: str = "rollout_s_median", prefix: str = "rollout_",
+                  token_keys: "tuple[str, str]" = ("rollout_prompt_tokens", "rollout_sampled_tokens")) -> str:
+    """One line for a person: the time beside its floor (at the run's threads and at 1 thread, where known)."""
+    parts = [f"{seconds_key} {result[seconds_key]:.4g} s"]
+    for suffix, where in (("", f"{result['threads']} thread(s)"), ("_1thread", "1 thread")):
+        if f"{prefix}floor_s{suffix}" in result and not (suffix and result["threads"] == 1):
+            parts.append(f"floor {result[f'{prefix}floor_s{suffix}']:.4g} s at {where} "
+                         f"({result[f'gemm_gflop_per_s_best{suffix}']:.1f} GFLOP/s best GEMM), ratio "
+                         f"{result[f'{prefix}floor_ratio{suffix}']:.2f}")
+    parts.append(f"{result[token_keys[0]]:g} prompt + {result[token_keys[1]]:g} sampled tokens x "
+                 f"{result['matmul_mflop_per_token']:.4g} MFLOP/token (matrix products only)")
+    return "; ".join(parts)
+
+
+def run(shape, threads, workdir, profile_dir=None, algorithm="grpo", model=None, given_rates=None):
+    """One benchmark in this process (`model`: --model's directory, else a random one); returns the result dict.
+    `given_rates`: --gemm-rate's {threads: GFLOP/s}; the others of the run's threads and 1 are measured here."""
     import paddle
 
     from paddle_grpo import cpu_tuning
@@ -635,6 +742,11 @@ def run(shape, threads, workdir, profile_dir=None, algorithm="grpo", model=None)
         from paddle_grpo.policy import load_tokenizer
 
         check_turn_budget(shape, load_tokenizer(model_dir))
+    # The floor's GEMM rates, before the trainer exists (an asynchronous rollout worker would share the cores).
+    rates, measured = gemm_rates(sorted({1, threads}), given_rates or {})
+    paddle.base.core.set_num_threads(threads)
+    if any(measured.values()):
+        release_heap()
     trainer = Trainer(make_config(shape, model_dir, data, workdir, algorithm=algorithm,
                                   chat_template="none" if model is None else "auto"))
     overlap = {"wait": [], "weights": [], "staleness": []} if trainer.cfg.async_rollout else None
@@ -646,7 +758,7 @@ def run(shape, threads, workdir, profile_dir=None, algorithm="grpo", model=None)
                      if turns > 1 else None)
     timed_rollouts = []
     per_step = {k: [] for k in ("step", "cpu") + PHASES}
-    tokens, lengths, widths, mask_sums, ends_at_eos = [], [], [], [], []
+    tokens, lengths, widths, mask_sums, ends_at_eos, prompt_counts = [], [], [], [], [], []
     profiler = None
     monitor = RssMonitor()
     rss_before = monitor.rss() / 2**20
@@ -707,6 +819,8 @@ def run(shape, threads, workdir, profile_dir=None, algorithm="grpo", model=None)
                                            f"counted ones {expect.tolist()}")
                 mask = batch.completion_mask.numpy()
                 tokens.append(int(mask.sum()))
+                # each prompt once: its G rows share the prefill
+                prompt_counts.append(int(batch.prompt_mask.numpy().sum()) / shape["group_size"])
                 lengths.extend(int(n) for n in batch.lengths)
                 widths.append(mask.shape[1])
                 mask_sums.append(mask.sum(axis=1).tolist())
@@ -747,6 +861,8 @@ def run(shape, threads, workdir, profile_dir=None, algorithm="grpo", model=None)
         "paddle_version": paddle.__version__, "threads": threads,
         "gflop_per_step": gflop,
         **{f"{k}_gflop_per_s": gflop[k] / statistics.median(per_step[k]) for k in gflop if gflop[k] > 0},
+        **floor_fields(matmul_flop_per_token(shape), statistics.median(prompt_counts), statistics.median(tokens),
+                       statistics.median(per_step["rollout"]), threads, rates, measured),
         "fast_path": fast, "cpu_tuning": cpu_tuning.apply(), "kernels": cpu_tuning.kernel_report(),
         "algorithm": algorithm,
         "load_average": list(os.getloadavg()), "shape": shape,
@@ -803,6 +919,9 @@ def main(argv=None):
                                                    "template) instead of a random model; SHAPE.json's model sizes "
                                                    "and prompt_len are then ignored (module docstring)")
     ap.add_argument("--gemm", action="store_true", help="only measure paddle's peak fp32 GEMM rate (JSON line)")
+    ap.add_argument("--gemm-rate", action="append", default=[], metavar="[THREADS=]GFLOPS",
+                    help="the best GEMM rate of the rollout floor (`--gemm`'s gemm_gflop_per_s_best) at the run's "
+                         "threads, or at THREADS (repeat for 1 and the run's); the rest is measured before the steps")
     ap.add_argument("--ops", action="store_true", help="per-op timings (tools/bench/bench_ops.py; the other arguments "
                                                        "go to it)")
     ap.add_argument("--profile", metavar="DIR", help="paddle.profiler over the timed steps; summary to stdout "
@@ -823,8 +942,11 @@ def main(argv=None):
     if args.tool is not None:
         shape["tool"] = args.tool
     parse_lengths(shape.get("lengths"), shape["completion_len"])  # a bad spec fails before any work
+    given_rates = parse_gemm_rates(args.gemm_rate, [args.threads])
     if args.repeat > 1 and not args.gemm:
-        print(json.dumps(_repeat(args, shape)), flush=True)
+        result = _repeat(args, shape)
+        print(floor_summary(result), file=sys.stderr, flush=True)
+        print(json.dumps(result), flush=True)
         return
     # Thread pools are sized when paddle loads: set the environment before the import.
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
@@ -843,7 +965,8 @@ def main(argv=None):
         return
     with tempfile.TemporaryDirectory(prefix="paddle_grpo_bench_") as workdir:
         result = run(shape, args.threads, workdir, profile_dir=args.profile, algorithm=args.algorithm,
-                     model=args.model)
+                     model=args.model, given_rates=given_rates)
+    print(floor_summary(result), file=sys.stderr, flush=True)  # stdout holds the JSON line alone
     print(json.dumps(result), flush=True)
 
 
@@ -870,6 +993,7 @@ def _repeat(args, shape):
             cmd = [sys.executable, os.path.abspath(__file__), "--shape", f.name, "--threads", str(args.threads),
                    "--fast", args.fast, "--cpu-tuning", args.cpu_tuning, "--algorithm", args.algorithm]
             cmd += ["--model", args.model] if args.model else []
+            cmd += [f"--gemm-rate={spec}" for spec in args.gemm_rate]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             runs.append(json.loads(out.strip().splitlines()[-1]))
     result = dict(runs[0])
@@ -884,6 +1008,14 @@ def _repeat(args, shape):
     result["completion_len_max"] = max(r["completion_len_max"] for r in runs)
     result["completion_len_mean"] = statistics.mean(r["completion_len_mean"] for r in runs)
     result["load_average_runs"] = [r["load_average"] for r in runs]
+    # The floor of the aggregate: the runs' best GEMM rates (each run measured its own unless given), the median
+    # token counts, and the median rollout over it.
+    rates = {t: max(r[f"gemm_gflop_per_s_best{s}"] for r in runs) for t, s in ((args.threads, ""), (1, "_1thread"))}
+    measured = {t: any(r["gemm_rate_measured"][str(t)] for r in runs) for t in rates}
+    result.update(floor_fields(matmul_flop_per_token(runs[0]["shape"]),
+                               statistics.median(r["rollout_prompt_tokens"] for r in runs),
+                               statistics.median(r["rollout_sampled_tokens"] for r in runs),
+                               result["rollout_s_median"], args.threads, rates, measured))
     result["repeat"] = args.repeat
     for key in ("step_s_all", "drawn_lengths_by_step", "mask_sums_by_step"):
         result.pop(key, None)
