@@ -55,7 +55,7 @@ transparent huge pages), so that lines from two machines say what differed. With
 runs R times in fresh processes; the line then carries the median of the runs' medians, each run's step median, the
 overall min/max step and, per phase, the largest RSS figures of the runs.
 
-The rollout's float32 floor (issue 42; docs/PERFORMANCE.md, "Generation"), beside `rollout_s_median`:
+The rollout's float32 floor (docs/PERFORMANCE.md, "Generation"), beside `rollout_s_median`:
 `rollout_floor_s` = (`rollout_prompt_tokens` + `rollout_sampled_tokens`) x `matmul_mflop_per_token` /
 `gemm_gflop_per_s_best`, and `rollout_floor_ratio` = rollout_s_median / rollout_floor_s; `_1thread` keys give the
 same at the 1-thread rate. Prompt tokens count once per prompt (medians over the timed steps of the step's prompts'
@@ -629,7 +629,7 @@ def gemm_peak(threads, repeat=20):
 
 def matmul_flop_per_token(shape: dict) -> int:
     """Floating-point operations (multiply-add = 2) of the matrix products one token costs through the model: every
-    projection weight of every layer (q, k, v, o, gate, up, down) and the LM head's V x D (issue 42's floor; 269 MFLOP
+    projection weight of every layer (q, k, v, o, gate, up, down) and the LM head's V x D (the floor's count; 269 MFLOP
     for SmolLM2-135M). Attention's score and value products are left out: they grow with the context, not with the
     weights. `shape`: SHAPE.json's model sizes (model_shape gives a model directory's)."""
     D, I, V, layers = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"], shape["num_layers"]

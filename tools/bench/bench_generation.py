@@ -1,5 +1,5 @@
-"""Our sampling alone (no trainer) beside its float32 floor: one JSON line per configuration (issue 42;
-docs/PERFORMANCE.md, "Generation").
+"""Our sampling alone (no trainer) beside its float32 floor: one JSON line per configuration
+(docs/PERFORMANCE.md, "Generation").
 
     python tools/bench/bench_generation.py [--model build/models/smollm2-135m-instruct] [--rows 1 8 32 100] \
         [--threads 1 2] [--length 128 512] [--repeat 1] [--warmup-tokens 16] [--gemm-rate 1=GFLOPS --gemm-rate 2=...]

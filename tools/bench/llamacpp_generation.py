@@ -1,6 +1,6 @@
 """llama.cpp's batched sampling of the same GGUF file our SmolLM2 model directory was imported from, beside our
 sampling (tools/bench/bench_generation.py): the grid, prompts and keys of that tool, one JSON line per configuration
-(issue 42; docs/PERFORMANCE.md, "Generation").
+(docs/PERFORMANCE.md, "Generation").
 
     python -m venv /work/llama-venv && PADDLE_GRPO_PEER_ONLY=1 nice -n 19 \
         /work/llama-venv/bin/pip install -e ".[llamacpp]"
