@@ -78,7 +78,8 @@ class Trainer:
                 self.policy.apply_lora(cfg.lora_rank, cfg.lora_alpha_value, cfg.lora_dropout,
                                        cfg.target_modules or None, base_model_name_or_path=cfg.actor_model_name_or_path)
         if par.is_main and not self.policy.is_encoder_decoder:  # after LoRA, which changes the path
-            logger.info(decoder_path(self.policy.model))  # "decoder: fast path (llama)" or "PaddleNLP's forward (why)"
+            for line in decoder_path(self.policy.model, cfg.rollout_precision).splitlines():  # + the engine's
+                logger.info(line)
         self.reference = None
         # (With async_rollout the rollout worker may compute the reference log-probs: no copy here.)
         if cfg.needs_reference_model and not cfg.lora and not cfg.reference_in_rollout_worker:

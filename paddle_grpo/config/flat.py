@@ -111,6 +111,10 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
         where = getattr(self, "_given", {}).get("rollout_correction")  # loading.given_keys
         if where:
             return f"set at {where}"
+        if getattr(self, "_derived", {}).get("rollout_correction") and not (self.async_rollout
+                                                                          and self.rollout_lag >= 1):
+            return (f"the default for rollout_precision {self.rollout_precision}: the sampler's products round "
+                    "otherwise than the float32 trainer's; set rollout_correction: none to train uncorrected")
         if getattr(self, "_derived", {}).get("rollout_correction"):
             return (f"the default for async_rollout with rollout_lag {self.rollout_lag}: the samples come from "
                     f"weights {self.rollout_lag} update(s) old, and uncorrected that collapsed the quickstart "

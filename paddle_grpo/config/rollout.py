@@ -23,6 +23,14 @@ class RolloutArguments:
                                   cpu=off("quantised inference kernels are GPU-only in PaddleNLP"),
                                   gpu=off("not implemented: generation runs on the training model's weights, "
                                           "there is no separate (quantised) rollout model"))
+    rollout_precision: str = arg(
+        "float32", "(new) Precision of the rollout's matrix products on a CPU (the CPU decode engine, "
+        "docs/PERFORMANCE.md \"Generation\"): float32, or bfloat16 (bf16 weights and activations, float32 sums: "
+        "AVX512-BF16 or AMX CPUs; refused where this CPU has no bf16 kernel). The update and the log-probs stay "
+        "float32; the samples then come from a slightly different policy, which rollout_correction corrects (tis "
+        "when rollout_correction is not set) and logs (rollout_correction/kl). Evaluation samples in float32.",
+        choices=("float32", "bfloat16"),
+        gpu=off("a GPU rollout runs in the precision of bf16 / fp16 (AMP); this key picks the CPU decode engine's"))
     async_rollout: bool = arg(False, "(new) Generate and reward the next step's samples in a rollout worker "
                                      "process while the trainer updates on this step's (docs/async.md): both cores "
                                      "of a CPU busy. The samples of step t come from the weights after step "

@@ -289,15 +289,23 @@ def encoder_decoder_refusal(cfg: Config, is_encoder_decoder: bool) -> Optional[s
 def resolve_rollout_correction(cfg: Config, given: Dict[str, str]) -> None:
     """rollout_correction left out of the file and the command line, with a lagged sampler (async_rollout,
     rollout_lag >= 1), becomes `clip`: uncorrected, one step of lag collapsed the quickstart while clip kept it
-    within the synchronous range (docs/async.md). An explicit value, `none` included, is kept (`given`: a YAML
-    `none` reads the same as the default, so the key's presence decides). Recorded in `cfg._derived` for the
+    within the synchronous range (docs/async.md); with a reduced rollout_precision, `tis`. An explicit value, `none`
+    included, is kept (`given`: a YAML `none` reads the same as the default, so the key's presence decides). Recorded in `cfg._derived` for the
     resolved configuration and the dry run (Config.correction_reason)."""
     cfg._derived = {}
-    if "rollout_correction" in given or not (cfg.async_rollout and cfg.rollout_lag >= 1):
+    if "rollout_correction" in given:
         return
-    cfg.rollout_correction = "clip"
-    cfg._derived["rollout_correction"] = (f"not set: the default for async_rollout with rollout_lag "
-                                          f"{cfg.rollout_lag} (docs/async.md); none turns it off")
+    if cfg.async_rollout and cfg.rollout_lag >= 1:
+        cfg.rollout_correction = "clip"
+        cfg._derived["rollout_correction"] = (f"not set: the default for async_rollout with rollout_lag "
+                                              f"{cfg.rollout_lag} (docs/async.md); none turns it off")
+    elif cfg.rollout_precision != "float32":
+        # The sampler's bf16 products give other log-probs than the float32 trainer's: truncated importance
+        # weights (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training").
+        cfg.rollout_correction = "tis"
+        cfg._derived["rollout_correction"] = (f"not set: the default for rollout_precision {cfg.rollout_precision} "
+                                              f"(the sampler's products round otherwise than the trainer's); none "
+                                              f"turns it off")
 
 
 def resolve_rule_reward(cfg: Config, given: Dict[str, str]) -> None:

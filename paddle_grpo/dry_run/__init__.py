@@ -29,7 +29,7 @@ from .keys import keys_without_effect, resolved_config_file  # noqa: F401
 # (the modules' tunable constants, MAX_PROCESSES and MAX_LENGTH_CHECKS, are not re-exported: a copy here would not
 # change what the checks read; set them on dry_run.launch / dry_run.prompts)
 from .prompts import data_files, check_data, prompt_renderer, check_prompt_lengths  # noqa: F401
-from .models import resolve_model, model_dir_problems, inspect_model, decoder_line, check_model  # noqa: F401
+from .models import STOPS, resolve_model, model_dir_problems, inspect_model, decoder_line, check_model  # noqa: F401
 from .rewards import reward_model_specs, check_rewards  # noqa: F401
 from .tools import check_tools, sandbox_problems, tool_problems  # noqa: F401
 from .critic import (CRITIC_KEY, critic_spec, critic_is_built_actor, critic_dir_problems, check_critic,
@@ -90,8 +90,9 @@ def dry_run(cfg: Config, argv: Sequence[str], device: str, script: str = "run_rl
         problems += model_problems
         if config is not None:  # the LM head the run will use (chunked or full logits), as the run says it
             print(f"  {cfg.lm_head_decision(int(config.vocab_size))[1]}")
-            line = decoder_line(cfg, config)
-            print(f"  {line}" if line else "", end="\n" if line else "")
+            for part in (decoder_line(cfg, config) or "").splitlines():
+                print(f"  {part}")
+                problems += [part] if part.startswith(STOPS) else []
             refusal = encoder_decoder_refusal(cfg, bool(getattr(config, "is_encoder_decoder", False)))
             problems += [refusal] if refusal else []
         if tokenizer is not None and records:

@@ -105,10 +105,15 @@ def inspect_model(name: str, key: str, labels: Optional[int] = None, cfg: Option
     return [], config, tokenizer
 
 
+# How decoder_line begins a line saying the run would stop (a rollout_precision the model or CPU cannot run): the
+# dry run counts it as a problem.
+STOPS = "the run stops at start-up: "
+
+
 def decoder_line(cfg: Config, config: Any) -> Optional[str]:
-    """The run's start-up line "decoder: fast path (llama)" or "decoder: PaddleNLP's forward (<why>)", found as the
-    run finds it (fast_decoder.describe on the policy model built from `config` with the run's precision flags, rope
-    tables and LoRA) on a model of ONE decoder layer and a 16-token vocabulary: the layers' classes, biases and
+    """The run's start-up line "decoder: fast path (llama)" (on CPU with a second line, the decode engine's) or
+    "decoder: PaddleNLP's forward (<why>)", found as the run finds it (causal.decoder_path on the policy model built
+    from `config` with the run's precision flags, rope tables and LoRA, and its rollout_precision) on a model of ONE decoder layer and a 16-token vocabulary: the layers' classes, biases and
     rotary tables are what the run's are (the path depends on them, not on their number or the vocabulary), no
     weight is read, and a large model costs one layer's memory. None for an encoder-decoder (the run prints no such
     line); the reason when the model cannot be built here."""
@@ -138,7 +143,12 @@ def decoder_line(cfg: Config, config: Any) -> Optional[str]:
         rope.install(model)
     except Exception as e:  # noqa: BLE001 - a config PaddleNLP cannot build: the run would say so at load
         return f"decoder: not determined here ({type(e).__name__}: {e})"
-    return fast_decoder.describe(model)
+    from ..policy.causal import decoder_path
+
+    try:
+        return decoder_path(model, cfg.rollout_precision)  # with the CPU decode engine's products
+    except ValueError as e:  # a rollout_precision this model or CPU cannot run: the run stops at start-up
+        return f"{fast_decoder.describe(model)}\n{STOPS}{e}"
 
 
 def check_model(name: str, key: str) -> List[str]:

@@ -51,12 +51,16 @@ TABLE: Dict[str, Dict[str, str]] = {
     # GFLOP/s of the decoder products at M = 1 / 8 / 32 rows, one thread (two threads: M = 8 / 32):
     # mkl 10-16 / 65-87 / 94-100 (112-123 / 183), onednn 6-7 / 50-58 / 95-97 (86-95 / 171); bf16 onednn
     # 14-15 / 102-111 / 176-180 (147-157 / 280-313), numpy's emulation 8-10 / 16-19 / 47-49.
-    "amd-avx512": {"float32": "mkl", "bfloat16": "onednn"},
+    # float32 takes oneDNN although MKL is faster at 1-8 rows: MKL's packed copy is ~4.6x the weights (1.95 GB for
+    # SmolLM2-135M's decoder against 0.42 GB reordered by oneDNN, kept by the allocator after the rollout) and took
+    # 1.08 s to pack against 0.32 s; at the rollout's 32 rows the two decode SmolLM2 equally fast (112 and 111
+    # ms a step, one core).
+    "amd-avx512": {"float32": "onednn", "bfloat16": "onednn"},
 }
 MEASURED = {"amd-avx512": "AMD EPYC Zen 4 (family 25 model 17, AVX512-BF16), 2 cores, 2026-12-07"}
-# Where no row was measured: MKL's packed API before oneDNN for float32 (faster at 1-8 rows and equal or faster at
-# 32 on the one measured CPU), oneDNN for bf16 (numpy's bf16 only emulates the rounding, at float32 speed).
-DEFAULT_ORDER = {"float32": ("mkl", "onednn", "numpy"), "bfloat16": ("onednn", "numpy")}
+# Where no row was measured: oneDNN before MKL's packed API for float32 (the memory above), oneDNN for bf16 (numpy's
+# bf16 only emulates the rounding, at float32 speed).
+DEFAULT_ORDER = {"float32": ("onednn", "mkl", "numpy"), "bfloat16": ("onednn", "numpy")}
 
 
 def cpu_family(vendor: Optional[str] = None, flags: Optional[Iterable[str]] = None) -> str:

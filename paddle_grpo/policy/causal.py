@@ -11,8 +11,9 @@ this module's steppers (`stepper_for`): the rollout knows no model, the policy h
 """
 from __future__ import annotations
 
+import functools
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import paddle
@@ -21,7 +22,7 @@ from .. import cpu_tuning, rollout
 from ..algorithms import logprobs_from_logits
 from ..precision import full_precision
 from ..rollout import Rollout, Stepper
-from . import fast_decoder, rope
+from . import decode_engine, fast_decoder, rope
 from .base import Policy, freeze, position_ids_from_mask
 from .hub import resolve_model_dir
 from .lm_head import LMHead, entropy, head_logprobs
@@ -162,17 +163,36 @@ def generate(model: paddle.nn.Layer, prompt_ids: paddle.Tensor | np.ndarray, pro
     return rollout.generate(model, prompt_ids, prompt_mask, **kwargs)
 
 
-def decoder_path(model: paddle.nn.Layer) -> str:
+def decoder_path(model: paddle.nn.Layer, precision: str | None = None) -> str:
     """The start-up line naming the path `completion_logprobs` and `stepper_for` take for `model`:
-    "decoder: fast path (llama)" or "decoder: PaddleNLP's forward (<why the fast path refuses it>)"."""
-    return fast_decoder.describe(model)
+    "decoder: fast path (llama)" or "decoder: PaddleNLP's forward (<why the fast path refuses it>)". With the
+    rollout's `precision` (rollout_precision), checked here to be one this model can sample in, and on CPU a second
+    line: the decode engine's products (decode_engine.describe)."""
+    line = fast_decoder.describe(model)
+    if precision is None:
+        return line
+    _check_precision(model, precision)
+    if fast_decoder.enabled_for(model) and paddle.get_device() == "cpu":
+        line += f"\n{decode_engine.describe(precision)}"
+    return line
 
 
-def stepper_for(model: paddle.nn.Layer) -> type[Stepper]:
-    """The decode stepper class of `model` (rollout.Stepper): the lean decoder path when it computes exactly what
-    the model's forward would (`fast_decoder.enabled_for`), else the model's own decoder."""
+def stepper_for(model: paddle.nn.Layer, precision: str = "float32") -> Callable[[paddle.nn.Layer], Stepper]:
+    """The decode stepper of `model` (rollout.Stepper; called with the model): the lean decoder path when it computes
+    exactly what the model's forward would (`fast_decoder.enabled_for`), else the model's own decoder. `precision`
+    (rollout_precision) other than float32 needs the lean path (its CPU decode engine)."""
     rope.check(model)
-    return FastDecoderStepper if fast_decoder.enabled_for(model) else PaddleNLPStepper
+    _check_precision(model, precision)
+    if not fast_decoder.enabled_for(model):
+        return PaddleNLPStepper
+    return FastDecoderStepper if precision == "float32" else functools.partial(FastDecoderStepper,
+                                                                               precision=precision)
+
+
+def _check_precision(model: paddle.nn.Layer, precision: str) -> None:
+    if precision != "float32" and not fast_decoder.enabled_for(model):
+        raise ValueError(f"rollout_precision {precision} needs the lean decoder path and its CPU decode engine, "
+                         f"which do not run this model: {fast_decoder.refusal(model)}")
 
 
 class PaddleNLPStepper:
@@ -223,17 +243,39 @@ class FastDecoderStepper:
     """A `rollout.Stepper`: decoding through fast_decoder (preallocated KV cache, lean ops), for the models
     `fast_decoder.enabled_for` accepts."""
 
-    def __init__(self, model: paddle.nn.Layer):
+    def __init__(self, model: paddle.nn.Layer, precision: str = "float32"):
         self.fast = fast_decoder.FastDecoder(model)
+        self.precision = precision
+        self.engine: decode_engine.DecodeEngine | None = None
 
     def start(self, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, G: int,
               max_new_tokens: int) -> paddle.Tensor:
-        """Prefill [P, L]; the next-token logits [P * G, V] float32 (fast_decoder.FastDecoder.start_decoding)."""
+        """Prefill [P, L]; the next-token logits [P * G, V] float32: decode_engine.py's where it accepts the model
+        (CPU, no gradients), else fast_decoder.FastDecoder.start_decoding's; the steps then run in the same one."""
+        if decode_engine.refusal(self.fast) is None:
+            if self.engine is None:  # packed once per stepper: the weights do not change within a rollout
+                self.engine = decode_engine.DecodeEngine(self.fast, self.precision)
+            return paddle.to_tensor(self.engine.prefill(np.asarray(prompt_ids), np.asarray(prompt_mask), G,
+                                                        max_new_tokens))
+        if self.precision != "float32":
+            raise ValueError(f"a {self.precision} rollout needs the CPU decode engine, which does not run here: "
+                             f"{decode_engine.refusal(self.fast)}")
         return self.fast.start_decoding(prompt_ids, prompt_mask, G, max_new_tokens)
 
     def step(self, token: paddle.Tensor, keep: paddle.Tensor | None = None) -> paddle.Tensor:
         """token [N] -> next-token logits [N, V] float32; keep bool [N] (None: all): `FastDecoder.decode`."""
+        if self.engine is not None and self.engine.attached:
+            return self.engine.step(token, keep)
         return self.fast.decode(token, keep)
+
+    @property
+    def drops_rows(self) -> bool:
+        """Whether `keep_rows` works: decoding runs in the engine (rollout.decode drops finished rows then)."""
+        return self.engine is not None and self.engine.attached
+
+    def keep_rows(self, rows: np.ndarray) -> None:
+        """Go on decoding the rows `rows` (indices into the current rows) only: DecodeEngine.keep_rows."""
+        self.engine.keep_rows(rows)
 
 
 def _expand_cache(past_key_values, G):
@@ -275,6 +317,9 @@ class CausalPolicy(Policy):
                  **kwargs: Any) -> Rollout:
         """`generate(self.model, prompt_ids, prompt_mask, **kwargs)`: rollout/'s decode loop with this model's
         stepper, stopping also at the model's own end ids (Policy.with_end_ids)."""
+        precision = kwargs.pop("rollout_precision", "float32")
+        if precision != "float32":
+            kwargs.setdefault("stepper", stepper_for(self.model, precision))
         return generate(self.model, prompt_ids, prompt_mask, **self.with_end_ids(kwargs))
 
     def logprobs(self, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, completion_ids: paddle.Tensor,

@@ -217,7 +217,11 @@ class Seq2SeqPolicy(Policy):
     def generate(self, prompt_ids: paddle.Tensor | np.ndarray, prompt_mask: paddle.Tensor | np.ndarray,
                  **kwargs: Any) -> rollout.Rollout:
         """`generate(self.model, prompt_ids, prompt_mask, **kwargs)` (this module's, keyword arguments of
-        rollout.generate), stopping also at the model's own end ids (Policy.with_end_ids)."""
+        rollout.generate), stopping also at the model's own end ids (Policy.with_end_ids). rollout_precision: float32
+        only (the reduced-precision decode engine runs decoder-only Qwen2 / Llama models)."""
+        precision = kwargs.pop("rollout_precision", "float32")
+        if precision != "float32":
+            raise ValueError(f"rollout_precision {precision}: encoder-decoder policies sample in float32 only")
         return generate(self.model, prompt_ids, prompt_mask, **self.with_end_ids(kwargs))
 
     def logprobs(self, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, completion_ids: paddle.Tensor,

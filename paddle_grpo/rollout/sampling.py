@@ -81,6 +81,36 @@ def sample_with_uniforms(probs: paddle.Tensor, u: npt.ArrayLike, block: int = 51
     return (b * block + j).squeeze(-1)
 
 
+def sample_with_uniforms_numpy(weights: np.ndarray, u: npt.ArrayLike, block: int = 512) -> np.ndarray:
+    """`sample_with_uniforms` in numpy, for the CPU decode step (rollout.single_turn.choose): the same two levels and
+    float64 cumulative sums, so it picks the same token unless `u * total` lies within float32 rounding of a
+    boundary (the float32 block sums are added in another order). weights [n, V] float32 >= 0; u [n]. [n] int64."""
+    n, V = weights.shape
+    target = np.asarray(u, dtype=np.float64)
+    if V <= 4 * block:
+        cdf = np.cumsum(weights, axis=-1, dtype=np.float64)
+        idx = (cdf <= (target * cdf[:, -1])[:, None]).sum(axis=-1)
+        return np.minimum(idx, _last_positive_numpy(weights))
+    nb = -(-V // block)
+    if nb * block > V:
+        weights = np.concatenate([weights, np.zeros((n, nb * block - V), dtype=np.float32)], axis=-1)
+    sums = weights.reshape(n, nb, block).sum(axis=-1).astype(np.float64)             # [n, nb]
+    csum = np.cumsum(sums, axis=-1)
+    target = target * csum[:, -1]
+    b = np.minimum((csum <= target[:, None]).sum(axis=-1), _last_positive_numpy(sums))
+    rows = np.arange(n)
+    start = csum[rows, b] - sums[rows, b]
+    vals = weights.reshape(n, nb, block)[rows, b]                                        # [n, block]
+    inner = start[:, None] + np.cumsum(vals, axis=-1, dtype=np.float64)
+    j = np.minimum((inner <= target[:, None]).sum(axis=-1), _last_positive_numpy(vals))
+    return (b * block + j).astype(np.int64)
+
+
+def _last_positive_numpy(x: np.ndarray) -> np.ndarray:
+    """Index of the last positive entry of each row of x [n, m] (m - 1 if none, as `_last_positive`). [n] int64."""
+    return x.shape[-1] - 1 - np.argmax(x[:, ::-1] > 0, axis=-1)
+
+
 def _exact_inverse_cdf(probs: paddle.Tensor, u: npt.ArrayLike) -> paddle.Tensor:
     """One float64 cumsum over [n, V]: `sample_with_uniforms` for small V. [n] int64."""
     cdf = paddle.cumsum(probs.astype("float64"), axis=-1)
@@ -90,7 +120,7 @@ def _exact_inverse_cdf(probs: paddle.Tensor, u: npt.ArrayLike) -> paddle.Tensor:
 
 
 def _last_positive(x: paddle.Tensor) -> paddle.Tensor:
-    """Index of the last positive entry of each row of x [n, m] (0 if none). [n, 1] int64."""
+    """Index of the last positive entry of each row of x [n, m] (m - 1 if none). [n, 1] int64."""
     m = x.shape[-1]
     return m - 1 - paddle.argmax(paddle.flip((x > 0).astype("int32"), axis=[-1]), axis=-1, keepdim=True)
 

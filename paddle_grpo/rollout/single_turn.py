@@ -38,12 +38,15 @@ import paddle
 from ..algorithms import gather_last
 from ..kernels import numpy_kernels
 from ..precision import full_precision
-from .sampling import candidates, sample_with_uniforms, uniforms
+from .sampling import candidates, sample_with_uniforms, sample_with_uniforms_numpy, uniforms
 
 # The decode step's max / exp / sum take numpy kernels on CPU from this vocabulary size: at [8, 151,936] 1.8 ms
 # against 3.8 ms with paddle ops (tools/bench/bench_ops.py, "decode" rows); at small vocabularies both cost
 # microseconds, and paddle's keep the sampled tokens of the tiny models (quickstart, tests) bit for bit what they were.
 NUMPY_FROM_VOCAB = 4096
+# A stepper that can (`drops_rows`: policy/causal.py's on the CPU decode engine) goes on without its finished rows
+# once at most this share of them is still decoding.
+DROP_BELOW = 0.75
 
 
 class Stepper(Protocol):
@@ -112,25 +115,47 @@ def decode(stepper: Stepper, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tens
     finished = paddle.zeros([N], dtype="bool")
     lengths = np.zeros(N, dtype=np.int64)
     tokens, logps = [], []
+    rows = None  # the original indices of the stepper's rows once it dropped finished ones (None: all N)
     for t in range(max_new_tokens):
         with full_precision():  # under the update's autocast (step.model_precision) only the model runs in it
-            token, z, lse = choose(logits, temperature, seen, repetition_penalty, t < min_new_tokens or None,
-                                   eos_cols, do_sample, top_k, top_p,
-                                   None if keys is None or not do_sample else uniforms(keys, t))
-            token = paddle.where(finished, paddle.full_like(token, pad_id), token)
-            token_logp = gather_last(z, token.unsqueeze(-1)).squeeze(-1) - lse
+            sub = (lambda x: x) if rows is None else (lambda x: paddle.index_select(x, paddle.to_tensor(rows)))
+            done = sub(finished)
+            token, z, lse = choose(logits, temperature, None if seen is None else sub(seen), repetition_penalty,
+                                   t < min_new_tokens or None, sub(eos_cols), do_sample, top_k, top_p,
+                                   None if keys is None or not do_sample else
+                                   uniforms(keys if rows is None else keys[rows], t))
+            token = paddle.where(done, paddle.full_like(token, pad_id), token)
+            token_logp = paddle.where(done, paddle.zeros_like(lse), gather_last(z, token.unsqueeze(-1)).squeeze(-1)
+                                      - lse)
+            if rows is not None:  # back to all N rows: the dropped ones are finished (pad, log-prob 0)
+                token, token_logp = (paddle.to_tensor(_scatter(x.numpy(), rows, N, fill))
+                                     for x, fill in ((token, pad_id), (token_logp, 0.0)))
         tokens.append(token)
-        logps.append(paddle.where(finished, paddle.zeros_like(token_logp), token_logp))
+        logps.append(token_logp)
         lengths += (~finished).numpy()
         finished = finished | (token.unsqueeze(-1) == eos_t.unsqueeze(0)).any(axis=-1)
         if bool(finished.all()) or t == max_new_tokens - 1:
             break
         if repetition_penalty != 1.0:
             seen = token.unsqueeze(-1) if seen is None else paddle.concat([seen, token.unsqueeze(-1)], axis=-1)
-        logits = stepper.step(token)
+        live = np.flatnonzero(~finished.numpy())
+        held = N if rows is None else len(rows)
+        if getattr(stepper, "drops_rows", False) and len(live) <= held * DROP_BELOW:
+            # Finished rows cost a decode step as much as live ones: go on without them (their cache copied out
+            # once a quarter of the rows has finished since the last time, so at most ~4 cache copies in all).
+            stepper.keep_rows(live if rows is None else np.searchsorted(rows, live))
+            rows = live
+        logits = stepper.step(token if rows is None else paddle.index_select(token, paddle.to_tensor(rows)))
     ids = paddle.stack(tokens, axis=1)
     truncated = ~finished.numpy()
     return ids, paddle.stack(logps, axis=1), lengths, truncated
+
+
+def _scatter(values: np.ndarray, rows: np.ndarray, N: int, fill: float) -> np.ndarray:
+    """[N] array holding `values` [n] at `rows` and `fill` elsewhere."""
+    out = np.full(N, fill, dtype=values.dtype)
+    out[rows] = values
+    return out
 
 
 def choose(logits: paddle.Tensor, temperature: float, seen: Optional[paddle.Tensor], repetition_penalty: float,
@@ -141,6 +166,9 @@ def choose(logits: paddle.Tensor, temperature: float, seen: Optional[paddle.Tens
     block_eos: True (every row), a bool [n] tensor (those rows) or None: EOS masked, as before `min_new_tokens`;
     eos_cols [n, E] the EOS ids; u [n] keyed uniforms or None (multinomial). Returns (token [n] int64, z [n, V] the
     temperature-scaled logits, logsumexp(z) [n]): the sample log-prob of a token is `z[token] - lse`."""
+    if (seen is None and top_k <= 0 and top_p >= 1.0 and (u is not None or not do_sample)
+            and logits.shape[-1] >= NUMPY_FROM_VOCAB and numpy_kernels.enabled(logits)):
+        return _choose_numpy(logits, temperature, block_eos, eos_cols, do_sample, u)
     z = logits / temperature
     exp_z, lse = _exp_and_logsumexp(z)
     processed = z
@@ -158,6 +186,36 @@ def choose(logits: paddle.Tensor, temperature: float, seen: Optional[paddle.Tens
     else:
         token = paddle.argmax(processed, axis=-1)
     return token, z, lse
+
+
+def _choose_numpy(logits: paddle.Tensor, temperature: float, block_eos: Union[bool, paddle.Tensor, None],
+                  eos_cols: paddle.Tensor, do_sample: bool, u: Optional[np.ndarray]
+                  ) -> Tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
+    """`choose` without repetition penalty, top-k or top-p, at a real vocabulary on CPU: the same maths on numpy views
+    of the logits, with no further [n, V] pass than the max / exp / sum one (paddle's ops took ~9 ms a step at
+    [32, 49,152], one Zen 4 core; this ~3 ms). Keyed sampling by sampling.sample_with_uniforms_numpy; greedy by
+    argmax of the logits. EOS blocking zeroes the EOS columns of the exponentials (a blocked token's weight)."""
+    z = logits if temperature == 1.0 else logits / temperature
+    exp_z, lse = _exp_and_logsumexp(z)
+    e = numpy_kernels.writable_view(exp_z)
+    zv = numpy_kernels.writable_view(z)
+    blocked = None
+    if block_eos is True:
+        blocked = np.arange(e.shape[0])
+    elif block_eos is not None:
+        blocked = np.flatnonzero(block_eos.numpy())
+    eos = eos_cols.numpy()
+    if do_sample:
+        if blocked is not None:
+            e[blocked[:, None], eos[blocked]] = 0.0
+        token = sample_with_uniforms_numpy(e, u)
+    else:
+        token = zv.argmax(axis=-1)
+        if blocked is not None and blocked.size:
+            rows = zv[blocked].copy()
+            rows[np.arange(blocked.size)[:, None], eos[blocked]] = -np.inf
+            token[blocked] = rows.argmax(axis=-1)
+    return paddle.to_tensor(token.astype(np.int64)), z, lse
 
 
 def _exp_and_logsumexp(z: paddle.Tensor) -> Tuple[paddle.Tensor, paddle.Tensor]:

@@ -116,10 +116,12 @@ class PromptEncoder:
 
 
 def rollout(policy: Policy, encode: PromptEncoder, cfg: Any, records: Sequence[dict], indices: Sequence[int],
-            G: int, *, do_sample: bool = True, keys: Optional[np.ndarray] = None, amp: Any = None) -> Rollout:
+            G: int, *, do_sample: bool = True, keys: Optional[np.ndarray] = None, amp: Any = None,
+            precision: str = "float32") -> Rollout:
     """G completions for each of the dataset rows `indices` (rollout.generate's contract); the model under
-    `model_precision(amp)` (the sampling maths stay float32: rollout.decode). With the encoder's tools: multi-turn,
-    up to `max_turns` assistant turns (the Rollout's `tool_mask` and `turns` set)."""
+    `model_precision(amp)` (the sampling maths stay float32: rollout.decode), its CPU decode products in
+    `precision` (rollout_precision: the training rollouts; evaluation keeps float32). With the encoder's tools:
+    multi-turn, up to `max_turns` assistant turns (the Rollout's `tool_mask` and `turns` set)."""
     prompt_ids, prompt_mask = encode(records, indices)
     tokenizer = encode.tokenizer
     multi_turn = {} if encode.tools is None else {"tools": encode.tools, "max_turns": cfg.max_turns,
@@ -129,7 +131,8 @@ def rollout(policy: Policy, encode: PromptEncoder, cfg: Any, records: Sequence[d
                                min_new_tokens=cfg.min_dec_len, eos_token_ids=sorted({tokenizer.eos_token_id}),
                                pad_token_id=tokenizer.pad_token_id, temperature=cfg.temperature, top_p=cfg.top_p,
                                top_k=cfg.top_k, repetition_penalty=cfg.repetition_penalty, do_sample=do_sample,
-                               max_num_seqs=cfg.rollout_max_num_seqs, row_keys=keys, **multi_turn)
+                               max_num_seqs=cfg.rollout_max_num_seqs, row_keys=keys, **multi_turn,
+                               **({} if precision == "float32" else {"rollout_precision": precision}))
 
 
 def final_answer(turns: List[dict]) -> str:
@@ -202,7 +205,7 @@ def collect(par: ParallelContext, policy: Policy, encode: PromptEncoder, rewarde
         rows = (np.asarray(positions)[:, None] * G + np.arange(G)[None, :]).reshape(-1)
         t0 = time.perf_counter()
         sampled = rollout(policy, encode, cfg, records, mine, G, keys=row_keys(cfg.seed, step * 1000 + rounds, rows),
-                          amp=amp)
+                          amp=amp, precision=cfg.rollout_precision)
         t1 = time.perf_counter()
         tool_wait_s += sampled.tool_wait_s or 0.0
         texts = completion_texts(encode.tokenizer, sampled)

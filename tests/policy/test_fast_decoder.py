@@ -16,6 +16,7 @@ import numpy as np
 import paddle
 import pytest
 from batch_helpers import grouped_batch
+from fast_decoder_helpers import V, make_model
 from numerics import tiny_lm_tol
 from paddlenlp.transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -25,32 +26,9 @@ from paddle_grpo.rollout.sampling import row_keys
 
 pytestmark = pytest.mark.numerics  # compares float results: CI reruns it on other CPU kernels
 
-V = 96
 LP_TOL = tiny_lm_tol(160, 2, V)  # 3.9e-4: make_model's sizes (intermediate 160 the longest sum, 2 layers)
 GRAD_TOL = 2 * LP_TOL
 FAMILIES = ["qwen2", "llama"]
-
-
-def make_model(family="qwen2", seed=0, **overrides):
-    """A tiny random `family` causal LM (hidden 64, intermediate 160, 2 layers, GQA), float32."""
-    kw = dict(vocab_size=V, hidden_size=64, intermediate_size=160, num_hidden_layers=2, max_position_embeddings=64,
-              dtype="float32")
-    if family == "qwen2":
-        kw.update(num_attention_heads=8, num_key_value_heads=2, rms_norm_eps=1e-6)
-    else:
-        kw.update(num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=100000.0)
-    kw.update(overrides)
-    paddle.seed(seed)
-    model = (Qwen2ForCausalLM(Qwen2Config(**kw)) if family == "qwen2" else LlamaForCausalLM(LlamaConfig(**kw)))
-    # PaddleNLP initialises norms to 1 and biases to 0; random ones make the q/k/v bias fusion and the norm weights
-    # observable.
-    with paddle.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.set_value(paddle.randn(p.shape) * 0.1)
-            elif "norm" in name:
-                p.set_value(1.0 + paddle.randn(p.shape) * 0.1)
-    return model
 
 
 def batch_of(**kwargs):

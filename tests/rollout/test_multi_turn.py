@@ -143,10 +143,14 @@ def test_kv_cache_kept_across_turns_matches_a_full_forward(tool_policy, stepper)
     np.testing.assert_allclose(r.sample_logprobs.numpy()[action == 1], full.numpy()[action == 1], rtol=0, atol=tol)
 
 
-def test_rows_that_never_call_equal_the_single_turn_rollout(tiny_policy_dir):
+@pytest.mark.parametrize("engine", ["0", "1"])
+def test_rows_that_never_call_equal_the_single_turn_rollout(tiny_policy_dir, monkeypatch, engine):
     """A policy whose text holds no call (conftest's random model; its tokenizer has no `<tool_call>` token, so
-    turns end at EOS only): the multi-turn loop gives the single-turn loop's rollout bit for bit on the lean path
-    (same sampling maths, keyed by the same positions, per-row cache slots), in chunks too."""
+    turns end at EOS only): the multi-turn loop gives the single-turn loop's rollout, in chunks too: bit for bit
+    on FastDecoder's steps (same sampling maths, keyed by the same positions, per-row cache slots); on the CPU decode
+    engine the same tokens with log-probs within float32 rounding (the single-turn loop attends to the filled slots
+    only and goes on without finished rows, which rounds differently: policy/decode_engine.py)."""
+    monkeypatch.setenv("PADDLE_GRPO_DECODE_ENGINE", engine)
     model, tok = load_causal_lm(tiny_policy_dir, trainable=False), load_tokenizer(tiny_policy_dir)
     pid, mask = batch(tok, ["Zoey is a knight", "What is", "<|im_start|>user\nYou meet 2 inhabitants"])
     common = dict(num_samples=2, max_new_tokens=24, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
@@ -157,8 +161,13 @@ def test_rows_that_never_call_equal_the_single_turn_rollout(tiny_policy_dir):
         assert env.stop_token_ids() == []
         multi = generate(model, pid, mask, tools=env, max_turns=3, **common)
     assert single.tool_mask is None and single.turns is None and single.tool_wait_s is None
-    for name in ("completion_ids", "completion_mask", "sample_logprobs"):
+    for name in ("completion_ids", "completion_mask"):
         np.testing.assert_array_equal(getattr(multi, name).numpy(), getattr(single, name).numpy(), err_msg=name)
+    if engine == "0":
+        np.testing.assert_array_equal(multi.sample_logprobs.numpy(), single.sample_logprobs.numpy())
+    else:  # the tiny policy's sums: its widths (at most 128) and 2 layers, as the log-prob test above
+        tol = tiny_lm_tol(max(128, pid.shape[1] + 24), 2, len(tok))
+        assert np.abs(multi.sample_logprobs.numpy() - single.sample_logprobs.numpy()).max() <= tol
     np.testing.assert_array_equal(multi.lengths, single.lengths)
     np.testing.assert_array_equal(multi.truncated, single.truncated)
     assert multi.tool_mask.numpy().sum() == 0

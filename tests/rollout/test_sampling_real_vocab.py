@@ -8,9 +8,13 @@ from numerics import EPS32, f32_sum_tol
 
 from paddle_grpo.kernels.chunk_kernels import shifted_statistics
 from paddle_grpo.rollout import decode, top_p_filter
-from paddle_grpo.rollout.sampling import candidates, row_keys, sample_with_uniforms, uniforms
+from paddle_grpo.rollout.sampling import (candidates, row_keys, sample_with_uniforms, sample_with_uniforms_numpy,
+                                          uniforms)
 
 REAL_V = 151936
+# The two implementations of the two-level inverse CDF: paddle ops (any device) and numpy (the CPU decode step).
+SAMPLERS = {"paddle": lambda p, u, block: sample_with_uniforms(paddle.to_tensor(p), u, block=block).numpy(),
+            "numpy": lambda p, u, block: sample_with_uniforms_numpy(p, u, block=block)}
 
 
 def exact_inverse_cdf(p, u):
@@ -47,9 +51,10 @@ def distributions(V, rng):
     return (p / p.sum(-1, keepdims=True)).astype(np.float32)
 
 
+@pytest.mark.parametrize("sampler", sorted(SAMPLERS))
 @pytest.mark.parametrize("V,block", [(1000, 128), (1000, 512), (4099, 512), (4099, 256), (20000, 1024), (REAL_V, 512),
                                      (40, 512)])
-def test_two_level_inverse_cdf_equals_the_exact_float64_one(V, block):
+def test_two_level_inverse_cdf_equals_the_exact_float64_one(V, block, sampler):
     rng = np.random.default_rng(V + block)
     base = distributions(V, rng)
     reps = 16 if V > 100000 else 64
@@ -57,7 +62,7 @@ def test_two_level_inverse_cdf_equals_the_exact_float64_one(V, block):
     u = rng.random(len(p))
     u[::reps] = 0.0                                               # every distribution at u = 0 ...
     u[1::reps] = 1.0 - 2.0 ** -53                                 # ... and just below 1
-    got = sample_with_uniforms(paddle.to_tensor(p), u, block=block).numpy()
+    got = SAMPLERS[sampler](p, u, block)
     ref, cdf, target = exact_inverse_cdf(p, u)
     assert (p[np.arange(len(p)), got] > 0).all()                  # never a zero-probability token
     differ = np.nonzero(got != ref)[0]
@@ -68,7 +73,8 @@ def test_two_level_inverse_cdf_equals_the_exact_float64_one(V, block):
     assert len(differ) <= 2 + 0.01 * len(p)
 
 
-def test_two_level_inverse_cdf_at_block_boundaries_and_one_hot_rows():
+@pytest.mark.parametrize("sampler", sorted(SAMPLERS))
+def test_two_level_inverse_cdf_at_block_boundaries_and_one_hot_rows(sampler):
     V, block = 3000, 512                                          # 6 blocks, the last one partial
     p = np.zeros((4, V), dtype=np.float32)
     p[0, [511, 512, 1023, 2999]] = 0.25                           # mass on both sides of block edges
@@ -77,7 +83,7 @@ def test_two_level_inverse_cdf_at_block_boundaries_and_one_hot_rows():
     p[3, 1024:1536] = 1.0 / 512                                   # exactly one full block
     for u0 in (0.0, 0.1, 0.26, 0.5, 0.74, 0.76, 0.999999):
         u = np.full(4, u0)
-        got = sample_with_uniforms(paddle.to_tensor(p), u, block=block).numpy()
+        got = SAMPLERS[sampler](p, u, block)
         ref = exact_inverse_cdf(p, u)[0]
         assert got.tolist() == ref.tolist(), u0
 
@@ -206,7 +212,8 @@ def reference_decode(stepper, prompt, G, T, min_new, eos, temperature, top_k, to
 @pytest.mark.parametrize("kw", [dict(temperature=0.7, top_k=0, top_p=1.0, penalty=1.0, min_new=0),
                                 dict(temperature=1.0, top_k=50, top_p=0.9, penalty=1.3, min_new=3),
                                 dict(temperature=0.5, top_k=0, top_p=0.7, penalty=1.0, min_new=0),
-                                dict(temperature=1.3, top_k=0, top_p=1.0, penalty=1.2, min_new=2)])
+                                dict(temperature=1.3, top_k=0, top_p=1.0, penalty=1.2, min_new=2),
+                                dict(temperature=1.0, top_k=0, top_p=1.0, penalty=1.0, min_new=3)])
 def test_decode_at_the_real_vocabulary_matches_a_float64_reference(kw):
     prompt = np.array([[5, 17, 99, 151000], [7, 7, 8, 9]])
     G, T, eos = 4, 6, [REAL_V - 1, 3]
@@ -234,3 +241,28 @@ def test_decode_at_the_real_vocabulary_matches_a_float64_reference(kw):
         # sums' (log2 V + 1) u twice, and the shifted logit's rounding (|z - m| <= 60) in each
         np.testing.assert_allclose(lps.numpy()[:, t], (picked - lse_s).numpy(), rtol=0,
                                    atol=2 * (np.log2(REAL_V) + 1) * EPS32 + 2 * 60 * EPS32)
+
+
+@pytest.mark.parametrize("min_new", [0, 3])
+def test_greedy_decode_at_the_real_vocabulary_takes_the_argmax(min_new):
+    """Greedy decoding (do_sample=False: the numpy step on CPU when nothing else processes the logits) picks each
+    row's largest logit, the EOS ids excluded before `min_new` tokens; the log-probs are the float64 ones."""
+    prompt = np.array([[5, 17, 99, 151000], [7, 7, 8, 9]])
+    G, T = 2, 5
+    stepper = FakeStepper(len(prompt) * G, REAL_V, scale=3.0)
+    first = stepper.logits(0)
+    eos = [int(first[0].argmax()), 3]  # row 0's favourite first token is an EOS id: blocked while t < min_new
+    ids, lps, _, _ = decode(stepper, paddle.to_tensor(prompt), paddle.ones([2, 4], dtype="int64"), G, T, min_new,
+                            eos, 0, 1.0, 1.0, 1.0, False, None, True, 0)
+    for t in range(int(ids.shape[1])):
+        z = stepper.logits(t).astype(np.float64)
+        blocked = z.copy()
+        if t < min_new:
+            blocked[:, eos] = -np.inf
+        live = ids.numpy()[:, t] != 0
+        np.testing.assert_array_equal(ids.numpy()[live, t], blocked.argmax(-1)[live])
+        lse = np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1)) + z.max(-1)
+        ref = z[np.arange(len(z)), ids.numpy()[:, t]] - lse
+        # as the sampled case above: pairwise float32 sums, |z - m| <= 60
+        np.testing.assert_allclose(lps.numpy()[live, t], ref[live], atol=3e-5)
+    assert (ids.numpy()[0, 0] == eos[0]) == (min_new == 0)
