@@ -266,10 +266,10 @@ def test_sampled_completions_reproducible_by_seed_and_unlike_greedy(ev, capsys, 
     the batch size (keys follow the problem's index in the file), another seed or greedy decoding other ones."""
     data = write_lines(tmp_path / "problems.jsonl", PROBLEMS)
     greedy_out, greedy = run(ev, capsys, tiny_policy_dir, data, tmp_path / "greedy.jsonl")
-    assert greedy_out[0].endswith(", greedy")
+    assert greedy_out[0].endswith(", greedy, float32 products")
     sampled_out, first = run(ev, capsys, tiny_policy_dir, data, tmp_path / "a.jsonl", "--temperature", "1",
                              "--seed", "7")
-    assert sampled_out[0].endswith(", sampled at temperature 1.0, seed 7")
+    assert sampled_out[0].endswith(", sampled at temperature 1.0, seed 7, float32 products")
     assert parse_table(ev, sampled_out, 5) == recompute(first)
     # run() uses batches of 2; batches of 5 put every problem in another batch position with other neighbours.
     assert ev.main(["--model", tiny_policy_dir, "--data", str(data), "--output", str(tmp_path / "b.jsonl"),
@@ -283,6 +283,23 @@ def test_sampled_completions_reproducible_by_seed_and_unlike_greedy(ev, capsys, 
     # greedy (or with another seed's) would mean the sampler was not used.
     assert texts(first) != texts(greedy)
     assert texts(other_seed) != texts(first)
+
+
+def test_bfloat16_products_are_named_and_scored(ev, capsys, tiny_policy_dir, tmp_path):
+    """--precision bfloat16 decodes through the engine's bf16 products (where this CPU has them): the summary line
+    says so, and its table is the score of its own predictions (tests/policy/test_decode_engine.py bounds the bf16
+    logits against float32)."""
+    from paddle_grpo.kernels import gemm
+
+    try:
+        gemm.best_backend("bfloat16")
+    except ValueError as e:
+        pytest.skip(f"no bfloat16 GEMM on this CPU: {e}")
+    data = write_lines(tmp_path / "problems.jsonl", PROBLEMS)
+    out, bf16 = run(ev, capsys, tiny_policy_dir, data, tmp_path / "bf16.jsonl", "--precision", "bfloat16")
+    assert out[0].endswith(", greedy, bfloat16 products")
+    assert len(bf16) == 5
+    assert parse_table(ev, out, 5) == recompute(bf16)
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan"])

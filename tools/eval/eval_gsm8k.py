@@ -1,7 +1,8 @@
 """Evaluate a saved checkpoint on GSM8K: greedy or sampled answers, exact match under lm-eval's two filters.
 
     python tools/eval/eval_gsm8k.py --model DIR --data FILE [--limit N] [--batch-size B] [--max-new-tokens T]
-        [--chat-template auto|none|qwen] [--temperature T [--seed S]] [--output predictions.jsonl]
+        [--chat-template auto|none|qwen] [--temperature T [--seed S]] [--precision float32|bfloat16]
+        [--output predictions.jsonl]
 
 DIR is any `save_pretrained` directory with its tokenizer (a `checkpoint-<step>` of run_rl.py or a PaddleNLP
 model). FILE is raw GSM8K JSONL (`question`, `answer` ending in `#### N`) or src/tgt JSONL as written by
@@ -206,12 +207,13 @@ def stop_token_ids(tokenizer, model):
 
 
 def generate_completions(model, tokenizer, prompts, *, batch_size, max_new_tokens, chat_template="auto",
-                         temperature=None, seed=0, log=None):
+                         temperature=None, seed=0, log=None, precision="float32"):
     """Completions decoded up to (not including) EOS as the trainer does; one dict per prompt. Greedy when
-    `temperature` is None, else sampled at that temperature with prompt i's row key `row_keys(seed, 0, i)`."""
+    `temperature` is None, else sampled at that temperature with prompt i's row key `row_keys(seed, 0, i)`.
+    `precision`: the decode engine's products (causal.stepper_for)."""
     import numpy as np
 
-    from paddle_grpo.policy.causal import generate
+    from paddle_grpo.policy.causal import generate, stepper_for
     from paddle_grpo.rollout.sampling import row_keys
 
     token_ids = tokenize_prompts(tokenizer, [apply_chat_template(p, tokenizer, mode=chat_template) for p in prompts])
@@ -227,7 +229,7 @@ def generate_completions(model, tokenizer, prompts, *, batch_size, max_new_token
                     {"do_sample": True, "temperature": float(temperature),
                      "row_keys": row_keys(seed, 0, np.asarray(batch, dtype=np.uint64))})
         rollout = generate(model, ids, mask, num_samples=1, max_new_tokens=max_new_tokens, eos_token_ids=eos,
-                           pad_token_id=pad, **sampling)
+                           pad_token_id=pad, stepper=stepper_for(model, precision), **sampling)
         completion_ids = rollout.completion_ids.numpy()
         for row, i in enumerate(batch):
             n, cut = int(rollout.lengths[row]), bool(rollout.truncated[row])
@@ -262,6 +264,9 @@ def main(argv=None):
                         help="sample one completion per problem at this temperature (default: greedy)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed with --temperature (default 0)")
     parser.add_argument("--output", default=None, help="write per-problem predictions (JSONL) here")
+    parser.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
+                        help="the CPU decode engine's matrix products (rollout_precision's values; default float32): "
+                             "bfloat16 is faster on CPUs with AVX512-BF16 or AMX and changes some answers")
     args = parser.parse_args(argv)
     for key in ("limit", "batch_size", "max_new_tokens"):
         if getattr(args, key) is not None and getattr(args, key) < 1:
@@ -285,7 +290,8 @@ def main(argv=None):
     log(f"{len(examples)} problems from {args.data}")
     generated = generate_completions(model, tokenizer, [e["prompt"] for e in examples], batch_size=args.batch_size,
                                      max_new_tokens=args.max_new_tokens, chat_template=args.chat_template,
-                                     temperature=args.temperature, seed=args.seed, log=log)
+                                     temperature=args.temperature, seed=args.seed, log=log,
+                                     precision=args.precision)
     predictions = []
     for index, (example, gen) in enumerate(zip(examples, generated)):
         scores = score(gen["completion"], example["gold"])
@@ -299,7 +305,8 @@ def main(argv=None):
     print(f"paddle_grpo (model={args.model}), data: {args.data}, n: {len(predictions)}, limit: {args.limit}, "
           f"num_fewshot: {N_SHOT}, batch_size: {args.batch_size}, max_new_tokens: {args.max_new_tokens} "
           f"({truncated} truncated), "
-          + ("greedy" if args.temperature is None else f"sampled at temperature {args.temperature}, seed {args.seed}"))
+          + ("greedy" if args.temperature is None else f"sampled at temperature {args.temperature}, seed {args.seed}")
+          + f", {args.precision} products")
     print(format_table(aggregate(predictions)))
     return 0
 
