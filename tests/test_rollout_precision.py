@@ -68,3 +68,15 @@ def test_a_bf16_rollout_trains_and_logs_the_mismatch(tmp_path, tiny_policy_dir):
     # bf16, and below 0.05 unless the sampler were another policy.
     assert 1e-9 < row["rollout_correction/kl"] < 0.05, row
     assert 0.9 < row["rollout_correction/ess"] <= 1.0 + 1e-9, row
+
+
+def test_the_key_has_no_effect_off_the_cpu():
+    """On a GPU the rollout runs in the AMP precision (bf16 / fp16 keys): rollout_precision is ignored there, as
+    the configuration's effect table says, instead of stopping the run."""
+    from paddle_grpo.config import FIELDS
+    from paddle_grpo.policy.causal import cpu_rollout_precision
+
+    assert cpu_rollout_precision("cpu", "bfloat16") == "bfloat16"
+    assert cpu_rollout_precision("gpu:0", "bfloat16") == "float32"
+    assert cpu_rollout_precision("gpu:0", "float32") == "float32"
+    assert "AMP" in FIELDS["rollout_precision"].metadata["effect"]["gpu"].note

@@ -171,6 +171,7 @@ def decoder_path(model: paddle.nn.Layer, precision: str | None = None) -> str:
     line = fast_decoder.describe(model)
     if precision is None:
         return line
+    precision = cpu_rollout_precision(paddle.get_device(), precision)
     _check_precision(model, precision)
     if fast_decoder.enabled_for(model) and paddle.get_device() == "cpu":
         line += f"\n{decode_engine.describe(precision)}"
@@ -187,6 +188,13 @@ def stepper_for(model: paddle.nn.Layer, precision: str = "float32") -> Callable[
         return PaddleNLPStepper
     return FastDecoderStepper if precision == "float32" else functools.partial(FastDecoderStepper,
                                                                                precision=precision)
+
+
+def cpu_rollout_precision(device: str, precision: str) -> str:
+    """The decode engine's precision for rollout_precision `precision` on `device` (paddle.get_device()): as given
+    on a CPU; float32 elsewhere, where the key has no effect (a GPU rollout runs in the AMP precision of bf16 /
+    fp16; the config's effect table says so)."""
+    return precision if device == "cpu" else "float32"
 
 
 def _check_precision(model: paddle.nn.Layer, precision: str) -> None:
@@ -316,8 +324,9 @@ class CausalPolicy(Policy):
     def generate(self, prompt_ids: paddle.Tensor | np.ndarray, prompt_mask: paddle.Tensor | np.ndarray,
                  **kwargs: Any) -> Rollout:
         """`generate(self.model, prompt_ids, prompt_mask, **kwargs)`: rollout/'s decode loop with this model's
-        stepper, stopping also at the model's own end ids (Policy.with_end_ids)."""
-        precision = kwargs.pop("rollout_precision", "float32")
+        stepper, stopping also at the model's own end ids (Policy.with_end_ids). `rollout_precision` (the config
+        key) applies on CPU only (`cpu_rollout_precision`)."""
+        precision = cpu_rollout_precision(paddle.get_device(), kwargs.pop("rollout_precision", "float32"))
         if precision != "float32":
             kwargs.setdefault("stepper", stepper_for(self.model, precision))
         return generate(self.model, prompt_ids, prompt_mask, **self.with_end_ids(kwargs))
