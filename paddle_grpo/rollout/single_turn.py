@@ -116,9 +116,10 @@ def decode(stepper: Stepper, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tens
     lengths = np.zeros(N, dtype=np.int64)
     tokens, logps = [], []
     rows = None  # the original indices of the stepper's rows once it dropped finished ones (None: all N)
+    index = None  # `rows` as an int64 tensor (made once per drop, not per step)
     for t in range(max_new_tokens):
         with full_precision():  # under the update's autocast (step.model_precision) only the model runs in it
-            sub = (lambda x: x) if rows is None else (lambda x: paddle.index_select(x, paddle.to_tensor(rows)))
+            sub = (lambda x: x) if rows is None else (lambda x: paddle.index_select(x, index))
             done = sub(finished)
             token, z, lse = choose(logits, temperature, None if seen is None else sub(seen), repetition_penalty,
                                    t < min_new_tokens or None, sub(eos_cols), do_sample, top_k, top_p,
@@ -144,8 +145,8 @@ def decode(stepper: Stepper, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tens
             # Finished rows cost a decode step as much as live ones: go on without them (their cache copied out
             # once a quarter of the rows has finished since the last time, so at most ~4 cache copies in all).
             stepper.keep_rows(live if rows is None else np.searchsorted(rows, live))
-            rows = live
-        logits = stepper.step(token if rows is None else paddle.index_select(token, paddle.to_tensor(rows)))
+            rows, index = live, paddle.to_tensor(live, dtype="int64")
+        logits = stepper.step(token if rows is None else paddle.index_select(token, index))
     ids = paddle.stack(tokens, axis=1)
     truncated = ~finished.numpy()
     return ids, paddle.stack(logps, axis=1), lengths, truncated
