@@ -8,6 +8,7 @@
   losses.py         clipped policy losses by name (token-level, GSPO; dual-clip), loss aggregation,
                     log-probs and entropy from logits
   normalization.py  running reward normalisation (Chan), advantage whitening
+  pass_at_k.py      evaluation with n samples per problem: the unbiased pass@k (Chen et al.), the majority vote
   rollout_correction.py  importance weights of the sampler's log-probs against the trainer's: TIS / MIS at the
                     token, sequence or geometric level; the off-policy diagnostics (KL, ESS, perplexity ratio)
   shaping.py        reward clipping, DAPO overlong penalty (combining reward functions: rewards.RewardSet)
@@ -49,6 +50,7 @@ from .losses import (
 from ._common import gather_last, subtract_at
 from .schedule import lr_lambda
 from .normalization import RunningRewardNormalizer, normalize_advantage
+from .pass_at_k import majority_answer, majority_correct, pass_at_k, pass_at_k_sizes
 from .rollout_correction import (ROLLOUT_CORRECTION_LEVELS, ROLLOUT_CORRECTIONS, effective_sample_size,
                                  rollout_correction)
 from .registry import EstimatorSpec, PolicyLossSpec, UnknownNameError
@@ -65,7 +67,8 @@ __all__ = [
     "gae_advantage",
     "gather_last", "get_advantage_estimator", "get_policy_loss",
     "global_denominators", "importance_sampling_levels", "kl_penalty", "kl_token_rewards", "logprobs_from_logits",
-    "lr_lambda", "masked_mean", "normalize_advantage", "overlong_penalty", "policy_loss_spec",
+    "lr_lambda", "majority_answer", "majority_correct", "masked_mean", "normalize_advantage", "overlong_penalty",
+    "pass_at_k", "pass_at_k_sizes", "policy_loss_spec",
     "positive_example_mask", "register_advantage_estimator",
     "register_policy_loss", "reward_kl_coeff", "rollout_correction", "scalar_to_token_level",
     "unregister_advantage_estimator",
