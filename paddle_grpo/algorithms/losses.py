@@ -3,7 +3,7 @@
 Everything here is a pure function of paddle tensors, computed in float32 (float64 if an input is float64) whatever
 the input dtype; `[bs, T]` tensors are per token of the response, `response_mask` is non-zero on valid tokens.
 """
-from typing import Callable, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import paddle
 
@@ -109,18 +109,27 @@ _POLICY_LOSSES = Registry("policy loss", PolicyLossSpec)
 
 
 def register_policy_loss(name: str, *, importance_sampling_level: Optional[str] = None,
-                         needs_old_log_probs: bool = True,
-                         advantage_weighted: bool = False) -> Callable[[Callable], Callable]:
+                         needs_old_log_probs: bool = True, advantage_weighted: bool = False,
+                         config_options: Sequence[Any] = (), ratio_level: Optional[str] = None,
+                         loss_agg_mode: Optional[str] = None,
+                         clip_keys: Sequence[str] = ("clip_range_ratio_low", "clip_range_ratio_high"),
+                         dual_clip: bool = False) -> Callable[[Callable], Callable]:
     """Decorator registering a policy loss under `name` with its `PolicyLossSpec` fields (see there). With an
     `importance_sampling_level` the loss becomes that config value of `importance_sampling_level`; one level has
-    one loss."""
+    one loss. `ratio_level` defaults to "sequence" for the level "sequence", else "token"."""
     if importance_sampling_level is not None:
         taken = importance_sampling_levels().get(importance_sampling_level)
         if taken is not None and taken != name:
             raise ValueError(f"importance_sampling_level {importance_sampling_level!r} is already implemented by "
                              f"policy loss {taken!r}")
+    if loss_agg_mode is not None and loss_agg_mode not in LOSS_AGG_MODES:
+        raise unknown_name("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
     return _POLICY_LOSSES.register(name, importance_sampling_level=importance_sampling_level,
-                                   needs_old_log_probs=needs_old_log_probs, advantage_weighted=advantage_weighted)
+                                   needs_old_log_probs=needs_old_log_probs, advantage_weighted=advantage_weighted,
+                                   config_options=tuple(config_options),
+                                   ratio_level=ratio_level or ("sequence" if importance_sampling_level == "sequence"
+                                                               else "token"),
+                                   loss_agg_mode=loss_agg_mode, clip_keys=tuple(clip_keys), dual_clip=dual_clip)
 
 
 def unregister_policy_loss(name: str) -> None:
@@ -136,8 +145,8 @@ def policy_loss_spec(name: str) -> PolicyLossSpec:
 
 def get_policy_loss(name: str) -> Callable:
     """The policy loss registered as `name` (`policy_loss_spec(name).fn`). A policy loss is `fn(log_prob,
-    old_log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c) -> (pg_losses [bs, T],
-    {"clip_low"|"clip_high"|"clip_dual": bool [bs, T]})`."""
+    old_log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c, **options) ->
+    (pg_losses [bs, T], {"clip_low"|"clip_high"|"clip_dual": bool [bs, T]})`; a missing key counts as all False."""
     return _POLICY_LOSSES.get(name)
 
 
@@ -153,7 +162,30 @@ def importance_sampling_levels() -> Dict[str, str]:
             if spec.importance_sampling_level is not None}
 
 
-def _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high, clip_ratio_c):
+def resolve_policy_loss(policy_loss: Optional[str], importance_sampling_level: str = "token") -> PolicyLossSpec:
+    """The spec of the loss a run uses: `policy_loss` (any registered name) when set, else the loss of
+    `importance_sampling_level` ("token" -> vanilla, "sequence" -> gspo) or a loss registered under that name.
+    An unknown name raises `UnknownNameError` listing the valid ones."""
+    if policy_loss is not None:
+        return policy_loss_spec(policy_loss)
+    levels = importance_sampling_levels()
+    name = levels.get(importance_sampling_level, importance_sampling_level)
+    if name not in _POLICY_LOSSES:
+        raise unknown_name("importance_sampling_level / policy loss", importance_sampling_level,
+                           list(levels) + list(available_policy_losses()))
+    return policy_loss_spec(name)
+
+
+def token_log_ratio(log_prob: paddle.Tensor, old_log_prob: paddle.Tensor,
+                    response_mask: paddle.Tensor) -> paddle.Tensor:
+    """`clamp(l_t - l^old_t, -20, 20)` per token `[bs, T]`, 0 on padding: garbage there (inf - inf) cannot put NaN
+    into the backward pass, and the clamp keeps `exp` finite (its gradient is 0 beyond +-20, never reached by a
+    trained policy)."""
+    return paddle.clip(masked(log_prob - old_log_prob, response_mask), -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+
+
+def clipped_surrogate(ratio: paddle.Tensor, advantages: paddle.Tensor, clip_ratio_low: float, clip_ratio_high: float,
+                      clip_ratio_c: Optional[float]) -> Tuple[paddle.Tensor, Dict[str, paddle.Tensor]]:
     """PPO clip (with asymmetric clip-higher, DAPO) and optional dual-clip (arXiv 1912.09729), per token."""
     unclipped = -advantages * ratio
     clipped = -advantages * paddle.clip(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
@@ -173,19 +205,18 @@ def _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high, clip_
     return loss, info
 
 
-@register_policy_loss("vanilla", importance_sampling_level="token", advantage_weighted=True)
-@register_policy_loss("clip", advantage_weighted=True)
+@register_policy_loss("vanilla", importance_sampling_level="token", advantage_weighted=True, dual_clip=True)
+@register_policy_loss("clip", advantage_weighted=True, dual_clip=True)
 def vanilla_policy_loss(log_prob: paddle.Tensor, old_log_prob: paddle.Tensor, advantages: paddle.Tensor,
                         response_mask: paddle.Tensor, clip_ratio_low: float, clip_ratio_high: float,
                         clip_ratio_c: Optional[float]) -> Tuple[paddle.Tensor, Dict[str, paddle.Tensor]]:
     """Token-level PPO-clip surrogate (GRPO, arXiv 2402.03300): `rho_t = exp(clamp(l_t - l^old_t, -20, 20))`,
     `L_t = max(-A_t rho_t, -A_t clip(rho_t, 1 - eps_low, 1 + eps_high))`, dual-clipped when `clip_ratio_c`."""
-    # Padding is given log-ratio 0 so that garbage there (inf - inf) cannot put NaN into the backward pass.
-    log_ratio = paddle.clip(masked(log_prob - old_log_prob, response_mask), -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-    return _clipped_surrogate(paddle.exp(log_ratio), advantages, clip_ratio_low, clip_ratio_high, clip_ratio_c)
+    ratio = paddle.exp(token_log_ratio(log_prob, old_log_prob, response_mask))
+    return clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high, clip_ratio_c)
 
 
-@register_policy_loss("gspo", importance_sampling_level="sequence", advantage_weighted=True)
+@register_policy_loss("gspo", importance_sampling_level="sequence", advantage_weighted=True, dual_clip=True)
 def gspo_policy_loss(log_prob: paddle.Tensor, old_log_prob: paddle.Tensor, advantages: paddle.Tensor,
                      response_mask: paddle.Tensor, clip_ratio_low: float, clip_ratio_high: float,
                      clip_ratio_c: Optional[float]) -> Tuple[paddle.Tensor, Dict[str, paddle.Tensor]]:
@@ -199,16 +230,18 @@ def gspo_policy_loss(log_prob: paddle.Tensor, old_log_prob: paddle.Tensor, advan
     seq_log_ratio = masked(log_prob - old_log_prob, mask).sum(-1) / paddle.clip(mask.sum(-1), min=1.0)
     seq_log_ratio = paddle.clip(seq_log_ratio, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
     ratio = paddle.exp(seq_log_ratio).unsqueeze(-1).expand_as(log_prob)
-    return _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high, clip_ratio_c)
+    return clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high, clip_ratio_c)
 
 
 def compute_policy_loss(log_prob: TensorLike, old_log_prob: TensorLike, advantages: TensorLike,
                         response_mask: TensorLike, clip_ratio_low: float = 0.2,
                         clip_ratio_high: float = 0.2, clip_ratio_c: Optional[float] = None,
-                        importance_sampling_level: str = "token", loss_agg_mode: str = "token-mean",
-                        token_weights: Optional[TensorLike] = None,
+                        importance_sampling_level: str = "token", loss_agg_mode: Optional[str] = None,
+                        token_weights: Optional[TensorLike] = None, policy_loss: Optional[str] = None,
+                        loss_options: Optional[Dict[str, Any]] = None,
                         **agg_kwargs: object) -> Dict[str, paddle.Tensor]:
-    """Clipped policy-gradient loss (docs/algorithms.md section 4).
+    """A policy-gradient loss by name (docs/algorithms.md section 4): PPO clip, GSPO, CISPO, GMPO, SAPO, Clip-Cov,
+    KL-Cov.
 
     Args:
         log_prob: `[bs, T]` log-probs of the sampled tokens under the current policy (carries the gradient).
@@ -218,34 +251,37 @@ def compute_policy_loss(log_prob: TensorLike, old_log_prob: TensorLike, advantag
         advantages: `[bs, T]`, treated as a constant.
         response_mask: `[bs, T]`, non-zero on valid tokens.
         clip_ratio_low / clip_ratio_high: eps_low / eps_high of `clip(rho, 1 - eps_low, 1 + eps_high)` (DAPO
-            clip-higher when they differ).
+            clip-higher when they differ); each loss's docstring says how it reads them.
         clip_ratio_c: dual-clip constant c > 1 (arXiv 1912.09729): where A < 0 the loss is `min(L^clip, -c A)`.
-            None disables it.
+            None disables it. Only for the losses registered with `dual_clip` (vanilla, gspo).
         importance_sampling_level: "token" (policy loss "vanilla") or "sequence" (GSPO, arXiv 2507.18071), or the
-            name of any registered policy loss.
+            name of any registered policy loss; `policy_loss`, when given, names the loss instead.
+        loss_options: the loss's keyword options (`PolicyLossSpec.options(cfg)`: SAPO's temperatures, ...).
         token_weights: `[bs, T]` or None, constants (detached here) multiplying each token's loss before the
             aggregation: the rollout correction's importance weights (`rollout_correction`: TIS / MIS). The
             denominators of the aggregation are unchanged (a weight of 0 leaves its token counted).
         loss_agg_mode, **agg_kwargs: passed to `aggregate_loss` (`num_global_tokens`, `num_global_seqs`,
-            `max_dec_len`).
+            `max_dec_len`). None: the loss's own mode (`PolicyLossSpec.loss_agg_mode`), else token-mean; a mode
+            other than the loss's own raises ValueError.
     Returns a dict of:
         pg_loss: scalar, the aggregated loss.
         pg_losses: `[bs, T]` per-token loss (weighted by `token_weights`), 0 on masked positions.
-        clip_frac_low: share of valid tokens with A < 0 and rho < 1 - eps_low (lower clip active, zero gradient).
-        clip_frac_high: share of valid tokens with A > 0 and rho > 1 + eps_high (upper clip active).
-        clip_frac_dual: share of valid tokens with A < 0 and -c A < L^clip strictly (dual bound active, i.e.
-            rho > c); 0 when dual-clip is off.
+        clip_frac_low / clip_frac_high / clip_frac_dual: shares of valid tokens the loss's bounds acted on (each
+            loss's docstring says which; PPO clip: A < 0 and rho < 1 - eps_low, A > 0 and rho > 1 + eps_high,
+            where the token's gradient is 0; A < 0 and -c A < L^clip strictly, i.e. rho > c, with dual-clip).
         approx_kl_old: mean over valid tokens of `l^old - l` (unclamped).
     The four statistics are detached and taken over this call's valid tokens (0 if there are none).
     """
+    spec = resolve_policy_loss(policy_loss, importance_sampling_level)
+    if clip_ratio_c is not None and not spec.dual_clip:
+        raise ValueError(f"clip_ratio_c (dual-clip) does not apply to policy loss {spec.name!r}; leave it None")
     if clip_ratio_c is not None and not clip_ratio_c > 1.0:
         raise ValueError(f"clip_ratio_c must be > 1 for dual-clip (or None to disable it), got {clip_ratio_c!r}")
-    levels = importance_sampling_levels()
-    name = levels.get(importance_sampling_level, importance_sampling_level)
-    if name not in _POLICY_LOSSES:
-        raise unknown_name("importance_sampling_level / policy loss", importance_sampling_level,
-                           list(levels) + list(available_policy_losses()))
-    policy_loss = get_policy_loss(name)
+    if loss_agg_mode is None:
+        loss_agg_mode = spec.loss_agg_mode or "token-mean"
+    elif spec.loss_agg_mode is not None and loss_agg_mode != spec.loss_agg_mode:
+        raise ValueError(f"policy loss {spec.name!r} is defined with loss_agg_mode {spec.loss_agg_mode!r}, got "
+                         f"{loss_agg_mode!r}")
 
     dtype = compute_dtype(log_prob, old_log_prob, advantages)
     log_prob = as_float(log_prob, dtype)
@@ -255,15 +291,16 @@ def compute_policy_loss(log_prob: TensorLike, old_log_prob: TensorLike, advantag
     check_same_shape(log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages, response_mask=mask)
     advantages = masked(advantages, mask)
 
-    pg_losses, info = policy_loss(log_prob, old_log_prob, advantages, mask, clip_ratio_low, clip_ratio_high,
-                                  clip_ratio_c)
+    pg_losses, info = spec.fn(log_prob, old_log_prob, advantages, mask, clip_ratio_low, clip_ratio_high,
+                              clip_ratio_c, **(loss_options or {}))
     if token_weights is not None:
         weights = as_float(token_weights, dtype).detach()
         check_same_shape(log_prob=log_prob, token_weights=weights)
         pg_losses = pg_losses * weights
     pg_losses = masked(pg_losses, mask)
     with paddle.no_grad():
-        stats = {f"clip_frac_{k[5:]}": masked_mean(v.astype(dtype), mask) for k, v in info.items()}
+        stats = {f"clip_frac_{k}": masked_mean(info[f"clip_{k}"].astype(dtype), mask) if f"clip_{k}" in info
+                 else paddle.zeros([], dtype) for k in ("low", "high", "dual")}
         stats["approx_kl_old"] = masked_mean(old_log_prob - log_prob.detach(), mask)
     return {
         "pg_loss": aggregate_loss(pg_losses, mask, loss_agg_mode, **agg_kwargs),

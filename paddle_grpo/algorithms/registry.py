@@ -26,8 +26,46 @@ def unknown_name(kind: str, name: object, valid: Iterable[str]) -> UnknownNameEr
     return UnknownNameError(f"unknown {kind} {name!r}; valid: {', '.join(sorted(valid))}")
 
 
+def checked_options(owner: str, config_options: Any) -> Tuple[ConfigOption, ...]:
+    """`config_options` as a tuple of `"key"` / `("config_key", "option")` entries (lists become tuples); a
+    TypeError naming `owner` for anything else."""
+    if isinstance(config_options, str):  # ("norm_adv_by_std") without the comma
+        raise TypeError(f"{owner}: config_options must be a tuple of key names")
+    options = tuple(tuple(o) if isinstance(o, list) else o for o in config_options)
+    for option in options:
+        pair = isinstance(option, tuple) and len(option) == 2 and all(isinstance(x, str) for x in option)
+        if not (isinstance(option, str) or pair):
+            raise TypeError(f"{owner}: each config_options entry must be a key name or a (config_key, option) "
+                            f"pair, got {option!r}")
+    return options
+
+
+class ConfigOptions:
+    """What a spec with a `config_options` field (config keys passed to its `fn` as keyword options) offers:
+    `config_keys`, `option_names` and `options(cfg)`. Shared by the estimators and the policy losses."""
+    config_options: Tuple[ConfigOption, ...]
+
+    @property
+    def _option_pairs(self) -> Tuple[Tuple[str, str], ...]:
+        return tuple((o, o) if isinstance(o, str) else o for o in self.config_options)
+
+    @property
+    def config_keys(self) -> Tuple[str, ...]:
+        """The config keys `fn` reads (the first of each `(config_key, option)` pair)."""
+        return tuple(key for key, _ in self._option_pairs)
+
+    @property
+    def option_names(self) -> Tuple[str, ...]:
+        """The keyword options `fn` takes from the config, in `config_options` order."""
+        return tuple(option for _, option in self._option_pairs)
+
+    def options(self, cfg: Any) -> Dict[str, Any]:
+        """`{option: cfg.<config_key>}` for `fn`, from any object with the config keys as attributes."""
+        return {option: getattr(cfg, key) for key, option in self._option_pairs}
+
+
 @dataclasses.dataclass(frozen=True)
-class EstimatorSpec:
+class EstimatorSpec(ConfigOptions):
     """An advantage estimator and how to call it.
 
     fn: `fn(token_level_rewards [bs, T], response_mask [bs, T], index [bs], **options) -> (advantages, returns)`.
@@ -71,15 +109,8 @@ class EstimatorSpec:
         if not isinstance(self.min_group_size, int) or self.min_group_size < 1:
             raise ValueError(f"advantage estimator {self.name!r}: min_group_size must be an int >= 1, "
                              f"got {self.min_group_size!r}")
-        if isinstance(self.config_options, str):  # ("norm_adv_by_std") without the comma
-            raise TypeError(f"advantage estimator {self.name!r}: config_options must be a tuple of key names")
-        options = tuple(tuple(o) if isinstance(o, list) else o for o in self.config_options)
-        for option in options:
-            pair = isinstance(option, tuple) and len(option) == 2 and all(isinstance(x, str) for x in option)
-            if not (isinstance(option, str) or pair):
-                raise TypeError(f"advantage estimator {self.name!r}: each config_options entry must be a key name "
-                                f"or a (config_key, option) pair, got {option!r}")
-        object.__setattr__(self, "config_options", options)
+        object.__setattr__(self, "config_options", checked_options(f"advantage estimator {self.name!r}",
+                                                                   self.config_options))
         defaults = tuple(tuple(d) for d in self.key_defaults)
         if any(len(d) != 2 or not isinstance(d[0], str) for d in defaults):
             raise TypeError(f"advantage estimator {self.name!r}: key_defaults must be (config_key, default) pairs, "
@@ -87,54 +118,69 @@ class EstimatorSpec:
         object.__setattr__(self, "key_defaults", defaults)
 
     @property
-    def _option_pairs(self) -> Tuple[Tuple[str, str], ...]:
-        return tuple((o, o) if isinstance(o, str) else o for o in self.config_options)
-
-    @property
-    def config_keys(self) -> Tuple[str, ...]:
-        """The config keys the estimator reads (the first of each `(config_key, option)` pair)."""
-        return tuple(key for key, _ in self._option_pairs)
-
-    @property
-    def option_names(self) -> Tuple[str, ...]:
-        """The keyword options `fn` takes from the config, in `config_options` order."""
-        return tuple(option for _, option in self._option_pairs)
-
-    @property
     def reward_kl_per_token(self) -> bool:
         """Whether `kl_coeff`'s KL always goes into the reward per token ("token", "token_rewards"), whatever
         `use_kl_in_reward` says."""
         return self.kl_in_reward in ("token", "token_rewards")
-
-    def options(self, cfg: Any) -> Dict[str, Any]:
-        """`{option: cfg.<config_key>}` for `fn`, from any object with the config keys as attributes."""
-        return {option: getattr(cfg, key) for key, option in self._option_pairs}
 
     def key_default(self, key: str, fallback: Any = None) -> Any:
         """The estimator's default for config key `key` (`key_defaults`), else `fallback`."""
         return dict(self.key_defaults).get(key, fallback)
 
 
+RATIO_LEVELS = ("token", "sequence")
+
+
 @dataclasses.dataclass(frozen=True)
-class PolicyLossSpec:
+class PolicyLossSpec(ConfigOptions):
     """A policy loss and how to call it.
 
-    fn: `fn(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c)
-        -> (pg_losses [bs, T], {"clip_low"|"clip_high"|"clip_dual": bool [bs, T]})`.
+    fn: `fn(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c,
+        **options) -> (pg_losses [bs, T], {"clip_low"|"clip_high"|"clip_dual": bool [bs, T]})`; `options` from
+        `config_options`.
     importance_sampling_level: the config value of `importance_sampling_level` that selects this loss ("token",
-        "sequence"), or None when it is only reachable by its name (an alias such as "clip").
+        "sequence"), or None when it is only reachable by its name (config key `policy_loss`, or an alias such as
+        "clip").
     needs_old_log_probs: whether `old_log_prob` enters the loss (every ratio-based loss); on policy the caller
         passes `log_prob.detach()`.
     advantage_weighted: whether every token's loss is a multiple of its advantage (PPO clip, dual-clip, GSPO), so
         that with every advantage 0 the loss and its gradient are exactly 0 whatever the parameters; the update then
         skips the forward and backward of such a mini-batch (step.policy_update.nothing_to_learn). False (the
         default of a registered loss) never skips.
+    config_options: config keys passed to `fn` as keyword options, as `EstimatorSpec.config_options` (SAPO's
+        temperatures, Clip-Cov's ratio and bounds).
+    ratio_level: "token" or "sequence": the level of the ratio the loss takes (GSPO's and GMPO's are per
+        sequence); a run's `importance_sampling_level` must agree with it (config validation).
+    loss_agg_mode: the aggregation the loss is defined with, or None when `loss_agg_mode` chooses it (a run with
+        another loss_agg_mode is refused).
+    clip_keys: the clip-range config keys the loss reads ("clip_range_ratio_low", "clip_range_ratio_high"); the
+        others have no effect with it.
+    dual_clip: whether `clip_ratio_c` (dual-clip) applies; a run that sets it with a loss that does not take it is
+        refused.
     """
     name: str
     fn: Callable
     importance_sampling_level: Optional[str] = None
     needs_old_log_probs: bool = True
     advantage_weighted: bool = False
+    config_options: Tuple[ConfigOption, ...] = ()
+    ratio_level: str = "token"
+    loss_agg_mode: Optional[str] = None
+    clip_keys: Tuple[str, ...] = ("clip_range_ratio_low", "clip_range_ratio_high")
+    dual_clip: bool = False
+
+    def __post_init__(self) -> None:
+        if self.ratio_level not in RATIO_LEVELS:
+            raise ValueError(f"policy loss {self.name!r}: ratio_level must be one of {RATIO_LEVELS}, "
+                             f"got {self.ratio_level!r}")
+        object.__setattr__(self, "config_options", checked_options(f"policy loss {self.name!r}",
+                                                                   self.config_options))
+        object.__setattr__(self, "clip_keys", tuple(self.clip_keys))
+
+    @property
+    def summary(self) -> str:
+        """`fn`'s docstring up to its first ": " (the loss's name and paper, what the dry run prints)."""
+        return (self.fn.__doc__ or self.name).strip().split(": ")[0]
 
 
 SpecT = TypeVar("SpecT", EstimatorSpec, PolicyLossSpec)

@@ -23,16 +23,59 @@ class AlgorithmArguments:
     kl_loss_estimator: str = arg("k3", "(new) KL estimator for the KL loss.",
                                  choices=_from_algorithms("KL_ESTIMATORS"))
     pg_loss_coeff: float = arg(1.0, "Policy-gradient loss coefficient.")
-    entropy_coeff: float = arg(0.0, "Entropy bonus coefficient.")
+    entropy_coeff: float = arg(0.0, "Entropy bonus coefficient. With entropy_target: the adaptive coefficient's "
+                                    "starting value.")
+    entropy_target: Optional[float] = arg(
+        None, "(new) Adaptive entropy control (Skywork-OR1, docs/algorithms.md \"Entropy control\"): the token-mean "
+              "entropy the entropy bonus steers toward. After each step the coefficient c moves by entropy_coeff_lr "
+              "up when the step's entropy (train/entropy) was below the target and down (not below 0) when above; "
+              "the next step's bonus is c while the entropy is at or below the target, else 0. Logged as "
+              "train/entropy_coeff and kept in checkpoints. Unset (null): the fixed entropy_coeff.")
+    entropy_coeff_lr: float = arg(0.005, "(new) entropy_target's step: how much the adaptive entropy coefficient "
+                                         "moves per training step (Skywork-OR1's delta, 0.005). >= 0.")
+    mask_truncated_completions: bool = arg(
+        False, "(new) TRL's mask_truncated_completions: completions that reached max_dec_len without an end token "
+               "(response_length/clip_ratio counts them) are left out of the policy's loss (policy, KL, entropy "
+               "terms); their rewards still enter the group's advantages, and a critic still learns their values.")
     clip_range_ratio: float = arg(0.2, "PPO clip range of the ratio.")
     clip_range_ratio_low: Optional[float] = arg(None, "Lower clip range (default: clip_range_ratio).")
     clip_range_ratio_high: Optional[float] = arg(None, "Upper clip range (DAPO's clip-higher uses a larger value). "
                                                        "Unset (null): the estimator's default, 0.28 for "
-                                                       "rl_algorithm vapo (the paper's), else clip_range_ratio.")
+                                                       "rl_algorithm vapo (the paper's), else clip_range_ratio. "
+                                                       "policy_loss cispo: its weight's cap is 1 + this value "
+                                                       "(TRL's epsilon_high 5.0 for CISPO is 4.0 here).")
     clip_ratio_c: Optional[float] = arg(None, "(new) Dual-clip constant c > 1 for negative advantages (off when "
                                               "unset).")
-    importance_sampling_level: str = arg("token", "(new) token: per-token ratio; sequence: GSPO's sequence ratio.",
+    importance_sampling_level: str = arg("token", "(new) token: per-token ratio; sequence: GSPO's sequence ratio. "
+                                                  "With policy_loss: unset, or the loss's own level.",
                                          choices=_from_algorithms("importance_sampling_levels"))
+    policy_loss: Optional[str] = arg(
+        None, "(new) The policy loss by name (verl's loss_mode; docs/algorithms.md section 4): vanilla / clip (PPO "
+              "clip, clip-higher, dual-clip), gspo, cispo (MiniMax-M1: a truncated stop-gradient weight, bound "
+              "1 + clip_range_ratio_high), geo_mean / gmpo (GMPO: geometric mean of the token ratios, clip range in "
+              "log space), sapo (SAPO: a sigmoid gate, sapo_temperature_pos/neg), clip_cov / kl_cov (Cui et al.: "
+              "the tokens of largest covariance of log-prob and advantage, clip_cov_* / kl_cov_ratio, ppo_kl_coef). "
+              "Unset (null): from importance_sampling_level (token: vanilla, sequence: gspo). gspo and gmpo set the "
+              "ratio level sequence, gmpo and sapo the loss_agg_mode seq-mean-token-mean (their papers'); an "
+              "explicit importance_sampling_level, loss_agg_mode or clip_ratio_c that contradicts the loss is "
+              "refused.",
+        choices=_from_algorithms("available_policy_losses"))
+    sapo_temperature_pos: float = arg(1.0, "(new) policy_loss sapo: the gate's temperature tau where the advantage "
+                                           "is positive, f(r) = sigmoid(tau (r - 1)) 4 / tau (TRL's name; verl's "
+                                           "tau_pos; the paper's 1.0). > 0.")
+    sapo_temperature_neg: float = arg(1.05, "(new) policy_loss sapo: the gate's temperature where the advantage is "
+                                            "not positive (TRL's name; verl's tau_neg; the paper's 1.05). > 0.")
+    clip_cov_ratio: float = arg(0.0002, "(new) policy_loss clip_cov: the share of a micro-batch's valid tokens "
+                                        "(at least 1) drawn among the band's to get no gradient (verl's name and "
+                                        "default). In (0, 1].")
+    clip_cov_lb: float = arg(1.0, "(new) policy_loss clip_cov: lower bound of the covariance band (verl's).")
+    clip_cov_ub: float = arg(5.0, "(new) policy_loss clip_cov: upper bound of the covariance band (verl's); above "
+                                  "clip_cov_lb.")
+    kl_cov_ratio: float = arg(0.0002, "(new) policy_loss kl_cov: the share of a micro-batch's valid tokens (at "
+                                      "least 1), those of largest covariance, that get the KL penalty (verl's name "
+                                      "and default; the paper uses 0.002 for Qwen2.5-7B). In (0, 1].")
+    ppo_kl_coef: float = arg(1.0, "(new) policy_loss kl_cov: the coefficient of the penalty |log(pi / pi_old)| on "
+                                  "the selected tokens (verl's name and default). >= 0.")
     rollout_correction: str = arg(
         "none", "(new) Off-policy correction of the policy-gradient loss by the sampler's own log-probs l^s "
                 "(docs/algorithms.md, \"Rollout correction\"): each token's loss is weighted by the ratio "

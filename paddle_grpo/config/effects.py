@@ -138,9 +138,32 @@ def run_key_notes(cfg: Config) -> Dict[str, str]:
     elif cfg.rollout_worker_reference and cfg.sync_ref_model:
         notes["rollout_worker_reference"] = ("sync_ref_model mixes the policy into the trainer's reference: the "
                                              "trainer computes the reference log-probs")
+    notes.update(policy_loss_notes(cfg))
     if cfg.positive_lm_coeff <= 0:
         notes["positive_example_min_reward"] = ("the positive-example LM loss is off (positive_example_lm_coeff "
                                                 "0; rl_algorithm vapo turns it on)")
+    return notes
+
+
+def policy_loss_notes(cfg: Config) -> Dict[str, str]:
+    """Key -> why it has no effect with this run's policy loss: another loss's options, the clip keys the loss does
+    not read (PolicyLossSpec.clip_keys), entropy_coeff_lr without entropy_target."""
+    from ..algorithms import available_policy_losses, policy_loss_spec, resolve_policy_loss
+    spec = resolve_policy_loss(cfg.policy_loss, cfg.importance_sampling_level)
+    notes, users = {}, {}
+    for name in available_policy_losses():
+        for key in policy_loss_spec(name).config_keys:
+            users.setdefault(key, []).append(name)
+    for key, names in users.items():
+        if key not in spec.config_keys:
+            notes[key] = f"policy_loss {spec.name} does not take it (an option of policy_loss {', '.join(names)})"
+    for key in ("clip_range_ratio_low", "clip_range_ratio_high"):
+        if key not in spec.clip_keys:
+            notes[key] = f"policy_loss {spec.name} does not read it ({spec.summary})"
+    if not spec.clip_keys:
+        notes["clip_range_ratio"] = f"policy_loss {spec.name} has no clip range ({spec.summary})"
+    if cfg.entropy_target is None:
+        notes["entropy_coeff_lr"] = "entropy_target is unset: the entropy coefficient is the fixed entropy_coeff"
     return notes
 
 

@@ -9,6 +9,7 @@ from typing import Dict, Optional
 from .effects import CONSTANT_SCHEDULES, SHARDING_OPTIONS, sharding_options
 from .fields import ConfigError, field_choices, logger, raise_errors
 from .flat import FIELDS, Config
+from .policy_loss import apply_policy_loss, check_policy_loss_values
 
 # ------------------------------------------------------------------------------------------------- validation
 
@@ -143,6 +144,7 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
         bad_url = url_problem(cfg.tool_server)
         if bad_url:
             bad("tool_server", bad_url)
+    check_policy_loss_values(cfg, bad)
     raise_errors(list(bad_values.values()), "bad values")
 
     # Combinations: one key against others, checked once each key alone is valid.
@@ -164,6 +166,9 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
                                   f"must not exceed {peak} ({critic['critic_learning_rate']}): the critic's "
                                   f"{schedule} schedule decays from its learning rate down to it; set "
                                   "critic_min_learning_rate")
+    apply_policy_loss(cfg, given, known, fail)
+    if cfg.clip_cov_lb >= cfg.clip_cov_ub:
+        fail("clip_cov_lb", f"must be below {ref('clip_cov_ub')}: Clip-Cov draws its tokens from the band between")
     if cfg.min_dec_len > cfg.max_dec_len:
         fail("min_dec_len", f"must not exceed {ref('max_dec_len')}; set min_dec_len to at most {cfg.max_dec_len}")
     if cfg.max_length < cfg.max_prompt_len + cfg.max_dec_len:

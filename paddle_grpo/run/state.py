@@ -21,12 +21,14 @@ logger = logging.getLogger("paddle_grpo.trainer")
 
 
 def trainer_state(t: Trainer) -> Dict[str, Any]:
-    """trainer_state.json's part beyond the step: data position, running reward statistics, schedule, counters."""
+    """trainer_state.json's part beyond the step: data position, running reward statistics, schedule, counters,
+    the adaptive entropy coefficient."""
     counters = t.learner.state
     return {"sampler": t.sampler.state_dict(),
             "normalizer": t.normalizer.state_dict() if t.normalizer is not None else None,
             "scheduler": t.learner.scheduler.state_dict(), "nonfinite_total": counters.nonfinite_total,
             "nonfinite_in_a_row": counters.nonfinite_in_a_row, "optimizer_steps": counters.optimizer_steps,
+            "entropy_coeff": counters.entropy_coeff, "entropy_applied": counters.entropy_applied,
             "loss_scale": t.learner.amp_state(),
             **({"rollout": t.batches.state_dict()} if t.batches.state_dict() is not None else {}),
             **({"critic": t.critic_learner.state_dict()} if t.critic_learner is not None else {})}
@@ -122,8 +124,10 @@ def restore(t: Trainer, path: str) -> None:
     t.sampler.set_state_dict(state["sampler"])
     if t.normalizer is not None and state.get("normalizer"):
         t.normalizer.set_state_dict(state["normalizer"])
+    # the adaptive entropy coefficient (entropy_target): absent from older checkpoints, which had none
     t.learner.state = step.UpdateState(state["optimizer_steps"], state["nonfinite_total"],
-                                       state["nonfinite_in_a_row"])
+                                       state["nonfinite_in_a_row"], state.get("entropy_coeff"),
+                                       state.get("entropy_applied"))
     t.learner.load_amp_state(state.get("loss_scale"))
     t.step = state["step"]
     t.batches.restore(path, state, t.step)  # async_rollout: the lagged weights the next steps sample from

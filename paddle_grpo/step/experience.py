@@ -258,11 +258,16 @@ def update_inputs(rows: GlobalRows, estimate: Estimate, batch: Batch, old_lp: Op
                   ref_lp: Optional[paddle.Tensor], values: Optional[paddle.Tensor], cfg: Any,
                   positive_min_reward: Optional[float] = None) -> Tuple[UpdateInputs, Optional[CriticInputs]]:
     """This rank's rows of the experience: the policy update's inputs, and the critic's (None without a critic).
-    Rows no reward function could judge are left out of every loss (masked; their advantage is 0).
-    `positive_min_reward`: the reward from which a row is a positive example (`positive_rows`), needed when the
-    positive-example LM loss is on."""
-    valid = paddle.to_tensor(local_rows(rows, rows.valid, batch).astype("int64"))
-    loss_mask = batch.completion_mask * valid[:, None]
+    Rows no reward function could judge are left out of every loss (masked; their advantage is 0). With
+    mask_truncated_completions (TRL's), the rows that reached max_dec_len without an end token (`batch.truncated`)
+    are left out of the policy's loss too; their rewards still entered the advantages, and the critic still learns
+    their values. `positive_min_reward`: the reward from which a row is a positive example (`positive_rows`),
+    needed when the positive-example LM loss is on."""
+    valid = local_rows(rows, rows.valid, batch).astype(bool)
+    critic_mask = batch.completion_mask * paddle.to_tensor(valid.astype("int64"))[:, None]
+    if cfg.mask_truncated_completions:
+        valid = valid & ~np.asarray(batch.truncated, dtype=bool)
+    loss_mask = batch.completion_mask * paddle.to_tensor(valid.astype("int64"))[:, None]
     positive = positive_rows(rows, cfg, positive_min_reward)
     if positive is not None:
         positive = loss_mask * paddle.to_tensor(local_rows(rows, positive, batch).astype("int64"))[:, None]
@@ -270,4 +275,5 @@ def update_inputs(rows: GlobalRows, estimate: Estimate, batch: Batch, old_lp: Op
                           ref_lp, positive)
     if estimate.returns is None:
         return inputs, None
-    return inputs, CriticInputs(batch, values, paddle.to_tensor(local_rows(rows, estimate.returns, batch)), loss_mask)
+    return inputs, CriticInputs(batch, values, paddle.to_tensor(local_rows(rows, estimate.returns, batch)),
+                                critic_mask)

@@ -10,8 +10,8 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 import paddle
 
-from ..algorithms import (aggregate_loss, compute_policy_loss, global_denominators, importance_sampling_levels,
-                          kl_penalty, masked_mean, policy_loss_spec, rollout_correction)
+from ..algorithms import (adaptive_entropy_coeff, aggregate_loss, compute_policy_loss, global_denominators,
+                          kl_penalty, masked_mean, resolve_policy_loss, rollout_correction)
 from ..parallel import ParallelContext
 from ..policy import Policy, position_ids_from_mask
 from ..policy.causal import logprobs_from_completion_logits
@@ -30,10 +30,30 @@ class TrainingError(RuntimeError):
 
 @dataclass
 class UpdateState:
-    """The update's counters, kept in checkpoints."""
+    """The update's counters and the adaptive entropy coefficient's state (entropy_target: `entropy_coeff` c and
+    the `entropy_applied` alpha the next step's bonus uses, algorithms.adaptive_entropy_coeff; None until the
+    first step: the configured entropy_coeff), kept in checkpoints."""
     optimizer_steps: int = 0
     nonfinite_total: int = 0
     nonfinite_in_a_row: int = 0
+    entropy_coeff: Optional[float] = None
+    entropy_applied: Optional[float] = None
+
+    def entropy_bonus(self, cfg: Any) -> float:
+        """The entropy bonus's coefficient this step: alpha under entropy_target, else entropy_coeff."""
+        if cfg.entropy_target is None or self.entropy_applied is None:
+            return cfg.entropy_coeff
+        return self.entropy_applied
+
+    def follow_entropy(self, cfg: Any, entropy: float) -> None:
+        """After a step whose token-mean entropy was `entropy`: the adaptive coefficient's next values (no-op
+        without entropy_target)."""
+        if cfg.entropy_target is None:
+            return
+        coeff = cfg.entropy_coeff if self.entropy_coeff is None else self.entropy_coeff
+        applied = cfg.entropy_coeff if self.entropy_applied is None else self.entropy_applied
+        self.entropy_coeff, self.entropy_applied = adaptive_entropy_coeff(coeff, applied, entropy,
+                                                                          cfg.entropy_target, cfg.entropy_coeff_lr)
 
 
 @dataclass
@@ -77,8 +97,8 @@ class UpdateInputs:
 
 def rl_loss(cfg: Any, lp: paddle.Tensor, entropy: paddle.Tensor, old: paddle.Tensor, advantages: paddle.Tensor,
             mask: paddle.Tensor, ref: Optional[paddle.Tensor], agg: Dict[str, Any],
-            positive: Optional[paddle.Tensor] = None,
-            sample: Optional[paddle.Tensor] = None) -> Tuple[paddle.Tensor, np.ndarray]:
+            positive: Optional[paddle.Tensor] = None, sample: Optional[paddle.Tensor] = None,
+            entropy_coeff: Optional[float] = None) -> Tuple[paddle.Tensor, np.ndarray]:
     """A micro-batch's share of the mini-batch loss: policy loss + KL loss - entropy bonus (+ VAPO's
     positive-example LM loss) with the global denominators `agg` (docs/algorithms.md sections 4-5), and its LossSums
     values. All inputs [mb, T]; `ref` None without KL loss; `positive` None without the positive-example loss, else
@@ -87,7 +107,11 @@ def rl_loss(cfg: Any, lp: paddle.Tensor, entropy: paddle.Tensor, old: paddle.Ten
     weighted per token by `cfg.correction_mode` (tis / mis against `old`, at `cfg.correction_level`; none: not
     weighted; clip: not weighted, the PPO ratio taken against `sample` instead of `old`) and the ratio's statistics
     are logged (docs/algorithms.md, "Rollout correction"). The KL, entropy and positive-example terms are never
-    weighted."""
+    weighted. The policy loss: `cfg.policy_loss`, unset the one of `cfg.importance_sampling_level`, with its options
+    (`PolicyLossSpec.options`). `entropy_coeff`: the entropy bonus's coefficient (UpdateState.entropy_bonus; None:
+    `cfg.entropy_coeff`)."""
+    entropy_coeff = cfg.entropy_coeff if entropy_coeff is None else entropy_coeff
+    spec = resolve_policy_loss(cfg.policy_loss, cfg.importance_sampling_level)
     positive_tokens = agg.get("positive_tokens", 0.0)
     agg = {k: v for k, v in agg.items() if k != "positive_tokens"}
     weights, correction = None, None
@@ -99,15 +123,15 @@ def rl_loss(cfg: Any, lp: paddle.Tensor, entropy: paddle.Tensor, old: paddle.Ten
         if cfg.correction_mode == "clip":  # the trust region around the sampling policy, not the trainer's
             old = sample
     out = compute_policy_loss(lp, old, advantages, mask, clip_ratio_low=cfg.eps_low, clip_ratio_high=cfg.eps_high,
-                              clip_ratio_c=cfg.clip_ratio_c, importance_sampling_level=cfg.importance_sampling_level,
+                              clip_ratio_c=cfg.clip_ratio_c, policy_loss=spec.name, loss_options=spec.options(cfg),
                               loss_agg_mode=cfg.loss_agg_mode, token_weights=weights, **agg)
     loss = cfg.pg_loss_coeff * out["pg_loss"]
     kl_loss = paddle.zeros([])
     if cfg.kl_loss_coeff > 0:
         kl_loss = aggregate_loss(kl_penalty(lp, ref, cfg.kl_loss_estimator), mask, cfg.loss_agg_mode, **agg)
         loss = loss + cfg.kl_loss_coeff * kl_loss
-    if cfg.entropy_coeff > 0:
-        loss = loss - cfg.entropy_coeff * aggregate_loss(entropy, mask, cfg.loss_agg_mode, **agg)
+    if entropy_coeff > 0:
+        loss = loss - entropy_coeff * aggregate_loss(entropy, mask, cfg.loss_agg_mode, **agg)
     positive_loss = paddle.zeros([])
     if positive is not None:
         # -sum log p over the positive rows' tokens / their count in the whole mini-batch (every rank): the shares
@@ -133,16 +157,17 @@ def _micro_batch(learner: Learner, inputs: UpdateInputs, mb: MicroBatch, agg: Di
                  vocab_parallel: Any) -> Tuple[np.ndarray, bool]:
     """Forward + backward of one micro-batch (skipped backward when its loss is not finite). A trimmed micro-batch
     loses only masked columns, which add nothing to the loss (global denominators: `agg`)."""
+    entropy_coeff = learner.state.entropy_bonus(cfg)
     with model_precision(learner.amp):  # float32 log-probs out either way
         # The entropy is logged every step; it takes a gradient only when the loss has an entropy bonus ("detached":
         # no graph for it, and the chunked head's backward skips its term).
         lp, entropy = learner.policy.logprobs(*mb.inputs(inputs.batch), temperature=cfg.temperature,
-                                              with_entropy=True if cfg.entropy_coeff > 0 else "detached",
+                                              with_entropy=True if entropy_coeff > 0 else "detached",
                                               vocab_parallel=vocab_parallel)
     old = lp.detach() if inputs.old_lp is None else mb.completion(inputs.old_lp)
     loss, sums = rl_loss(cfg, lp, entropy, old, mb.completion(inputs.advantages), mb.completion(inputs.loss_mask),
                          mb.completion(inputs.ref_lp), agg, mb.completion(inputs.positive),
-                         mb.completion(inputs.batch.sample_logprobs))
+                         mb.completion(inputs.batch.sample_logprobs), entropy_coeff)
     finite = bool(paddle.isfinite(loss))
     if finite:
         (learner.amp.scale(loss) if learner.amp else loss).backward()
@@ -150,13 +175,15 @@ def _micro_batch(learner: Learner, inputs: UpdateInputs, mb: MicroBatch, agg: Di
 
 
 def pipeline_logprobs(out: paddle.Tensor, completion_ids: paddle.Tensor, cfg: Any, head: Any = None,
-                      chunk_size: Optional[int] = None) -> Tuple[paddle.Tensor, paddle.Tensor]:
+                      chunk_size: Optional[int] = None,
+                      entropy_coeff: Optional[float] = None) -> Tuple[paddle.Tensor, paddle.Tensor]:
     """Log-probs and entropies [mb, T] of the completions from the pipeline's last-stage output `out`: the logits
     [mb, S, V], or with `chunk_size` the final hidden states [mb, S, H] that `head` (the stage's LM head layer)
-    turns into log-probs chunk by chunk. S = L + T: the token at position L + t is predicted at L + t - 1."""
+    turns into log-probs chunk by chunk. S = L + T: the token at position L + t is predicted at L + t - 1.
+    `entropy_coeff`: the entropy bonus's coefficient (None: cfg.entropy_coeff)."""
     T = completion_ids.shape[1]
     # As _micro_batch: the entropy takes a gradient only for an entropy bonus, else it is only logged ("detached").
-    with_entropy = True if cfg.entropy_coeff > 0 else "detached"
+    with_entropy = True if (cfg.entropy_coeff if entropy_coeff is None else entropy_coeff) > 0 else "detached"
     if chunk_size is None:
         return logprobs_from_completion_logits(out[:, -T - 1:-1], completion_ids, cfg.temperature, with_entropy)
     return head_logprobs(out[:, -T - 1:-1], head, completion_ids, temperature=cfg.temperature,
@@ -177,14 +204,16 @@ def _pipeline_mini_batch(learner: Learner, inputs: UpdateInputs, sl: slice, agg:
               rows(inputs.ref_lp), rows(inputs.positive), b.sample_logprobs[sl])
     micro = []
     chunk_size = getattr(learner.policy, "head_chunk_size", None)
+    entropy_coeff = learner.state.entropy_bonus(cfg)
 
     def loss_fn(out, labels):
         completion_ids, mask, adv, old, ref, positive, sample = labels
         # The stage's own head layer (chunked head): its weight's gradient reaches the pipeline optimizer.
         lp, entropy = pipeline_logprobs(out, completion_ids, cfg,
-                                        learner.pipeline.lm_head if chunk_size is not None else None, chunk_size)
+                                        learner.pipeline.lm_head if chunk_size is not None else None, chunk_size,
+                                        entropy_coeff)
         loss, sums = rl_loss(cfg, lp, entropy, lp.detach() if old is None else old, adv, mask, ref, agg, positive,
-                             sample)
+                             sample, entropy_coeff)
         micro.append((sums, bool(paddle.isfinite(loss))))
         return loss
 
@@ -201,16 +230,16 @@ def nothing_to_learn(par: ParallelContext, learner: Learner, inputs: UpdateInput
                      agg: Dict[str, Any], cfg: Any) -> bool:
     """Whether the policy loss of the mini-batch `rows` has a gradient of exactly 0 whatever the parameters, on
     every rank: every advantage of its valid tokens is 0 (each group's rewards agreed) and no term of `rl_loss`
-    is independent of the advantages: no KL loss (kl_loss_coeff), no entropy bonus (entropy_coeff), no positive
-    example of VAPO's LM loss in the mini-batch (`agg["positive_tokens"]`, all ranks), and a policy loss registered
-    as `advantage_weighted` (PPO clip, dual-clip, GSPO; the rollout correction's weights multiply it). LoRA adds
-    no term. Never under pipeline parallelism, whose stages run the loss through fleet's schedule."""
-    if learner.pipeline is not None or cfg.kl_loss_coeff != 0 or cfg.entropy_coeff > 0:
+    is independent of the advantages: no KL loss (kl_loss_coeff), no entropy bonus (this step's coefficient,
+    UpdateState.entropy_bonus), no positive example of VAPO's LM loss in the mini-batch (`agg["positive_tokens"]`,
+    all ranks), and a policy loss registered as `advantage_weighted` (PPO clip, dual-clip, GSPO, CISPO, GMPO, SAPO,
+    Clip-Cov; not KL-Cov; the rollout correction's weights multiply it). LoRA adds no term. Never under pipeline
+    parallelism, whose stages run the loss through fleet's schedule."""
+    if learner.pipeline is not None or cfg.kl_loss_coeff != 0 or learner.state.entropy_bonus(cfg) > 0:
         return False
     if inputs.positive is not None and agg.get("positive_tokens", 0) > 0:
         return False
-    level = cfg.importance_sampling_level
-    if not policy_loss_spec(importance_sampling_levels().get(level, level)).advantage_weighted:
+    if not resolve_policy_loss(cfg.policy_loss, cfg.importance_sampling_level).advantage_weighted:
         return False
     # NaN advantages are not 0: such a mini-batch runs and is counted as non-finite, as before
     zero = bool(paddle.all((inputs.advantages[rows] == 0) | (inputs.loss_mask[rows] == 0)))
@@ -254,7 +283,8 @@ def update(par: ParallelContext, learner: Learner, inputs: UpdateInputs, cfg: An
     skipped on all; `max_consecutive_nonfinite` skipped in a row raise TrainingError. A mini-batch with nothing to
     learn (`nothing_to_learn`: every advantage 0 and no other term) skips the model's forward and backward and
     takes the optimizer step with zero gradients (`zero_gradients`): the parameters, optimizer state, schedule and
-    counters are those of the full pass, bit for bit (train/update_skipped: the share of such optimizer steps)."""
+    counters are those of the full pass, bit for bit (train/update_skipped: the share of such optimizer steps).
+    With entropy_target, the entropy coefficient then follows the step's entropy (UpdateState.follow_entropy)."""
     n = inputs.batch.completion_ids.shape[0]
     per_mini, mb = geometry.sequences_per_mini_batch, cfg.per_device_train_batch_size
     per_mini_metrics = []
@@ -285,10 +315,15 @@ def update(par: ParallelContext, learner: Learner, inputs: UpdateInputs, cfg: An
                     finite = finite and micro_finite
             per_mini_metrics.append(dict(SKIPPED_MEANS) if skipped else sums.reduced(par).means())
             per_mini_metrics[-1]["train/update_skipped"] = float(skipped)
+            if cfg.entropy_target is not None:  # the adaptive coefficient this step's bonus used
+                per_mini_metrics[-1]["train/entropy_coeff"] = state.entropy_bonus(cfg)
             per_mini_metrics[-1]["train/grad_norm"] = apply_gradients(par, params, learner.optimizer, learner.amp,
                                                                       state, finite, cfg, step)
             learner.scheduler.step()
             state.optimizer_steps += 1
+    # The adaptive entropy coefficient follows this step's entropy (train/entropy: the same on every rank)
+    measured = [m["train/entropy"] for m in per_mini_metrics if math.isfinite(m.get("train/entropy", math.nan))]
+    state.follow_entropy(cfg, float(np.mean(measured)) if measured else math.nan)
     if learner.pipeline is not None:  # the next rollout, log-probs and checkpoint use the full copy
         learner.pipeline.copy_to(learner.policy.model)
     return UpdateMetrics(per_mini_metrics, state.nonfinite_total, state.optimizer_steps, cfg.kl_loss_coeff != 0,

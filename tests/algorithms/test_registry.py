@@ -156,7 +156,19 @@ def test_bad_spec_fields_are_rejected(fields, message):
 
 def test_built_in_policy_loss_specs():
     levels = {name: policy_loss_spec(name).importance_sampling_level for name in available_policy_losses()}
-    assert levels == {"vanilla": "token", "clip": None, "gspo": "sequence"}
+    assert levels == {"vanilla": "token", "clip": None, "gspo": "sequence", "cispo": None, "geo_mean": None,
+                      "gmpo": None, "sapo": None, "clip_cov": None, "kl_cov": None}
+    # verl's names; what each fixes (docs/algorithms.md section 4): ratio level, aggregation, dual-clip, options
+    fixed = {name: (s.ratio_level, s.loss_agg_mode, s.dual_clip, s.advantage_weighted, s.config_keys)
+             for name, s in ((n, policy_loss_spec(n)) for n in available_policy_losses())}
+    assert fixed["gspo"] == ("sequence", None, True, True, ())
+    assert fixed["cispo"] == ("token", None, False, True, ())
+    assert fixed["gmpo"] == fixed["geo_mean"] == ("sequence", "seq-mean-token-mean", False, True, ())
+    assert fixed["sapo"] == ("token", "seq-mean-token-mean", False, True,
+                             ("sapo_temperature_pos", "sapo_temperature_neg"))
+    assert fixed["clip_cov"] == ("token", None, False, True, ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"))
+    # KL-Cov's penalty is not a multiple of the advantage: a zero-advantage mini-batch still has a gradient
+    assert fixed["kl_cov"] == ("token", None, False, False, ("kl_cov_ratio", "ppo_kl_coef"))
     assert importance_sampling_levels() == {"token": "vanilla", "sequence": "gspo"}
     assert all(policy_loss_spec(name).needs_old_log_probs for name in available_policy_losses())
     assert policy_loss_spec("clip").fn is policy_loss_spec("vanilla").fn is get_policy_loss("vanilla")

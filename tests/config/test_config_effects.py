@@ -49,6 +49,11 @@ def consumed_keys():
 
     for name in available_advantage_estimators():
         found |= set(advantage_estimator_spec(name).config_keys) & set(FIELDS)
+    # Policy losses' config_options likewise (PolicyLossSpec.options(cfg), step.rl_loss).
+    from paddle_grpo.algorithms import available_policy_losses, policy_loss_spec
+
+    for name in available_policy_losses():
+        found |= set(policy_loss_spec(name).config_keys) & set(FIELDS)
     found |= {key for key, (_, into, _) in RESOLVED_AT_LOAD.items() if into in found}
     # Keys read by name through config/'s helpers, when the helper is used outside config/: an estimator's
     # key_defaults (Config.estimator_default) and the critic's keys that inherit the policy's (critic_setting).
