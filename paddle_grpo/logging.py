@@ -1,4 +1,5 @@
-"""Where metrics go: `<output_dir>/metrics.jsonl`, VisualDL (`report_to: visualdl`), progress, rollout samples.
+"""Where metrics go: `<output_dir>/metrics.jsonl`, VisualDL (`report_to: visualdl`), progress, rollout samples,
+the evaluation's per-problem results (`eval_per_problem.jsonl`).
 
 Progress: a tqdm bar on a terminal; when stderr is not a terminal (a log file, a pipe, a job scheduler), plain lines
 instead (`PlainProgress`), since a bar's carriage-return updates all land on one line of a file.
@@ -20,6 +21,8 @@ from typing import Any, Callable, Mapping, Optional
 
 logger = _pylogging.getLogger("paddle_grpo")
 
+EVAL_PROBLEMS_FILE = "eval_per_problem.jsonl"  # an evaluation's results per problem (step/evaluation.py)
+
 
 class MetricsLogger:
     def __init__(self, output_dir: str, logging_dir: Optional[str] = None, report_to: str = "visualdl",
@@ -33,6 +36,7 @@ class MetricsLogger:
         os.makedirs(output_dir, exist_ok=True)
         self.metrics_path = os.path.join(output_dir, "metrics.jsonl")
         self.samples_path = os.path.join(output_dir, "rollouts.jsonl")
+        self.eval_problems_path = os.path.join(output_dir, EVAL_PROBLEMS_FILE)
         if report_to != "none" and logging_dir:  # wandb/tensorboard: VisualDL stands in
             from visualdl import LogWriter
 
@@ -88,6 +92,14 @@ class MetricsLogger:
         if self.writer is not None:
             for i, row in enumerate(rows):
                 self.writer.add_text(tag=f"samples/{tag}/{i}", text_string=format_sample(row), step=int(step))
+
+    def log_eval_problems(self, step: int, rows: list) -> None:
+        """An evaluation's per-problem results (dicts: index, scores, answers, correct): one JSON line each in
+        eval_per_problem.jsonl, with the step."""
+        if not self.enabled or not rows:
+            return
+        with open(self.eval_problems_path, "a", encoding="utf-8") as f:
+            f.writelines(json.dumps({"step": int(step), **row}, ensure_ascii=False) + "\n" for row in rows)
 
     def _replay(self) -> None:
         """Send the rows already in metrics.jsonl and rollouts.jsonl (a resumed run's history) to VisualDL."""

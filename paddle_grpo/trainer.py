@@ -27,7 +27,6 @@ from .parallel import ParallelContext, build_once, plan_storage
 from .policy import (decoder_path, freeze, head_chunk_size, load_policy, load_tokenizer, mix_into,
                      parameters_by_decay, quiet_paddlenlp, resolve_model_dir)
 from .precision import plan_for_run
-from .rollout.sampling import row_keys
 from .step import TrainingError
 
 __all__ = ["PolicyBuilder", "Trainer", "TrainingError", "train"]  # TrainingError: step/'s, caught by callers
@@ -143,7 +142,8 @@ class Trainer:
         self.log = MetricsLogger(cfg.output_dir, cfg.logging_dir, cfg.report_to, cfg.run_name,
                                  cfg.disable_tqdm or finished, total_steps=self.max_steps, initial_step=self.step,
                                  enabled=par.is_main)
-        self._warned_max = False
+        self.evaluator = step.Evaluator(cfg, par, self.policy, self.encode, self.rewarder, self.eval_records,
+                                        self.log, self.tools)
 
     # -------------------------------------------------------------------------------------------- the step
 
@@ -201,48 +201,9 @@ class Trainer:
     # ------------------------------------------------------------------------------------------ evaluation
 
     def evaluate(self) -> Dict[str, float]:
-        """Greedy (or sampled, `eval_do_sample`) completions for the eval set: eval/reward and eval/accuracy
-        (share of samples with the maximal reward the reward functions can give)."""
-        cfg, par = self.cfg, self.par
-        shard = list(range(par.dp_rank, len(self.eval_records), par.dp_world))
-        rewards, samples, calls = [], [], []
-        t0 = time.perf_counter()
-        for s in range(0, len(shard), cfg.per_device_eval_batch_size):
-            idx = shard[s:s + cfg.per_device_eval_batch_size]
-            keys = row_keys(cfg.seed + 1, self.step, np.asarray(idx)) if cfg.eval_do_sample else None
-            sampled = step.rollout(self.policy, self.encode, cfg, self.eval_records, idx, 1,
-                                   do_sample=cfg.eval_do_sample, keys=keys, amp=self.learner.amp)
-            texts = step.completion_texts(self.tokenizer, sampled)
-            result = step.score(par, self.rewarder, cfg.use_rm_server, self.eval_records, idx, sampled, texts, 1)
-            rewards.extend(result.scores)
-            calls.extend(step.tool_calls_per_row(sampled.turns if self.tools else None, len(idx)))
-            if not samples:
-                samples = step.Batch.from_rollout(sampled, texts, result, idx, 1).sample_rows(self.eval_records, 2)
-        parts = par.all_gather_object((rewards, calls))
-        scores = np.array([np.nan if r is None else r for part, _ in parts for r in part], dtype=np.float64)
-        best = self._max_reward()
-        judged = scores[~np.isnan(scores)]
-        metrics = {"eval/reward": float(judged.mean()) if judged.size else 0.0,
-                   "eval/samples": float(len(scores)), "perf/eval_s": time.perf_counter() - t0}
-        correct = None if best is None else np.nan_to_num(scores, nan=-np.inf) >= best - 1e-6  # unjudged: wrong
-        if correct is not None:
-            metrics["eval/accuracy"] = float(correct.mean())
-        if self.tools is not None:  # tool use, and accuracy with and without it
-            metrics.update(step.eval_tool_metrics([c for _, part in parts for c in part], correct))
-        self.log.log_samples(self.step, samples, tag="eval")
-        return metrics
-
-    def _max_reward(self) -> Optional[float]:
-        """The reward that counts as correct: eval_max_reward, else the maximum the reward functions declare
-        (None when unknown, e.g. a PaddleNLP server; eval/accuracy is then not reported)."""
-        if self.cfg.eval_max_reward is not None:
-            return self.cfg.eval_max_reward
-        best = self.rewarder.max_score
-        if best is None and not self._warned_max:
-            self._warned_max = True
-            logger.warning("eval/accuracy is not reported: the reward functions do not declare a maximum score; "
-                           "set eval_max_reward")
-        return best
+        """The held-out evaluation at the current step (step.Evaluator: eval/reward, eval/accuracy, with
+        eval_num_samples > 1 eval/pass@k, mean@n, maj@n; eval_per_problem.jsonl)."""
+        return self.evaluator(self.step, final=self.step == self.max_steps, amp=self.learner.amp)
 
     # ------------------------------------------------------------------------------------------ checkpoints
 

@@ -72,7 +72,9 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
                      "clip_range_ratio_low": ("clip_range_ratio", self.clip_range_ratio),
                      "positive_example_lm_coeff": ("off", None), "pretrain_critic_steps": ("no pretraining", None),
                      "positive_example_min_reward": ("eval_max_reward, else the maximum the reward functions "
-                                                     "declare, minus 1e-6", None)}
+                                                     "declare, minus 1e-6", None),
+                     "eval_temperature": ("temperature", self.temperature), "eval_top_p": ("top_p", self.top_p),
+                     "eval_top_k": ("top_k", self.top_k), "eval_max_dec_len": ("max_dec_len", self.max_dec_len)}
         if key in fallbacks:
             name, value = fallbacks[key]
             return f"null = {name}" + ("" if value is None else f" {yaml_value(value)}")

@@ -7,6 +7,7 @@ import re
 from typing import Dict, Optional
 
 from .effects import CONSTANT_SCHEDULES, SHARDING_OPTIONS, sharding_options
+from .evaluation import check_evaluation, check_evaluation_combinations
 from .fields import ConfigError, field_choices, logger, raise_errors
 from .flat import FIELDS, Config
 from .policy_loss import apply_policy_loss, check_policy_loss_values
@@ -144,6 +145,7 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
         bad_url = url_problem(cfg.tool_server)
         if bad_url:
             bad("tool_server", bad_url)
+    check_evaluation(cfg, bad)
     check_policy_loss_values(cfg, bad)
     raise_errors(list(bad_values.values()), "bad values")
 
@@ -221,6 +223,7 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
                                    "weighs its functions (python -m reward_server --weights ...)")
     if cfg.do_eval and cfg.evaluation_strategy == "steps" and not cfg.eval_datasets.strip():
         fail("eval_datasets", "is empty while do_eval is true")
+    check_evaluation_combinations(cfg, fail)
     if cfg.fp16 and cfg.bf16:
         fail("fp16", "fp16 and bf16 cannot both be true")
     if cfg.lora and cfg.sync_ref_model:

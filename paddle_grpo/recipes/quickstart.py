@@ -82,7 +82,13 @@ def record(a: int, b: int) -> Dict[str, str]:
     return {"src": prompt(a, b), "tgt": str(a + b)}
 
 
-@register_reward("quickstart_addition", max_score=1.0)
+def answer_text(prompts: Sequence[Any], completions: Sequence[Completion], **kwargs: Any) -> List[Optional[str]]:
+    """The answer `addition_reward` compares: the completion, surrounding whitespace stripped (None when empty);
+    its `extract_answer`, for the evaluation's majority vote."""
+    return [completion_text(c).strip() or None for c in completions]
+
+
+@register_reward("quickstart_addition", max_score=1.0, extract_answer=answer_text)
 def addition_reward(prompts: Sequence[Any], completions: Sequence[Completion], tgt: Optional[Sequence[Any]] = None,
                     **kwargs: Any) -> List[float]:
     """1.0 when the completion (surrounding whitespace ignored) is exactly the reference sum, else 0.0."""

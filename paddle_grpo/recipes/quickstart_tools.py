@@ -40,6 +40,7 @@ from ..data import format_qwen_chat
 from ..rewards.base import Completion, completion_text, references
 from ..rewards.registry import register_reward
 from .operand_pairs import OperandPairs
+from .quickstart import answer_text
 
 if TYPE_CHECKING:  # numpy and paddle are imported where used: this module's import stays light
     import numpy as np
@@ -149,7 +150,7 @@ def record(a: int, b: int) -> Dict[str, Any]:
     return {"src": prompt(a, b), "tgt": str(a * b)}
 
 
-@register_reward("quickstart_multiplication", max_score=1.0)
+@register_reward("quickstart_multiplication", max_score=1.0, extract_answer=answer_text)
 def multiplication_reward(prompts: Sequence[Any], completions: Sequence[Completion],
                           tgt: Optional[Sequence[Any]] = None, turns: Optional[Sequence[Any]] = None,
                           **kwargs: Any) -> List[float]:

@@ -76,7 +76,14 @@ def first_integer(text: str) -> Optional[int]:
     return int(match.group(0)) if match else None
 
 
-@register_reward("smollm2_first_number", max_score=1.0)
+def first_number_answer(prompts: Sequence[Any], completions: Sequence[Completion],
+                        **kwargs: Any) -> List[Optional[str]]:
+    """The answer `first_number_reward` compares: the completion's first integer (None: it has none); its
+    `extract_answer`, for the evaluation's majority vote."""
+    return [None if (n := first_integer(completion_text(c))) is None else str(n) for c in completions]
+
+
+@register_reward("smollm2_first_number", max_score=1.0, extract_answer=first_number_answer)
 def first_number_reward(prompts: Sequence[Any], completions: Sequence[Completion],
                         tgt: Optional[Sequence[Any]] = None, **kwargs: Any) -> List[float]:
     """1.0 when the first integer of the completion equals the reference number, else 0.0 (none: 0.0)."""

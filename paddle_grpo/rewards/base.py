@@ -18,6 +18,10 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Unio
 Completion = Union[str, Dict[str, Any], Sequence[Dict[str, Any]]]
 # fn(prompts, completions, **kwargs) -> one score (or None) per completion.
 RewardFn = Callable[..., Sequence[Optional[float]]]
+# A reward function's optional `extract_answer` attribute, called like it: the final answer the function reads in
+# each completion, as a string that is equal for equal answers (None: it reads none). The evaluation's majority
+# vote (eval/maj@n) counts these strings.
+AnswerFn = Callable[..., Sequence[Optional[str]]]
 
 
 class Scores(list):

@@ -234,6 +234,16 @@ class InProcessRewarder:
               **columns: Any) -> List[Optional[float]]:
         return self.score_detailed(src, tgt, response, **columns).scores
 
+    @property
+    def answer_source(self) -> Optional[str]:
+        """The reward function whose answer extractor the evaluation's majority vote uses (None: none has one)."""
+        return self.reward_set.answer_source
+
+    def extract_answers(self, src: Sequence[str], tgt: Sequence[str], response: Sequence[str],
+                        **columns: Any) -> Optional[List[Optional[str]]]:
+        """Each response's final answer (RewardSet.extract_answers), None when no function reads one."""
+        return self.reward_set.extract_answers(list(src), list(response), tgt=list(tgt), **columns)
+
     def score_detailed(self, src: Sequence[str], tgt: Sequence[str], response: Sequence[str],
                        **columns: Any) -> RewardResult:
         return self.reward_set(list(src), list(response), tgt=list(tgt), **columns)

@@ -127,6 +127,33 @@ class RewardSet:
             return None
         return float(sum(w * m for w, m in zip(self.weights, maxima)))
 
+    @property
+    def answer_source(self) -> Optional[str]:
+        """The name of the function whose `extract_answer` gives the samples' answers: the first that has one in
+        the order given (None: no function reads an answer)."""
+        return next((name for name, fn in zip(self.names, self.fns) if callable(getattr(fn, "extract_answer", None))),
+                    None)
+
+    def extract_answers(self, prompts: Sequence[Any], completions: Sequence[Completion],
+                        **kwargs: Any) -> Optional[List[Optional[str]]]:
+        """Each completion's final answer as `answer_source` reads it (None where it reads none), or None when no
+        function has an extractor. An extractor that raises or returns a wrong-length list gives no answers for the
+        batch, with a warning (the evaluation's vote then counts none of its samples)."""
+        source = self.answer_source
+        if source is None:
+            return None
+        fn = self.fns[self.names.index(source)]
+        n = len(completions)
+        try:
+            out = list(fn.extract_answer(list(prompts), list(completions), **kwargs))
+            if len(out) != n:
+                raise ValueError(f"returned {len(out)} answers for {n} completions")
+        except Exception as exc:  # noqa: BLE001 - a user's extractor may raise anything; the run goes on
+            logger.warning("reward %s: extract_answer failed on a batch of %d (%s); those samples give no answer",
+                           source, n, _describe(exc))
+            return [None] * n
+        return [None if a is None else str(a) for a in out]
+
     def _unique(self, name):
         candidate, k = name, 2
         while candidate in self.names:

@@ -70,6 +70,13 @@ def completion_answer(text: str) -> Optional[str]:
     return _normalise_number(numbers[-1]) if numbers else None
 
 
+def gsm8k_answers(prompts: Sequence[Any], completions: Sequence[Completion], **kwargs: Any) -> List[Optional[str]]:
+    """The final answer `gsm8k` compares in each completion (`completion_answer`; None: it gives none): its
+    `extract_answer`, for the evaluation's majority vote. Equal strings are equal answers ("0.5" and "1/2" vote
+    apart, though math-verify would score both right)."""
+    return [completion_answer(completion_text(c)) for c in completions]
+
+
 def make_gsm8k_reward(timeout_s: float = DEFAULT_TIMEOUT_S, pool: Optional[MathVerifyPool] = None) -> RewardFn:
     """A GSM8K reward with a per-sample time limit of `timeout_s` seconds; `pool` defaults to the shared one."""
 
@@ -88,6 +95,7 @@ def make_gsm8k_reward(timeout_s: float = DEFAULT_TIMEOUT_S, pool: Optional[MathV
         return Scores(values, errors)
 
     gsm8k.__doc__ = f"GSM8K final-answer reward via math-verify: 1.0 / 0.0, {timeout_s:g} s limit per sample."
+    gsm8k.extract_answer = gsm8k_answers
     return gsm8k
 
 

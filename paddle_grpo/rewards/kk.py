@@ -94,7 +94,23 @@ def kk_score(response: str, tgt: str) -> float:
     return FORMAT_OK + (ANSWER_CORRECT if parsed == truth else ANSWER_WRONG)
 
 
-@register_reward("kk", max_score=3.0)
+def kk_answers(prompts: Sequence[Any], completions: Sequence[Completion], tgt: Optional[Sequence[str]] = None,
+               **kwargs: Any) -> List[Optional[str]]:
+    """The answer `kk` reads in each completion, as `"ann is a knight; bob is a knave"` (the reference's people,
+    by name), or None where it reads none (the format failed, or the answer gives someone no status or two): its
+    `extract_answer`, for the evaluation's majority vote."""
+    refs = references(tgt, completions, "kk")
+    out: List[Optional[str]] = []
+    for c, ref in zip(completions, refs):
+        text = completion_text(c)
+        text = text if "<think>" in text else "<think>" + text
+        answer = last_answer(text) if format_ok(text) else None
+        parsed = None if answer is None else parse_answer(answer, parse_ground_truth(ref))
+        out.append(None if parsed is None else "; ".join(f"{name} is a {parsed[name]}" for name in sorted(parsed)))
+    return out
+
+
+@register_reward("kk", max_score=3.0, extract_answer=kk_answers)
 def kk(prompts: Sequence[Any], completions: Sequence[Completion], tgt: Optional[Sequence[str]] = None,
        **kwargs: Any) -> List[float]:
     """Knights-and-Knaves reward (PaddleNLP's rules): 3, -0.5, -1 or -3 per completion."""

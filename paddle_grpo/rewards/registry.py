@@ -12,17 +12,20 @@
 from typing import Callable, List, Optional, Union
 
 from ..user_code import load_function
-from .base import RewardFn
+from .base import AnswerFn, RewardFn
 from .reward_model import REWARD_MODEL_PREFIX, RewardModel
 
 _REGISTRY = {}
 
 
-def register_reward(name: str, max_score: Optional[float] = None) -> Callable[[RewardFn], RewardFn]:
+def register_reward(name: str, max_score: Optional[float] = None,
+                    extract_answer: Optional[AnswerFn] = None) -> Callable[[RewardFn], RewardFn]:
     """Decorator registering `fn(prompts, completions, **kwargs) -> list[float | None]` under `name`.
 
     `max_score`: the best score the function can give (kept as `fn.max_score`); the trainer's eval/accuracy is the
-    share of samples that reach the maximum. A user function may also set the attribute itself."""
+    share of samples that reach the maximum. `extract_answer`: `(prompts, completions, **kwargs) -> list[str |
+    None]`, the final answer the function reads in each completion (kept as `fn.extract_answer`), which the
+    evaluation's majority vote (eval/maj@n) counts. A user function may also set either attribute itself."""
     if not isinstance(name, str) or not name or ":" in name or "," in name:
         raise ValueError(f"reward name must be a non-empty string without ':' or ',', got {name!r}")
 
@@ -34,6 +37,8 @@ def register_reward(name: str, max_score: Optional[float] = None) -> Callable[[R
         _REGISTRY[name] = fn
         if max_score is not None:
             fn.max_score = float(max_score)
+        if extract_answer is not None:
+            fn.extract_answer = extract_answer
         return fn
 
     return decorator

@@ -9,7 +9,7 @@ A run stopped before its first checkpoint (killed, or failed in its first step) 
 when its config.yaml equals this run's configuration and it did not finish (no summary.json), the same command
 starts it again from step 0, deleting those files, instead of refusing.
 
-On resume from step S, the rows of metrics.jsonl and rollouts.jsonl after S (steps the resumed run computes again)
+On resume from step S, the rows of metrics.jsonl, rollouts.jsonl and eval_per_problem.jsonl after S (steps the resumed run computes again)
 are dropped, so every step is in them once, with the values of the run that computed it last (the same values:
 the run is deterministic). A checkpoint that a fault saved before its step was logged (`unlogged` in its
 trainer_state.json, run/faults.py) also drops step S's rows: the resumed run writes them first. A last line cut short
@@ -34,8 +34,8 @@ from ..config import ConfigError
 logger = logging.getLogger("paddle_grpo.run.directory")
 
 # Files a run writes at the top of output_dir (besides checkpoint-<step>/ directories).
-RUN_FILES = ("metrics.jsonl", "rollouts.jsonl", "config.yaml", "summary.json")
-STEP_FILES = ("metrics.jsonl", "rollouts.jsonl")  # one JSON object per line with a "step"
+RUN_FILES = ("metrics.jsonl", "rollouts.jsonl", "eval_per_problem.jsonl", "config.yaml", "summary.json")
+STEP_FILES = ("metrics.jsonl", "rollouts.jsonl", "eval_per_problem.jsonl")  # JSON objects, each with a "step"
 
 
 @dataclass

@@ -15,7 +15,7 @@ Multi-turn rollouts with tools (docs/tools.md): the forward passes attend over a
 One module per phase: batch.py (the rows, the gather, balance_batch, micro-batches), collection.py (collect),
 experience.py (log-probs, the critic's values, rewards, advantages and returns), policy_update.py (the policy's
 update), critic_update.py (the critic of PPO / VAPO and its update), metrics.py (the typed records), async_rollout.py (where the batches come
-from: the trainer's own collect, or the asynchronous rollout worker).
+from: the trainer's own collect, or the asynchronous rollout worker), evaluation.py (the held-out evaluation).
 Everything is re-exported here: `from paddle_grpo import step; step.collect(...)`.
 """
 from __future__ import annotations
@@ -34,9 +34,10 @@ from .experience import (logprobs, reference_logprobs, reference_kl, shape_rewar
 from .policy_update import (TrainingError, UpdateState, Learner, UpdateInputs, rl_loss, pipeline_logprobs,
     clip_gradients, update, apply_gradients, head_logprobs)
 from .critic_update import (CriticLearner, build_critic_learner, CriticInputs, update_critic)
+from .evaluation import Evaluator
 
 __all__ = [
-    "AdvantageMetrics", "AsyncBatches", "Batch", "SyncBatches", "batch_source", "build_rewarder", "CollectMetrics", "CriticInputs", "CriticLearner", "CriticMetrics", "Estimate",
+    "AdvantageMetrics", "AsyncBatches", "Batch", "Evaluator", "SyncBatches", "batch_source", "build_rewarder", "CollectMetrics", "CriticInputs", "CriticLearner", "CriticMetrics", "Estimate",
     "GlobalRows", "Learner", "LengthMetrics", "LossSums", "MicroBatch", "PromptEncoder", "RewardMetrics",
     "MAX_KEYS", "SHARE_KEYS", "TOKEN_MEAN_KEYS", "ToolMetrics", "TrainingError", "UpdateInputs", "UpdateMetrics",
     "UpdateState",

@@ -117,21 +117,25 @@ class PromptEncoder:
 
 def rollout(policy: Policy, encode: PromptEncoder, cfg: Any, records: Sequence[dict], indices: Sequence[int],
             G: int, *, do_sample: bool = True, keys: Optional[np.ndarray] = None, amp: Any = None,
-            precision: str = "float32") -> Rollout:
+            precision: str = "float32", sampling: Optional[Dict[str, Any]] = None) -> Rollout:
     """G completions for each of the dataset rows `indices` (rollout.generate's contract); the model under
     `model_precision(amp)` (the sampling maths stay float32: rollout.decode), its CPU decode products in
     `precision` (rollout_precision: the training rollouts; evaluation keeps float32). With the encoder's tools:
-    multi-turn, up to `max_turns` assistant turns (the Rollout's `tool_mask` and `turns` set)."""
+    multi-turn, up to `max_turns` assistant turns (the Rollout's `tool_mask` and `turns` set). `sampling`:
+    temperature / top_p / top_k / max_new_tokens in place of the config's (the evaluation's own,
+    Config.eval_generation)."""
     prompt_ids, prompt_mask = encode(records, indices)
     tokenizer = encode.tokenizer
     multi_turn = {} if encode.tools is None else {"tools": encode.tools, "max_turns": cfg.max_turns,
                                                   "tool_sync": getattr(encode.tools, "sync", None)}  # TP: GroupTools
+    settings = {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
+                "max_new_tokens": cfg.max_dec_len, **(sampling or {})}
     with model_precision(amp):
-        return policy.generate(prompt_ids, prompt_mask, num_samples=G, max_new_tokens=cfg.max_dec_len,
-                               min_new_tokens=cfg.min_dec_len, eos_token_ids=sorted({tokenizer.eos_token_id}),
-                               pad_token_id=tokenizer.pad_token_id, temperature=cfg.temperature, top_p=cfg.top_p,
-                               top_k=cfg.top_k, repetition_penalty=cfg.repetition_penalty, do_sample=do_sample,
-                               max_num_seqs=cfg.rollout_max_num_seqs, row_keys=keys, **multi_turn,
+        return policy.generate(prompt_ids, prompt_mask, num_samples=G,
+                               min_new_tokens=min(cfg.min_dec_len, settings["max_new_tokens"]),
+                               eos_token_ids=sorted({tokenizer.eos_token_id}), pad_token_id=tokenizer.pad_token_id,
+                               repetition_penalty=cfg.repetition_penalty, do_sample=do_sample,
+                               max_num_seqs=cfg.rollout_max_num_seqs, row_keys=keys, **settings, **multi_turn,
                                **({} if precision == "float32" else {"rollout_precision": precision}))
 
 
