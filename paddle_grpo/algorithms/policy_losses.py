@@ -20,7 +20,8 @@ LossOut = Tuple[paddle.Tensor, Dict[str, paddle.Tensor]]
 def cispo_policy_loss(log_prob: paddle.Tensor, old_log_prob: paddle.Tensor, advantages: paddle.Tensor,
                       response_mask: paddle.Tensor, clip_ratio_low: float, clip_ratio_high: float,
                       clip_ratio_c: Optional[float]) -> LossOut:
-    """CISPO (MiniMax-M1, arXiv 2506.13585): REINFORCE with a truncated, stop-gradient importance weight.
+    """CISPO (MiniMax-M1, arXiv 2506.13585; weight capped at 1 + clip_range_ratio_high, gradient kept): REINFORCE
+    with a truncated, stop-gradient importance weight.
 
     `L_t = -sg(min(rho_t, 1 + eps_high)) A_t l_t`, `rho_t = exp(clamp(l_t - l^old_t, -20, 20))`: the gradient is
     `-min(rho_t, 1 + eps_high) A_t grad(l_t)`, so a token whose ratio passed the bound keeps its gradient with the
@@ -44,8 +45,8 @@ def cispo_policy_loss(log_prob: paddle.Tensor, old_log_prob: paddle.Tensor, adva
 def gmpo_policy_loss(log_prob: paddle.Tensor, old_log_prob: paddle.Tensor, advantages: paddle.Tensor,
                      response_mask: paddle.Tensor, clip_ratio_low: float, clip_ratio_high: float,
                      clip_ratio_c: Optional[float]) -> LossOut:
-    """GMPO (Geometric-Mean Policy Optimization, arXiv 2507.20673): the geometric mean of the token ratios of each
-    sequence, each clipped in log space.
+    """GMPO (Geometric-Mean Policy Optimization, arXiv 2507.20673; the clip range in log space): the geometric
+    mean of the token ratios of each sequence, each clipped in log space.
 
     Per token `c_t = sgn(A_t) min(sgn(A_t) d_t, sgn(A_t) clamp(d_t, -eps_low, eps_high))`, `d_t = l_t - l^old_t`
     (the pessimistic side only: the upper bound acts where A > 0, the lower where A < 0); per sequence

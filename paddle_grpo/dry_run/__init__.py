@@ -35,6 +35,7 @@ from .tools import check_tools, sandbox_problems, tool_problems  # noqa: F401
 from .critic import (CRITIC_KEY, critic_spec, critic_is_built_actor, critic_dir_problems, check_critic,
                      critic_run_lines)  # noqa: F401
 from .asynchronous import async_plan, correction_line, threads_line  # noqa: F401
+from .loss import policy_loss_lines  # noqa: F401
 
 
 def preflight(cfg: Config) -> List[str]:
@@ -99,7 +100,7 @@ def dry_run(cfg: Config, argv: Sequence[str], device: str, script: str = "run_rl
             warnings += check_prompt_lengths(cfg, tokenizer, config, records)
     problems += check_critic(cfg, len(tokenizer) if tokenizer is not None else None)
     critic_lines, critic_warnings, critic_problems = critic_run_lines(cfg)  # ppo / vapo keys, resolved
-    print("".join(f"  {line}\n" for line in critic_lines), end="")
+    print("".join(f"  {line}\n" for line in policy_loss_lines(cfg) + critic_lines), end="")
     warnings, problems = warnings + critic_warnings, problems + critic_problems
     problems += check_rewards(cfg)
     problems += check_tools(cfg, tokenizer)

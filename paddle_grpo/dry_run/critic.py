@@ -118,7 +118,7 @@ def critic_run_lines(cfg: Config) -> Tuple[List[str], List[str], List[str]]:
         warmup = (f"critic_warmup_ratio {cfg.critic_warmup_ratio}" if cfg.critic_warmup_ratio is not None else
                   f"{cfg.unset_note('critic_warmup_ratio').removeprefix('null = ')} (critic_warmup_ratio unset)")
         lines.append(f"critic optimizer: {settings}; warm-up: {warmup}")
-    if cfg.needs_critic or cfg.clip_range_ratio_high is not None:
+    if (cfg.needs_critic or cfg.clip_range_ratio_high is not None) and cfg.policy_loss is None:  # else: loss.py
         lines.append(f"policy clip range: [1 - {cfg.eps_low}, 1 + {cfg.eps_high}] "
                      f"({origin('clip_range_ratio_high')})")
     if cfg.positive_lm_coeff > 0:
