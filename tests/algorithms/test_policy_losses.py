@@ -114,7 +114,7 @@ def test_cispo_keeps_the_gradient_where_ppo_clip_zeroes_it():
 # ---- GMPO -------------------------------------------------------------------------------------------------------------
 
 def ref_gmpo(lp, old, A, mask, eps_low=EPS_LOW, eps_high=EPS_HIGH):
-    """GMPO eq. (5): J = 1/G sum_i sgn(A_i) prod_t |min(r_t A_i, clip(r_t, e^-eps_low, e^eps_high) A_i)|^(1/|o_i|),
+    """GMPO: J = 1/G sum_i sgn(A_i) prod_t |min(r_t A_i, clip(r_t, e^-eps_low, e^eps_high) A_i)|^(1/|o_i|),
     over the rows with a valid token; the gradient of log|.| per token is 1 where min's unclipped side is active."""
     rows = [(i, ts) for i, ts in enumerate(rows_tokens(mask)) if ts]
     loss, grad = 0.0, np.zeros_like(mask)
