@@ -121,6 +121,13 @@ def test_n_sample_metrics_equal_the_estimator_on_the_per_problem_file(workdir, t
         assert row["eval/pass@1"] == pytest.approx(row["eval/accuracy"], abs=1e-15)
         assert row[f"eval/mean@{N}"] == pytest.approx(row["eval/accuracy"], abs=1e-15)
     assert len(spread) >= 3, spread  # the counts vary: the test exercises the estimator beyond 0 and n
+    # VisualDL holds the same scalars at the same steps (stored as float32: relative 2^-24 ~ 6e-8 each)
+    from visualdl import LogReader
+
+    reader = LogReader(file_path=str(next((out / "vdl").glob("vdlrecords*"))))
+    for key in [f"eval/pass@{k}" for k in (1, 2, 4, 8)] + [f"eval/mean@{N}", f"eval/maj@{N}"]:
+        logged = [(d.id, d.value) for d in reader.get_data("scalar", key)]
+        assert logged == [(r["step"], pytest.approx(r[key], rel=1e-6, abs=1e-7)) for r in evals], key
 
 
 def test_evaluation_leaves_training_unchanged_and_final_only_samples_n_at_the_end(workdir, tiny_policy_dir, tmp_path):
