@@ -17,7 +17,7 @@ class ModelArguments:
                                           "recipe first (quickstart: the embedded default's tiny policy, made "
                                           "locally in a few minutes; quickstart_tools: the tool quickstart's). "
                                           "Empty: the directory must exist.",
-                                      choices=("", "quickstart", "quickstart_tools"))
+                                      choices=("", "quickstart", "quickstart_tools", "smollm2_tools"))
     reward_model_name_or_path: str = arg("", "Directory (or hub ID) of a sequence-scoring reward model (one label, e.g. "
                                              "Qwen2ForSequenceClassification) scoring prompt + completion in-process "
                                              "(use_rm_server: false), after reward_funcs; its weight is the last "
