@@ -70,10 +70,10 @@ def seq_mean_token_mean(L, mask):
     return sum(sum(L[i, t] for t in ts) / len(ts) for i, ts in enumerate(rows_tokens(mask)) if ts) / len(rows), weight
 
 
-# ---- CISPO ------------------------------------------------------------------------------------------------------------
+# ---- CISPO -----------------------------------------------------------------------------------------------------------
 
 def ref_cispo(lp, old, A, mask, eps_high=EPS_HIGH):
-    """MiniMax-M1 eq. (4): J = 1 / sum|o_i| sum_i sum_t sg(r^_t) A_t log pi_t, r^_t = min(r_t, 1 + eps_high)."""
+    """MiniMax-M1: J = 1 / sum|o_i| sum_i sum_t sg(r^_t) A_t log pi_t, r^_t = min(r_t, 1 + eps_high)."""
     L, dL = np.zeros_like(mask), np.zeros_like(mask)
     for i, ts in enumerate(rows_tokens(mask)):
         for t in ts:
@@ -111,7 +111,7 @@ def test_cispo_keeps_the_gradient_where_ppo_clip_zeroes_it():
     assert cispo[0, 2] == pytest.approx(-0.7 / 3, rel=1e-12) == ppo[0, 2]  # r = 1: both are REINFORCE
 
 
-# ---- GMPO -------------------------------------------------------------------------------------------------------------
+# ---- GMPO ------------------------------------------------------------------------------------------------------------
 
 def ref_gmpo(lp, old, A, mask, eps_low=EPS_LOW, eps_high=EPS_HIGH):
     """GMPO: J = 1/G sum_i sgn(A_i) prod_t |min(r_t A_i, clip(r_t, e^-eps_low, e^eps_high) A_i)|^(1/|o_i|),
@@ -156,7 +156,7 @@ def test_gmpo_is_defined_with_the_sequence_mean():
     assert run("gmpo", lp, old, A, mask, loss_agg_mode="seq-mean-token-mean")[0] == run("gmpo", lp, old, A, mask)[0]
 
 
-# ---- SAPO -------------------------------------------------------------------------------------------------------------
+# ---- SAPO ------------------------------------------------------------------------------------------------------------
 
 def ref_sapo(lp, old, A, mask, tau_pos=1.0, tau_neg=1.05):
     """SAPO: J = 1/G sum_i 1/|y_i| sum_t f(r_t; tau_t) A_t, f(r; tau) = sigmoid(tau (r - 1)) 4 / tau,
@@ -192,7 +192,7 @@ def test_sapo_is_reinforce_on_policy_and_fades_off_policy():
     assert 0 > grad[0, 1] > -1.0 / 3 * 0.5 and 0 < grad[0, 2] < 1.0 / 3  # smaller, never 0, sign kept
 
 
-# ---- Clip-Cov ---------------------------------------------------------------------------------------------------------
+# ---- Clip-Cov --------------------------------------------------------------------------------------------------------
 
 def covariances(lp, A, mask):
     valid = mask > 0
@@ -202,7 +202,7 @@ def covariances(lp, A, mask):
 
 
 def ref_clip_cov(lp, old, A, mask, draws, ratio, lb, ub):
-    """Cui et al. eq. (Clip-Cov), as verl: PPO clip; of the tokens not clipped by PPO with lb < Cov_t < ub,
+    """Cui et al., Clip-Cov, as verl: PPO clip; of the tokens not clipped by PPO with lb < Cov_t < ub,
     max(1, int(ratio n)) drawn uniformly (here: those with the smallest `draws`) get loss 0."""
     cov = covariances(lp, A, mask)
     L, dL, candidates = np.zeros_like(mask), np.zeros_like(mask), []
@@ -249,10 +249,10 @@ def test_clip_cov_draw_follows_the_seed():
     assert any((run("clip_cov", lp, old, A, mask, seed=s, **options)[1] != a).any() for s in (2, 3, 4))
 
 
-# ---- KL-Cov -----------------------------------------------------------------------------------------------------------
+# ---- KL-Cov ----------------------------------------------------------------------------------------------------------
 
 def ref_kl_cov(lp, old, A, mask, ratio, coef):
-    """Cui et al. eq. (KL-Cov): L_t = -A_t r_t, plus coef |log r_t| on the max(1, int(ratio n)) tokens of largest
+    """Cui et al., KL-Cov: L_t = -A_t r_t, plus coef |log r_t| on the max(1, int(ratio n)) tokens of largest
     Cov_t (ties: the first in row-major order)."""
     cov = covariances(lp, A, mask)
     order = sorted(((-cov[i, t], i * mask.shape[1] + t, i, t) for i, ts in enumerate(rows_tokens(mask))
@@ -294,7 +294,7 @@ def test_kl_cov_ties_take_the_first_tokens():
     assert penalised.tolist() == [[True, True, False, False], [False, False, False, False]]
 
 
-# ---- all of them ------------------------------------------------------------------------------------------------------
+# ---- all of them -----------------------------------------------------------------------------------------------------
 
 NEW = ["cispo", "gmpo", "sapo", "clip_cov", "kl_cov"]
 

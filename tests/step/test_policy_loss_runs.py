@@ -17,7 +17,7 @@ from paddle_grpo.parallel import ParallelContext
 from paddle_grpo.step import Batch
 from paddle_grpo.trainer import Trainer
 from batch_helpers import grouped_batch
-from resume_helpers import full_and_resumed, params, read_metrics
+from resume_helpers import assert_resumed_exactly, full_and_resumed, params, read_metrics, tiny_run, trained
 
 NAMES = ["Ann", "Bob", "Cid", "Dan", "Eve", "Fay", "Gus", "Hal"]
 # A reward that varies with the completion under a random policy, so that every group has advantages.
@@ -37,14 +37,10 @@ def workdir(tmp_path_factory):
 
 
 def settings(workdir, policy_dir, out, **overrides):
-    values = dict(actor_model_name_or_path=policy_dir, use_rm_server=False,
-                  reward_funcs=f"{workdir / 'rewards.py'}:reward", train_datasets=str(workdir / "train.jsonl"),
-                  output_dir=str(out), logging_dir=str(out / "vdl"), max_prompt_len=32, max_dec_len=6,
-                  min_dec_len=1, max_length=40, global_batch_size=2, rollout_n=4, per_device_train_batch_size=4,
-                  per_device_logprob_batch_size=16, learning_rate=2e-3, max_steps=2, kl_coeff=0.0,
-                  save_strategy="no", disable_tqdm=True, seed=7, temperature=1.0, update_iters=2)
-    values.update(overrides)
-    return values
+    """A 2-step run of the tiny policy on `workdir`'s prompts and reward; update_iters 2: the second pass runs off
+    policy (rho != 1), where the losses differ from REINFORCE."""
+    return tiny_run(policy_dir, f"{workdir / 'rewards.py'}:reward", workdir / "train.jsonl", out,
+                    **{"max_dec_len": 6, "update_iters": 2, **overrides})
 
 
 def yaml_cfg(tmp_path, values):
@@ -54,7 +50,6 @@ def yaml_cfg(tmp_path, values):
     return load_config(str(path), [])
 
 
-# update_iters 2: the second pass runs off policy (rho != 1), where the losses differ from REINFORCE.
 @pytest.mark.parametrize("loss, extra", [
     ("cispo", {"clip_range_ratio_high": 4.0}),
     ("gmpo", {}),
@@ -65,13 +60,8 @@ def yaml_cfg(tmp_path, values):
 def test_each_new_loss_trains_from_yaml(workdir, tiny_policy_dir, tmp_path, loss, extra):
     cfg = yaml_cfg(tmp_path, settings(workdir, tiny_policy_dir, tmp_path / "out", policy_loss=loss, **extra))
     assert cfg.policy_loss == loss
-    trainer = Trainer(cfg)
-    before = params(trainer.policy.model)
-    trainer.train()
-    after = params(trainer.policy.model)
-    assert any(not np.array_equal(before[k], after[k]) for k in before)
-    rows = read_metrics(cfg.output_dir)
-    assert [r["step"] for r in rows] == [1, 2]
+    changed, rows = trained(Trainer(cfg))
+    assert changed and [r["step"] for r in rows] == [1, 2]
     for row in rows:
         assert math.isfinite(row["train/policy_loss"]) and math.isfinite(row["train/grad_norm"])
         assert row["train/grad_norm"] > 0 and row["train/update_skipped"] == 0
@@ -84,15 +74,9 @@ def test_the_entropy_coefficient_follows_its_rule_and_survives_resume(workdir, t
                   save_strategy="steps", save_steps=2, dataloader_shuffle=True, update_iters=1)
     full, resumed = full_and_resumed(lambda out, **kw: config_from_dict(settings(workdir, tiny_policy_dir, out, **kw)),
                                      tmp_path, 2, **common)
-    a = {r["step"]: r for r in read_metrics(tmp_path / "full")}
-    b = {r["step"]: r for r in read_metrics(tmp_path / "split")}
-    for n in (3, 4):
-        for key in a[n]:
-            if not key.startswith("perf/"):
-                assert a[n][key] == b[n][key], (n, key)
-    pa, pb = params(full.policy.model), params(resumed.policy.model)
-    assert all(np.array_equal(pa[k], pb[k]) for k in pa)
+    assert_resumed_exactly(tmp_path, full, resumed, (3, 4))
     assert full.learner.state == resumed.learner.state
+    a = {r["step"]: r for r in read_metrics(tmp_path / "full")}
     coeff, applied = 0.02, 0.02
     for n in (1, 2, 3, 4):
         assert a[n]["train/entropy_coeff"] == applied, n
