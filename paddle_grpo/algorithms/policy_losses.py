@@ -84,8 +84,8 @@ def sapo_policy_loss(log_prob: paddle.Tensor, old_log_prob: paddle.Tensor, advan
     `-4 sigma (1 - sigma) rho_t A_t grad(l_t)` equals REINFORCE's at rho = 1 and fades smoothly as rho moves away
     (faster with a larger tau); no token is cut off. Token-level, aggregated `seq-mean-token-mean` (the paper's
     1/G sum_i 1/|y_i| sum_t; verl's `compute_policy_loss_sapo` forces it), defaults tau_pos 1.0, tau_neg 1.05 (the
-    paper's, verl's `tau_pos`/`tau_neg`, TRL's `sapo_temperature_pos/neg`, whose key names are used here). The
-    clip range does not enter; no clip statistics."""
+    paper's, verl's `tau_pos`/`tau_neg`); the per-token loss is TRL's `loss_type="sapo"` too, whose key names
+    `sapo_temperature_pos/neg` are used here. The clip range does not enter; no clip statistics."""
     ratio = paddle.exp(token_log_ratio(log_prob, old_log_prob, response_mask))
     tau = paddle.where(advantages > 0, paddle.full_like(ratio, temperature_pos),
                        paddle.full_like(ratio, temperature_neg))
