@@ -83,6 +83,7 @@ class Trainer:
         # (With async_rollout the rollout worker may compute the reference log-probs: no copy here.)
         if cfg.needs_reference_model and not cfg.lora and not cfg.reference_in_rollout_worker:
             self.reference = load_policy(cfg.actor_model_name_or_path, trainable=False, **load)
+        self.teacher = step.load_teacher(cfg, self.policy, load)  # on-policy distillation's (None: off)
         # Pipeline parallel: the policy stays whole and frozen (generation, old/reference log-probs, checkpoints);
         # the pipeline trains this rank's stage and copies the weights back after each update.
         pipeline = None
@@ -180,6 +181,8 @@ class Trainer:
                    **(estimate.value_metrics.as_dict() if critic is not None else {})}
         if ref_lp is not None:
             metrics["train/kl"] = step.reference_kl(par, batch, ref_lp)
+        if self.teacher is not None:  # the advantages take the teacher's per-token reverse KL
+            metrics.update(step.distill(par, self.teacher, batch, inputs, cfg, par.vocab_parallel, amp))
 
         t0 = time.perf_counter()
         if critic is None or self.step >= cfg.critic_pretrain_steps:  # VAPO's value pretraining: critic only first

@@ -20,7 +20,7 @@ TITLES = {
     "RolloutArguments": "Rollout (generation)", "TrainingArguments": "Training", "AlgorithmArguments": "RL algorithm",
     "EvalArguments": "Evaluation", "LoggingArguments": "Logging and outputs",
     "KernelArguments": "Memory, precision and kernels", "CriticArguments": "Critic (PPO / VAPO)",
-    "ToolArguments": "Tools (multi-turn rollouts)",
+    "ToolArguments": "Tools (multi-turn rollouts)", "DistillationArguments": "On-policy distillation",
 }
 
 HEADER = """# Configuration reference

@@ -10,6 +10,7 @@
   policy_losses.py  CISPO, GMPO (geo_mean), SAPO
   covariance_losses.py  Clip-Cov, KL-Cov (the tokens of largest log-prob / advantage covariance)
   entropy_control.py  the adaptive entropy coefficient toward a target entropy (Skywork-OR1)
+  distillation.py   on-policy distillation: the teacher's per-token reverse KL in the advantages (slime, GKD)
   normalization.py  running reward normalisation (Chan), advantage whitening
   pass_at_k.py      evaluation with n samples per problem: the unbiased pass@k (Chen et al.), the majority vote
   rollout_correction.py  importance weights of the sampler's log-probs against the trainer's: TIS / MIS at the

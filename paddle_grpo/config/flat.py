@@ -10,6 +10,7 @@ from typing import Any, Dict, Optional, Tuple
 from .algorithm import AlgorithmArguments
 from .critic import CRITIC_INHERITS, CriticArguments
 from .data import DataArguments
+from .distillation import DistillationArguments
 from .evaluation import EvalArguments
 from .fields import HEAD_CHUNK_MIN_VOCAB, ConfigError, LayoutError, shown_value, yaml_value
 from .kernels import KernelArguments
@@ -24,7 +25,8 @@ from .training import TrainingArguments
 
 @dataclass
 class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, RolloutArguments, TrainingArguments,
-             AlgorithmArguments, EvalArguments, LoggingArguments, KernelArguments, CriticArguments, ToolArguments):
+             AlgorithmArguments, EvalArguments, LoggingArguments, KernelArguments, CriticArguments, ToolArguments,
+             DistillationArguments):
     """The whole configuration, flat (one attribute per key) like PaddleNLP's YAML files."""
 
     def to_dict(self) -> Dict[str, Any]:
@@ -261,7 +263,8 @@ class Config(ModelArguments, LoRAArguments, DataArguments, ParallelArguments, Ro
 
 
 GROUPS = (ModelArguments, LoRAArguments, DataArguments, ParallelArguments, RolloutArguments, TrainingArguments,
-          AlgorithmArguments, EvalArguments, LoggingArguments, KernelArguments, CriticArguments, ToolArguments)
+          AlgorithmArguments, EvalArguments, LoggingArguments, KernelArguments, CriticArguments, ToolArguments,
+          DistillationArguments)
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 
 

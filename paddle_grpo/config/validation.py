@@ -126,6 +126,8 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
                                         f"{', '.join(sorted(SHARDING_OPTIONS))}")
     if cfg.do_eval and cfg.eval_steps < 1:
         bad("eval_steps", "must be at least 1")
+    if not cfg.opd_kl_coeff > 0:
+        bad("opd_kl_coeff", "must be > 0 (leave teacher_model_name_or_path empty to train without distillation)")
     if cfg.save_strategy == "steps" and cfg.save_steps < 1:
         bad("save_steps", "must be at least 1")
     if cfg.lora_alpha <= 0 and cfg.lora_alpha != -1:

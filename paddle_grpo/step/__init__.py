@@ -35,9 +35,11 @@ from .policy_update import (TrainingError, UpdateState, Learner, UpdateInputs, r
     clip_gradients, update, apply_gradients, head_logprobs)
 from .critic_update import (CriticLearner, build_critic_learner, CriticInputs, update_critic)
 from .evaluation import Evaluator
+from .distillation import distill, load_teacher
 
 __all__ = [
-    "AdvantageMetrics", "AsyncBatches", "Batch", "Evaluator", "SyncBatches", "batch_source", "build_rewarder", "CollectMetrics", "CriticInputs", "CriticLearner", "CriticMetrics", "Estimate",
+    "AdvantageMetrics", "AsyncBatches", "Batch", "Evaluator", "SyncBatches", "batch_source", "build_rewarder",
+    "CollectMetrics", "CriticInputs", "CriticLearner", "CriticMetrics", "Estimate", "distill", "load_teacher",
     "GlobalRows", "Learner", "LengthMetrics", "LossSums", "MicroBatch", "PromptEncoder", "RewardMetrics",
     "MAX_KEYS", "SHARE_KEYS", "TOKEN_MEAN_KEYS", "ToolMetrics", "TrainingError", "UpdateInputs", "UpdateMetrics",
     "UpdateState",
