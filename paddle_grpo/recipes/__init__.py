@@ -7,7 +7,7 @@ import sys
 from typing import Any, Callable, Optional
 
 # The values of `build_actor_if_missing` that name a recipe (config/model.py offers exactly these; a test checks it).
-POLICY_RECIPES = ("quickstart", "quickstart_tools")
+POLICY_RECIPES = ("quickstart", "quickstart_tools", "smollm2_tools")
 
 
 def policy_builder(cfg: Any) -> Optional[Callable[[str], None]]:
@@ -29,6 +29,11 @@ def policy_builder(cfg: Any) -> Optional[Callable[[str], None]]:
         # looked up at build time, so a test can stand in for the slow build
         if name == "quickstart_tools":
             from .quickstart_tools import build_quickstart_tools_policy as builder
+        elif name == "smollm2_tools":  # the warm start of the imported SmolLM2: one start for every run seed
+            from .smollm2_tools_warm import build_smollm2_tools_policy
+
+            def builder(directory: str, seed: int, progress: bool) -> None:
+                build_smollm2_tools_policy(directory, progress=progress)
         else:
             from .quickstart import build_quickstart_policy as builder
 
