@@ -20,6 +20,18 @@ def tiny_run(policy_dir, reward_funcs, train_datasets, out, **overrides):
     return values
 
 
+NAMES = ["Ann", "Bob", "Cid", "Dan", "Eve", "Fay", "Gus", "Hal"]
+
+
+def name_prompts_dir(directory, reward_source):
+    """`directory` with train.jsonl (8 chat prompts `Who is <name>?`) and rewards.py (`reward_source`, defining
+    `reward`): the inputs of a tiny_run whose reward is `<directory>/rewards.py:reward`. Returns `directory`."""
+    rows = [{"src": f"<|im_start|>user\nWho is {n}?<|im_end|>\n<|im_start|>assistant\n", "tgt": "x"} for n in NAMES]
+    (directory / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (directory / "rewards.py").write_text(reward_source)
+    return directory
+
+
 def params(model):
     """{name: numpy copy} of a model's parameters (a snapshot: later updates do not change it)."""
     return {n: p.numpy().copy() for n, p in model.named_parameters()}

@@ -2,7 +2,6 @@
 log-probs reach the advantages as A_t - c * (l^s_t - l^T_t) (recomputed here from a separate forward pass of the
 teacher), a student distilled alone (opd_only, every reward 0) moves toward its teacher (the logged reverse KL
 falls), a teacher equal to the policy gives a reverse KL of 0, and a teacher of another vocabulary is refused."""
-import json
 
 import numpy as np
 import paddle
@@ -15,19 +14,14 @@ from paddle_grpo.policy import load_policy
 from paddle_grpo.recipes.tiny import build_tiny_policy
 from paddle_grpo.trainer import Trainer
 from conftest import TINY_CORPUS
-from resume_helpers import read_metrics, tiny_run
+from resume_helpers import NAMES, name_prompts_dir, read_metrics, tiny_run
 
-NAMES = ["Ann", "Bob", "Cid", "Dan", "Eve", "Fay", "Gus", "Hal"]
 ZERO_REWARD = "def reward(prompts, completions, **kwargs):\n    return [0.0 for _ in completions]\n"
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("opd")
-    rows = [{"src": f"<|im_start|>user\nWho is {n}?<|im_end|>\n<|im_start|>assistant\n", "tgt": "x"} for n in NAMES]
-    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (d / "rewards.py").write_text(ZERO_REWARD)
-    return d
+    return name_prompts_dir(tmp_path_factory.mktemp("opd"), ZERO_REWARD)
 
 
 @pytest.fixture(scope="module")

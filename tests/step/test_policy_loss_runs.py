@@ -2,7 +2,6 @@
 the tiny Qwen2 (tests/conftest.py), configured from YAML files as a user would: each loss trains 2 steps with a
 finite logged loss and changed parameters; the entropy coefficient follows its rule, is logged and survives an exact
 resume; truncated completions leave the loss (docs/algorithms.md, "Entropy control")."""
-import json
 import math
 
 import numpy as np
@@ -17,9 +16,9 @@ from paddle_grpo.parallel import ParallelContext
 from paddle_grpo.step import Batch
 from paddle_grpo.trainer import Trainer
 from batch_helpers import grouped_batch
-from resume_helpers import assert_resumed_exactly, full_and_resumed, params, read_metrics, tiny_run, trained
+from resume_helpers import (assert_resumed_exactly, full_and_resumed, name_prompts_dir, params, read_metrics, tiny_run,
+                            trained)
 
-NAMES = ["Ann", "Bob", "Cid", "Dan", "Eve", "Fay", "Gus", "Hal"]
 # A reward that varies with the completion under a random policy, so that every group has advantages.
 REWARD_FILE = '''
 def reward(prompts, completions, **kwargs):
@@ -29,11 +28,7 @@ def reward(prompts, completions, **kwargs):
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("losses")
-    rows = [{"src": f"<|im_start|>user\nWho is {n}?<|im_end|>\n<|im_start|>assistant\n", "tgt": "x"} for n in NAMES]
-    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (d / "rewards.py").write_text(REWARD_FILE)
-    return d
+    return name_prompts_dir(tmp_path_factory.mktemp("losses"), REWARD_FILE)
 
 
 def settings(workdir, policy_dir, out, **overrides):
