@@ -215,3 +215,28 @@ def test_config_loads_and_builds_its_warm_start(repo_root, monkeypatch):
                       ["--tools", "", "--train_datasets", "data/smollm2_tools/train_plain.jsonl",
                        "--eval_datasets", "data/smollm2_tools/eval_plain.jsonl"], device="cpu", warn=False)
     assert off.tools == [] and "calculator" not in read_jsonl(str(repo_root / off.eval_datasets))[0]["src"]
+
+
+def test_runs_collector_reads_metrics_and_cpu_log(repo_root, tmp_path):
+    """tools/eval/smollm2_tools_runs.py on a hand-made run: evaluations, per-step tool metrics, the CPU seconds."""
+    tool = _load_tool(repo_root, "_smollm2_tools_runs", "tools/eval/smollm2_tools_runs.py")
+    out = tmp_path / "output" / "smollm2_tools_s7"
+    out.mkdir(parents=True)
+    (out / "config.yaml").write_text("seed: 7\nlearning_rate: 1e-05\ntools: [calculator]\n"
+                                     "actor_model_name_or_path: nowhere\n")
+    rows = [{"step": 0, "eval/accuracy": 0.2, "eval/tool_use_rate": 0.25, "eval/accuracy_with_tools": 0.8,
+             "eval/accuracy_without_tools": 0.0, "perf/eval_s": 120.0}]
+    rows += [{"step": s, "train/reward": s / 10, "rollout/tool_use_rate": 0.5, "rollout/tool_error_rate": 0.0,
+              "rollout/turns_per_sample": 1.5, "response_length/mean": 40.0, "perf/step_s": 30.0} for s in (1, 2)]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    log = tmp_path / "cpu.log"
+    log.write_text("1000 500 6.0\n1060 3500 8.0\n")
+    run = tool.collect_run("s7", root=str(tmp_path), cpu_log=str(log))
+    assert run["seed"] == 7 and run["learning_rate"] == 1e-5 and run["warm_start"] is None
+    assert run["evals"] == [{"step": 0, "accuracy": 0.2, "tool_use_rate": 0.25, "accuracy_with_tools": 0.8,
+                             "accuracy_without_tools": 0.0, "eval_s": 120.0}]
+    assert [s["reward"] for s in run["steps"]] == [0.1, 0.2]
+    assert run["cpu"] == {"wall_s": 60, "cpu_s": 30.0, "load_min": 6.0, "load_max": 8.0, "load_mean": 7.0}
+    text = tool.tables({"runs": [run]})
+    assert "| 0 | 0.20 | 0.25 | 0.80 | 0.00 | 2.0 |" in text
+    assert "| 1-2 | 0.15 | 0.50 | 0.00 | 1.50 | 1280 | 30 |" in text

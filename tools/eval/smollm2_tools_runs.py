@@ -1,0 +1,129 @@
+"""Collect the SmolLM2 tool recipe's RL runs into one results file and print the tables docs/smollm2_tools.md shows.
+
+    python tools/eval/smollm2_tools_runs.py --collect s42 [--cpu-log FILE] --out docs/results/smollm2_tools_rl.json
+    python tools/eval/smollm2_tools_runs.py --tables docs/results/smollm2_tools_rl.json
+
+A run NAME is `output/smollm2_tools_NAME` (`python run_rl.py configs/smollm2_tools.yaml --seed S --output_dir
+output/smollm2_tools_NAME ...`). Per run the file keeps the seed, learning rate, tools, the warm start's
+build_info.json, every held-out evaluation (accuracy, tool-use rate, accuracy of the samples with and without a
+call) and every training step's reward, tool-use rate, tool-error rate (calls whose result is an error), turns per
+sample, mean completion length (actions and tool tokens) and wall seconds. `--cpu-log`: lines of `unix_time
+cpu_ticks load_average` sampled from the run's /proc/PID/stat (100 ticks a second), for the CPU seconds the run got
+on a shared machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Dict, List, Optional
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STEP_KEYS = {"reward": "train/reward", "tool_use_rate": "rollout/tool_use_rate",
+             "tool_error_rate": "rollout/tool_error_rate", "turns_per_sample": "rollout/turns_per_sample",
+             "completion_length": "response_length/mean", "step_s": "perf/step_s"}
+EVAL_KEYS = {"accuracy": "eval/accuracy", "tool_use_rate": "eval/tool_use_rate",
+             "accuracy_with_tools": "eval/accuracy_with_tools", "accuracy_without_tools": "eval/accuracy_without_tools",
+             "eval_s": "perf/eval_s"}
+
+
+def _config(path: str) -> Dict[str, str]:
+    out = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            key, sep, value = line.partition(":")
+            if sep and not line.startswith((" ", "#")):
+                out[key.strip()] = value.split("#")[0].strip()
+    return out
+
+
+def _round(value: Any) -> Any:
+    return round(value, 4) if isinstance(value, float) and value == value else None if value != value else value
+
+
+def collect_run(name: str, root: str = _REPO, cpu_log: Optional[str] = None) -> Dict[str, Any]:
+    """One run's record from `output/smollm2_tools_<name>/` (metrics.jsonl, config.yaml, the warm start's info)."""
+    out = os.path.join(root, "output", f"smollm2_tools_{name}")
+    cfg = _config(os.path.join(out, "config.yaml"))
+    evals: List[Dict[str, Any]] = []
+    steps: List[Dict[str, Any]] = []
+    with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            if "eval/accuracy" in row:
+                evals.append({"step": row["step"], **{k: _round(row.get(v)) for k, v in EVAL_KEYS.items()}})
+            if "train/reward" in row:
+                steps.append({"step": row["step"], **{k: _round(row.get(v)) for k, v in STEP_KEYS.items()}})
+    info_path = os.path.join(root, cfg.get("actor_model_name_or_path", ""), "build_info.json")
+    warm = json.load(open(info_path, encoding="utf-8")) if os.path.isfile(info_path) else None
+    run = {"name": name, "seed": int(cfg.get("seed", 42)), "learning_rate": float(cfg.get("learning_rate", "nan")),
+           "tools": cfg.get("tools", ""), "warm_start": warm, "evals": evals, "steps": steps}
+    if cpu_log:
+        samples = [line.split() for line in open(cpu_log, encoding="utf-8") if line.strip()]
+        wall = int(samples[-1][0]) - int(samples[0][0])
+        cpu = (int(samples[-1][1]) - int(samples[0][1])) / 100.0
+        loads = [float(s[2]) for s in samples]
+        run["cpu"] = {"wall_s": wall, "cpu_s": cpu, "load_min": min(loads), "load_max": max(loads),
+                      "load_mean": round(sum(loads) / len(loads), 2)}
+    return run
+
+
+def _cell(value: Any, fmt: str = "{:.2f}") -> str:
+    return "" if value is None else fmt.format(value)
+
+
+def tables(results: Dict[str, Any]) -> str:
+    """The held-out evaluations and the training steps (means over windows of 5 steps), as markdown."""
+    lines = []
+    for run in results["runs"]:
+        lines += [f"Run `{run['name']}` (seed {run['seed']}, learning rate {run['learning_rate']:g}), held out:", "",
+                  "| step | accuracy | tool-use rate | accuracy with a call | accuracy without | eval minutes |",
+                  "|---|---|---|---|---|---|"]
+        for e in run["evals"]:
+            lines.append(f"| {e['step']} | {_cell(e['accuracy'])} | {_cell(e['tool_use_rate'])} | "
+                         f"{_cell(e['accuracy_with_tools'])} | {_cell(e['accuracy_without_tools'])} | "
+                         f"{_cell(e['eval_s'] and e['eval_s'] / 60, '{:.1f}')} |")
+        lines += ["", "Training (means over the steps of each window):", "",
+                  "| steps | reward | tool-use rate | tool-error rate | turns per sample | completion tokens per step "
+                  "| s per step |", "|---|---|---|---|---|---|---|"]
+        steps = run["steps"]
+        for first in range(0, len(steps), 5):
+            window = steps[first:first + 5]
+
+            def mean(key: str) -> Optional[float]:
+                values = [s[key] for s in window if s[key] is not None]
+                return sum(values) / len(values) if values else None
+
+            length = mean("completion_length")
+            lines.append(f"| {window[0]['step']}-{window[-1]['step']} | {_cell(mean('reward'))} | "
+                         f"{_cell(mean('tool_use_rate'))} | {_cell(mean('tool_error_rate'))} | "
+                         f"{_cell(mean('turns_per_sample'))} | {_cell(length and length * 32, '{:.0f}')} | "
+                         f"{_cell(mean('step_s'), '{:.0f}')} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--collect", nargs="*", default=[])
+    parser.add_argument("--cpu-log", default=None, help="CPU samples of the (first) collected run")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--tables", default=None)
+    args = parser.parse_args(argv)
+    if args.collect:
+        runs = [collect_run(n, cpu_log=args.cpu_log if i == 0 else None) for i, n in enumerate(args.collect)]
+        results = {"machine": "AMD EPYC (Zen 4), 2 cores shared with other jobs", "runs": runs}
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as f:
+                json.dump(results, f, indent=1)
+                f.write("\n")
+        print(tables(results))
+    if args.tables:
+        with open(args.tables, encoding="utf-8") as f:
+            print(tables(json.load(f)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
