@@ -1,6 +1,7 @@
 """Collect the SmolLM2 tool recipe's RL runs into one results file and print the tables docs/smollm2_tools.md shows.
 
-    python tools/eval/smollm2_tools_runs.py --collect s42 [--cpu-log FILE] --out docs/results/smollm2_tools_rl.json
+    python tools/eval/smollm2_tools_runs.py --collect s42 [--cpu-log FILE] [--heldout FILE] \\
+        --out docs/results/smollm2_tools_rl.json
     python tools/eval/smollm2_tools_runs.py --tables docs/results/smollm2_tools_rl.json
 
 A run NAME is `output/smollm2_tools_NAME` (`python run_rl.py configs/smollm2_tools.yaml --seed S --output_dir
@@ -9,7 +10,8 @@ build_info.json, every held-out evaluation (accuracy, tool-use rate, accuracy of
 call) and every training step's reward, tool-use rate, tool-error rate (calls whose result is an error), turns per
 sample, mean completion length (actions and tool tokens) and wall seconds. `--cpu-log`: lines of `unix_time
 cpu_ticks load_average` sampled from the run's /proc/PID/stat (100 ticks a second), for the CPU seconds the run got
-on a shared machine.
+on a shared machine. `--heldout`: a results file of tools/eval/smollm2_tools_baseline.py whose keys are `step<N>`
+(its evaluations of the run's checkpoints, for a run trained with `--do_eval false`), taken as the run's evaluations.
 """
 from __future__ import annotations
 
@@ -42,7 +44,23 @@ def _round(value: Any) -> Any:
     return round(value, 4) if isinstance(value, float) and value == value else None if value != value else value
 
 
-def collect_run(name: str, root: str = _REPO, cpu_log: Optional[str] = None) -> Dict[str, Any]:
+def heldout_evals(path: str) -> List[Dict[str, Any]]:
+    """The `step<N>` entries of a smollm2_tools_baseline.py results file, as evaluations (the script's names)."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    out = []
+    for key, r in data.items():
+        if key.startswith("step"):
+            out.append({"step": int(key[4:]), "accuracy": r["accuracy"], "tool_use_rate": r["tool_use_rate"],
+                        "accuracy_with_tools": r["accuracy_with_tool_call"],
+                        "accuracy_without_tools": r["accuracy_without_tool_call"], "eval_s": r["wall_s"],
+                        "tool_error_rate": r["tool_error_rate"], "turns_per_sample": r["turns_per_sample"],
+                        "seed": r["seed"], "model": r["model"]})
+    return sorted(out, key=lambda e: e["step"])
+
+
+def collect_run(name: str, root: str = _REPO, cpu_log: Optional[str] = None,
+                heldout: Optional[str] = None) -> Dict[str, Any]:
     """One run's record from `output/smollm2_tools_<name>/` (metrics.jsonl, config.yaml, the warm start's info)."""
     out = os.path.join(root, "output", f"smollm2_tools_{name}")
     cfg = _config(os.path.join(out, "config.yaml"))
@@ -55,6 +73,8 @@ def collect_run(name: str, root: str = _REPO, cpu_log: Optional[str] = None) -> 
                 evals.append({"step": row["step"], **{k: _round(row.get(v)) for k, v in EVAL_KEYS.items()}})
             if "train/reward" in row:
                 steps.append({"step": row["step"], **{k: _round(row.get(v)) for k, v in STEP_KEYS.items()}})
+    if heldout:
+        evals = sorted(evals + heldout_evals(heldout), key=lambda e: e["step"])
     info_path = os.path.join(root, cfg.get("actor_model_name_or_path", ""), "build_info.json")
     warm = json.load(open(info_path, encoding="utf-8")) if os.path.isfile(info_path) else None
     run = {"name": name, "seed": int(cfg.get("seed", 42)), "learning_rate": float(cfg.get("learning_rate", "nan")),
@@ -108,11 +128,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--collect", nargs="*", default=[])
     parser.add_argument("--cpu-log", default=None, help="CPU samples of the (first) collected run")
+    parser.add_argument("--heldout", default=None, help="checkpoint evaluations of the (first) collected run")
     parser.add_argument("--out", default=None)
     parser.add_argument("--tables", default=None)
     args = parser.parse_args(argv)
     if args.collect:
-        runs = [collect_run(n, cpu_log=args.cpu_log if i == 0 else None) for i, n in enumerate(args.collect)]
+        runs = [collect_run(n, cpu_log=args.cpu_log if i == 0 else None, heldout=args.heldout if i == 0 else None)
+                for i, n in enumerate(args.collect)]
         results = {"machine": "AMD EPYC (Zen 4), 2 cores shared with other jobs", "runs": runs}
         if args.out:
             with open(args.out, "w", encoding="utf-8") as f:
