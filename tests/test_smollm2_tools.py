@@ -238,5 +238,21 @@ def test_runs_collector_reads_metrics_and_cpu_log(repo_root, tmp_path):
     assert [s["reward"] for s in run["steps"]] == [0.1, 0.2]
     assert run["cpu"] == {"wall_s": 60, "cpu_s": 30.0, "load_min": 6.0, "load_max": 8.0, "load_mean": 7.0}
     text = tool.tables({"runs": [run]})
-    assert "| 0 | 0.20 | 0.25 | 0.80 | 0.00 | 2.0 |" in text
+    assert "| 0 | 0.200 | 0.250 | 0.800 | 0.000 | 2.0 |" in text
     assert "| 1-2 | 0.15 | 0.50 | 0.00 | 1.50 | 1280 | 30 |" in text
+
+
+def test_docs_show_the_committed_results(repo_root):
+    """docs/smollm2_tools.md's RL tables are what tools/eval/smollm2_tools_runs.py prints for the committed results
+    file, and its untrained and warm-start numbers are those of the baseline file."""
+    tool = _load_tool(repo_root, "_smollm2_tools_runs2", "tools/eval/smollm2_tools_runs.py")
+    with open(repo_root / "docs" / "results" / "smollm2_tools_rl.json", encoding="utf-8") as f:
+        results = json.load(f)
+    doc = (repo_root / "docs" / "smollm2_tools.md").read_text(encoding="utf-8")
+    assert tool.tables(results) in doc
+    evals = results["runs"][0]["evals"]
+    assert evals[0]["step"] == 0 and evals[-1]["accuracy"] - evals[0]["accuracy"] > 0.3
+    with open(repo_root / "docs" / "results" / "smollm2_tools_baseline.json", encoding="utf-8") as f:
+        baseline = json.load(f)
+    assert baseline["plain"]["accuracy"] == baseline["tools"]["accuracy"] == 0.0 == baseline["tools"]["tool_use_rate"]
+    assert "0.035 (7/200)" in doc and baseline["tools_examples"]["accuracy"] == 0.035

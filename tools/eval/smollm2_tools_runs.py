@@ -101,8 +101,9 @@ def tables(results: Dict[str, Any]) -> str:
                   "| step | accuracy | tool-use rate | accuracy with a call | accuracy without | eval minutes |",
                   "|---|---|---|---|---|---|"]
         for e in run["evals"]:
-            lines.append(f"| {e['step']} | {_cell(e['accuracy'])} | {_cell(e['tool_use_rate'])} | "
-                         f"{_cell(e['accuracy_with_tools'])} | {_cell(e['accuracy_without_tools'])} | "
+            three = [_cell(e[k], "{:.3f}") for k in ("accuracy", "tool_use_rate", "accuracy_with_tools",
+                                                     "accuracy_without_tools")]
+            lines.append(f"| {e['step']} | {' | '.join(three)} | "
                          f"{_cell(e['eval_s'] and e['eval_s'] / 60, '{:.1f}')} |")
         lines += ["", "Training (means over the steps of each window):", "",
                   "| steps | reward | tool-use rate | tool-error rate | turns per sample | completion tokens per step "
