@@ -144,8 +144,10 @@ class RemoteToolSet(ToolSet):
             self._unanswered += 1
             count = self._unanswered
         if self.max_unanswered and count >= self.max_unanswered:
+            # Every row's calls run in threads at once: calls that time out together may each pass the bound, and
+            # whichever raises first reaches the trainer, so the message names the bound, not the thread's count.
             raise ToolServerError(
-                f"tool server {self.url}/tool did not answer {count} calls in a row within {self.timeout[1]:g} s "
+                f"tool server {self.url}/tool did not answer {self.max_unanswered} calls in a row within {self.timeout[1]:g} s "
                 f"(tool_timeout_s); it has stalled or is overloaded, so the run stops at tool_server_max_unanswered "
                 f"= {self.max_unanswered} rather than teach the policy that its calls time out. A tool that runs "
                 "long is answered by the server itself (error 'timeout') when its --timeout-s is below "
