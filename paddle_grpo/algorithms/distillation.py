@@ -31,16 +31,17 @@ def reverse_kl_tokens(sample_log_probs: TensorLike, teacher_log_probs: TensorLik
     return masked(sample - teacher, mask)  # `where`: inf/NaN garbage in padding stays out
 
 
-def opd_advantages(advantages: TensorLike, sample_log_probs: TensorLike, teacher_log_probs: TensorLike,
-                   response_mask: TensorLike, coeff: float, opd_only: bool = False) -> paddle.Tensor:
+def opd_advantages(advantages: TensorLike, reverse_kl: TensorLike, response_mask: TensorLike, coeff: float,
+                   opd_only: bool = False) -> paddle.Tensor:
     """The advantages [bs, T] with the distillation term: `A_t - coeff * k_t` (`opd_only`: `-coeff * k_t`), 0 on
-    masked tokens. `advantages` [bs, T] are the estimator's (ignored with `opd_only`); the log-probs [bs, T] are
-    the sampler's and the teacher's of the same sampled tokens."""
+    masked tokens. `advantages` [bs, T] are the estimator's (ignored with `opd_only`); `reverse_kl` [bs, T] is
+    `reverse_kl_tokens` of the sampler's and the teacher's log-probs of the same sampled tokens."""
     if not coeff > 0:
         raise ValueError(f"the distillation coefficient must be > 0, got {coeff!r}")
-    k = reverse_kl_tokens(sample_log_probs, teacher_log_probs, response_mask)
+    mask = as_mask(response_mask, "float32")
+    k = masked(as_float(reverse_kl, "float32"), mask)
     if opd_only:
         return -coeff * k
     adv = as_float(advantages, "float32")
     check_same_shape(advantages=adv, reverse_kl=k)
-    return masked(adv, as_mask(response_mask, "float32")) - coeff * k
+    return masked(adv, mask) - coeff * k

@@ -139,7 +139,7 @@ def run_key_notes(cfg: Config) -> Dict[str, str]:
         notes["rollout_worker_reference"] = ("sync_ref_model mixes the policy into the trainer's reference: the "
                                              "trainer computes the reference log-probs")
     notes.update(policy_loss_notes(cfg))
-    if not cfg.teacher_model_name_or_path:
+    if not cfg.teacher_model_name_or_path.strip():
         for key in ("opd_kl_coeff", "opd_only"):
             notes[key] = "teacher_model_name_or_path is empty: no on-policy distillation"
     if cfg.positive_lm_coeff <= 0:

@@ -24,12 +24,13 @@ def load_teacher(cfg: Any, policy: Policy, load_kwargs: Dict[str, Any]) -> Optio
     """The frozen teacher of teacher_model_name_or_path (None when unset), loaded as the reference model is (the
     policy's tensor-parallel shard and precision plan: `load_kwargs`). Raises ConfigError when its vocabulary is
     not the policy's: it must read the policy's token ids."""
-    if not cfg.teacher_model_name_or_path:
+    name = cfg.teacher_model_name_or_path.strip()
+    if not name:
         return None
     if policy.is_encoder_decoder:
         raise ConfigError("teacher_model_name_or_path: on-policy distillation scores a decoder-only policy's tokens; "
                           f"actor_model_name_or_path {cfg.actor_model_name_or_path!r} is an encoder-decoder")
-    teacher = load_policy(cfg.teacher_model_name_or_path, trainable=False, **load_kwargs)
+    teacher = load_policy(name, trainable=False, **load_kwargs)
     if teacher.is_encoder_decoder or _vocab_size(teacher) != _vocab_size(policy):
         raise ConfigError(f"teacher_model_name_or_path {cfg.teacher_model_name_or_path!r}: the teacher must be a "
                           f"decoder-only model with the policy's vocabulary (it reads the policy's token ids); its "
@@ -45,8 +46,7 @@ def distill(par: ParallelContext, teacher: Policy, batch: Batch, inputs: UpdateI
     t0 = time.perf_counter()
     teacher_lp = logprobs(teacher, batch, cfg, vocab_parallel, amp=amp)[0]
     mask = inputs.loss_mask
-    inputs.advantages = opd_advantages(inputs.advantages, batch.sample_logprobs, teacher_lp, mask,
-                                       cfg.opd_kl_coeff, cfg.opd_only)
     k = reverse_kl_tokens(batch.sample_logprobs, teacher_lp, mask)
+    inputs.advantages = opd_advantages(inputs.advantages, k, mask, cfg.opd_kl_coeff, cfg.opd_only)
     kl_sum, tokens = par.all_reduce_sum([float(k.sum()), float(paddle.cast(mask, "float32").sum())])
     return {"opd/reverse_kl": float(kl_sum / max(tokens, 1.0)), "perf/teacher_s": time.perf_counter() - t0}
