@@ -137,6 +137,9 @@ def test_reward_scores_the_last_number_of_the_final_answer():
              {"role": "tool", "content": "15244"}, {"role": "assistant", "content": "It is 15244."}]
     assert fn(["p"], [turns], tgt=["15244"]) == [1.0]
     assert [st.final_number(t) for t in ("a 1,234,567 b", "x 12, y", "none", "3 - 5")] == [1234567, 12, None, 5]
+    # the answer the majority vote counts is the number the reward compares
+    assert fn.extract_answer is st.final_answer
+    assert st.final_answer(["p"] * 4, ["The answer is 15,244.", "none", "-7", turns]) == ["15244", None, "-7", "15244"]
 
 
 # -------------------------------------------------------------------------------------------------- the warm start
@@ -240,6 +243,12 @@ def test_runs_collector_reads_metrics_and_cpu_log(repo_root, tmp_path):
     text = tool.tables({"runs": [run]})
     assert "| 0 | 0.200 | 0.250 | 0.800 | 0.000 | 2.0 |" in text
     assert "| 1-2 | 0.15 | 0.50 | 0.00 | 1.50 | 1280 | 30 |" in text
+    # the summary row: a second evaluation at step 2 reaches 0.9 after both steps' 60 s
+    run["evals"].append({**run["evals"][0], "step": 2, "accuracy": 0.95, "tool_use_rate": 1.0})
+    assert tool.kind(run) == "GRPO" and tool.first_step_at(run, 0.9) == 2 and tool.training_minutes(run, 1) == 0.5
+    row = tool.summary({"runs": [run]}).splitlines()[2]
+    assert row == "| GRPO | 7 | 0: 0.200, 2: 0.950 | +75.0 | 1.000 | 0.000 | 1.50 | 1280 | 1.0 | 1.0 (step 2) |"
+    assert tool.kind({**run, "learning_rate": 0.0}) == "learning_rate 0" and tool.kind({**run, "tools": ""}) == "tools off"
 
 
 def test_docs_show_the_committed_results(repo_root):

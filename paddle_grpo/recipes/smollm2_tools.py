@@ -34,7 +34,8 @@ from ..rewards.registry import register_reward
 from .smollm2 import IMPORT_COMMAND, MODEL_DIR, SYSTEM
 
 __all__ = ["IMPORT_COMMAND", "MODEL_DIR", "A_RANGE", "B_RANGE", "PHRASINGS", "Problem", "question", "prompt",
-           "plain_prompt", "record", "combination", "split_problems", "final_number", "final_answer_reward"]
+           "plain_prompt", "record", "combination", "split_problems", "final_number", "final_answer",
+           "final_answer_reward"]
 
 Problem = Tuple[int, int, int]  # (a, b, phrasing index): the question is PHRASINGS[phrasing].format(a=a, b=b)
 
@@ -166,7 +167,13 @@ def final_number(text: str) -> Optional[int]:
     return int(digits) if digits not in ("", "-") else None
 
 
-@register_reward("smollm2_tools_final_answer", max_score=1.0)
+def final_answer(prompts: Sequence[Any], completions: Sequence[Completion], **kwargs: Any) -> List[Optional[str]]:
+    """The answer `final_answer_reward` compares: the last number of the final answer (None: it has none); its
+    `extract_answer`, for the evaluation's majority vote and eval_per_problem.jsonl."""
+    return [None if (n := final_number(completion_text(c))) is None else str(n) for c in completions]
+
+
+@register_reward("smollm2_tools_final_answer", max_score=1.0, extract_answer=final_answer)
 def final_answer_reward(prompts: Sequence[Any], completions: Sequence[Completion],
                         tgt: Optional[Sequence[Any]] = None, **kwargs: Any) -> List[float]:
     """1.0 when the last number of the final answer (the last assistant turn's content) is the reference, else 0.0.
