@@ -10,7 +10,8 @@
   policy_losses.py  CISPO, GMPO (geo_mean), SAPO
   covariance_losses.py  Clip-Cov, KL-Cov (the tokens of largest log-prob / advantage covariance)
   entropy_control.py  the adaptive entropy coefficient toward a target entropy (Skywork-OR1)
-  distillation.py   on-policy distillation: the teacher's per-token reverse KL in the advantages (slime, GKD)
+  distillation.py   on-policy distillation: the teacher's per-token reverse KL in the advantages (slime), or
+                    the exact reverse KL over the vocabulary as a loss term (GKD)
   normalization.py  running reward normalisation (Chan), advantage whitening
   pass_at_k.py      evaluation with n samples per problem: the unbiased pass@k (Chen et al.), the majority vote
   rollout_correction.py  importance weights of the sampler's log-probs against the trainer's: TIS / MIS at the
@@ -20,8 +21,9 @@
   registry.py       the name -> spec registries: what each estimator / loss needs and where its KL goes
   _common.py        dtype / mask helpers, last-axis gathers that do not copy the whole tensor
 The config reads its choices from this package (rl_algorithm, importance_sampling_level, policy_loss from the
-registries; kl_estimator, kl_loss_estimator, loss_agg_mode, rollout_correction, rollout_correction_level from
-KL_ESTIMATORS, LOSS_AGG_MODES, ROLLOUT_CORRECTIONS, ROLLOUT_CORRECTION_LEVELS), so nothing else lists them.
+registries; kl_estimator, kl_loss_estimator, loss_agg_mode, rollout_correction, rollout_correction_level,
+opd_kl_estimator from KL_ESTIMATORS, LOSS_AGG_MODES, ROLLOUT_CORRECTIONS, ROLLOUT_CORRECTION_LEVELS,
+OPD_KL_ESTIMATORS), so nothing else lists them.
 The formulas are those of docs/algorithms.md, sections 1-5 and 8. Every batch statistic is over the batch passed
 in, so the trainer passes the global (all-rank) batch.
 """
@@ -55,6 +57,7 @@ from .losses import (
 from .policy_losses import cispo_policy_loss, gmpo_policy_loss, sapo_policy_loss  # registers cispo, gmpo, sapo
 from .covariance_losses import clip_cov_policy_loss, kl_cov_policy_loss, token_covariance  # clip_cov, kl_cov
 from .entropy_control import adaptive_entropy_coeff
+from .distillation import OPD_KL_ESTIMATORS
 from ._common import gather_last, subtract_at
 from .schedule import lr_lambda
 from .normalization import RunningRewardNormalizer, normalize_advantage
@@ -66,7 +69,8 @@ from .shaping import clip_reward, overlong_penalty
 from .value_loss import explained_variance, positive_example_mask, value_loss
 
 __all__ = [
-    "EstimatorSpec", "KL_ESTIMATORS", "LOSS_AGG_MODES", "PolicyLossSpec", "ROLLOUT_CORRECTION_LEVELS",
+    "EstimatorSpec", "KL_ESTIMATORS", "LOSS_AGG_MODES", "OPD_KL_ESTIMATORS", "PolicyLossSpec",
+    "ROLLOUT_CORRECTION_LEVELS",
     "adaptive_entropy_coeff", "cispo_policy_loss", "clip_cov_policy_loss", "gmpo_policy_loss", "kl_cov_policy_loss",
     "resolve_policy_loss", "sapo_policy_loss", "token_covariance",
     "ROLLOUT_CORRECTIONS",

@@ -140,7 +140,7 @@ def run_key_notes(cfg: Config) -> Dict[str, str]:
                                              "trainer computes the reference log-probs")
     notes.update(policy_loss_notes(cfg))
     if not cfg.teacher_model_name_or_path.strip():
-        for key in ("opd_kl_coeff", "opd_only"):
+        for key in ("opd_kl_coeff", "opd_only", "opd_kl_estimator"):
             notes[key] = "teacher_model_name_or_path is empty: no on-policy distillation"
     if cfg.positive_lm_coeff <= 0:
         notes["positive_example_min_reward"] = ("the positive-example LM loss is off (positive_example_lm_coeff "

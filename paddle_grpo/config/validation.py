@@ -8,6 +8,7 @@ from typing import Dict, Optional
 
 from .effects import CONSTANT_SCHEDULES, SHARDING_OPTIONS, sharding_options
 from .evaluation import check_evaluation, check_evaluation_combinations
+from .distillation import distillation_refusal
 from .fields import ConfigError, field_choices, logger, raise_errors
 from .flat import FIELDS, Config
 from .policy_loss import apply_policy_loss, check_policy_loss_values
@@ -236,7 +237,7 @@ def validate(cfg: Config, given: Optional[Dict[str, str]] = None) -> Config:
                           "turn ends the sample and its calls are not run, and with max_turns 1 the only turn is "
                           "the last (docs/tools.md, The rollout); set max_turns to 2 or more (a call, then the "
                           "answer that reads its result), or leave tools empty")
-    refusal = build_target_refusal(cfg, given)
+    refusal = distillation_refusal(cfg, given) or build_target_refusal(cfg, given)
     if refusal:
         raise ConfigError(refusal)
     # The tools themselves load where the trainer builds them (step.build_tools) and in --dry_run, as the reward

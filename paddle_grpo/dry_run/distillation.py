@@ -28,8 +28,15 @@ def check_teacher(cfg: Config, policy_vocab: Optional[int]) -> Tuple[List[str], 
     if vocab is not None and policy_vocab is not None and vocab != policy_vocab:
         problems.append(f"{TEACHER_KEY}: '{name}' has vocab_size {vocab}, the policy {policy_vocab}: the teacher "
                         "must share the policy's tokenizer (it reads the policy's token ids)")
+    teacher = f"on-policy distillation: teacher '{name}'" + (f" (vocab_size {vocab})" if vocab is not None else "")
+    if cfg.opd_kl_estimator == "full":
+        how = ("the loss is c * agg(KL) alone (opd_only)" if cfg.opd_only else
+               "the loss is the policy loss + c * agg(KL)")
+        return [f"{teacher}, c = opd_kl_coeff {cfg.opd_kl_coeff}: {how}; the teacher runs in every micro-batch of "
+                "the update",
+                "opd_kl_estimator: full (the exact reverse KL over the vocabulary at each completion position, "
+                "GKD with beta = 1; [micro-batch, T, V] logits of the student and the teacher)"], problems
     how = ("the advantages are -c * (l^s - l^T) alone (opd_only)" if cfg.opd_only else
            "each token's advantage is A - c * (l^s - l^T)")
-    line = (f"on-policy distillation: teacher '{name}'" + (f" (vocab_size {vocab})" if vocab is not None else "") +
-            f", c = opd_kl_coeff {cfg.opd_kl_coeff}: {how}; one more forward pass per step")
-    return [line], problems
+    line = f"{teacher}, c = opd_kl_coeff {cfg.opd_kl_coeff}: {how}; one more forward pass per step"
+    return [line, "opd_kl_estimator: sampled (the sampled token's l^s - l^T, in the advantages)"], problems

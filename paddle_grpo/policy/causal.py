@@ -103,6 +103,30 @@ def prepare_loaded(model: paddle.nn.Layer, trainable: bool) -> paddle.nn.Layer:
     return model
 
 
+def completion_hidden(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor,
+                      completion_ids: paddle.Tensor, completion_mask: paddle.Tensor, *,
+                      fast: bool = True) -> tuple[paddle.Tensor, paddle.nn.Layer | LMHead]:
+    """`(hidden [bs, T, H], head)`: the final hidden states that predict each completion token (the token at
+    position L + t is predicted from the state at L + t - 1) and the LM head that turns them into logits (the
+    model's head layer, or an `LMHead` on the lean path). Inputs as `completion_logprobs`; `fast`: the lean decoder
+    forward of fast_decoder.py where it applies (Qwen2, Llama), else PaddleNLP's."""
+    rope.check(model)  # a config with rope scaling over plain rotary tables: other logits, never silently
+    if fast and fast_decoder.enabled_for(model):
+        # Lean decoder forward (Qwen2, Llama) with each group's shared prompt computed once (fast_decoder.py).
+        lean = fast_decoder.FastDecoder(model)
+        hidden = lean.final_hidden(lean.prompt_completion_hidden(prompt_ids, prompt_mask, completion_ids,
+                                                                 completion_mask))
+        return hidden, LMHead(lean.head, lean.head_t)
+    input_ids = paddle.concat([prompt_ids, completion_ids], axis=1)
+    attention_mask = paddle.concat([prompt_mask, completion_mask], axis=1).astype("int64")
+    position_ids = position_ids_from_mask(attention_mask)
+    L = prompt_ids.shape[1]
+    decoder = model.get_decoder()
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                     use_cache=False, return_dict=True).last_hidden_state
+    return hidden[:, L - 1:-1], model.get_output_embeddings()
+
+
 def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor,
                         completion_ids: paddle.Tensor, completion_mask: paddle.Tensor, *, temperature: float = 1.0,
                         with_entropy: bool | str = False, vocab_parallel: VocabParallel | None = None,
@@ -117,22 +141,8 @@ def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, promp
     parallelism. `chunk_size` (Policy.head_chunk_size; use_fused_head_and_loss_fn): the LM head runs `chunk_size`
     positions at a time and never holds the [bs, T, V] logits (lm_head.py); None: full logits.
     """
-    rope.check(model)  # a config with rope scaling over plain rotary tables: other logits, never silently
-    if vocab_parallel is None and fast_decoder.enabled_for(model):
-        # Lean decoder forward (Qwen2, Llama) with each group's shared prompt computed once (fast_decoder.py).
-        fast = fast_decoder.FastDecoder(model)
-        hidden = fast.final_hidden(fast.prompt_completion_hidden(prompt_ids, prompt_mask, completion_ids,
-                                                                 completion_mask))
-        return head_logprobs(hidden, LMHead(fast.head, fast.head_t), completion_ids, temperature=temperature,
-                             with_entropy=with_entropy, chunk_size=chunk_size)
-    input_ids = paddle.concat([prompt_ids, completion_ids], axis=1)
-    attention_mask = paddle.concat([prompt_mask, completion_mask], axis=1).astype("int64")
-    position_ids = position_ids_from_mask(attention_mask)
-    L = prompt_ids.shape[1]
-    decoder, head = model.get_decoder(), model.get_output_embeddings()
-    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                     use_cache=False, return_dict=True).last_hidden_state
-    # The token at position L + t is predicted from the hidden state at L + t - 1.
+    hidden, head = completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                     fast=vocab_parallel is None)
     if vocab_parallel is not None and not head_is_vocab_sharded(head, model.config.vocab_size):
         # PaddleNLP splits the LM head only when tensor_parallel_degree divides vocab_size (not Qwen's 151,936 over
         # 3 ranks): every rank then holds the whole head, and reducing it as a shard would be wrong by log(tp).
@@ -141,15 +151,25 @@ def completion_logprobs(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, promp
         if chunk_size is not None:  # this rank's weight shard, chunk by chunk (parallel/vocab.py)
             with full_precision():
                 logprobs, ent = vocab_parallel.chunked_logprobs_and_entropy(
-                    hidden[:, L - 1:-1], head.weight, completion_ids, temperature=temperature,
+                    hidden, head.weight, completion_ids, temperature=temperature,
                     chunk_size=chunk_size, with_entropy=with_entropy, transpose_y=head.transpose_y)
             return logprobs, ent
-        logits = head(hidden[:, L - 1:-1], tensor_parallel_output=True)
+        logits = head(hidden, tensor_parallel_output=True)
         with full_precision():
             logprobs = vocab_parallel.logprobs(logits, completion_ids, temperature)
             return logprobs, (vocab_parallel.entropy(logits, temperature) if with_entropy else None)
-    return head_logprobs(hidden[:, L - 1:-1], head, completion_ids, temperature=temperature,
+    return head_logprobs(hidden, head, completion_ids, temperature=temperature,
                          with_entropy=with_entropy, chunk_size=chunk_size)
+
+
+def completion_logits(model: paddle.nn.Layer, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor,
+                      completion_ids: paddle.Tensor, completion_mask: paddle.Tensor) -> paddle.Tensor:
+    """The full logits [bs, T, V] (the head's dtype, with their autograd graph) that predict the completion tokens:
+    what a loss over the whole vocabulary at each position needs (on-policy distillation's exact reverse KL).
+    Inputs as `completion_logprobs`. The head runs unchunked and unsharded: [bs, T, V] is held (8 x 210 x 49,152
+    float32 is 330 MB), so callers pass a micro-batch; not under tensor parallelism."""
+    hidden, head = completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    return head(hidden)
 
 
 # ------------------------------------------------------------------------------------------------ sampling
@@ -339,3 +359,9 @@ class CausalPolicy(Policy):
         return completion_logprobs(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                    temperature=temperature, with_entropy=with_entropy, vocab_parallel=vocab_parallel,
                                    chunk_size=self.head_chunk_size)
+
+    def completion_logits(self, prompt_ids: paddle.Tensor, prompt_mask: paddle.Tensor, completion_ids: paddle.Tensor,
+                          completion_mask: paddle.Tensor) -> paddle.Tensor:
+        """`completion_logits(self.model, ...)`: the full logits [n, T, V] at the completion positions (not chunked,
+        not vocab-parallel), differentiable unless called under no_grad."""
+        return completion_logits(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask)

@@ -227,6 +227,8 @@ class UpdateMetrics:
     with_kl_loss: bool
     with_positive_lm_loss: bool = False
     rollout_correction: str = "none"   # which of CORRECTION_FRAC's statistics to keep
+    # opd_kl_estimator full: the exact KL's metrics (opd/reverse_kl, perf/teacher_s: FullReverseKL.metrics)
+    distill: Optional[Dict[str, float]] = None
 
     def as_dict(self) -> Dict[str, float]:
         """The mini-batches' finite values averaged (the maxima: their maximum). A statistic no mini-batch
@@ -244,6 +246,7 @@ class UpdateMetrics:
         for mode, key in CORRECTION_FRAC.items():
             if mode != self.rollout_correction:
                 out.pop(key, None)
+        out.update(self.distill or {})
         out["train/nonfinite_updates"] = float(self.nonfinite_updates)
         out["train/optimizer_steps"] = float(self.optimizer_steps)
         return out

@@ -86,19 +86,24 @@ class UpdateInputs:
     """The tensors of one update: the batch, advantages [n, T], the loss mask [n, T] (completion mask times the
     row's validity), old log-probs [n, T] (None on-policy: the detached current ones are used) and reference
     log-probs [n, T] (None without KL loss); `positive` [n, T] the loss mask of the rows VAPO's positive-example LM
-    loss trains on (None without it: positive_example_lm_coeff 0)."""
+    loss trains on (None without it: positive_example_lm_coeff 0). `distill`: on-policy distillation's exact
+    reverse KL (step.distillation.FullReverseKL, opd_kl_estimator full), called per micro-batch in place of the
+    policy's log-probs: `(log-probs, entropies, per-token KL)` [mb, T] from the student's full logits and the
+    teacher's beside them; None otherwise."""
     batch: Batch
     advantages: paddle.Tensor
     loss_mask: paddle.Tensor
     old_lp: Optional[paddle.Tensor]
     ref_lp: Optional[paddle.Tensor]
     positive: Optional[paddle.Tensor] = None
+    distill: Any = None
 
 
 def rl_loss(cfg: Any, lp: paddle.Tensor, entropy: paddle.Tensor, old: paddle.Tensor, advantages: paddle.Tensor,
             mask: paddle.Tensor, ref: Optional[paddle.Tensor], agg: Dict[str, Any],
             positive: Optional[paddle.Tensor] = None, sample: Optional[paddle.Tensor] = None,
-            entropy_coeff: Optional[float] = None) -> Tuple[paddle.Tensor, np.ndarray]:
+            entropy_coeff: Optional[float] = None,
+            opd_kl: Optional[paddle.Tensor] = None) -> Tuple[paddle.Tensor, np.ndarray]:
     """A micro-batch's share of the mini-batch loss: policy loss + KL loss - entropy bonus (+ VAPO's
     positive-example LM loss) with the global denominators `agg` (docs/algorithms.md sections 4-5), and its LossSums
     values. All inputs [mb, T]; `ref` None without KL loss; `positive` None without the positive-example loss, else
@@ -109,7 +114,9 @@ def rl_loss(cfg: Any, lp: paddle.Tensor, entropy: paddle.Tensor, old: paddle.Ten
     are logged (docs/algorithms.md, "Rollout correction"). The KL, entropy and positive-example terms are never
     weighted. The policy loss: `cfg.policy_loss`, unset the one of `cfg.importance_sampling_level`, with its options
     (`PolicyLossSpec.options`). `entropy_coeff`: the entropy bonus's coefficient (UpdateState.entropy_bonus; None:
-    `cfg.entropy_coeff`)."""
+    `cfg.entropy_coeff`). `opd_kl` [mb, T]: on-policy distillation's exact per-token reverse KL to the teacher
+    (differentiable in the student's logits), added as `opd_kl_coeff * agg(KL)`; with `opd_only` the
+    policy-gradient term then leaves the loss (its value is still logged as train/policy_loss)."""
     entropy_coeff = cfg.entropy_coeff if entropy_coeff is None else entropy_coeff
     spec = resolve_policy_loss(cfg.policy_loss, cfg.importance_sampling_level)
     positive_tokens = agg.get("positive_tokens", 0.0)
@@ -125,7 +132,10 @@ def rl_loss(cfg: Any, lp: paddle.Tensor, entropy: paddle.Tensor, old: paddle.Ten
     out = compute_policy_loss(lp, old, advantages, mask, clip_ratio_low=cfg.eps_low, clip_ratio_high=cfg.eps_high,
                               clip_ratio_c=cfg.clip_ratio_c, policy_loss=spec.name, loss_options=spec.options(cfg),
                               loss_agg_mode=cfg.loss_agg_mode, token_weights=weights, **agg)
-    loss = cfg.pg_loss_coeff * out["pg_loss"]
+    distill_only = opd_kl is not None and cfg.opd_only  # GKD: the teacher's KL alone trains
+    loss = paddle.zeros([]) if distill_only else cfg.pg_loss_coeff * out["pg_loss"]
+    if opd_kl is not None:
+        loss = loss + cfg.opd_kl_coeff * aggregate_loss(opd_kl, mask, cfg.loss_agg_mode, **agg)
     kl_loss = paddle.zeros([])
     if cfg.kl_loss_coeff > 0:
         kl_loss = aggregate_loss(kl_penalty(lp, ref, cfg.kl_loss_estimator), mask, cfg.loss_agg_mode, **agg)
@@ -158,16 +168,20 @@ def _micro_batch(learner: Learner, inputs: UpdateInputs, mb: MicroBatch, agg: Di
     """Forward + backward of one micro-batch (skipped backward when its loss is not finite). A trimmed micro-batch
     loses only masked columns, which add nothing to the loss (global denominators: `agg`)."""
     entropy_coeff = learner.state.entropy_bonus(cfg)
+    opd_kl = None
     with model_precision(learner.amp):  # float32 log-probs out either way
         # The entropy is logged every step; it takes a gradient only when the loss has an entropy bonus ("detached":
         # no graph for it, and the chunked head's backward skips its term).
-        lp, entropy = learner.policy.logprobs(*mb.inputs(inputs.batch), temperature=cfg.temperature,
-                                              with_entropy=True if entropy_coeff > 0 else "detached",
-                                              vocab_parallel=vocab_parallel)
+        with_entropy = True if entropy_coeff > 0 else "detached"
+        if inputs.distill is None:
+            lp, entropy = learner.policy.logprobs(*mb.inputs(inputs.batch), temperature=cfg.temperature,
+                                                  with_entropy=with_entropy, vocab_parallel=vocab_parallel)
+        else:  # the exact reverse KL needs the student's full logits: log-probs and entropies come from them too
+            lp, entropy, opd_kl = inputs.distill(learner.policy, mb, inputs, cfg.temperature, with_entropy)
     old = lp.detach() if inputs.old_lp is None else mb.completion(inputs.old_lp)
     loss, sums = rl_loss(cfg, lp, entropy, old, mb.completion(inputs.advantages), mb.completion(inputs.loss_mask),
                          mb.completion(inputs.ref_lp), agg, mb.completion(inputs.positive),
-                         mb.completion(inputs.batch.sample_logprobs), entropy_coeff)
+                         mb.completion(inputs.batch.sample_logprobs), entropy_coeff, opd_kl)
     finite = bool(paddle.isfinite(loss))
     if finite:
         (learner.amp.scale(loss) if learner.amp else loss).backward()
@@ -231,11 +245,14 @@ def nothing_to_learn(par: ParallelContext, learner: Learner, inputs: UpdateInput
     """Whether the policy loss of the mini-batch `rows` has a gradient of exactly 0 whatever the parameters, on
     every rank: every advantage of its valid tokens is 0 (each group's rewards agreed) and no term of `rl_loss`
     is independent of the advantages: no KL loss (kl_loss_coeff), no entropy bonus (this step's coefficient,
-    UpdateState.entropy_bonus), no positive example of VAPO's LM loss in the mini-batch (`agg["positive_tokens"]`,
-    all ranks), and a policy loss registered as `advantage_weighted` (PPO clip, dual-clip, GSPO, CISPO, GMPO, SAPO,
-    Clip-Cov; not KL-Cov; the rollout correction's weights multiply it). LoRA adds no term. Never under pipeline
+    UpdateState.entropy_bonus), no exact distillation KL (`inputs.distill`), no positive example of VAPO's LM loss
+    in the mini-batch (`agg["positive_tokens"]`, all ranks), and a policy loss registered as `advantage_weighted`
+    (PPO clip, dual-clip, GSPO, CISPO, GMPO, SAPO, Clip-Cov; not KL-Cov; the rollout correction's weights multiply
+    it). LoRA adds no term. Never under pipeline
     parallelism, whose stages run the loss through fleet's schedule."""
     if learner.pipeline is not None or cfg.kl_loss_coeff != 0 or learner.state.entropy_bonus(cfg) > 0:
+        return False
+    if inputs.distill is not None:  # the teacher's KL trains whatever the rewards
         return False
     if inputs.positive is not None and agg.get("positive_tokens", 0) > 0:
         return False
@@ -327,7 +344,8 @@ def update(par: ParallelContext, learner: Learner, inputs: UpdateInputs, cfg: An
     if learner.pipeline is not None:  # the next rollout, log-probs and checkpoint use the full copy
         learner.pipeline.copy_to(learner.policy.model)
     return UpdateMetrics(per_mini_metrics, state.nonfinite_total, state.optimizer_steps, cfg.kl_loss_coeff != 0,
-                         inputs.positive is not None, cfg.correction_mode)
+                         inputs.positive is not None, cfg.correction_mode,
+                         inputs.distill.metrics() if inputs.distill is not None else None)
 
 
 def apply_gradients(par: ParallelContext, params: list, optimizer: Any, amp: Any, state: UpdateState, finite: bool,
