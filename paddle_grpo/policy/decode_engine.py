@@ -20,6 +20,12 @@ bf16 weights and activations, or int8 weights with a scale per output column, fl
 attention, softmax and the KV cache stay float32. Reduced precision changes the samples: the trainer scores them
 against its float32 log-probs (rollout correction) and logs the mismatch.
 
+Shared prompt prefix (default where a prompt has several samples): each prompt's keys and values are held once
+for its G rows and attended by one product per prompt (kernels/prefix_attention.py), instead of being copied into
+every row's cache and read G times a step. The probabilities are the per-row layout's maths; p.v is summed in two
+parts, so samples can differ from the per-row layout's in the last bits (docs/PERFORMANCE.md, "Generation").
+PADDLE_GRPO_SHARED_PREFIX=0 keeps the per-row layout, which one sample per prompt (G = 1: evaluation) always uses.
+
 Switch: `refusal(fast)` says why the engine does not run (then FastDecoder.decode does): not on CPU, gradients
 recorded, or PADDLE_GRPO_DECODE_ENGINE=0.
 """
@@ -32,9 +38,11 @@ import numpy as np
 import paddle
 
 from ..kernels import gemm, numpy_kernels
+from ..kernels.prefix_attention import PromptGroups, shared_prefix_attention, softmax_
 from .fast_decoder import FastDecoder
 
 ENV_SWITCH = "PADDLE_GRPO_DECODE_ENGINE"
+SHARED_PREFIX_SWITCH = "PADDLE_GRPO_SHARED_PREFIX"
 # Prefill runs prompts in chunks of about this many tokens: the chunk's scores [p, H, L, L] and MLP activations
 # [p * L, 2 * intermediate] stay tens of MB (SmolLM2: 25 MB of gate/up at 2,048 tokens) whatever the batch.
 PREFILL_TOKENS = 2048
@@ -95,12 +103,24 @@ class DecodeEngine:
         """Run prompts [P, L] (left-padded int64 ids and mask) through the model once, fill the KV cache of their
         P * G rows (each prompt's G rows consecutive), and return the next-token logits [P * G, V] float32.
 
-        The cache [P * G, KV, L + max_new_tokens, d] per layer is allocated here; prompts run in chunks of about
-        PREFILL_TOKENS tokens, so that the attention scores and the MLP's activations stay small whatever P."""
+        The caches are allocated here, per layer: with a shared prefix (G > 1, module docstring) the prompts' keys
+        and values `prefix` [P, KV, L, d] and the rows' own slots `cache` [P * G, KV, max_new_tokens, d]; else every
+        row's slots `cache` [P * G, KV, L + max_new_tokens, d]. Prompts run in chunks of about PREFILL_TOKENS
+        tokens, so that the attention scores and the MLP's activations stay small whatever P."""
         P, L = prompt_ids.shape
         N, S, KV, d = P * G, L + max_new_tokens, self.KV, self.d
-        self.cache = [(np.zeros((N, KV, S, d), np.float32), np.zeros((N, KV, S, d), np.float32))
-                      for _ in self.layers]
+
+        def zeros(rows: int, slots: int) -> tuple[np.ndarray, np.ndarray]:
+            return np.zeros((rows, KV, slots, d), np.float32), np.zeros((rows, KV, slots, d), np.float32)
+
+        shared = G > 1 and os.environ.get(SHARED_PREFIX_SWITCH, "1") != "0"
+        self.prefix = [zeros(P, L) for _ in self.layers] if shared else None
+        self.groups = PromptGroups.of(np.repeat(np.arange(P), G)) if shared else None
+        self.cache = [zeros(N, max_new_tokens if shared else S) for _ in self.layers]
+        # where prefill writes each layer's prompt keys and values: [P, G or 1, KV, L, d] views
+        prompt_slots = ([(kp[:, None], vp[:, None]) for kp, vp in self.prefix] if shared else
+                        [(kc.reshape(P, G, KV, S, d)[..., :L, :], vc.reshape(P, G, KV, S, d)[..., :L, :])
+                         for kc, vc in self.cache])
         keep = prompt_mask.astype(bool)
         positions = np.maximum(np.cumsum(prompt_mask, axis=-1) - 1, 0)
         causal = np.tril(np.ones((L, L), dtype=bool))
@@ -109,13 +129,12 @@ class DecodeEngine:
         for a in range(0, P, chunk):
             b = min(P, a + chunk)
             bias = np.where(keep[a:b, None, :] & causal[None], np.float32(0.0), self.neg)[:, None, None]
-            caches = [(kc.reshape(P, G, KV, S, d)[a:b, :, :, :L], vc.reshape(P, G, KV, S, d)[a:b, :, :, :L])
-                      for kc, vc in self.cache]
+            caches = [(kc[a:b], vc[a:b]) for kc, vc in prompt_slots]
             x = self.embed[prompt_ids[a:b].reshape(-1)]
             x = self._layers(x, positions[a:b].reshape(-1),
                              lambda li, q, k, v: self._prompt_attention(q, k, v, bias, caches[li]))
             last[a:b] = x.reshape(b - a, L, self.D)[:, L - 1]
-        self.N, self.S = N, S
+        self.N, self.S, self.L = N, S, L
         self.mask = np.full((N, S), self.neg, dtype=np.float32)
         self.mask[:, :L] = np.repeat(np.where(keep, np.float32(0.0), self.neg), G, axis=0)
         self.pos = np.repeat(positions[:, -1] + 1, G)
@@ -128,7 +147,8 @@ class DecodeEngine:
     def _prompt_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray,
                           cache: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
         """Causal attention of p prompts of L tokens: q [p * L, H, d], k and v [p * L, KV, d], bias [p, 1, 1, L, L]
-        -> [p * L, H * d]; their keys and values go to the cache views [p, G, KV, L, d] (every sample's rows)."""
+        -> [p * L, H * d]; their keys and values go to the cache views [p, G or 1, KV, L, d] (every sample's rows,
+        or the shared prefix)."""
         p, L = bias.shape[0], bias.shape[-1]
         KV, g, d = self.KV, self.g, self.d
         kt = k.reshape(p, L, KV, d).transpose(0, 2, 1, 3)                          # [p, KV, L, d]
@@ -141,13 +161,7 @@ class DecodeEngine:
         out = np.matmul(self._softmax(scores), vt[:, :, None])                    # [p, KV, g, L, d]
         return out.transpose(0, 3, 1, 2, 4).reshape(p * L, self.H * d)
 
-    @staticmethod
-    def _softmax(scores: np.ndarray) -> np.ndarray:
-        """softmax over the last axis, in place."""
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
-        return scores
+    _softmax = staticmethod(softmax_)
 
     def keep_rows(self, rows: np.ndarray) -> None:
         """Go on with the rows `rows` (indices into the current rows, increasing) only: their caches are copied
@@ -156,6 +170,10 @@ class DecodeEngine:
         row count M)."""
         rows = np.asarray(rows, dtype=np.int64)
         self.cache = [(kc[rows], vc[rows]) for kc, vc in self.cache]  # fancy indexing copies
+        if self.prefix is not None:  # the prompts no kept row uses are let go
+            self.groups, used = self.groups.keep(rows)
+            if len(used) < len(self.prefix[0][0]):
+                self.prefix = [(kp[used], vp[used]) for kp, vp in self.prefix]
         self.mask, self.pos, self.write = self.mask[rows], self.pos[rows], self.write[rows]
         self.N = len(rows)
         self.rows = np.arange(self.N)
@@ -225,6 +243,13 @@ class DecodeEngine:
 
         def attend(li: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
             kc, vc = self.cache[li]
+            if self.prefix is not None:  # the rows' own slots start at L
+                kc[self.rows, :, w - self.L] = k
+                vc[self.rows, :, w - self.L] = v
+                T = S - self.L
+                return shared_prefix_attention(q.reshape(N, KV, g, d) * self.scale, self.prefix[li],
+                                               (kc[:, :, :T], vc[:, :, :T]), self.mask[:, :S],
+                                               self.groups).reshape(N, self.H * d)
             kc[self.rows, :, w] = k
             vc[self.rows, :, w] = v
             scores = np.matmul(q.reshape(N, KV, g, d) * self.scale, kc[:, :, :S].transpose(0, 1, 3, 2))
@@ -236,6 +261,15 @@ class DecodeEngine:
         self.write += step
         self.pos += step
         return self.head(self._rms(x, self.final_norm), out=out)
+
+    def row_caches(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each layer's keys and values per row [N, KV, S, d] (the shared prefix copied to its rows): the per-row
+        layout's cache, for comparisons."""
+        if self.prefix is None:
+            return self.cache
+        idx = self.groups.prompt
+        return [(np.concatenate([kp[idx], kc], axis=2), np.concatenate([vp[idx], vc], axis=2))
+                for (kp, vp), (kc, vc) in zip(self.prefix, self.cache)]
 
     def step(self, token: paddle.Tensor, keep: Optional[paddle.Tensor] = None) -> paddle.Tensor:
         """The stepper's interface after `prefill`: token int64 [N] (paddle) -> logits [N, V] float32 (a new paddle

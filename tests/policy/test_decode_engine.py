@@ -68,7 +68,7 @@ def test_engine_steps_equal_fast_decoder_steps(family, tied):
     np.testing.assert_array_equal(engine.pos, ref.next_pos.numpy())
     np.testing.assert_array_equal(engine.write, ref.write.numpy())
     # the same keys and values in the same slots (the unfilled ones zero on both sides)
-    for (kr, vr), (ke, ve) in zip(ref.cache, engine.cache):
+    for (kr, vr), (ke, ve) in zip(ref.cache, engine.row_caches()):
         assert np.abs(ke - kr.numpy()).max() <= LOGIT_TOL
         assert np.abs(ve - vr.numpy()).max() <= LOGIT_TOL
 
@@ -85,7 +85,7 @@ def test_prefill_in_chunks_equals_prefill_at_once(monkeypatch):
         split = decode_engine.DecodeEngine(fast_decoder.FastDecoder(model))
         again = split.prefill(ids, mask, 2, 5)
     assert np.abs(again - first).max() <= LOGIT_TOL
-    for (ka, va), (kb, vb) in zip(whole.cache, split.cache):
+    for (ka, va), (kb, vb) in zip(whole.row_caches(), split.row_caches()):
         assert np.abs(ka - kb).max() <= LOGIT_TOL and np.abs(va - vb).max() <= LOGIT_TOL
         assert (ka[:, :, 7:] == 0).all()  # the slots the samples will fill
 
