@@ -40,7 +40,8 @@ def test_the_bfloat16_table_is_the_results_file():
 def test_the_distillation_table_is_the_results_file():
     r = runs("smollm2_opd.json")
     for name, label in (("opd_s42", "distillation, lr 5e-5, `--seed 42`"),
-                        ("opd_s1", "distillation, lr 5e-5, `--seed 1`")):
+                        ("opd_s1", "distillation, lr 5e-5, `--seed 1`"),
+                        ("opd_full_s42", "distillation, `opd_kl_estimator: full`, lr 5e-5, `--seed 42`")):
         run = r[name]
         kl = run["opd_reverse_kl"]
         row = (f"| {label} | {accuracy(run, (0, 10, 20, 30, 40))} | {correct_samples(run)} | "

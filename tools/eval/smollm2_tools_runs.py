@@ -10,7 +10,8 @@ asynchronous, the warm start's build_info.json, every held-out evaluation (accur
 samples with and without a call) and every training step's reward, tool-use rate, tool-error rate (calls whose
 result is an error), turns per sample, mean completion length (actions and tool tokens) and wall seconds.
 `--cpu-log NAME=FILE`: lines of `unix_time cpu_ticks load_average` sampled from the run's /proc/PID/stat (100 ticks
-a second), for the CPU seconds the run got on a shared machine. `--heldout NAME=FILE`: a results file of
+a second), for the CPU seconds the run got on a shared machine (an async run's trainer process only, not its
+rollout worker). `--threads NAME=N`: the run's OMP_NUM_THREADS (default 1). `--heldout NAME=FILE`: a results file of
 tools/eval/smollm2_tools_baseline.py whose keys are `step<N>` (its evaluations of the run's checkpoints, for a run
 trained with `--do_eval false`), taken as the run's evaluations. `--keep JSON`: the runs of an earlier results file
 that are not collected again, as they are (a run measured before, whose output directory is gone).
@@ -45,7 +46,10 @@ def _config(path: str) -> Dict[str, str]:
 
 
 def _round(value: Any) -> Any:
-    return round(value, 4) if isinstance(value, float) and value == value else None if value != value else value
+    """4 decimals; NaN (metrics.jsonl writes it as the string "nan": no sample of that kind) as None."""
+    if value == "nan" or (isinstance(value, float) and value != value):
+        return None
+    return round(value, 4) if isinstance(value, float) else value
 
 
 def heldout_evals(path: str) -> List[Dict[str, Any]]:
@@ -64,7 +68,7 @@ def heldout_evals(path: str) -> List[Dict[str, Any]]:
 
 
 def collect_run(name: str, root: str = _REPO, cpu_log: Optional[str] = None,
-                heldout: Optional[str] = None) -> Dict[str, Any]:
+                heldout: Optional[str] = None, threads: int = 1) -> Dict[str, Any]:
     """One run's record from `output/smollm2_tools_<name>/` (metrics.jsonl, config.yaml, the warm start's info)."""
     out = os.path.join(root, "output", f"smollm2_tools_{name}")
     cfg = _config(os.path.join(out, "config.yaml"))
@@ -83,7 +87,7 @@ def collect_run(name: str, root: str = _REPO, cpu_log: Optional[str] = None,
     warm = json.load(open(info_path, encoding="utf-8")) if os.path.isfile(info_path) else None
     run = {"name": name, "seed": int(cfg.get("seed", 42)), "learning_rate": float(cfg.get("learning_rate", "nan")),
            "tools": cfg.get("tools", ""), "async_rollout": cfg.get("async_rollout", "false") == "true",
-           "warm_start": warm, "evals": evals, "steps": steps}
+           "threads": threads, "warm_start": warm, "evals": evals, "steps": steps}
     if cpu_log:
         samples = [line.split() for line in open(cpu_log, encoding="utf-8") if line.strip()]
         wall = int(samples[-1][0]) - int(samples[0][0])
@@ -131,12 +135,15 @@ def tables(results: Dict[str, Any]) -> str:
 
 
 def kind(run: Dict[str, Any]) -> str:
-    """What a run is, for the tables and the plot: `tools off`, `learning_rate 0`, `async` or `GRPO`."""
+    """What a run is, for the tables and the plot: `tools off`, `learning_rate 0`, `async` or `GRPO` (with the
+    trainer's threads when more than 1)."""
     if run["tools"] in ("", "[]"):
         return "tools off"
     if run["learning_rate"] == 0:
         return "learning_rate 0"
-    return "async" if run.get("async_rollout") else "GRPO"
+    if run.get("async_rollout"):
+        return "async"
+    return "GRPO" if run.get("threads", 1) == 1 else f"GRPO, {run['threads']} threads"
 
 
 def training_minutes(run: Dict[str, Any], up_to: Optional[int] = None) -> float:
@@ -173,22 +180,25 @@ def summary(results: Dict[str, Any], target: float = 0.9) -> str:
 
 
 def plot(results: Dict[str, Any], out: str) -> None:
-    """Held-out accuracy and tool-use rate by step, and accuracy by minute of training, one line per run (PNG)."""
+    """Held-out accuracy by step, the training samples' tool-use rate by step, and held-out accuracy by minute of
+    training, one line per one-thread synchronous run (the seeds and the controls; PNG)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (acc, use, by_time) = plt.subplots(1, 3, figsize=(15, 4))
-    styles = {"GRPO": "-", "async": "-.", "learning_rate 0": ":", "tools off": "--"}
+    styles = {"async": "-.", "learning_rate 0": ":", "tools off": "--"}
     for run in results["runs"]:
-        label, style = f"{kind(run)}, seed {run['seed']}", styles[kind(run)]
+        if run.get("async_rollout") or run.get("threads", 1) != 1:  # the async comparison is a table of its own
+            continue
+        label, style = f"{kind(run)}, seed {run['seed']}", styles.get(kind(run), "-")
         steps = [e["step"] for e in run["evals"]]
         acc.plot(steps, [e["accuracy"] for e in run["evals"]], style, marker="o", markersize=3, label=label)
-        use.plot(steps, [e["tool_use_rate"] for e in run["evals"]], style, marker="o", markersize=3, label=label)
+        use.plot([s["step"] for s in run["steps"]], [s["tool_use_rate"] for s in run["steps"]], style, label=label)
         by_time.plot([training_minutes(run, s) for s in steps], [e["accuracy"] for e in run["evals"]], style,
                      marker="o", markersize=3, label=label)
     acc.set_ylabel("held-out accuracy (200 problems, T = 1)")
-    use.set_ylabel("held-out tool-use rate")
+    use.set_ylabel("tool-use rate of the training samples")
     for ax, xlabel in ((acc, "step (4 prompts x 8 samples)"), (use, "step"),
                        (by_time, "minutes of training from the warm start (evaluations excluded)")):
         ax.set_xlabel(xlabel)
@@ -216,6 +226,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--cpu-log", nargs="*", default=[], metavar="NAME=FILE", help="a run's CPU samples")
     parser.add_argument("--heldout", nargs="*", default=[], metavar="NAME=FILE",
                         help="a run's checkpoint evaluations (tools/eval/smollm2_tools_baseline.py)")
+    parser.add_argument("--threads", nargs="*", default=[], metavar="NAME=N",
+                        help="a run's OMP_NUM_THREADS (default 1; an async run's trainer and worker each)")
     parser.add_argument("--keep", default=None, metavar="JSON",
                         help="an earlier results file whose runs not collected again are kept as they are")
     parser.add_argument("--note", default="", help="the conditions, kept in the results file")
@@ -227,7 +239,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         from tools.eval.quickstart_seeds import machine
 
         cpu, heldout = _named(args.cpu_log, "--cpu-log"), _named(args.heldout, "--heldout")
-        runs = [collect_run(n, cpu_log=cpu.get(n), heldout=heldout.get(n)) for n in args.collect]
+        threads = _named(args.threads, "--threads")
+        runs = [collect_run(n, cpu_log=cpu.get(n), heldout=heldout.get(n), threads=int(threads.get(n, 1)))
+                for n in args.collect]
         if args.keep:
             with open(args.keep, encoding="utf-8") as f:
                 runs = [r for r in json.load(f)["runs"] if r["name"] not in args.collect] + runs
