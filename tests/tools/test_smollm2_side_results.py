@@ -20,7 +20,7 @@ def accuracy(run, steps):
 
 
 def correct_samples(run):
-    return round(sum(reward for _, reward, _ in run["steps"]) * 32)  # 32 samples a step, reward 0 or 1
+    return round(sum(s[1] for s in run["steps"]) * 32)  # [step, reward, ...]: 32 samples a step, reward 0 or 1
 
 
 def test_the_bfloat16_table_is_the_results_file():
@@ -50,3 +50,22 @@ def test_the_distillation_table_is_the_results_file():
     for name in ("24l_rl_s42", "24l_rl_s1"):
         assert all(a == 0 for _, a in r[name]["evals"])
     assert [correct_samples(r[n]) for n in ("24l_rl_s42", "24l_rl_s1")] == [0, 3]
+
+
+def test_the_lora_table_is_the_results_file():
+    """Each LoRA / full fine-tuning row of docs/smollm2.md rebuilt from docs/results/smollm2_lora.json, and the merged
+    export's parity figure from parity_smollm2_lora.json (written by tools/models/parity_check.py)."""
+    r = runs("smollm2_lora.json")
+    for name in ("full_s42", "lora_s42", "lora5e-4_s42"):
+        run = r[name]
+        steps = run["steps"]  # [step, reward, step s, rollout s]
+        row = (f"| {run['label']} | {accuracy(run, (0, 10, 20, 30, 40, 50, 60))} | {correct_samples(run)} | "
+               f"{statistics.median(s[2] for s in steps):.1f} | {statistics.median(s[3] for s in steps):.1f} | "
+               f"{sum(s[2] for s in steps) / 60:.1f} | {run['peak_rss_mb']:,} |")
+        assert row in DOC, row
+    # LoRA learned at 5e-4 (+50 points or more, as full fine-tuning did) and used more memory on this small model
+    assert r["lora5e-4_s42"]["evals"][-1][1] - r["lora5e-4_s42"]["evals"][0][1] > 0.5
+    assert r["lora_s42"]["peak_rss_mb"] > r["full_s42"]["peak_rss_mb"]
+    parity = json.loads((REPO / "docs" / "results" / "parity_smollm2_lora.json").read_text(encoding="utf-8"))
+    logits = parity["trained"]["vs_transformers_on_export"]["logits"]
+    assert logits["passed"] and f"logits within {logits['max_abs_diff']:.1e} of this project's" in DOC
