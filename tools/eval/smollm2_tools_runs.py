@@ -187,7 +187,7 @@ def plot(results: Dict[str, Any], out: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (acc, use, by_time) = plt.subplots(1, 3, figsize=(15, 4))
-    styles = {"async": "-.", "learning_rate 0": ":", "tools off": "--"}
+    styles = {"learning_rate 0": ":", "tools off": "--"}
     for run in results["runs"]:
         if run.get("async_rollout") or run.get("threads", 1) != 1:  # the async comparison is a table of its own
             continue
