@@ -200,3 +200,23 @@ def test_the_128_token_pairs_are_the_recorded_ones(repo_root):
     doc = " ".join((repo_root / "docs" / "smollm2.md").read_text().split())
     assert (f"was {ratios['ours_2t']} at two threads, {ratios['ours_async_1t']} asynchronous and "
             f"{ratios['ours_1t']} at one") in doc
+
+
+def test_collect_run_keeps_the_metrics_asked_for(repo_root, tmp_path):
+    """--keep-metric: the value at every training step, None where the step did not log it (a written run)."""
+    import json
+
+    spec = importlib.util.spec_from_file_location("_smollm2_seeds", repo_root / "tools" / "eval" / "smollm2_seeds.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    out = tmp_path / "output" / "smollm2_opd_s3"
+    out.mkdir(parents=True)
+    (out / "config.yaml").write_text("seed: 3\nlearning_rate: 5.0e-05\n", encoding="utf-8")
+    rows = [{"step": 0, "eval/accuracy": 0.0},
+            {"step": 1, "train/reward": 0.125, "perf/step_s": 20.0, "opd/reverse_kl": 2.71828},
+            {"step": 2, "train/reward": 0.25, "perf/step_s": 22.0, "eval/accuracy": 0.1}]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    run = tool.collect_run("opd_s3", root=str(tmp_path), keep=("opd/reverse_kl",))
+    assert run["metrics"] == {"opd/reverse_kl": [2.7183, None]}
+    assert (run["seed"], run["learning_rate"], run["evals"], run["wall_s"]) == (3, 5e-05, [[0, 0.0], [2, 0.1]], 42)
+    assert "metrics" not in tool.collect_run("opd_s3", root=str(tmp_path))

@@ -7,8 +7,10 @@ A run NAME is `output/smollm2_NAME` (from `python run_rl.py configs/smollm2_grpo
 output/smollm2_NAME ...`; `_lr0` in the name marks a `--learning_rate 0` control). Per run the file keeps the seed,
 every held-out evaluation (step, `eval/accuracy`), the training reward and step time of every step, and the CPU
 seconds per step when `--cpu-log` gives a log of `time pid output_dir cpu_ticks step load` lines (the runs here
-shared 2 cores with other jobs, so wall time alone says little). tests/test_smollm2.py checks docs/smollm2.md
-against the committed file.
+shared 2 cores with other jobs, so wall time alone says little), and with `--keep-metric KEY...` those metrics at
+every step (the distillation runs of configs/smollm2_opd.yaml keep `opd/reverse_kl`: `--config
+configs/smollm2_opd.yaml --keep-metric opd/reverse_kl`). tests/test_smollm2.py checks docs/smollm2.md against the
+committed file.
 """
 from __future__ import annotations
 
@@ -23,10 +25,11 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 
-def collect_run(name: str, root: str = _REPO) -> Dict:
-    """One run's row from `output/smollm2_<name>/metrics.jsonl` and its resolved config.yaml."""
+def collect_run(name: str, root: str = _REPO, keep: tuple = ()) -> Dict:
+    """One run's row from `output/smollm2_<name>/metrics.jsonl` and its resolved config.yaml; `keep`: metric keys
+    whose value at every training step goes into `metrics` (None where a step did not log it)."""
     out = os.path.join(root, "output", f"smollm2_{name}")
-    evals, steps = [], []
+    evals, steps, kept = [], [], {k: [] for k in keep}
     with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as f:
         for line in f:
             row = json.loads(line)
@@ -34,6 +37,8 @@ def collect_run(name: str, root: str = _REPO) -> Dict:
                 evals.append([row["step"], row["eval/accuracy"]])
             if "train/reward" in row:
                 steps.append([row["step"], round(row["train/reward"], 4), round(row["perf/step_s"], 2)])
+                for k in keep:
+                    kept[k].append(None if row.get(k) is None else round(row[k], 4))
     seed = lr = None
     with open(os.path.join(out, "config.yaml"), encoding="utf-8") as f:
         for line in f:
@@ -43,7 +48,7 @@ def collect_run(name: str, root: str = _REPO) -> Dict:
             elif key == "learning_rate":
                 lr = float(value)
     return {"name": name, "seed": seed, "learning_rate": lr, "evals": evals, "steps": steps,
-            "wall_s": round(sum(s[2] for s in steps))}
+            "wall_s": round(sum(s[2] for s in steps)), **({"metrics": kept} if keep else {})}
 
 
 def cpu_per_step(log: str, name: str) -> Optional[float]:
@@ -155,7 +160,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--trl", nargs="*", default=[], metavar="JSON",
                         help="runs of tools/bench/trl_smollm2.py to set beside them")
     parser.add_argument("--cpu-log", help="log of CPU ticks per run (see the module docstring)")
+    parser.add_argument("--keep-metric", nargs="+", default=[], metavar="KEY",
+                        help="metrics kept at every step, e.g. opd/reverse_kl")
     parser.add_argument("--note", default="", help="what the machine was doing meanwhile, kept in the file")
+    parser.add_argument("--config", default="configs/smollm2_grpo.yaml", help="the runs' YAML file, kept in the file")
     parser.add_argument("--out", default="output/smollm2_seeds.json")
     parser.add_argument("--tables", metavar="JSON", help="print the tables of a results file")
     parser.add_argument("--plot", metavar="PNG", help="with --tables: also draw accuracy against training minutes")
@@ -171,13 +179,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error("give --collect NAME... or --tables JSON")
     from tools.eval.quickstart_seeds import machine
 
-    runs = [collect_run(name) for name in args.collect]
+    runs = [collect_run(name, keep=tuple(args.keep_metric)) for name in args.collect]
     if args.cpu_log:
         for r in runs:
             r["cpu_s_per_step"] = cpu_per_step(args.cpu_log, r["name"])
     for path in args.trl:
         runs.append(trl_run(path))
-    results = {"config": "configs/smollm2_grpo.yaml", "machine": machine(), "note": args.note, "runs": runs}
+    results = {"config": args.config, "machine": machine(), "note": args.note, "runs": runs}
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)
         f.write("\n")
