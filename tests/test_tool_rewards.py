@@ -107,6 +107,17 @@ def test_tool_metrics_count_turns_calls_errors_and_tool_tokens():
                  "rollout/tool_latency_s": pytest.approx(1.0 / 3, rel=1e-15), "rollout/tool_token_share": 8 / 17,
                  "perf/tool_wait_s": 1.5}
     assert step.tool_calls_per_row(batch.turns, 3) == [1, 0, 2]
-    out = step.eval_tool_metrics([1, 0, 2, 0], np.array([True, False, False, True]))
-    assert out == {"eval/tool_use_rate": 0.5, "eval/accuracy_with_tools": 0.5, "eval/accuracy_without_tools": 0.5}
-    assert np.isnan(step.eval_tool_metrics([1], np.array([True]))["eval/accuracy_without_tools"])
+    counts = step.tool_counts_per_row(batch.turns, 3)
+    assert [c[0] for c in counts] == [1, 0, 2] and sum(c[1] for c in counts) == 2 and sum(c[2] for c in counts) == 5
+    # the evaluation's counts of the same rows give the rollout's numbers (a second code path: ToolMetrics.of)
+    again = step.eval_tool_metrics(counts, None)
+    assert again == {"eval/tool_use_rate": m["rollout/tool_use_rate"], "eval/turns_per_sample": 5 / 3,
+                     "eval/tool_calls_per_sample": m["rollout/tool_calls_per_sample"],
+                     "eval/tool_error_rate": m["rollout/tool_error_rate"]}
+    # hand-made: 4 samples, 1 + 2 calls of which 1 failed, 2 + 1 + 3 + 1 turns
+    out = step.eval_tool_metrics([(1, 0, 2), (0, 0, 1), (2, 1, 3), (0, 0, 1)], np.array([True, False, False, True]))
+    assert out == {"eval/tool_use_rate": 0.5, "eval/tool_calls_per_sample": 0.75, "eval/tool_error_rate": 1 / 3,
+                   "eval/turns_per_sample": 1.75, "eval/accuracy_with_tools": 0.5, "eval/accuracy_without_tools": 0.5}
+    assert np.isnan(step.eval_tool_metrics([(1, 0, 2)], np.array([True]))["eval/accuracy_without_tools"])
+    assert step.eval_tool_metrics([(0, 0, 1)], None)["eval/tool_error_rate"] == 0.0  # no call: no failed call
+    assert step.tool_counts_per_row(None, 2) == [(0, 0, 1), (0, 0, 1)]

@@ -135,6 +135,9 @@ def test_evaluation_reports_tool_use_and_accuracy_with_and_without_tools(workdir
     assert without in (0.0,) or math.isnan(without)
     parts = [(use, with_tools), (1 - use, without)]
     assert acc == pytest.approx(sum(w * a for w, a in parts if w > 0), rel=1e-12)
+    # a sample that uses a tool makes at least one call, and every sample has at least one assistant turn
+    assert metrics["eval/tool_calls_per_sample"] >= use and metrics["eval/turns_per_sample"] >= 1
+    assert 0 <= metrics["eval/tool_error_rate"] <= 1
     trainer.tools.close()
 
 

@@ -24,7 +24,7 @@ from .batch import (Batch, GlobalRows, gather, model_precision, balance, MicroBa
     plan_micro_batches, attention_mask)
 from .metrics import (CollectMetrics, RewardMetrics, AdvantageMetrics, ValueMetrics, CriticMetrics, LengthMetrics,
     SHARE_KEYS, TOKEN_MEAN_KEYS, MAX_KEYS, LossSums, UpdateMetrics, ToolMetrics, tool_calls_per_row,
-    eval_tool_metrics)
+    tool_counts_per_row, eval_tool_metrics)
 from .collection import (PromptEncoder, build_rewarder, build_tools, rollout, final_answer, completion_texts, score,
     collect)
 from .async_rollout import AsyncBatches, SyncBatches, batch_source
@@ -46,6 +46,7 @@ __all__ = [
     "ValueMetrics", "apply_gradients", "attention_mask", "balance", "build_critic_learner", "build_tools",
     "clip_gradients", "collect", "completion_texts", "compute_advantages", "estimate_advantages",
     "eval_tool_metrics", "final_answer", "gather", "head_logprobs", "local_rows", "tool_calls_per_row",
+    "tool_counts_per_row",
     "logprobs", "old_logprobs", "reward_kl_logprobs",
     "model_precision", "pipeline_logprobs", "plan_micro_batches", "positive_rows", "positive_threshold", "reference_kl",
     "reference_logprobs", "removes_padding", "rl_loss", "rollout", "score", "shape_rewards", "update",

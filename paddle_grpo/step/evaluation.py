@@ -22,7 +22,7 @@ from ..policy import Policy
 from ..rollout.sampling import row_keys
 from .batch import Batch
 from .collection import PromptEncoder, completion_texts, rollout, score
-from .metrics import eval_tool_metrics, tool_calls_per_row
+from .metrics import eval_tool_metrics, tool_counts_per_row
 
 logger = logging.getLogger("paddle_grpo.step.evaluation")
 
@@ -96,7 +96,7 @@ class Evaluator:
         cfg, par, records = self.cfg, self.par, self.records
         n = cfg.eval_samples_at(final)
         shard = list(range(par.dp_rank, len(records), par.dp_world))
-        mine: List[tuple] = []  # (prompt index, its n scores, its n answers or None, its n tool-call counts)
+        mine: List[tuple] = []  # (prompt index, its n scores, its n answers or None, its n tool_counts_per_row)
         samples: list = []
         t0 = time.perf_counter()
         for s in range(0, len(shard), cfg.per_device_eval_batch_size):
@@ -107,7 +107,7 @@ class Evaluator:
             texts = completion_texts(self.encode.tokenizer, sampled)
             result = score(par, self.rewarder, cfg.use_rm_server, records, idx, sampled, texts, n)
             answers = self._answers(idx, texts, n)
-            calls = tool_calls_per_row(sampled.turns if self.tools else None, len(texts))
+            calls = tool_counts_per_row(sampled.turns if self.tools else None, len(texts))
             for p, i in enumerate(idx):
                 rows = slice(p * n, (p + 1) * n)
                 mine.append((i, result.scores[rows], None if answers is None else answers[rows], calls[rows]))

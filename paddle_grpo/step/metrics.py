@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -15,6 +15,15 @@ def tool_calls_per_row(turns: Optional[Sequence[list]], n: int) -> List[int]:
     if turns is None:
         return [0] * n
     return [sum(m.get("role") == "tool" for m in row) for row in turns]
+
+
+def tool_counts_per_row(turns: Optional[Sequence[list]], n: int) -> List[Tuple[int, int, int]]:
+    """(tool calls, failed calls, assistant turns) of each of `n` rows; (0, 0, 1) without turns (single-turn)."""
+    if turns is None:
+        return [(0, 0, 1)] * n
+    return [(sum(m.get("role") == "tool" for m in row),
+             sum(m.get("role") == "tool" and m.get("error") is not None for m in row),
+             sum(m.get("role") == "assistant" for m in row)) for row in turns]
 
 
 @dataclass
@@ -56,12 +65,19 @@ class ToolMetrics:
                 "perf/tool_wait_s": self.wait_s}
 
 
-def eval_tool_metrics(calls: Sequence[int], correct: Optional[np.ndarray]) -> Dict[str, float]:
-    """eval/tool_use_rate (share of samples with >= 1 tool call) and, when correctness is known (`correct` [n]
-    bool), eval/accuracy_with_tools / eval/accuracy_without_tools: the accuracy among the samples that called a
-    tool / did not (nan when there is no such sample)."""
-    used = np.asarray(calls) > 0
-    out = {"eval/tool_use_rate": float(used.mean()) if used.size else 0.0}
+def eval_tool_metrics(counts: Sequence[Tuple[int, int, int]], correct: Optional[np.ndarray]) -> Dict[str, float]:
+    """From each sample's (tool calls, failed calls, assistant turns) (`tool_counts_per_row`): eval/tool_use_rate
+    (share of samples with >= 1 tool call), eval/tool_calls_per_sample, eval/tool_error_rate (failed calls per call,
+    0 without calls: the rollout's rollout/tool_error_rate), eval/turns_per_sample and, when correctness is known
+    (`correct` [n] bool), eval/accuracy_with_tools / eval/accuracy_without_tools: the accuracy among the samples
+    that called a tool / did not (nan when there is no such sample)."""
+    table = np.asarray(counts, dtype=np.int64).reshape(-1, 3)
+    calls, errors, turns = table[:, 0], table[:, 1], table[:, 2]
+    used = calls > 0
+    out = {"eval/tool_use_rate": float(used.mean()) if used.size else 0.0,
+           "eval/tool_calls_per_sample": float(calls.mean()) if used.size else 0.0,
+           "eval/tool_error_rate": float(errors.sum() / calls.sum()) if calls.sum() else 0.0,
+           "eval/turns_per_sample": float(turns.mean()) if used.size else 0.0}
     if correct is not None:
         for key, rows in (("eval/accuracy_with_tools", used), ("eval/accuracy_without_tools", ~used)):
             out[key] = float(correct[rows].mean()) if rows.any() else float("nan")
