@@ -76,13 +76,59 @@ class PromptGroups:
 
 
 def shared_prefix_attention(q: np.ndarray, prefix: tuple[np.ndarray, np.ndarray],
-                            suffix: tuple[np.ndarray, np.ndarray], mask: np.ndarray, groups: PromptGroups
-                            ) -> np.ndarray:
+                            suffix: tuple[np.ndarray, np.ndarray], mask: np.ndarray, groups: PromptGroups,
+                            suffix_unmasked: bool = False) -> np.ndarray:
     """Grouped-query attention of one decode step over each row's prompt prefix and own suffix.
 
     q [N, KV, g, d] (already scaled by 1/sqrt(d)); prefix keys and values [P, KV, L, d] (P = groups.prompts);
     suffix keys and values [N, KV, T, d] (views of the slots to attend: T >= 1); mask [N, L + T] additive (0 or
-    the engine's finfo.min). Returns [N, KV, g, d] float32."""
+    the engine's finfo.min). `suffix_unmasked`: the caller knows mask[:, L:] is all 0, whose addition is skipped
+    (x + 0 == x; a -0 score would become +0, which the softmax treats alike). Returns [N, KV, g, d] float32."""
+    if groups.flat is not None:
+        return _padded_groups_attention(q, prefix, suffix, mask, groups)
+    kp, vp = prefix
+    ks, vs = suffix
+    N, KV, g, d = q.shape
+    P, L, T, W = groups.prompts, kp.shape[2], ks.shape[2], groups.width
+    S = L + T
+    # The scores are held as [P, KV, W * g, S]: a prompt's rows' query heads of one key-value head are consecutive,
+    # so the prefix scores are written by their product in place and their probabilities are the left operand of
+    # p.v as they lie (strided rows, which BLAS takes): no copy either way. Each row's own slots are a strided
+    # [P, W, KV, g, T] view of the same array. Every product is the same BLAS call on the same operands as in the
+    # [N, KV, g, S] layout (`_padded_groups_attention`), and the softmax runs over the same contiguous rows: the
+    # same bits, with two [N, KV, g, L] copies and the mask's pass over the suffix less.
+    scores = np.empty((P, KV, W * g, S), np.float32)
+    rows5 = scores.reshape(P, KV, W, g, S)
+    by_row = rows5.transpose(0, 2, 1, 3, 4)                                              # [P, W, KV, g, S] view
+    q5 = q.reshape(P, W, KV, g, d)
+    ks5, vs5 = ks.reshape(P, W, KV, T, d), vs.reshape(P, W, KV, T, d)
+    if g * T <= SMALL_PRODUCT:  # straight into their columns (a strided output BLAS writes)
+        np.matmul(q5, ks5.transpose(0, 1, 2, 4, 3), out=by_row[..., L:])
+    else:
+        by_row[..., L:] = np.matmul(ks5, q5.transpose(0, 1, 2, 4, 3)).transpose(0, 1, 2, 4, 3)
+    if W * g * L <= SMALL_PRODUCT:
+        np.matmul(q5.transpose(0, 2, 1, 3, 4).reshape(P, KV, W * g, d), kp.transpose(0, 1, 3, 2),
+                  out=scores[..., :L])
+    else:
+        rows5[..., :L] = np.matmul(kp, q5.transpose(0, 2, 4, 1, 3).reshape(P, KV, d, W * g)
+                                   ).reshape(P, KV, L, W, g).transpose(0, 1, 3, 4, 2)
+    mask5 = mask.reshape(P, W, S)[:, None, :, None, :]                                   # [P, 1, W, 1, S]
+    if suffix_unmasked:
+        rows5[..., :L] += mask5[..., :L]
+    else:
+        rows5 += mask5
+    softmax_(scores)
+    out = np.matmul(by_row[..., L:], vs5)                                                # [P, W, KV, g, d]
+    pv = np.matmul(scores[..., :L], vp)                                                  # [P, KV, W * g, d]
+    out += pv.reshape(P, KV, W, g, d).transpose(0, 2, 1, 3, 4)
+    return out.reshape(N, KV, g, d)
+
+
+def _padded_groups_attention(q: np.ndarray, prefix: tuple[np.ndarray, np.ndarray],
+                             suffix: tuple[np.ndarray, np.ndarray], mask: np.ndarray, groups: PromptGroups
+                             ) -> np.ndarray:
+    """shared_prefix_attention where some prompt has fewer rows than `groups.width` (rows were dropped): the rows
+    are placed into the padded [P, width] grid for the prefix products. The scores are held per row [N, KV, g, S]."""
     kp, vp = prefix
     ks, vs = suffix
     N, KV, g, d = q.shape
@@ -92,28 +138,20 @@ def shared_prefix_attention(q: np.ndarray, prefix: tuple[np.ndarray, np.ndarray]
         np.matmul(q, ks.transpose(0, 1, 3, 2), out=scores[..., L:])
     else:
         scores[..., L:] = np.matmul(ks, q.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)
-    grid = q if groups.flat is None else _scatter(q, groups.flat, P * W)
-    grid = grid.reshape(P, W, KV, g, d)
+    grid = _scatter(q, groups.flat, P * W).reshape(P, W, KV, g, d)
     if W * g * L <= SMALL_PRODUCT:
         prefix_scores = np.matmul(grid.transpose(0, 2, 1, 3, 4).reshape(P, KV, W * g, d), kp.transpose(0, 1, 3, 2))
         prefix_scores = prefix_scores.reshape(P, KV, W, g, L).transpose(0, 2, 1, 3, 4)     # [P, W, KV, g, L]
     else:
         prefix_scores = np.matmul(kp, grid.transpose(0, 2, 4, 1, 3).reshape(P, KV, d, W * g))
         prefix_scores = prefix_scores.reshape(P, KV, L, W, g).transpose(0, 3, 1, 4, 2)
-    if groups.flat is None:
-        scores.reshape(P, W, KV, g, L + T)[..., :L] = prefix_scores
-    else:
-        scores[..., :L] = prefix_scores.reshape(P * W, KV, g, L)[groups.flat]
+    scores[..., :L] = prefix_scores.reshape(P * W, KV, g, L)[groups.flat]
     scores += mask[:, None, None, :]
     softmax_(scores)
     out = np.matmul(scores[..., L:], vs)                                                  # [N, KV, g, d]
-    if groups.flat is None:
-        p = scores.reshape(P, W, KV, g, L + T)[..., :L]
-    else:
-        p = _scatter(scores[..., :L], groups.flat, P * W).reshape(P, W, KV, g, L)
+    p = _scatter(scores[..., :L], groups.flat, P * W).reshape(P, W, KV, g, L)
     pv = np.matmul(np.ascontiguousarray(p.transpose(0, 2, 1, 3, 4)).reshape(P, KV, W * g, L), vp)
-    pv = pv.reshape(P, KV, W, g, d).transpose(0, 2, 1, 3, 4).reshape(P * W, KV, g, d)
-    out += pv if groups.flat is None else pv[groups.flat]
+    out += pv.reshape(P, KV, W, g, d).transpose(0, 2, 1, 3, 4).reshape(P * W, KV, g, d)[groups.flat]
     return out
 
 

@@ -4,9 +4,10 @@ Why: a decode step multiplies a few rows (the sequences decoded at once) by ever
 ops per layer. In paddle's eager mode each op costs 10-20 us of dispatch whatever its size, and paddle's MKL packs
 each weight again at every product: a SmolLM2-135M step at 32 rows took 174 ms on one Zen 4 core, where its
 products cost ~75 ms at the machine's best GEMM rate (docs/PERFORMANCE.md, "Generation"). Here each weight is packed
-once per rollout (kernels/gemm.py, the backend its measured table picks for this CPU) and the rest of a step is a
-few numpy calls: the prefill (`prefill`, prompts in chunks) and the decode steps (`step`) share the layer code
-(`_layers`) and differ in their attention only.
+once per rollout (kernels/gemm.py, the backend its measured table picks for this CPU; with oneDNN all into one block
+of huge pages, kernels/onednn.py `Arena`) and the rest of a step is a few numpy calls: the prefill (`prefill`,
+prompts in chunks) and the decode steps (`step`) share the layer code (`_layers`) and differ in their attention
+only.
 
 It computes FastDecoder's function (the same parameters, RoPE tables, and masking with finfo.min, so a hidden key's
 probability is exactly 0) with other rounding: other GEMM kernels and summation orders. Its logits agree with
@@ -82,8 +83,15 @@ class DecodeEngine:
         self.embed = view(fast.embed)
         self.final_norm = view(fast.final_norm)
 
+        def shape(w: paddle.Tensor, transposed: bool = False) -> tuple[int, int]:
+            return (w.shape[1], w.shape[0]) if transposed else (w.shape[0], w.shape[1])
+
+        # every packed copy in one block of memory, faulted in as huge pages (kernels/onednn.py `Arena`)
+        arena = gemm.arena([shape(lw[k]) for lw in fast.layers for k in ("wqkv", "wo", "wgu", "wd")]
+                           + [shape(fast.head, bool(fast.head_t))], precision)
+
         def packed(w: paddle.Tensor, transposed: bool = False) -> gemm.Packed:
-            return gemm.pack(view(w), precision, transposed=transposed)
+            return gemm.pack(view(w), precision, transposed=transposed, arena=arena)
 
         # gate and up as one product of their concatenation (FastDecoder's "wgu"): 2.5 % faster than two at 32 rows
         # with oneDNN on one Zen 4 core, and one call fewer.
@@ -240,18 +248,22 @@ class DecodeEngine:
         self.mask[self.rows, w] = np.where(keep, np.float32(0.0), self.neg)
         S = self.S if self.all_slots else int(w.max()) + 1
         mask = self.mask[:, None, None, :S]
+        # Where this step's keys and values go: one slot for every row while they move together (single-turn: a
+        # basic index instead of two index arrays, 60 writes a step), else a slot per row.
+        slot = w - (self.L if self.prefix is not None else 0)
+        where = (slice(None), slice(None), int(slot[0])) if (slot == slot[0]).all() else (self.rows, slice(None), slot)
+        # The suffix's mask is all 0 while no row idles or lags (single-turn): its addition (a no-op) is skipped.
+        unmasked = self.prefix is not None and not self.mask[:, self.L:S].any()
 
         def attend(li: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
             kc, vc = self.cache[li]
+            kc[where] = k
+            vc[where] = v
             if self.prefix is not None:  # the rows' own slots start at L
-                kc[self.rows, :, w - self.L] = k
-                vc[self.rows, :, w - self.L] = v
                 T = S - self.L
                 return shared_prefix_attention(q.reshape(N, KV, g, d) * self.scale, self.prefix[li],
                                                (kc[:, :, :T], vc[:, :, :T]), self.mask[:, :S],
-                                               self.groups).reshape(N, self.H * d)
-            kc[self.rows, :, w] = k
-            vc[self.rows, :, w] = v
+                                               self.groups, suffix_unmasked=unmasked).reshape(N, self.H * d)
             scores = np.matmul(q.reshape(N, KV, g, d) * self.scale, kc[:, :, :S].transpose(0, 1, 3, 2))
             scores += mask                                                       # [N, KV, g, S]
             return np.matmul(self._softmax(scores), vc[:, :, :S]).reshape(N, self.H * d)  # heads in q's order
