@@ -38,7 +38,7 @@ import numpy as np
 from . import mkl, onednn
 
 __all__ = ["BACKENDS", "PRECISIONS", "SUPPORTS", "TABLE", "MEASURED", "DEFAULT_ORDER", "Packed", "pack",
-           "available", "arena", "best_backend", "choose", "cpu_family", "describe"]
+           "available", "best_backend", "choose", "cpu_family", "describe"]
 
 BACKENDS = ("mkl", "onednn", "numpy", "paddle")
 PRECISIONS = ("float32", "bfloat16")
@@ -221,21 +221,10 @@ def _what(a) -> str:
     return f"{a.dtype} {list(a.shape)} ({layout})"
 
 
-def arena(shapes: Iterable[Tuple[int, int]], precision: str = "float32", backend: Optional[str] = None
-          ) -> Optional[onednn.Arena]:
-    """One block of memory for the packed copies of weights of `shapes` [(K, N), ...] (`pack(..., arena=)`), where
-    the backend (choose()'s) is oneDNN: faulted in as huge pages, not 4 KiB ones (kernels/onednn.py `Arena`); None
-    for the other backends (they allocate their own)."""
-    if choose(precision, backend) != "onednn":
-        return None
-    return onednn.Arena(sum(onednn.packed_nbytes(int(K), int(N), precision) for K, N in shapes))
-
-
 def pack(weight: np.ndarray, precision: str = "float32", backend: Optional[str] = None, *,
-         transposed: bool = False, arena: Optional[onednn.Arena] = None) -> Packed:
+         transposed: bool = False) -> Packed:
     """Pack `weight` [K, N] float32 (or [N, K] with transposed=True: x @ weight^T, the LM head over the [V, D]
-    embedding) once for `backend` (choose()'s default) in `precision`. The values are copied (into `arena`, from
-    `arena()`, while it has room; oneDNN only)."""
+    embedding) once for `backend` (choose()'s default) in `precision`. The values are copied."""
     if not isinstance(weight, np.ndarray) or weight.ndim != 2 or weight.dtype != np.float32:
         raise ValueError(f"weight must be a 2-D float32 numpy array, got {_what(weight)}")
     name = choose(precision, backend)
@@ -243,7 +232,7 @@ def pack(weight: np.ndarray, precision: str = "float32", backend: Optional[str] 
     if name == "mkl":
         impl = mkl.Weights(weight, transposed)
     elif name == "onednn":
-        impl = onednn.Weights(weight, precision, transposed, arena)
+        impl = onednn.Weights(weight, precision, transposed)
     elif name == "numpy":
         impl = _NumpyWeights(weight, precision, transposed)
     else:

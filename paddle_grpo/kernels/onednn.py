@@ -39,7 +39,7 @@ import numpy as np
 
 from . import mkl
 
-__all__ = ["available", "describe", "supports", "version", "Arena", "Weights", "PRECISIONS", "packed_nbytes"]
+__all__ = ["available", "describe", "supports", "version", "Weights", "PRECISIONS"]
 
 PRECISIONS = ("float32", "bfloat16", "weight_only_int8")
 
@@ -53,7 +53,6 @@ QUERY_IMPL_INFO_STR, QUERY_WEIGHTS_MD = 8, 131
 ARG_SRC, ARG_DST, ARG_WEIGHTS, ARG_ATTR_SCALES = 1, 17, 33, 4096
 FPMATH_BF16 = 1
 MEMORY_ALLOCATE = C.c_void_p(-1 & (2 ** 64 - 1))  # DNNL_MEMORY_ALLOCATE: ((void *)(size_t)-1)
-PAGE = 4096
 
 _P, _PP = C.c_void_p, C.POINTER(C.c_void_p)
 _Dims = C.c_int64 * 12
@@ -283,60 +282,11 @@ def _prim(M: int, K: int, N: int, precision: str) -> _Prim:
     return p
 
 
-class Arena:
-    """One block of memory that packed weights are placed in one after the other (`Weights(..., arena=)`; each
-    Weights keeps its arena alive), in transparent huge pages where the kernel gives them.
-
-    Why: a decode step reads every packed weight once (SmolLM2-135M: 513 MB). In 4 KiB pages that is ~130,000
-    pages a step, each a TLB miss; in 2 MiB pages ~260. One SmolLM2 rollout of 32 rows x 128 tokens took 0.8-1.2 s
-    (5-7 %) less CPU in its decode steps with the weights here than in oneDNN's own allocations, the same products
-    bit for bit (docs/PERFORMANCE.md, "Generation"). numpy asks madvise(MADV_HUGEPAGE) for arrays of 4 MiB or more.
-    The first fault of huge pages can make the kernel compact memory (0.2-1.5 s measured for 513 MB on a busy
-    machine), so the block is not given back when the arena dies: the next arena of the same size (the next
-    rollout's engine) reuses it, faulted in (one block kept, `_spare`). Places are aligned to 4 KiB (oneDNN aligns
-    its own to 64 bytes)."""
-
-    def __init__(self, nbytes: int):
-        size = int(nbytes) + PAGE
-        with _spare_lock:
-            reuse = [b for b in _spare if b.nbytes == size]
-            _spare.clear()  # one kept at most: a block of another size (another model) is let go
-        # uninitialised: the reorders write every byte a weight uses
-        self.buffer = reuse[0] if reuse else np.empty(size, np.uint8)
-        self.start = self.buffer.ctypes.data + (-self.buffer.ctypes.data % PAGE)
-        self.nbytes, self.used = int(nbytes), 0
-
-    def take(self, nbytes: int) -> Optional[int]:
-        """The address of the next `nbytes` (None when they do not fit)."""
-        if self.used + nbytes > self.nbytes:
-            return None
-        address = self.start + self.used
-        self.used += -(-nbytes // PAGE) * PAGE
-        return address
-
-    def __del__(self):  # no Weights uses the block any more: keep it for the next arena (the class docstring)
-        buffer = getattr(self, "buffer", None)
-        if buffer is not None and _spare_lock is not None:
-            with _spare_lock:
-                _spare[:] = [buffer]
-
-
-_spare: list = []  # the block of the last arena that died (Arena)
-_spare_lock = threading.Lock()
-
-
-def packed_nbytes(K: int, N: int, precision: str) -> int:
-    """The arena bytes a [K, N] weight packed in `precision` takes (its layout for 32 rows, `Weights`; rounded up to
-    whole pages as `Arena.take` places it)."""
-    size = int(_load().dnnl_memory_desc_get_size(_prim(32, K, N, precision).weights_md))
-    return -(-size // PAGE) * PAGE
-
-
 class Weights:
     """W [K, N] (or its transpose [N, K] given with transposed=True) reordered once for oneDNN's matmul in
     `precision`; `matmul(x [M, K] float32, out [M, N] float32)` writes x @ W into out."""
 
-    def __init__(self, weight: np.ndarray, precision: str, transposed: bool = False, arena: Optional[Arena] = None):
+    def __init__(self, weight: np.ndarray, precision: str, transposed: bool = False):
         lib = _load()
         if precision not in PRECISIONS:
             raise ValueError(f"oneDNN precisions are {PRECISIONS}, not {precision!r}")
@@ -346,7 +296,6 @@ class Weights:
         K, N = self.K, self.N
         self.scales = None
         self._mems, self.nbytes = [], 0
-        self._arena = arena  # kept alive while the packed copies in it are used
         src_dt, src_w = F32, w
         if precision == "weight_only_int8":
             # per output column n (a row of the transposed layout): s = max|W[:, n]| / 127, q = rint(W / s)
@@ -380,12 +329,7 @@ class Weights:
         """The weights in the layout of primitive p, reordered from the first copy if p prefers another one."""
         mem = self._for.get(p.weights_key)
         if mem is None:
-            place = None if self._arena is None else self._arena.take(_lib.dnnl_memory_desc_get_size(p.weights_md))
-            if place is None:  # oneDNN's own allocation
-                mem = _memory(p.weights_md)
-            else:
-                mem = _memory(p.weights_md, None)
-                _ok(_lib, _lib.dnnl_memory_set_data_handle(mem, place), "weights handle")
+            mem = _memory(p.weights_md)
             cvt, pd = _reorder(self._first[0], p.weights_md)
             _run(cvt, (_Arg * 2)(_Arg(ARG_SRC, self._first[1]), _Arg(ARG_DST, mem)))
             _lib.dnnl_primitive_destroy(cvt), _lib.dnnl_primitive_desc_destroy(pd)

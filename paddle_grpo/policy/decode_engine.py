@@ -4,10 +4,9 @@ Why: a decode step multiplies a few rows (the sequences decoded at once) by ever
 ops per layer. In paddle's eager mode each op costs 10-20 us of dispatch whatever its size, and paddle's MKL packs
 each weight again at every product: a SmolLM2-135M step at 32 rows took 174 ms on one Zen 4 core, where its
 products cost ~75 ms at the machine's best GEMM rate (docs/PERFORMANCE.md, "Generation"). Here each weight is packed
-once per rollout (kernels/gemm.py, the backend its measured table picks for this CPU; with oneDNN all into one block
-of huge pages, kernels/onednn.py `Arena`) and the rest of a step is a few numpy calls: the prefill (`prefill`,
-prompts in chunks) and the decode steps (`step`) share the layer code (`_layers`) and differ in their attention
-only.
+once per rollout (kernels/gemm.py, the backend its measured table picks for this CPU) and the rest of a step is a
+few numpy calls: the prefill (`prefill`, prompts in chunks) and the decode steps (`step`) share the layer code
+(`_layers`) and differ in their attention only.
 
 It computes FastDecoder's function (the same parameters, RoPE tables, and masking with finfo.min, so a hidden key's
 probability is exactly 0) with other rounding: other GEMM kernels and summation orders. Its logits agree with
@@ -83,15 +82,8 @@ class DecodeEngine:
         self.embed = view(fast.embed)
         self.final_norm = view(fast.final_norm)
 
-        def shape(w: paddle.Tensor, transposed: bool = False) -> tuple[int, int]:
-            return (w.shape[1], w.shape[0]) if transposed else (w.shape[0], w.shape[1])
-
-        # every packed copy in one block of memory, faulted in as huge pages (kernels/onednn.py `Arena`)
-        arena = gemm.arena([shape(lw[k]) for lw in fast.layers for k in ("wqkv", "wo", "wgu", "wd")]
-                           + [shape(fast.head, bool(fast.head_t))], precision)
-
         def packed(w: paddle.Tensor, transposed: bool = False) -> gemm.Packed:
-            return gemm.pack(view(w), precision, transposed=transposed, arena=arena)
+            return gemm.pack(view(w), precision, transposed=transposed)
 
         # gate and up as one product of their concatenation (FastDecoder's "wgu"): 2.5 % faster than two at 32 rows
         # with oneDNN on one Zen 4 core, and one call fewer.

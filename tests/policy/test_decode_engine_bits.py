@@ -5,9 +5,7 @@ reference, verbatim from commit 33c1044):
   probabilities or of p.v, the prefix mask added in place, the suffix's all-zero mask skipped when the engine says
   so);
 - policy/decode_engine.py: a step's keys and values written through a basic index while every row writes the same
-  slot, and the suffix mask checked once a step;
-- kernels/onednn.py / gemm.py: every packed weight of an engine in one `Arena` (huge pages), reused by the next
-  engine of the same size.
+  slot, and the suffix mask checked once a step.
 
 No tolerance: each product is the same BLAS or oneDNN call on the same operands and each elementwise operation the
 same, so the outputs must be equal to the last bit (`assert_array_equal` on the bytes' values, -0.0 == 0.0 aside,
@@ -19,7 +17,6 @@ import paddle
 import pytest
 from fast_decoder_helpers import V, make_model
 
-from paddle_grpo.kernels import gemm, onednn
 from paddle_grpo.kernels.prefix_attention import (SMALL_PRODUCT, PromptGroups, _scatter, shared_prefix_attention,
                                                   softmax_)
 from paddle_grpo.policy import decode_engine, fast_decoder
@@ -69,14 +66,7 @@ def reference_attention(q, prefix, suffix, mask, groups):
 
 class ReferenceEngine(decode_engine.DecodeEngine):
     """DecodeEngine with commit 33c1044's step (per-row index writes, the whole mask added every layer, the
-    reference attention) and its packing (each weight in oneDNN's own memory: no arena)."""
-
-    def __init__(self, fast, precision="float32"):
-        arena, gemm.arena = gemm.arena, lambda *a, **k: None
-        try:
-            super().__init__(fast, precision)
-        finally:
-            gemm.arena = arena
+    reference attention)."""
 
     def step_numpy(self, token, keep=None, out=None):
         N, KV, g, d = self.N, self.KV, self.g, self.d
@@ -167,8 +157,6 @@ def test_engine_steps_equal_the_previous_code_bit_for_bit(G):
     with paddle.no_grad():
         new = decode_engine.DecodeEngine(fast_decoder.FastDecoder(model))
         old = ReferenceEngine(fast_decoder.FastDecoder(model))
-        if gemm.choose() == "onednn":
-            assert new.head._impl._arena is not None and old.head._impl._arena is None
         np.testing.assert_array_equal(new.prefill(ids, mask, G, 12), old.prefill(ids, mask, G, 12))
         rng = np.random.default_rng(0)
         for t in range(11):
@@ -194,34 +182,3 @@ def test_a_rollout_equals_the_previous_code_bit_for_bit(monkeypatch):
     old = generate(model, ids, mask, **kw)
     np.testing.assert_array_equal(new.completion_ids.numpy(), old.completion_ids.numpy())
     np.testing.assert_array_equal(new.sample_logprobs.numpy(), old.sample_logprobs.numpy())
-
-
-@pytest.mark.skipif(not onednn.available()[0], reason="oneDNN is not loadable here")
-def test_arena_products_equal_onednn_memory_and_the_block_is_reused():
-    rng = np.random.default_rng(1)
-    shapes = [(64, 96), (96, 40), (64, 300)]
-    weights = [rng.standard_normal(s, dtype=np.float32) for s in shapes]
-    head = rng.standard_normal((130, 64), dtype=np.float32)  # [V, D]: the transposed LM head
-    want = [gemm.pack(w, backend="onednn") for w in weights] + [gemm.pack(head, backend="onednn", transposed=True)]
-    assert all(p._impl._arena is None for p in want)
-
-    def packed():
-        arena = gemm.arena(shapes + [(64, 130)], backend="onednn")
-        return arena, [gemm.pack(w, backend="onednn", arena=arena) for w in weights] + [
-            gemm.pack(head, backend="onednn", transposed=True, arena=arena)]
-
-    arena, got = packed()
-    assert arena.used == arena.nbytes == sum(onednn.packed_nbytes(K, N, "float32") for K, N in shapes + [(64, 130)])
-    assert all(p._impl._arena is arena for p in got)
-    for i in range(len(got)):
-        for M in (1, 7, 32):
-            x = rng.standard_normal((M, want[i].K), dtype=np.float32)
-            np.testing.assert_array_equal(got[i](x), want[i](x))
-    block = arena.buffer.ctypes.data
-    del arena, got  # the last user gone: the block waits for the next arena of its size
-    arena, again = packed()
-    assert arena.buffer.ctypes.data == block
-    x = rng.standard_normal((5, 64), dtype=np.float32)
-    np.testing.assert_array_equal(again[0](x), want[0](x))
-    other = gemm.arena([(64, 64)], backend="onednn")  # another size: a new block (the kept one stays in use)
-    assert other.buffer.ctypes.data != block and other.take(other.nbytes + 1) is None
