@@ -8,6 +8,8 @@ rest) `completion_logprobs` runs the lean forward of fast_decoder.py, which also
 once; other models use PaddleNLP's forward. `PADDLE_GRPO_FAST=0` forces PaddleNLP's forward everywhere.
 `decoder_path` is the start-up line that says which. Sampling (`generate`) is rollout/'s decode loop, run through
 this module's steppers (`stepper_for`): the rollout knows no model, the policy hands it the model's side of the loop.
+Under LoRA the log-probs run PaddleNLP's forward (its LoRA layers) and sampling the lean path, with the adapters
+merged into weight copies once per rollout (fast_decoder.sampling_decoder).
 """
 from __future__ import annotations
 
@@ -193,18 +195,19 @@ def decoder_path(model: paddle.nn.Layer, precision: str | None = None) -> str:
         return line
     precision = cpu_rollout_precision(paddle.get_device(), precision)
     _check_precision(model, precision)
-    if fast_decoder.enabled_for(model) and paddle.get_device() == "cpu":
+    if fast_decoder.sampling_refusal(model) is None and paddle.get_device() == "cpu":
         line += f"\n{decode_engine.describe(precision)}"
     return line
 
 
 def stepper_for(model: paddle.nn.Layer, precision: str = "float32") -> Callable[[paddle.nn.Layer], Stepper]:
     """The decode stepper of `model` (rollout.Stepper; called with the model): the lean decoder path when it computes
-    exactly what the model's forward would (`fast_decoder.enabled_for`), else the model's own decoder. `precision`
-    (rollout_precision) other than float32 needs the lean path (its CPU decode engine)."""
+    what the model's forward would up to float32 rounding (`fast_decoder.sampling_refusal`: also a LoRAModel, its
+    adapters merged), else the model's own decoder. `precision` (rollout_precision) other than float32 needs the
+    lean path (its CPU decode engine)."""
     rope.check(model)
     _check_precision(model, precision)
-    if not fast_decoder.enabled_for(model):
+    if fast_decoder.sampling_refusal(model) is not None:
         return PaddleNLPStepper
     return FastDecoderStepper if precision == "float32" else functools.partial(FastDecoderStepper,
                                                                                precision=precision)
@@ -218,9 +221,10 @@ def cpu_rollout_precision(device: str, precision: str) -> str:
 
 
 def _check_precision(model: paddle.nn.Layer, precision: str) -> None:
-    if precision != "float32" and not fast_decoder.enabled_for(model):
+    why = fast_decoder.sampling_refusal(model) if precision != "float32" else None
+    if why is not None:
         raise ValueError(f"rollout_precision {precision} needs the lean decoder path and its CPU decode engine, "
-                         f"which do not run this model: {fast_decoder.refusal(model)}")
+                         f"which do not run this model: {why}")
 
 
 class PaddleNLPStepper:
@@ -269,10 +273,11 @@ class PaddleNLPStepper:
 
 class FastDecoderStepper:
     """A `rollout.Stepper`: decoding through fast_decoder (preallocated KV cache, lean ops), for the models
-    `fast_decoder.enabled_for` accepts."""
+    `fast_decoder.sampling_refusal` accepts. Built per rollout (rollout.generate calls `stepper(model)`), so a
+    LoRAModel's merged weights (fast_decoder.sampling_decoder) are those of its adapters' current values."""
 
     def __init__(self, model: paddle.nn.Layer, precision: str = "float32"):
-        self.fast = fast_decoder.FastDecoder(model)
+        self.fast = fast_decoder.sampling_decoder(model)
         self.precision = precision
         self.engine: decode_engine.DecodeEngine | None = None
 

@@ -32,6 +32,13 @@ tables (linear, dynamic, llama3, yarn: installed at load), another head_dim, ext
 biases, GPU kernel flags, AMP, ...), or everything when the environment sets `PADDLE_GRPO_FAST=0`. A refused model
 runs PaddleNLP's forward (modeling.py / rollout/); `describe(model)` is the start-up line that says which.
 
+LoRA: a LoRAModel's log-probs and updates run PaddleNLP's forward (its LoRALinear layers, whose gradients reach the
+adapters), but its sampling runs the lean path (`sampling_refusal`, `sampling_decoder`): once per rollout each
+adapted projection's weight is merged into a copy, W + scaling * A @ B (lora.merged_weight, under no_grad; the
+model's parameters are not written), and FastDecoder (and on CPU decode_engine.py) decodes with the copies. Merged,
+the products round differently from x W + s (x A) B: sampled tokens equal PaddleNLP's forward's up to float32
+rounding, as the plain model's do (tests/policy/test_lora_sampling.py).
+
 Recompute: with the model config's `recompute` (PaddleNLP's key; causal.load_causal_lm sets it on the trainable
 policy only) and gradients being recorded, `prompt_completion_hidden` checkpoints per `recompute_granularity`, as
 PaddleNLP's forward does: "full" each decoder layer, "full_attn" each attention sub-block (q/k/v projections, RoPE,
@@ -54,6 +61,7 @@ from ..parallel.recompute import checkpoint, needs_grad
 from ..kernels.attention import blockwise_attention, query_block
 from ..kernels.mlp import mlp, mlp_plan
 from ..kernels.norm import rms_norm
+from . import lora
 
 ENV_SWITCH = "PADDLE_GRPO_FAST"
 LORA_REFUSAL = "LoRA adapters (LoRAModel): its LoRA layers run in PaddleNLP's forward"
@@ -112,9 +120,14 @@ def refusal(model: paddle.nn.Layer) -> Optional[str]:
     rms_norm_eps and tied or untied embeddings as configured; PaddleNLP's recompute keys are implemented too."""
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return f"{ENV_SWITCH}=0"
-    fam = family(model)
     if type(model).__name__ == "LoRAModel":
         return LORA_REFUSAL
+    return _model_refusal(model, (paddle.nn.Linear,))
+
+
+def _model_refusal(model: paddle.nn.Layer, linear: tuple[type, ...]) -> Optional[str]:
+    """`refusal`'s checks of the model's class, layers and config, its projections being of a type in `linear`."""
+    fam = family(model)
     if fam is None:
         return (f"{type(model).__name__} is not a class it implements ({', '.join(FAMILIES)}, or the critic's "
                 f"ValueModel over {' / '.join(BACKBONES)})")
@@ -130,13 +143,15 @@ def refusal(model: paddle.nn.Layer) -> Optional[str]:
     rotary = ""
     for layer_index, layer in enumerate(decoder.layers):
         # Plain nn.Linear only: a LoRA (or quantised) layer inside the model has extra weights that this path,
-        # which reads `.weight`/`.bias`, would silently ignore; fused layouts have other names.
+        # which reads `.weight`/`.bias`, would silently ignore (sampling_refusal admits LoRALinear, whose
+        # adapters sampling_decoder merges); fused layouts have other names.
         a, m = layer.self_attn, layer.mlp
         for part, names in ((a, ("q_proj", "k_proj", "v_proj", "o_proj")), (m, ("gate_proj", "up_proj", "down_proj"))):
             for name in names:
-                if type(getattr(part, name, None)) is not paddle.nn.Linear:
+                if type(getattr(part, name, None)) not in linear:
                     found = type(getattr(part, name, None)).__name__
-                    return f"layer {layer_index} {name} is {found}, not a plain nn.Linear"
+                    kinds = " or ".join("nn.Linear" if t is paddle.nn.Linear else t.__name__ for t in linear)
+                    return f"layer {layer_index} {name} is {found}, not a plain {kinds}"
         qkv_bias = [getattr(a, name).bias is not None for name in ("q_proj", "k_proj", "v_proj")]
         if len(set(qkv_bias)) > 1:
             return f"layer {layer_index} has a bias on some of q/k/v_proj only"
@@ -190,11 +205,54 @@ def enabled_for(model: paddle.nn.Layer) -> bool:
     return refusal(model) is None
 
 
+def sampling_refusal(model: paddle.nn.Layer) -> Optional[str]:
+    """None when sampling runs the lean path (`sampling_decoder`), else why not: `refusal(model)` for any model but a
+    LoRAModel; a LoRAModel is accepted when its base model passes `refusal`'s checks with LoRALinear projections
+    (their adapters merged), every LoRA layer is a plain LoRALinear (lora.merge_refusal: not quantised,
+    tensor-parallel, MoRA, ...) and each is one of the projections the lean path reads."""
+    if type(model).__name__ != "LoRAModel":
+        return refusal(model)
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return f"{ENV_SWITCH}=0"
+    from paddlenlp.peft.lora import LoRALinear
+
+    base = model.model
+    why = lora.merge_refusal(model) or _model_refusal(base, (paddle.nn.Linear, LoRALinear))
+    if why is None:
+        read = {id(getattr(part, name)) for layer in decoder_of(base).layers
+                for part, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+                                    (layer.mlp, ("gate_proj", "up_proj", "down_proj"))) for name in names}
+        outside = [name for name, layer in lora.lora_layers(model).items() if id(layer) not in read]
+        why = f"{outside[0]} is adapted, which the lean path does not read" if outside else None
+    return None if why is None else f"LoRA adapters (LoRAModel): {why}"
+
+
+def sampling_decoder(model: paddle.nn.Layer) -> FastDecoder:
+    """The FastDecoder sampling decodes `model` with (a model `sampling_refusal` accepts): FastDecoder(model), or
+    for a LoRAModel one over its base model whose adapted projections are merged copies W + scaling * A @ B
+    (lora.merged_weight), computed here under no_grad. Build one per rollout (causal.FastDecoderStepper does): it
+    samples with the adapters' values at build time. The model's parameters are read only."""
+    if type(model).__name__ != "LoRAModel":
+        return FastDecoder(model)
+    return FastDecoder(model.model, weight=lora.merged_weight)
+
+
 def describe(model: paddle.nn.Layer) -> str:
-    """The start-up line of the path `model`'s log-probs and decoding take: "decoder: fast path (llama)" or
-    "decoder: PaddleNLP's forward (<why>)"."""
+    """The start-up line of the path `model`'s log-probs and decoding take: "decoder: fast path (llama)",
+    "decoder: PaddleNLP's forward (<why>)", or for a LoRAModel whose sampling runs the lean path (`sampling_refusal`)
+    "decoder: sampling on the fast path (llama) with the LoRA adapters merged ...; log-probs on PaddleNLP's forward
+    ..."."""
     why = refusal(model)
-    return f"decoder: fast path ({family(model)})" if why is None else f"decoder: PaddleNLP's forward ({why})"
+    if why is None:
+        return f"decoder: fast path ({family(model)})"
+    if why == LORA_REFUSAL:
+        sampling_why = sampling_refusal(model)
+        if sampling_why is not None:
+            return f"decoder: PaddleNLP's forward ({sampling_why})"
+        return (f"decoder: sampling on the fast path ({family(model.model)}) with the LoRA adapters merged "
+                f"(W + scaling * A @ B, once per rollout); log-probs and updates on PaddleNLP's forward (its LoRA "
+                f"layers)")
+    return f"decoder: PaddleNLP's forward ({why})"
 
 
 GRANULARITIES = ("full", "full_attn", "core_attn")
@@ -215,10 +273,15 @@ def recompute_granularity(model: paddle.nn.Layer) -> Optional[str]:
 class FastDecoder:
     """The lean forward bound to one model `refusal` accepts (a Qwen2 or Llama causal LM, or the critic's classifier
     / ValueModel over their decoder). Holds no parameters; build one per call (the fused weights are concatenations
-    of the current parameters, inside autograd when gradients are on)."""
+    of the current parameters, inside autograd when gradients are on).
 
-    def __init__(self, model: paddle.nn.Layer):
+    `weight(linear layer) -> [in, out]`: the weight each projection computes with (default its `.weight`);
+    `sampling_decoder` passes lora.merged_weight (W + scaling * A @ B, copies without gradient: sampling only)."""
+
+    def __init__(self, model: paddle.nn.Layer, weight: Optional[Callable[[paddle.nn.Layer], paddle.Tensor]] = None):
         self.model = model
+        merged = weight is not None
+        weight = weight or (lambda linear: linear.weight)
         c = model.config
         self.H, self.KV = c.num_attention_heads, c.num_key_value_heads
         self.D = c.hidden_size
@@ -234,15 +297,18 @@ class FastDecoder:
         self.layers = []
         for layer in decoder.layers:
             a, m = layer.self_attn, layer.mlp
+            wg, wu = weight(m.gate_proj), weight(m.up_proj)
             self.layers.append(dict(
                 ln1=layer.input_layernorm.weight, ln2=layer.post_attention_layernorm.weight,
-                wqkv=paddle.concat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], axis=1),
+                wqkv=paddle.concat([weight(a.q_proj), weight(a.k_proj), weight(a.v_proj)], axis=1),
                 # Qwen2's q/k/v biases; None for Llama (no bias: `refusal` checked they are all or none)
                 bqkv=(paddle.concat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias], axis=0)
                       if a.q_proj.bias is not None else None),
-                wo=a.o_proj.weight,
-                wgu=paddle.concat([m.gate_proj.weight, m.up_proj.weight], axis=1), wd=m.down_proj.weight,
-                wg=m.gate_proj.weight, wu=m.up_proj.weight))  # the decode steps' (`decode_mlp`)
+                wo=weight(a.o_proj),
+                wgu=paddle.concat([wg, wu], axis=1), wd=weight(m.down_proj),
+                # the decode steps' (`decode_mlp`); merged copies are not kept twice (wgu holds them): decode_mlp
+                # then takes the halves of one product with wgu
+                wg=None if merged else wg, wu=None if merged else wu))
         self.rotary = decoder.layers[0].self_attn.rotary_emb
         half = self.d // 2
         self.sign = paddle.to_tensor([-1.0] * half + [1.0] * (self.d - half), dtype="float32")
@@ -345,6 +411,9 @@ class FastDecoder:
         (docs/PERFORMANCE.md). The same sums per output column, so the same values up to float rounding (bit for
         bit where measured)."""
         h = self.rms(x, lw["ln2"])
+        if lw["wg"] is None:  # merged LoRA weights (`weight`): gate and up held once, in wgu
+            gate, up = paddle.split(paddle.matmul(h, lw["wgu"]), 2, axis=-1)
+            return x + paddle.matmul(F.silu(gate) * up, lw["wd"])
         return x + paddle.matmul(F.silu(paddle.matmul(h, lw["wg"])) * paddle.matmul(h, lw["wu"]), lw["wd"])
 
     def final_hidden(self, h: paddle.Tensor) -> paddle.Tensor:

@@ -9,6 +9,9 @@
 - `adapters_disabled(model)`: the reference model. Inside the context the adapters are switched off (and the
   model is in eval mode, as a frozen reference is), so the same weights compute exactly the base model's outputs:
   no second copy of the weights is ever made.
+- `merged_weight(layer)` / `merge_refusal(model)`: a LoRALinear's inference weight W + scaling * A @ B as a fresh
+  tensor (its parameters untouched), for sampling on the lean decoder path (fast_decoder.sampling_decoder: merged
+  once per rollout); the update keeps running PaddleNLP's LoRA forward.
 - `save_adapters` / `load_adapters`: PaddleNLP's own adapter format, `lora_model_state.pdparams` (the adapter
   weights only) + `lora_config.json` (rank, alpha, dropout, target modules and `base_model_name_or_path`, the base
   model the adapters belong to) + the base model's `config.json`. `LoRAModel.from_pretrained` reads it, and so
@@ -212,6 +215,39 @@ def lora_layers(model: paddle.nn.Layer) -> dict[str, paddle.nn.Layer]:
     """{dotted name: layer} of the adapted layers."""
     inner = model.model if is_lora_model(model) else model
     return {name: layer for name, layer in inner.named_sublayers() if isinstance(layer, _lora_types())}
+
+
+# ----------------------------------------------------------------------------------- merged weights (sampling)
+
+# LoRALinear options whose adapter is not the plain `x A B * scaling` (mixer: x A AB B; MoRA: a rotated square
+# matrix; PiSSA: W itself rewritten at the first forward): a merged weight would compute something else.
+_NOT_PLAIN = ("use_mora", "lora_use_mixer", "pissa")
+
+
+def merge_refusal(model: LoRAModel) -> str | None:
+    """None when every adapter of `model` (a LoRAModel) folds into a weight copy by `merged_weight`: each LoRA layer
+    is a plain `LoRALinear` (not a tensor-parallel, quantised or other LoRA type), without MoRA, the mixer or PiSSA.
+    Otherwise the reason, naming the layer. rsLoRA changes `scaling` only (alpha / sqrt(r)): accepted."""
+    from paddlenlp.peft.lora import LoRALinear
+
+    for name, layer in lora_layers(model).items():
+        if type(layer) is not LoRALinear:
+            return f"{name} is {type(layer).__name__} (adapters are merged from a plain LoRALinear only)"
+        used = [flag for flag in _NOT_PLAIN if getattr(layer, flag, False)]
+        if used:
+            return f"{name} uses {', '.join(used)} (not W + scaling * A @ B)"
+    return None
+
+
+def merged_weight(layer: paddle.nn.Linear) -> paddle.Tensor:
+    """The weight [in, out] a LoRALinear `layer` computes with at inference, as a new tensor without gradient:
+    W + (A [in, r] @ B [r, out]) * scaling (PaddleNLP's `get_delta_weight` and `merge`; dropout acts in training
+    only), or W itself (no copy) for a plain nn.Linear, an adapter switched off (`disable_lora`, the reference) or
+    one already merged into W. Its parameters are read, never written. Call it for layers `merge_refusal` accepts."""
+    if not isinstance(layer, _lora_types()) or layer.disable_lora or layer.merged:
+        return layer.weight
+    with paddle.no_grad():
+        return layer.weight + layer.get_delta_weight()
 
 
 # -------------------------------------------------------------------------------------------------- reference
