@@ -28,9 +28,17 @@ def test_the_dry_run_names_the_decoder_path_the_run_prints(base, tiny_policy_dir
     assert dry_decoder_line(base, capsys) == loaded
 
 
+def test_with_lora_the_dry_run_names_the_runs_line(base, tiny_policy_dir, capsys):
+    """LoRA: sampling on the fast path with the adapters merged, log-probs on PaddleNLP's forward: the dry run's line
+    is the one the run prints after loading the model and applying its adapters."""
+    policy = load_policy(str(tiny_policy_dir))
+    policy.apply_lora(8, 16.0, 0.0, None)
+    loaded = decoder_path(policy.model).splitlines()[0]
+    assert loaded.startswith("decoder: sampling on the fast path (qwen2) with the LoRA adapters merged"), loaded
+    assert dry_decoder_line([*base, "--lora", "true"], capsys) == loaded
+
+
 def test_the_reasons_for_paddlenlps_forward(base, capsys, monkeypatch):
-    assert dry_decoder_line([*base, "--lora", "true"], capsys) == (
-        "decoder: PaddleNLP's forward (LoRA adapters (LoRAModel): its LoRA layers run in PaddleNLP's forward)")
     monkeypatch.setenv("PADDLE_GRPO_FAST", "0")
     assert dry_decoder_line(base, capsys) == "decoder: PaddleNLP's forward (PADDLE_GRPO_FAST=0)"
 

@@ -113,7 +113,8 @@ STOPS = "the run stops at start-up: "
 def decoder_line(cfg: Config, config: Any) -> Optional[str]:
     """The run's start-up line "decoder: fast path (llama)" (on CPU with a second line, the decode engine's) or
     "decoder: PaddleNLP's forward (<why>)", found as the run finds it (causal.decoder_path on the policy model built
-    from `config` with the run's precision flags, rope tables and LoRA, and its rollout_precision) on a model of ONE decoder layer and a 16-token vocabulary: the layers' classes, biases and
+    from `config` with the run's precision flags, rope tables and LoRA adapters, and its rollout_precision) on a model
+    of ONE decoder layer and a 16-token vocabulary: the layers' classes, biases and
     rotary tables are what the run's are (the path depends on them, not on their number or the vocabulary), no
     weight is read, and a large model costs one layer's memory. None for an encoder-decoder (the run prints no such
     line); the reason when the model cannot be built here."""
@@ -123,8 +124,6 @@ def decoder_line(cfg: Config, config: Any) -> Optional[str]:
 
     if cfg.tensor_parallel_degree > 1:  # its layers need the ranks' process group; the reason needs no layers
         return f"decoder: PaddleNLP's forward (tensor_parallel_degree is {cfg.tensor_parallel_degree})"
-    if cfg.lora:
-        return f"decoder: PaddleNLP's forward ({fast_decoder.LORA_REFUSAL})"
     import copy
 
     from paddlenlp.transformers import AutoModelForCausalLM
@@ -143,6 +142,16 @@ def decoder_line(cfg: Config, config: Any) -> Optional[str]:
         rope.install(model)
     except Exception as e:  # noqa: BLE001 - a config PaddleNLP cannot build: the run would say so at load
         return f"decoder: not determined here ({type(e).__name__}: {e})"
+    if cfg.lora:  # the adapters change the sampling path (merged into the lean one) and the log-probs' (PaddleNLP's)
+        from ..policy import lora
+
+        try:
+            saved = lora.read_adapter_config(cfg.lora_path) if cfg.lora_path else None
+        except Exception as e:  # noqa: BLE001 - the run stops on the same file; the dry run's other checks name it
+            return f"decoder: not determined here (lora_path {cfg.lora_path}: {type(e).__name__}: {e})"
+        model = lora.apply_lora(model, rank=saved.r if saved else cfg.lora_rank,
+                                alpha=saved.lora_alpha if saved else cfg.lora_alpha_value,
+                                target_modules=saved.target_modules if saved else (cfg.target_modules or None))
     from ..policy.causal import decoder_path
 
     try:
