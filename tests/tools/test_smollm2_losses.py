@@ -36,7 +36,7 @@ def test_a_run_row_is_its_metrics(tmp_path):
     assert tool.row_cells(run, [0, 6]) == ["0.03 / 0.50", "48", "2.0 / 4.0", "3.60 -> 3.60", "0.035", "3.0"]
     assert tool.label(run) == "`cispo`, weight capped at 5"
     table = tool.tables({"runs": [run]})
-    assert "| `cispo`, weight capped at 5 | 0.03 / 0.50 | 48 | 2.0 / 4.0 | 3.60 -> 3.60 | 0.035 | 3.0 |" in table
+    assert "| `cispo`, weight capped at 5 | 42 | 0.03 / 0.50 | 48 | 2.0 / 4.0 | 3.60 -> 3.60 | 0.035 | 3.0 |" in table
     assert "(of 192)" in table
 
 
@@ -44,7 +44,7 @@ def test_labels_name_the_settings_that_shape_each_loss():
     base = {k: None for k in tool.LOSS_KEYS}
     base.update(clip_range_ratio=0.2, sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, kl_cov_ratio=0.0002,
                 ppo_kl_coef=1.0)
-    cases = {None: "`clip (GRPO's)`, clip 0.2 / 0.2", "sapo": "`sapo`, temperatures 1 / 1.05",
+    cases = {None: "unset (PPO clip, GRPO's), clip 0.2 / 0.2", "sapo": "`sapo`, temperatures 1 / 1.05",
              "kl_cov": "`kl_cov`, ratio 0.0002, coefficient 1"}
     for loss, expected in cases.items():
         assert tool.label({"config": {**base, "policy_loss": loss}}) == expected

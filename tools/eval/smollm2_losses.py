@@ -58,13 +58,13 @@ def _mean(values: List[Optional[float]]) -> Optional[float]:
 
 
 def label(run: Dict) -> str:
-    """The loss and the settings that differ from the PPO-clip defaults, e.g. `gspo` (clip 0.0003 / 0.0004)."""
+    """The loss and the settings that shape it, e.g. "`gspo`, clip 0.0003 / 0.0004"."""
     c = run["config"]
-    name = c["policy_loss"] or "clip (GRPO's)"
-    if name in ("clip (GRPO's)", "clip", "gspo", "gmpo", "geo_mean", "clip_cov"):
+    name = c["policy_loss"]
+    if name in (None, "clip", "gspo", "gmpo", "geo_mean", "clip_cov"):
         low = c["clip_range_ratio_low"] if c["clip_range_ratio_low"] is not None else c["clip_range_ratio"]
         high = c["clip_range_ratio_high"] if c["clip_range_ratio_high"] is not None else c["clip_range_ratio"]
-        return f"`{name}`, clip {low:g} / {high:g}"
+        return ("unset (PPO clip, GRPO's)" if name is None else f"`{name}`") + f", clip {low:g} / {high:g}"
     if name == "cispo":
         return f"`cispo`, weight capped at {1 + c['clip_range_ratio_high']:g}"
     if name == "sapo":
@@ -93,11 +93,12 @@ def row_cells(run: Dict, eval_steps: List[int]) -> List[str]:
 def tables(results: Dict) -> str:
     """The markdown table of docs/smollm2.md: one row per loss."""
     eval_steps = sorted({s for r in results["runs"] for s, _ in r["evals"]})
-    lines = [f"| policy loss | held-out accuracy, steps {' / '.join(map(str, eval_steps))} | correct training samples "
-             f"(of {32 * max(len(r['steps']) for r in results['runs']):,}) | clip fraction low / high, % | entropy, "
-             "first / last 5 steps | `approx_kl_old`, mean | minutes of training |", "|---|---|---|---|---|---|---|"]
+    lines = [f"| policy loss | seed | held-out accuracy, steps {' / '.join(map(str, eval_steps))} | correct "
+             f"training samples (of {32 * max(len(r['steps']) for r in results['runs']):,}) | clip fraction low / "
+             "high, % | entropy, first / last 5 steps | `approx_kl_old`, mean | minutes of training |",
+             "|---|---|---|---|---|---|---|---|"]
     for run in results["runs"]:
-        lines.append(f"| {label(run)} | " + " | ".join(row_cells(run, eval_steps)) + " |")
+        lines.append(f"| {label(run)} | {run['config']['seed']} | " + " | ".join(row_cells(run, eval_steps)) + " |")
     return "\n".join(lines) + "\n"
 
 
