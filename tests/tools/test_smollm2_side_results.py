@@ -56,7 +56,7 @@ def test_the_lora_table_is_the_results_file():
     """Each LoRA / full fine-tuning row of docs/smollm2.md rebuilt from docs/results/smollm2_lora.json, and the merged
     export's parity figure from parity_smollm2_lora.json (written by tools/models/parity_check.py)."""
     r = runs("smollm2_lora.json")
-    for name in ("full_s42", "lora_s42", "lora5e-4_s42"):
+    for name in ("full_s42", "lora_s42", "lora5e-4_s42", "lora5e-4_engine_s42"):
         run = r[name]
         steps = run["steps"]  # [step, reward, step s, rollout s]
         row = (f"| {run['label']} | {accuracy(run, (0, 10, 20, 30, 40, 50, 60))} | {correct_samples(run)} | "
@@ -66,6 +66,10 @@ def test_the_lora_table_is_the_results_file():
     # LoRA learned at 5e-4 (+50 points or more, as full fine-tuning did) and used more memory on this small model
     assert r["lora5e-4_s42"]["evals"][-1][1] - r["lora5e-4_s42"]["evals"][0][1] > 0.5
     assert r["lora_s42"]["peak_rss_mb"] > r["full_s42"]["peak_rss_mb"]
+    # sampling on the decode engine: the median rollout under half PaddleNLP's forward's, and it still learned
+    engine, before = r["lora5e-4_engine_s42"], r["lora5e-4_s42"]
+    assert statistics.median(s[3] for s in engine["steps"]) < statistics.median(s[3] for s in before["steps"]) / 2
+    assert engine["evals"][-1][1] - engine["evals"][0][1] > 0.5
     parity = json.loads((REPO / "docs" / "results" / "parity_smollm2_lora.json").read_text(encoding="utf-8"))
     logits = parity["trained"]["vs_transformers_on_export"]["logits"]
     assert logits["passed"] and f"logits within {logits['max_abs_diff']:.1e} of this project's" in DOC
