@@ -25,3 +25,35 @@ def make_model(family="qwen2", seed=0, **overrides):
             elif "norm" in name:
                 p.set_value(1.0 + paddle.randn(p.shape) * 0.1)
     return model
+
+
+def prefix_attention_inputs(P: int, G: int, L: int, T: int, pads: tuple, rows=None, idle: bool = True,
+                            cache_views: bool = False):
+    """Random inputs of kernels/prefix_attention.py for P prompts of L slots (left padding `pads` per prompt, each
+    keeping at least one token) with G rows each and T own slots per row: (q [N, KV, g, d] scaled, (kp, vp)
+    [P, KV, L, d], (ks, vs) [N, KV, T, d] (strided views of a longer cache with `cache_views`, as the engine passes),
+    mask [N, L + T] additive, groups), N = P * G rows, or the `rows` kept of them (groups padded where uneven);
+    `idle`: row 0's newest slot hidden (a row idling in a multi-turn step)."""
+    import numpy as np
+    from paddle_grpo.kernels.prefix_attention import PromptGroups
+
+    neg = np.float32(np.finfo(np.float32).min)
+    rng = np.random.default_rng(P * 100 + L * 10 + T)
+    KV, g, d = 2, 3, 16
+    kp, vp = (rng.standard_normal((P, KV, L, d), dtype=np.float32) for _ in range(2))
+    N = P * G
+    extra = 3 if cache_views else 0
+    ks, vs = (rng.standard_normal((N, KV, T + extra, d), dtype=np.float32)[:, :, :T] for _ in range(2))
+    q = rng.standard_normal((N, KV, g, d), dtype=np.float32) * np.float32(d ** -0.5)
+    mask = np.zeros((N, L + T), np.float32)
+    for p, pad in enumerate(pads):
+        mask[p * G:(p + 1) * G, :min(pad, L - 1)] = neg
+    if idle:
+        mask[0, L + T - 1:] = neg
+    groups = PromptGroups.of(np.repeat(np.arange(P), G))
+    if rows is not None:
+        rows = np.asarray(rows)
+        groups, used = groups.keep(rows)
+        kp, vp = kp[used], vp[used]
+        ks, vs, q, mask = ks[rows], vs[rows], q[rows], mask[rows]
+    return q, (kp, vp), (ks, vs), mask, groups

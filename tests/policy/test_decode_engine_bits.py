@@ -15,17 +15,14 @@ changes the logits far above the last bit.
 import numpy as np
 import paddle
 import pytest
-from fast_decoder_helpers import V, make_model
+from fast_decoder_helpers import V, make_model, prefix_attention_inputs
 
-from paddle_grpo.kernels.prefix_attention import (SMALL_PRODUCT, PromptGroups, _scatter, shared_prefix_attention,
-                                                  softmax_)
+from paddle_grpo.kernels.prefix_attention import SMALL_PRODUCT, _scatter, shared_prefix_attention, softmax_
 from paddle_grpo.policy import decode_engine, fast_decoder
 from paddle_grpo.policy.causal import generate
 from paddle_grpo.rollout.sampling import row_keys
 
 pytestmark = pytest.mark.numerics
-
-NEG = np.float32(np.finfo(np.float32).min)
 
 
 def reference_attention(q, prefix, suffix, mask, groups):
@@ -111,23 +108,7 @@ class ReferenceEngine(decode_engine.DecodeEngine):
     (2, 4, 120, 401, (0, 30), [0, 1, 2, 3, 5], True),  # the same, padded groups, a row idling
 ])
 def test_attention_equals_the_previous_code_bit_for_bit(P, G, L, T, pads, rows, idle):
-    rng = np.random.default_rng(P * 100 + L * 10 + T)
-    KV, g, d = 2, 3, 16
-    kp, vp = (rng.standard_normal((P, KV, L, d), dtype=np.float32) for _ in range(2))
-    N = P * G
-    ks, vs = (rng.standard_normal((N, KV, T + 3, d), dtype=np.float32)[:, :, :T] for _ in range(2))  # cache views
-    q = rng.standard_normal((N, KV, g, d), dtype=np.float32) * np.float32(d ** -0.5)
-    mask = np.zeros((N, L + T), np.float32)
-    for p, pad in enumerate(pads):
-        mask[p * G:(p + 1) * G, :min(pad, L - 1)] = NEG
-    if idle:
-        mask[0, L + T - 1:] = NEG
-    groups = PromptGroups.of(np.repeat(np.arange(P), G))
-    if rows is not None:
-        rows = np.asarray(rows)
-        groups, used = groups.keep(rows)
-        kp, vp = kp[used], vp[used]
-        ks, vs, q, mask = ks[rows], vs[rows], q[rows], mask[rows]
+    q, (kp, vp), (ks, vs), mask, groups = prefix_attention_inputs(P, G, L, T, pads, rows, idle, cache_views=True)
     want = reference_attention(q, (kp, vp), (ks, vs), mask, groups)
     got = shared_prefix_attention(q, (kp, vp), (ks, vs), mask, groups)
     np.testing.assert_array_equal(got, want)

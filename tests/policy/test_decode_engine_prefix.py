@@ -18,7 +18,7 @@ layer and the final 2), and log-probs add the log-softmax's 2 V u.
 import numpy as np
 import paddle
 import pytest
-from fast_decoder_helpers import V, make_model
+from fast_decoder_helpers import V, make_model, prefix_attention_inputs
 from numerics import f32_sum_tol
 
 from paddle_grpo.kernels.prefix_attention import SMALL_PRODUCT, PromptGroups, shared_prefix_attention, softmax_
@@ -31,7 +31,6 @@ pytestmark = pytest.mark.numerics
 LAYERS = 2
 LOGIT_TOL = f32_sum_tol(160, 1.0, depth=9 * LAYERS + 2)
 LOGPROB_TOL = 2 * LOGIT_TOL + 2 * V * 2.0 ** -24
-NEG = np.float32(np.finfo(np.float32).min)
 
 
 def per_row_attention(q, k, v, mask):
@@ -59,22 +58,10 @@ def attention_tol(q, k, v, S):
     (2, 4, 120, 401, (0, 30), [0, 1, 2, 3, 5]),  # both scores as K q^T (past SMALL_PRODUCT), groups of 4 and 1
 ])
 def test_shared_prefix_attention_equals_per_row(P, G, L, T, pads, rows):
-    rng = np.random.default_rng(P * 100 + L * 10 + T)
-    KV, g, d = 2, 3, 16
-    kp, vp = (rng.standard_normal((P, KV, L, d), dtype=np.float32) for _ in range(2))
-    N = P * G
-    ks, vs = (rng.standard_normal((N, KV, T, d), dtype=np.float32) for _ in range(2))
-    q = rng.standard_normal((N, KV, g, d), dtype=np.float32) * np.float32(d ** -0.5)
-    mask = np.zeros((N, L + T), np.float32)
-    for p, pad in enumerate(pads):
-        mask[p * G:(p + 1) * G, :min(pad, L - 1)] = NEG  # left padding (a prompt keeps at least one token)
-    mask[0, L + T - 1:] = NEG  # a row idling at this step (multi-turn `keep`): its new slot hidden
-    groups = PromptGroups.of(np.repeat(np.arange(P), G))
+    # row 0 idles at this step (multi-turn `keep`): its new slot hidden
+    q, (kp, vp), (ks, vs), mask, groups = prefix_attention_inputs(P, G, L, T, pads, rows, idle=True)
+    g = q.shape[2]
     if rows is not None:
-        rows = np.asarray(rows)
-        groups, used = groups.keep(rows)
-        kp, vp = kp[used], vp[used]
-        ks, vs, q, mask = ks[rows], vs[rows], q[rows], mask[rows]
         assert groups.flat is not None or len(set(np.bincount(groups.prompt))) == 1
     k = np.concatenate([kp[groups.prompt], ks], axis=2)   # the per-row layout's cache of the same rows
     v = np.concatenate([vp[groups.prompt], vs], axis=2)
