@@ -57,3 +57,27 @@ def prefix_attention_inputs(P: int, G: int, L: int, T: int, pads: tuple, rows=No
         kp, vp = kp[used], vp[used]
         ks, vs, q, mask = ks[rows], vs[rows], q[rows], mask[rows]
     return q, (kp, vp), (ks, vs), mask, groups
+
+
+def per_row_attention(q, k, v, mask):
+    """The per-row layout's attention as the engine computed it before kernels/decode_attention.py (q K^T at every
+    size): q [N, KV, g, d], k and v [N, KV, S, d], mask [N, S] -> [N, KV, g, d]."""
+    import numpy as np
+    from paddle_grpo.kernels.prefix_attention import softmax_
+
+    scores = np.matmul(q, k.transpose(0, 1, 3, 2))
+    scores += mask[:, None, None, :]
+    return np.matmul(softmax_(scores), v)
+
+
+def attention_tol(q, k, v, S):
+    """Bound on two float32 evaluations of attention over S slots in other summation orders (other GEMM calls, p.v
+    in parts): each score is a sum of d products, off by at most delta = f32_sum_tol(d, max_s sum_j |q_j k_sj|);
+    scores off by delta move each p_s by at most ~2 delta p_s, so sum_s |dp_s| |v_s| <= 2 delta max|v|; p.v, a sum of
+    S terms of total magnitude <= max|v| (sum p = 1), adds f32_sum_tol(S, max|v|)."""
+    import numpy as np
+    from numerics import f32_sum_tol
+
+    delta = f32_sum_tol(q.shape[-1], float(np.einsum("nkgd,nksd->nkgs", np.abs(q), np.abs(k)).max()))
+    vmax = float(np.abs(v).max())
+    return 2 * delta * vmax + f32_sum_tol(S, vmax)

@@ -25,6 +25,8 @@ for its G rows and attended by one product per prompt (kernels/prefix_attention.
 every row's cache and read G times a step. The probabilities are the per-row layout's maths; p.v is summed in two
 parts, so samples can differ from the per-row layout's in the last bits (docs/PERFORMANCE.md, "Generation").
 PADDLE_GRPO_SHARED_PREFIX=0 keeps the per-row layout, which one sample per prompt (G = 1: evaluation) always uses.
+Either layout's attention is split over the threads by rows or prompts (kernels/decode_attention.py: the same bits at
+any thread count).
 
 Switch: `refusal(fast)` says why the engine does not run (then FastDecoder.decode does): not on CPU, gradients
 recorded, or PADDLE_GRPO_DECODE_ENGINE=0.
@@ -38,7 +40,8 @@ import numpy as np
 import paddle
 
 from ..kernels import gemm, numpy_kernels
-from ..kernels.prefix_attention import PromptGroups, shared_prefix_attention, softmax_
+from ..kernels.decode_attention import decode_attention
+from ..kernels.prefix_attention import PromptGroups, softmax_
 from .fast_decoder import FastDecoder
 
 ENV_SWITCH = "PADDLE_GRPO_DECODE_ENGINE"
@@ -239,7 +242,6 @@ class DecodeEngine:
         w = np.minimum(self.write, self.S - 1)
         self.mask[self.rows, w] = np.where(keep, np.float32(0.0), self.neg)
         S = self.S if self.all_slots else int(w.max()) + 1
-        mask = self.mask[:, None, None, :S]
         # Where this step's keys and values go: one slot for every row while they move together (single-turn: a
         # basic index instead of two index arrays, 60 writes a step), else a slot per row.
         slot = w - (self.L if self.prefix is not None else 0)
@@ -247,18 +249,16 @@ class DecodeEngine:
         # The suffix's mask is all 0 while no row idles or lags (single-turn): its addition (a no-op) is skipped.
         unmasked = self.prefix is not None and not self.mask[:, self.L:S].any()
 
+        # the slots attended: with a shared prefix the rows' own slots start at L
+        T = S - self.L if self.prefix is not None else S
+
         def attend(li: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
             kc, vc = self.cache[li]
             kc[where] = k
             vc[where] = v
-            if self.prefix is not None:  # the rows' own slots start at L
-                T = S - self.L
-                return shared_prefix_attention(q.reshape(N, KV, g, d) * self.scale, self.prefix[li],
-                                               (kc[:, :, :T], vc[:, :, :T]), self.mask[:, :S],
-                                               self.groups, suffix_unmasked=unmasked).reshape(N, self.H * d)
-            scores = np.matmul(q.reshape(N, KV, g, d) * self.scale, kc[:, :, :S].transpose(0, 1, 3, 2))
-            scores += mask                                                       # [N, KV, g, S]
-            return np.matmul(self._softmax(scores), vc[:, :, :S]).reshape(N, self.H * d)  # heads in q's order
+            return decode_attention(q.reshape(N, KV, g, d) * self.scale, (kc[:, :, :T], vc[:, :, :T]),
+                                    self.mask[:, :S], None if self.prefix is None else self.prefix[li], self.groups,
+                                    suffix_unmasked=unmasked).reshape(N, self.H * d)  # heads in q's order
 
         x = self._layers(self.embed[token], self.pos, attend)
         step = keep.astype(np.int64)

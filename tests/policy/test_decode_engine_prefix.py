@@ -18,10 +18,10 @@ layer and the final 2), and log-probs add the log-softmax's 2 V u.
 import numpy as np
 import paddle
 import pytest
-from fast_decoder_helpers import V, make_model, prefix_attention_inputs
+from fast_decoder_helpers import V, attention_tol, make_model, per_row_attention, prefix_attention_inputs
 from numerics import f32_sum_tol
 
-from paddle_grpo.kernels.prefix_attention import SMALL_PRODUCT, PromptGroups, shared_prefix_attention, softmax_
+from paddle_grpo.kernels.prefix_attention import SMALL_PRODUCT, PromptGroups, shared_prefix_attention
 from paddle_grpo.policy import decode_engine, fast_decoder
 from paddle_grpo.policy.causal import completion_logprobs, generate
 from paddle_grpo.rollout.sampling import row_keys
@@ -31,21 +31,6 @@ pytestmark = pytest.mark.numerics
 LAYERS = 2
 LOGIT_TOL = f32_sum_tol(160, 1.0, depth=9 * LAYERS + 2)
 LOGPROB_TOL = 2 * LOGIT_TOL + 2 * V * 2.0 ** -24
-
-
-def per_row_attention(q, k, v, mask):
-    """The per-row layout's attention (the engine's code without a shared prefix): q [N, KV, g, d], k and v
-    [N, KV, S, d], mask [N, S] -> [N, KV, g, d]."""
-    scores = np.matmul(q, k.transpose(0, 1, 3, 2))
-    scores += mask[:, None, None, :]
-    return np.matmul(softmax_(scores), v)
-
-
-def attention_tol(q, k, v, S):
-    """2 delta max|v| + f32_sum_tol(S, max|v|) (module docstring)."""
-    delta = f32_sum_tol(q.shape[-1], float(np.einsum("nkgd,nksd->nkgs", np.abs(q), np.abs(k)).max()))
-    vmax = float(np.abs(v).max())
-    return 2 * delta * vmax + f32_sum_tol(S, vmax)
 
 
 @pytest.mark.parametrize("P,G,L,T,pads,rows", [
