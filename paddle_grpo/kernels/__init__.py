@@ -6,8 +6,7 @@
   `paddle.autograd.PyLayer` that walks the positions a chunk at a time);
 - attention.py: attention over blocks of queries; mlp.py: the blocked SwiGLU MLP; norm.py: RMSNorm with a
   backward whose reductions are matrix products; prefix_attention.py: a decode step's attention over one copy of
-  each prompt's keys and values for all its samples; decode_attention.py: a decode step's attention in either
-  layout, split over the threads;
+  each prompt's keys and values for all its samples; decode_attention.py: the same in the per-row layout;
 - gemm.py (with mkl.py and onednn.py): products of few rows by weights packed once (MKL's packed API, oneDNN's
   matmul primitive through ctypes on paddle's own libraries, numpy), float32 or bfloat16, the backend from a
   table measured per CPU family: the CPU decode engine's (policy/decode_engine.py).

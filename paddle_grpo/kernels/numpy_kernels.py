@@ -68,14 +68,20 @@ def writable_view(t: paddle.Tensor) -> np.ndarray:
 
 
 def parallel_ranges(n: int, work: Callable[[int, int], None]) -> None:
-    """Run `work(start, end)` over contiguous ranges splitting `range(n)`, one per thread, and wait for all."""
+    """Run `work(start, end)` over contiguous ranges splitting `range(n)`, one per thread, and wait for all. The
+    calling thread takes the first range itself: k ranges wake k - 1 pool threads, so on k cores the caller and its
+    helpers do not also compete with an idle pool thread (paddle's OpenMP threads spin between its products)."""
     global _pool, _pool_size
     k = min(threads(), n)
     if k <= 1:
         work(0, n)
         return
-    if _pool_size < k:
-        _pool, _pool_size = ThreadPoolExecutor(k, thread_name_prefix="paddle_grpo_numpy"), k
+    if _pool_size < k - 1:
+        _pool, _pool_size = ThreadPoolExecutor(k - 1, thread_name_prefix="paddle_grpo_numpy"), k - 1
     bounds = np.linspace(0, n, k + 1).astype(int)
-    for future in [_pool.submit(work, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]:
-        future.result()
+    futures = [_pool.submit(work, int(a), int(b)) for a, b in zip(bounds[1:-1], bounds[2:])]
+    try:
+        work(int(bounds[0]), int(bounds[1]))
+    finally:  # the helpers write into the caller's arrays: wait for them even when the caller's range raised
+        for future in futures:
+            future.result()

@@ -25,8 +25,7 @@ for its G rows and attended by one product per prompt (kernels/prefix_attention.
 every row's cache and read G times a step. The probabilities are the per-row layout's maths; p.v is summed in two
 parts, so samples can differ from the per-row layout's in the last bits (docs/PERFORMANCE.md, "Generation").
 PADDLE_GRPO_SHARED_PREFIX=0 keeps the per-row layout, which one sample per prompt (G = 1: evaluation) always uses.
-Either layout's attention is split over the threads by rows or prompts (kernels/decode_attention.py: the same bits at
-any thread count).
+The per-row layout's attention is kernels/decode_attention.py's.
 
 Switch: `refusal(fast)` says why the engine does not run (then FastDecoder.decode does): not on CPU, gradients
 recorded, or PADDLE_GRPO_DECODE_ENGINE=0.
@@ -40,8 +39,8 @@ import numpy as np
 import paddle
 
 from ..kernels import gemm, numpy_kernels
-from ..kernels.decode_attention import decode_attention
-from ..kernels.prefix_attention import PromptGroups, softmax_
+from ..kernels.decode_attention import row_attention
+from ..kernels.prefix_attention import PromptGroups, shared_prefix_attention, softmax_
 from .fast_decoder import FastDecoder
 
 ENV_SWITCH = "PADDLE_GRPO_DECODE_ENGINE"
@@ -256,9 +255,13 @@ class DecodeEngine:
             kc, vc = self.cache[li]
             kc[where] = k
             vc[where] = v
-            return decode_attention(q.reshape(N, KV, g, d) * self.scale, (kc[:, :, :T], vc[:, :, :T]),
-                                    self.mask[:, :S], None if self.prefix is None else self.prefix[li], self.groups,
-                                    suffix_unmasked=unmasked).reshape(N, self.H * d)  # heads in q's order
+            qs = q.reshape(N, KV, g, d) * self.scale
+            if self.prefix is None:
+                out = row_attention(qs, kc[:, :, :T], vc[:, :, :T], self.mask[:, :S])
+            else:
+                out = shared_prefix_attention(qs, self.prefix[li], (kc[:, :, :T], vc[:, :, :T]), self.mask[:, :S],
+                                              self.groups, suffix_unmasked=unmasked)
+            return out.reshape(N, self.H * d)  # heads in q's order
 
         x = self._layers(self.embed[token], self.pos, attend)
         step = keep.astype(np.int64)
