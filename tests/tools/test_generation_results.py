@@ -54,3 +54,40 @@ def test_the_step_table_and_the_gsm8k_table(repo_root, docs):
     for key, ref in (("float32", ("before", 1, "float32")), ("bfloat16", ("before", 1, "float32"))):
         speedup = t[ref] / t[("after", 1, key)]
         assert f"{t[('after', 1, key)]:.0f} ({speedup:.2f}x)" in docs["docs/PERFORMANCE.md"]
+    for code in ("0a726b6", "2ed5151"):  # the idle rerun before and after the per-row (K q^T)^T
+        assert f"| {t[(code, 1, 'float32')]:.0f} | {t[(code, 2, 'float32')]:.0f} |" in docs["docs/PERFORMANCE.md"], code
+
+
+def test_the_third_sittings_table(repo_root, docs):
+    """'A third idle sitting': each one-thread cell is the run's seconds and its floor at the mean of the rates
+    measured around its round / at the start's rate (the GEMM lines in the order start, after round 1, end)."""
+    rows = lines(repo_root, "docs/results/generation_idle_zen4_night.jsonl")
+    rates = [d["gemm_gflop_per_s_best"] for d in rows if d["tool"] == "gemm" and d["threads"] == 1]
+    start = rates[0]
+    around = {1: (rates[0] + rates[1]) / 2, 2: (rates[1] + rates[2]) / 2}
+    assert [f"{r:.1f}" for r in rates] == ["104.9", "110.5", "110.9"]
+
+    def cell(seconds, floor_at_start, rate):
+        near = floor_at_start * start / rate
+        return f"{seconds:.2f} ({seconds / near:.2f} / {seconds / floor_at_start:.2f})"
+
+    table = {}
+    for d in rows:
+        if d["tool"] in ("gemm", "eval_gsm8k") or d.get("threads") != 1:
+            continue
+        around_rate = around[d["round"]]
+        if d["tool"] == "bench.py trainer step":
+            key, text = "trainer", cell(d["rollout_s_median"], d["rollout_floor_s"], around_rate)
+        elif d["tool"] == "paddle_grpo":
+            key, text = d["precision"], cell(d["seconds"], d["floor_s"], around_rate)
+        else:
+            key, text = d["tool"], f"{d['seconds']:.2f}"
+        table.setdefault(key, []).append(text)
+    doc = docs["docs/PERFORMANCE.md"]
+    for key, label in (("float32", "| ours, `bench_generation.py --rows 32 --threads 1 --length 128` |"),
+                       ("trainer", "| the trainer's rollout (`bench.py --model ... --shape "
+                                   "tools/bench/shapes/smollm2.json --threads 1`) |"),
+                       ("bfloat16", "| ours, `--precision bfloat16` |"),
+                       ("transformers.generate", "| Hugging Face `generate` |"), ("llama.cpp", "| llama.cpp, Q4_1 |")):
+        row = f"{label} {table[key][0]} | {table[key][1]} |"
+        assert row in doc, row
