@@ -43,6 +43,7 @@ naming the limit; a snippet that raises -> "exception" with its output and trace
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import stat
@@ -259,8 +260,9 @@ def _result(report: Dict[str, Any], stdout: str, stderr: str, elapsed: float, cp
         raise ToolError(f"the code used up its CPU-time limit of {cpu_s} s (all its processes together); output "
                         f"so far:\n{output}", "timeout")
     if limit == "memory":
+        # rounded up: the sum passed the limit by as little as a page, and "1024 MB" would read as within it
         raise ToolError(f"the code hit the memory limit of {memory_mb} MB (all its processes together: "
-                        f"{used / (1 << 20):.0f} MB resident); output:\n{output}")
+                        f"{math.ceil(used / (1 << 20))} MB resident); output:\n{output}")
     if limit == "processes":
         raise ToolError(f"the code started more than {MAX_PROCESSES} processes; output:\n{output}")
     if "MemoryError" in stderr[-300:] or status in (-signal.SIGSEGV, -signal.SIGABRT):

@@ -208,3 +208,11 @@ except FileNotFoundError:  # (namespaces: no /dev/shm)
     with open("/proc/sysvipc/shm") as f:
         keys = [int(line.split()[0]) for line in list(f)[1:]]
     assert key not in keys
+
+
+def test_a_sum_just_over_the_memory_limit_reads_as_over_it():
+    # The watcher stops a call once its processes' resident sum passes the limit, by as little as a page: the
+    # message rounds up, so that it never says "limit of 1024 MB (... 1024 MB resident)" (it did: a CI run).
+    report = {"status": 9, "limit": "memory", "used": (1024 << 20) + 4096}   # SIGKILL'd, a page over
+    with pytest.raises(ToolError, match=r"memory limit of 1024 MB \(all its processes together: 1025 MB resident\)"):
+        sandbox._result(report, "", "", 0.5, cpu_s=5, memory_mb=1024, file_mb=4, wall_s=8)
