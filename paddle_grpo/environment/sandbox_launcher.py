@@ -31,7 +31,7 @@ import select
 import signal
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = \
     0x00020000, 0x04000000, 0x08000000, 0x20000000, 0x40000000
@@ -171,21 +171,35 @@ def run_snippet(settings: Dict[str, Any], workdir: str, drop_to: Optional[Tuple[
     os._exit(126)
 
 
-def kill_user(uid: int) -> None:
-    """SIGKILL every process of user `uid` (as root): a child becomes that user and signals all it may, i.e. the
-    user's processes, until none is left (kill(-1) skips the caller itself)."""
+def as_user(uid: int, work: Callable[[], None]) -> None:
+    """Run `work` in a child that has become user `uid` (as root) and wait for it: for what only the owner may do
+    without CAP_SYS_ADMIN, which a container's root often lacks (signal every process of the user, remove its System
+    V IPC objects)."""
     pid = os.fork()
     if pid == 0:
+        status = 1
         try:
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
+            work()
+            status = 0
+        finally:
+            os._exit(status)
+    os.waitpid(pid, 0)
+
+
+def kill_user(uid: int) -> None:
+    """SIGKILL every process of user `uid` (as root): a child becomes that user and signals all it may, i.e. the
+    user's processes, until none is left (kill(-1) skips the caller itself)."""
+    def kill_all() -> None:
+        try:
             for _ in range(100):  # a fork bomb forks while it is killed: again until nothing answers
                 os.kill(-1, signal.SIGKILL)
         except OSError:  # ESRCH: no process of the user is left
-            os._exit(0)
-        os._exit(1)
-    os.waitpid(pid, 0)
+            pass
+
+    as_user(uid, kill_all)
 
 
 def remove_leftovers(uid: int) -> None:
@@ -209,6 +223,13 @@ def remove_leftovers(uid: int) -> None:
                     os.unlink(entry.path)
             except OSError:
                 pass
+    # IPC_RMID takes the object's owner or CAP_SYS_ADMIN: removed by the user itself, so that a container's root
+    # without that capability removes them too (it left a 1 MB segment there: test_sandbox_budget under setpriv)
+    as_user(uid, lambda: _remove_ipc(uid))
+
+
+def _remove_ipc(uid: int) -> None:
+    """Remove the System V shared memory segments, message queues and semaphore sets user `uid` owns or created."""
     for kind, remove in (("shm", lambda i: _libc.shmctl(i, IPC_RMID, None)),
                          ("msg", lambda i: _libc.msgctl(i, IPC_RMID, None)),
                          ("sem", lambda i: _libc.semctl(i, 0, IPC_RMID))):

@@ -143,6 +143,22 @@ print('connected')
 
 
 @needs_setpriv_as_root
+def test_root_without_cap_sys_admin_removes_the_calls_ipc(repo_root):
+    # IPC_RMID takes the object's owner or CAP_SYS_ADMIN: as a container's root (no CAP_SYS_ADMIN) the launcher
+    # removed the call's files but left its 1 MB shared memory segment, memory outside every budget.
+    key = int(uuid.uuid4().hex[:7], 16)
+    snippet = f"import ctypes; print(ctypes.CDLL(None).shmget({key}, 1 << 20, 0o1000 | 0o666) >= 0)"
+    done = subprocess.run([*WITHOUT_SYS_ADMIN, sys.executable, "-c",
+                           f"from paddle_grpo.environment import sandbox; print(sandbox.run_python({snippet!r}))"],
+                          env={**os.environ, "PYTHONPATH": str(repo_root)}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.strip() == "True", (done.stdout, done.stderr)
+    with open("/proc/sysvipc/shm") as f:
+        keys = [int(line.split()[0]) for line in list(f)[1:]]
+    assert key not in keys
+
+
+@needs_setpriv_as_root
 def test_demanding_namespaces_fails_at_start_up_without_cap_sys_admin(repo_root):
     done = subprocess.run([*WITHOUT_SYS_ADMIN, sys.executable, "-c",
                            "from paddle_grpo.environment import sandbox; sandbox.set_isolation('namespaces')"],
