@@ -4,7 +4,7 @@ The decode engine (policy/decode_engine.py) takes it where a prompt has one samp
 prefix is switched off (PADDLE_GRPO_SHARED_PREFIX=0); kernels/prefix_attention.py is the other layout. The scores take
 the orientation prefix_attention.py measured for its products: q K^T while g * S <= SMALL_PRODUCT, else (K q^T)^T,
 which numpy's OpenBLAS runs through its small-matrix kernel either way; q K^T past 1,200 outputs goes its general
-path, 2-3x as long at 100 rows x 436 slots on a Zen 4 core (the GSM8K evaluation's last steps). Each score is the
+path, 1.3-2.9x as long at 100 rows x 436 slots on a Zen 4 core (the GSM8K evaluation's last steps). Each score is the
 same sum of d products either way; on that Zen 4 the two orientations gave the same bits, which other BLAS kernels
 need not (tests/policy/test_decode_attention.py bounds the difference).
 

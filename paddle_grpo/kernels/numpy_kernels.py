@@ -70,7 +70,7 @@ def writable_view(t: paddle.Tensor) -> np.ndarray:
 def parallel_ranges(n: int, work: Callable[[int, int], None]) -> None:
     """Run `work(start, end)` over contiguous ranges splitting `range(n)`, one per thread, and wait for all. The
     calling thread takes the first range itself: k ranges wake k - 1 pool threads, so on k cores the caller and its
-    helpers do not also compete with an idle pool thread (paddle's OpenMP threads spin between its products)."""
+    helpers do not also compete with an idle pool thread (paddle's OpenMP threads may spin between its products)."""
     global _pool, _pool_size
     k = min(threads(), n)
     if k <= 1:
