@@ -149,9 +149,9 @@ def decoder_line(cfg: Config, config: Any) -> Optional[str]:
             saved = lora.read_adapter_config(cfg.lora_path) if cfg.lora_path else None
         except Exception as e:  # noqa: BLE001 - the run stops on the same file; the dry run's other checks name it
             return f"decoder: not determined here (lora_path {cfg.lora_path}: {type(e).__name__}: {e})"
-        model = lora.apply_lora(model, rank=saved.r if saved else cfg.lora_rank,
-                                alpha=saved.lora_alpha if saved else cfg.lora_alpha_value,
-                                target_modules=saved.target_modules if saved else (cfg.target_modules or None))
+        model = (lora.apply_saved_lora(model, saved) if saved else
+                 lora.apply_lora(model, rank=cfg.lora_rank, alpha=cfg.lora_alpha_value,
+                                 target_modules=cfg.target_modules or None))
     from ..policy.causal import decoder_path
 
     try:

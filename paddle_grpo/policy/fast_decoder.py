@@ -146,12 +146,10 @@ def _model_refusal(model: paddle.nn.Layer, linear: tuple[type, ...]) -> Optional
         # which reads `.weight`/`.bias`, would silently ignore (sampling_refusal admits LoRALinear, whose
         # adapters sampling_decoder merges); fused layouts have other names.
         a, m = layer.self_attn, layer.mlp
-        for part, names in ((a, ("q_proj", "k_proj", "v_proj", "o_proj")), (m, ("gate_proj", "up_proj", "down_proj"))):
-            for name in names:
-                if type(getattr(part, name, None)) not in linear:
-                    found = type(getattr(part, name, None)).__name__
-                    kinds = " or ".join("nn.Linear" if t is paddle.nn.Linear else t.__name__ for t in linear)
-                    return f"layer {layer_index} {name} is {found}, not a plain {kinds}"
+        for name, projection in _projections(layer):
+            if type(projection) not in linear:
+                kinds = " or ".join("nn.Linear" if t is paddle.nn.Linear else t.__name__ for t in linear)
+                return f"layer {layer_index} {name} is {type(projection).__name__}, not a plain {kinds}"
         qkv_bias = [getattr(a, name).bias is not None for name in ("q_proj", "k_proj", "v_proj")]
         if len(set(qkv_bias)) > 1:
             return f"layer {layer_index} has a bias on some of q/k/v_proj only"
@@ -205,6 +203,13 @@ def enabled_for(model: paddle.nn.Layer) -> bool:
     return refusal(model) is None
 
 
+def _projections(layer: paddle.nn.Layer) -> list[tuple[str, Optional[paddle.nn.Layer]]]:
+    """The seven projections of a decoder layer the lean path reads, (name, layer or None when absent)."""
+    a, m = layer.self_attn, layer.mlp
+    return [(name, getattr(a, name, None)) for name in ("q_proj", "k_proj", "v_proj", "o_proj")] + [
+        (name, getattr(m, name, None)) for name in ("gate_proj", "up_proj", "down_proj")]
+
+
 def sampling_refusal(model: paddle.nn.Layer) -> Optional[str]:
     """None when sampling runs the lean path (`sampling_decoder`), else why not: `refusal(model)` for any model but a
     LoRAModel; a LoRAModel is accepted when its base model passes `refusal`'s checks with LoRALinear projections
@@ -219,9 +224,7 @@ def sampling_refusal(model: paddle.nn.Layer) -> Optional[str]:
     base = model.model
     why = lora.merge_refusal(model) or _model_refusal(base, (paddle.nn.Linear, LoRALinear))
     if why is None:
-        read = {id(getattr(part, name)) for layer in decoder_of(base).layers
-                for part, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
-                                    (layer.mlp, ("gate_proj", "up_proj", "down_proj"))) for name in names}
+        read = {id(projection) for layer in decoder_of(base).layers for _, projection in _projections(layer)}
         outside = [name for name, layer in lora.lora_layers(model).items() if id(layer) not in read]
         why = f"{outside[0]} is adapted, which the lean path does not read" if outside else None
     return None if why is None else f"LoRA adapters (LoRAModel): {why}"

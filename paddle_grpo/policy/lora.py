@@ -329,6 +329,13 @@ def _read_adapter_weights(adapter_dir):
     return paddle.load(path, return_numpy=True)
 
 
+def apply_saved_lora(model: paddle.nn.Layer, config: LoRAConfig) -> LoRAModel:
+    """`apply_lora` with the settings of a saved adapter config (`read_adapter_config`): rank, alpha, dropout, target
+    modules and base model; the adapters fresh (load_adapters then loads their weights)."""
+    return apply_lora(model, rank=config.r, alpha=config.lora_alpha, dropout=config.lora_dropout,
+                      target_modules=config.target_modules, base_model_name_or_path=config.base_model_name_or_path)
+
+
 def load_adapters(model: paddle.nn.Layer, adapter_dir: str) -> LoRAModel:
     """Load adapters saved in `adapter_dir` into `model`; returns the LoRAModel.
 
@@ -339,9 +346,7 @@ def load_adapters(model: paddle.nn.Layer, adapter_dir: str) -> LoRAModel:
     config = read_adapter_config(adapter_dir)
     state = _read_adapter_weights(adapter_dir)
     if not is_lora_model(model):
-        model = apply_lora(model, rank=config.r, alpha=config.lora_alpha, dropout=config.lora_dropout,
-                           target_modules=config.target_modules,
-                           base_model_name_or_path=config.base_model_name_or_path)
+        model = apply_saved_lora(model, config)
     else:  # the adapted layers are compared through the weight names below; dropout does not matter
         for key in ("r", "lora_alpha"):
             ours, theirs = getattr(model.lora_config, key), getattr(config, key)
