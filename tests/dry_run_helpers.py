@@ -1,12 +1,21 @@
 """Shared by tests/test_dry_run.py, tests/test_dry_run_tools.py and tests/config/test_paddlenlp_configs.py: run_rl.py's main
 in this process (paddle is imported once, so each dry run costs a fraction of a second), small local data files, the
-arguments of a valid tiny run and a port nothing listens on."""
+arguments of a valid tiny run, a port nothing listens on, and the launch line's thread prefix in this process."""
 import importlib.util
 import json
 import pathlib
 import socket
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def thread_prefix():
+    """What a dry run's launch line starts with in this test process: the thread variables (OMP_NUM_THREADS,
+    MKL_NUM_THREADS) it was started with, as `launch_command` repeats them ('' when none was set)."""
+    from paddle_grpo.dry_run import launch_command
+    from paddle_grpo.config import config_from_dict
+
+    return launch_command(config_from_dict({}), [], "cpu").split("python ", 1)[0]
 
 
 def run_rl_main(argv, capsys):

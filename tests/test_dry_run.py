@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from dry_run_helpers import REPO, base_args, closed_port, run_rl_main
+from dry_run_helpers import REPO, base_args, closed_port, run_rl_main, thread_prefix
 from paddle_grpo.config import FIELDS, Config, ConfigError, config_from_dict, parse_args, yaml_value
 from paddle_grpo.dry_run import keys_without_effect, launch_command, required_processes, split_dry_run
 from reward_server import create_app
@@ -42,12 +42,15 @@ def test_dry_run_value_must_be_a_boolean():
 
 def test_launch_command_fits_the_layout():
     argv = ["cfg.yaml", "--train_datasets", "my data.jsonl"]
-    assert launch_command(config_from_dict({}), argv, "cpu") == "python run_rl.py cfg.yaml --train_datasets " \
-                                                                 "'my data.jsonl'"
+    plain = {}  # no thread variables (test_dry_run_launch.py checks the lines with them)
+    assert launch_command(config_from_dict({}), argv, "cpu", environ=plain) == \
+        "python run_rl.py cfg.yaml --train_datasets 'my data.jsonl'"
     tp2 = config_from_dict({"tensor_parallel_degree": 2})
-    assert launch_command(tp2, argv, "cpu") == ('python -m paddle.distributed.launch --devices "" --nproc_per_node 2 '
-                                                "run_rl.py cfg.yaml --train_datasets 'my data.jsonl'")
-    assert launch_command(tp2, argv, "gpu").startswith('python -m paddle.distributed.launch --devices "0,1" run_rl.py')
+    assert launch_command(tp2, argv, "cpu", environ=plain) == (
+        'python -m paddle.distributed.launch --devices "" --nproc_per_node 2 '
+        "run_rl.py cfg.yaml --train_datasets 'my data.jsonl'")
+    assert launch_command(tp2, argv, "gpu", environ=plain).startswith(
+        'python -m paddle.distributed.launch --devices "0,1" run_rl.py')
     sharded = config_from_dict({"tensor_parallel_degree": 2, "sharding": "stage1", "sharding_parallel_degree": 2})
     assert required_processes(sharded) == 4
     assert required_processes(config_from_dict({"pipeline_parallel_degree": 2, "tensor_parallel_degree": 1})) == 2
@@ -106,7 +109,7 @@ def test_a_valid_single_process_run_passes(base, tmp_path, capsys):
     assert "max_dec_len" in shown and "top_p" not in shown  # top_p is left at its default
     assert "\nkeys set here that have no effect on this device (cpu): 1\n  max_length " in out
     assert "  train_datasets: 16 records" in out and "(Qwen2Config, Qwen2Tokenizer, vocabulary 320)" in out
-    assert "\nlaunch: python run_rl.py --actor_model_name_or_path " in out
+    assert f"\nlaunch: {thread_prefix()}python run_rl.py --actor_model_name_or_path " in out
     assert out.rstrip().endswith("dry run: ok")
     assert not (tmp_path / "out").exists()  # nothing was trained or written
 
@@ -169,7 +172,8 @@ def test_layout_that_cannot_start_exits_2_with_the_reason(base, capsys):
     assert "  - tensor_parallel_degree (2) together with pipeline_parallel_degree (2) is not supported" in out
     status, out, _ = run_rl_main([*base, "--tensor_parallel_degree", "2", "--dry_run"], capsys)
     assert status == 0, out
-    assert '\nlaunch: python -m paddle.distributed.launch --devices "" --nproc_per_node 2 ' in out
+    launch = f'{thread_prefix()}python -m paddle.distributed.launch --devices "" --nproc_per_node 2 '
+    assert f"\nlaunch: {launch}" in out
 
 
 def test_plain_run_on_the_wrong_number_of_processes_prints_the_launch_command(base, tmp_path):
@@ -203,7 +207,7 @@ def test_on_gpu_the_launch_names_the_devices_and_needs_them(base, capsys):
     argv = [str(a) for a in base] + ["--tensor_parallel_degree", "2", "--bf16", "true"]
     status = dry_run(parse_args(argv), argv, "gpu")
     out = capsys.readouterr().out
-    assert '\nlaunch: python -m paddle.distributed.launch --devices "0,1" run_rl.py ' in out
+    assert f'\nlaunch: {thread_prefix()}python -m paddle.distributed.launch --devices "0,1" run_rl.py ' in out
     assert not any(line.startswith("  bf16 ") for line in out.splitlines())  # bf16 has its effect on a GPU
     if visible_gpus() < 2:
         assert status == 2 and f"  - the layout needs 2 GPUs; {visible_gpus()} are visible" in out
@@ -221,9 +225,10 @@ def test_the_printed_launch_command_starts_and_trains(base, tmp_path, capsys, mo
     status, out, err = run_rl_main([*argv, "--dry_run"], capsys)
     assert status == 0, out + err
     launch = next(line for line in out.splitlines() if line.startswith("launch: "))[len("launch: "):]
-    assert launch.startswith(f'python -m paddle.distributed.launch --devices "" --nproc_per_node 2 {REPO}/run_rl.py ')
+    assert launch.startswith(f'{thread_prefix()}python -m paddle.distributed.launch --devices "" --nproc_per_node 2 '
+                             f'{REPO}/run_rl.py ')
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    done = subprocess.run(launch.replace("python", sys.executable, 1), shell=True, cwd=tmp_path, env=env,
+    done = subprocess.run(launch.replace("python ", sys.executable + " ", 1), shell=True, cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (row,) = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]

@@ -20,7 +20,7 @@ def test_redact_secrets():
             "--tool_server", "http://h:1"]
     assert redact_secrets(argv) == ["cfg.yaml", "--tool_server_token", "***", "--reward_server_token=***", "--seed",
                                     "3", "--tool_server", "http://h:1"]
-    line = launch_command(config_from_dict({}), argv, "cpu")
+    line = launch_command(config_from_dict({}), argv, "cpu", environ={})  # no thread variables in front
     assert "T0k" not in line and line == ("python run_rl.py cfg.yaml --tool_server_token '***' "
                                           "'--reward_server_token=***' --seed 3 --tool_server http://h:1")
 

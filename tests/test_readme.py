@@ -57,7 +57,7 @@ def test_bring_your_paddlenlp_config_commands_work(repo_root, tiny_policy_dir, s
     # free port for the one the section starts on 8731; it passes and prints the launch line the section shows.
     import shlex
 
-    from dry_run_helpers import run_rl_main
+    from dry_run_helpers import run_rl_main, thread_prefix
     from reward_server import create_app
 
     monkeypatch.chdir(repo_root)  # the command's paths are relative to the repository
@@ -75,7 +75,9 @@ def test_bring_your_paddlenlp_config_commands_work(repo_root, tiny_policy_dir, s
     launch = next(line for line in out.splitlines() if line.startswith("launch: "))
     # The launch line repeats the thread variables the test process was started with (dry_run/launch.py reads
     # /proc/self/environ); the README shows it for an environment without them.
-    launch = re.sub(r"^launch: (?:(?:OMP|MKL)_NUM_THREADS=\S+ )+", "launch: ", launch)
+    prefix = thread_prefix()
+    assert launch.startswith(f"launch: {prefix}")
+    launch = "launch: " + launch[len(f"launch: {prefix}"):]
     assert launch.startswith(shown.replace("build/quickstart_policy", tiny_policy_dir))
 
 

@@ -3,6 +3,7 @@ import importlib.util
 import json
 import pathlib
 
+import pytest
 import yaml
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -61,3 +62,14 @@ def test_an_existing_results_file_is_never_overwritten(tmp_path, capsys):
     except SystemExit as stop:
         assert stop.code == 2
     assert out.read_text(encoding="utf-8") == "{}" and "exists" in capsys.readouterr().err
+
+
+def test_a_metrics_line_that_is_not_json_is_named(tmp_path):
+    # tools/eval/run_metrics.py, which the three result tools read runs with: a truncated last line (a run killed
+    # while writing) names the file and the line instead of a bare JSONDecodeError.
+    write_run(tmp_path / "cut", {"policy_loss": "clip"}, [{"step": 1, "train/reward": 0.5, "perf/step_s": 1.0}])
+    with open(tmp_path / "cut" / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"step": 2, "train/rew')
+    with pytest.raises(ValueError) as e:
+        tool.collect_run(str(tmp_path / "cut"))
+    assert str(e.value).startswith(f"{tmp_path / 'cut' / 'metrics.jsonl'}, line 2: not a JSON object"), e.value

@@ -25,6 +25,8 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
+from tools.eval.run_metrics import metric_rows  # noqa: E402  (after the path)
+
 # Config keys that decide what a policy loss computes (docs/algorithms.md section 4), kept per run.
 LOSS_KEYS = ("policy_loss", "importance_sampling_level", "loss_agg_mode", "clip_range_ratio", "clip_range_ratio_low",
              "clip_range_ratio_high", "sapo_temperature_pos", "sapo_temperature_neg", "clip_cov_ratio", "clip_cov_lb",
@@ -40,16 +42,11 @@ def collect_run(directory: str) -> Dict:
     """One run's record from `directory`'s metrics.jsonl and resolved config.yaml."""
     with open(os.path.join(directory, "config.yaml"), encoding="utf-8") as f:
         config = yaml.safe_load(f)
-    evals, steps = [], []
-    with open(os.path.join(directory, "metrics.jsonl"), encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            if "eval/accuracy" in row:
-                evals.append([row["step"], row["eval/accuracy"]])
-            if "train/reward" in row:
-                steps.append([row["step"]] + [None if row.get(k) is None else round(row[k], 4) for k in STEP_KEYS])
+    eval_rows, step_rows = metric_rows(directory)
     return {"name": os.path.basename(os.path.normpath(directory)), "config": {k: config.get(k) for k in LOSS_KEYS},
-            "evals": evals, "steps": steps}
+            "evals": [[row["step"], row["eval/accuracy"]] for row in eval_rows],
+            "steps": [[row["step"]] + [None if row.get(k) is None else round(row[k], 4) for k in STEP_KEYS]
+                      for row in step_rows]}
 
 
 def _mean(values: List[Optional[float]]) -> Optional[float]:

@@ -24,21 +24,17 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
+from tools.eval.run_metrics import metric_rows  # noqa: E402  (after the path)
+
 
 def collect_run(name: str, root: str = _REPO, keep: tuple = ()) -> Dict:
     """One run's row from `output/smollm2_<name>/metrics.jsonl` and its resolved config.yaml; `keep`: metric keys
     whose value at every training step goes into `metrics` (None where a step did not log it)."""
     out = os.path.join(root, "output", f"smollm2_{name}")
-    evals, steps, kept = [], [], {k: [] for k in keep}
-    with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            if "eval/accuracy" in row:
-                evals.append([row["step"], row["eval/accuracy"]])
-            if "train/reward" in row:
-                steps.append([row["step"], round(row["train/reward"], 4), round(row["perf/step_s"], 2)])
-                for k in keep:
-                    kept[k].append(None if row.get(k) is None else round(row[k], 4))
+    eval_rows, step_rows = metric_rows(out)
+    evals = [[row["step"], row["eval/accuracy"]] for row in eval_rows]
+    steps = [[row["step"], round(row["train/reward"], 4), round(row["perf/step_s"], 2)] for row in step_rows]
+    kept = {k: [None if row.get(k) is None else round(row[k], 4) for row in step_rows] for k in keep}
     seed = lr = None
     with open(os.path.join(out, "config.yaml"), encoding="utf-8") as f:
         for line in f:

@@ -25,8 +25,11 @@ import sys
 from typing import Any, Dict, List, Optional
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if _REPO not in sys.path:  # `from tools.eval.quickstart_seeds import machine` when run as a script
+if _REPO not in sys.path:  # `from tools.eval...` when run as a script
     sys.path.insert(0, _REPO)
+
+from tools.eval.run_metrics import metric_rows  # noqa: E402  (after the path)
+
 STEP_KEYS = {"reward": "train/reward", "tool_use_rate": "rollout/tool_use_rate",
              "tool_error_rate": "rollout/tool_error_rate", "turns_per_sample": "rollout/turns_per_sample",
              "completion_length": "response_length/mean", "step_s": "perf/step_s"}
@@ -72,15 +75,9 @@ def collect_run(name: str, root: str = _REPO, cpu_log: Optional[str] = None,
     """One run's record from `output/smollm2_tools_<name>/` (metrics.jsonl, config.yaml, the warm start's info)."""
     out = os.path.join(root, "output", f"smollm2_tools_{name}")
     cfg = _config(os.path.join(out, "config.yaml"))
-    evals: List[Dict[str, Any]] = []
-    steps: List[Dict[str, Any]] = []
-    with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            if "eval/accuracy" in row:
-                evals.append({"step": row["step"], **{k: _round(row.get(v)) for k, v in EVAL_KEYS.items()}})
-            if "train/reward" in row:
-                steps.append({"step": row["step"], **{k: _round(row.get(v)) for k, v in STEP_KEYS.items()}})
+    eval_rows, step_rows = metric_rows(out)
+    evals = [{"step": row["step"], **{k: _round(row.get(v)) for k, v in EVAL_KEYS.items()}} for row in eval_rows]
+    steps = [{"step": row["step"], **{k: _round(row.get(v)) for k, v in STEP_KEYS.items()}} for row in step_rows]
     if heldout:
         evals = sorted(evals + heldout_evals(heldout), key=lambda e: e["step"])
     info_path = os.path.join(root, cfg.get("actor_model_name_or_path", ""), "build_info.json")
