@@ -26,14 +26,16 @@ Threads: paddle's libdnnl.so.3 runs on the OpenMP runtime paddle loads (libiomp5
 whose thread count is per calling thread: `paddle.base.core.set_num_threads(n)` sets it for the thread that calls
 it (and MKL's, process-wide), but another thread keeps the process's initial count (OMP_NUM_THREADS). Each call
 therefore sets the calling thread's OpenMP count to `mkl.max_threads()` (MKL's process-wide count, the one paddle
-sets) when it differs from the count it last set there.
+sets) when it differs from the count it last set there. `workers_sleep_between_products()` makes the OpenMP threads
+sleep after each product instead of spinning, for a block where other Python threads want the cores.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes as C
 import os
 import threading
-from typing import Dict, Optional, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -365,6 +367,26 @@ class Weights:
                 _lib.dnnl_memory_destroy(self._scale_mem)
             if hasattr(self, "_first"):
                 _lib.dnnl_memory_desc_destroy(self._first[0])
+
+
+@contextlib.contextmanager
+def workers_sleep_between_products() -> Iterator[Optional[int]]:
+    """Within the block, the OpenMP threads of the products this thread starts sleep as soon as a product ends
+    (`kmp_set_blocktime(0)` of paddle's libiomp5, this thread's setting; restored after the block). By default
+    (KMP_BLOCKTIME 200 ms) they spin between products, on the cores where the decode step's attention and sampling
+    split their numpy work between Python threads: measured on two Zen 4 cores, a step's attention over 100 rows
+    of ~300 slots split in two took 32-38 s of a GSM8K evaluation's decode with spinning threads, 24-25 s without,
+    and 34-35 s unsplit (docs/PERFORMANCE.md, "Generation"). Yields the previous blocktime (ms), or None where
+    oneDNN did not load (nothing is changed then)."""
+    if _omp is None and not available()[0]:
+        yield None
+        return
+    previous = _omp.kmp_get_blocktime()
+    _omp.kmp_set_blocktime(0)
+    try:
+        yield previous
+    finally:
+        _omp.kmp_set_blocktime(previous)
 
 
 def isa() -> str:

@@ -67,6 +67,16 @@ class PromptGroups:
         full = P * width == N
         return PromptGroups(P, width, prompt, place, None if full else prompt * width + place)
 
+    def part(self, a: int, b: int) -> tuple[int, int, "PromptGroups"]:
+        """The prompts a..b-1: (their first row, the row after their last, their groups) at this `width`, so that the
+        part's products have the whole's shapes per prompt (decode_attention.py splits a step over threads so)."""
+        if (a, b) == (0, self.prompts):
+            return 0, len(self.prompt), self
+        r0, r1 = (int(r) for r in np.searchsorted(self.prompt, [a, b]))
+        prompt, place = self.prompt[r0:r1] - a, self.place[r0:r1]
+        full = (b - a) * self.width == r1 - r0
+        return r0, r1, PromptGroups(b - a, self.width, prompt, place, None if full else prompt * self.width + place)
+
     def keep(self, rows: np.ndarray) -> tuple["PromptGroups", np.ndarray]:
         """The groups of the rows `rows` (increasing indices into the current rows) and the prompts they still use
         (increasing indices into the current prefixes)."""

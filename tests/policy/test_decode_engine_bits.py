@@ -5,7 +5,8 @@ reference, verbatim from commit 33c1044):
   probabilities or of p.v, the prefix mask added in place, the suffix's all-zero mask skipped when the engine says
   so);
 - policy/decode_engine.py: a step's keys and values written through a basic index while every row writes the same
-  slot, and the suffix mask checked once a step.
+  slot, and the suffix mask checked once a step; dropped rows' caches compacted in place (`compact_rows`), where
+  the reference copies the kept rows into new arrays.
 
 No tolerance: each product is the same BLAS or oneDNN call on the same operands and each elementwise operation the
 same, so the outputs must be equal to the last bit (`assert_array_equal` on the bytes' values, -0.0 == 0.0 aside,
@@ -63,7 +64,18 @@ def reference_attention(q, prefix, suffix, mask, groups):
 
 class ReferenceEngine(decode_engine.DecodeEngine):
     """DecodeEngine with commit 33c1044's step (per-row index writes, the whole mask added every layer, the
-    reference attention)."""
+    reference attention) and commit ec3acfc's keep_rows (the kept rows' caches copied into new arrays)."""
+
+    def keep_rows(self, rows):
+        rows = np.asarray(rows, dtype=np.int64)
+        self.cache = [(kc[rows], vc[rows]) for kc, vc in self.cache]  # fancy indexing copies
+        if self.prefix is not None:  # the prompts no kept row uses are let go
+            self.groups, used = self.groups.keep(rows)
+            if len(used) < len(self.prefix[0][0]):
+                self.prefix = [(kp[used], vp[used]) for kp, vp in self.prefix]
+        self.mask, self.pos, self.write = self.mask[rows], self.pos[rows], self.write[rows]
+        self.N = len(rows)
+        self.rows = np.arange(self.N)
 
     def step_numpy(self, token, keep=None, out=None):
         N, KV, g, d = self.N, self.KV, self.g, self.d
@@ -131,8 +143,9 @@ def prompts(P=3, L=7, seed=3):
 
 @pytest.mark.parametrize("G", [3, 1])
 def test_engine_steps_equal_the_previous_code_bit_for_bit(G):
-    """Prefill, single-turn steps, a drop of rows, then steps with rows idling (multi-turn `keep`): logits equal to
-    the reference engine's at every step (G = 3: the shared prefix; G = 1: the per-row layout)."""
+    """Prefill, steps, two drops of rows, steps with rows idling (multi-turn `keep`, before the drops too, so that
+    the rows have written different numbers of slots when their caches move): logits equal to the reference
+    engine's at every step (G = 3: the shared prefix; G = 1: the per-row layout)."""
     model = make_model("qwen2")
     ids, mask = prompts()
     with paddle.no_grad():
@@ -141,12 +154,12 @@ def test_engine_steps_equal_the_previous_code_bit_for_bit(G):
         np.testing.assert_array_equal(new.prefill(ids, mask, G, 12), old.prefill(ids, mask, G, 12))
         rng = np.random.default_rng(0)
         for t in range(11):
-            if t == 4:  # single-turn drops finished rows
+            if t in (4, 8):  # single-turn drops finished rows (the cache compacted in place, the reference copies)
                 rows = np.flatnonzero(rng.random(new.N) < 0.7)
                 new.keep_rows(rows)
                 old.keep_rows(rows)
             token = rng.integers(3, V, size=new.N)
-            keep = None if t < 7 else rng.random(new.N) < 0.6
+            keep = None if t < 2 or t in (4, 5, 6) else rng.random(new.N) < 0.6
             got, want = new.step_numpy(token, keep), old.step_numpy(token, keep)
             np.testing.assert_array_equal(got, want)
             assert np.isfinite(got).all()
@@ -163,3 +176,27 @@ def test_a_rollout_equals_the_previous_code_bit_for_bit(monkeypatch):
     old = generate(model, ids, mask, **kw)
     np.testing.assert_array_equal(new.completion_ids.numpy(), old.completion_ids.numpy())
     np.testing.assert_array_equal(new.sample_logprobs.numpy(), old.sample_logprobs.numpy())
+
+
+@pytest.mark.parametrize("rows", [[0, 1, 2, 3, 4, 5], [1, 3, 4], [0, 2, 5], [5], []])
+def test_compact_rows_is_fancy_indexing_over_the_filled_slots(rows):
+    """compact_rows against numpy's copy `cache[rows]`: equal over the filled slots, the other slots untouched in
+    the moved rows (zeros there, as in a fresh cache), and the result a view of the same memory."""
+    rng = np.random.default_rng(1)
+    cache = np.zeros((6, 2, 9, 4), np.float32)
+    cache[:, :, :5] = rng.standard_normal((6, 2, 5, 4), dtype=np.float32)  # 5 slots filled
+    want = cache[np.asarray(rows, dtype=np.int64)]
+    got = decode_engine.compact_rows(cache, np.asarray(rows, dtype=np.int64), 5)
+    np.testing.assert_array_equal(got, want)
+    assert got.shape == (len(rows), 2, 9, 4) and (np.shares_memory(got, cache) or not rows)
+
+
+def test_keep_rows_refuses_rows_out_of_order():
+    model = make_model("qwen2")
+    ids, mask = prompts()
+    with paddle.no_grad():
+        engine = decode_engine.DecodeEngine(fast_decoder.FastDecoder(model))
+        engine.prefill(ids, mask, 2, 4)
+        for rows in ([2, 1], [0, 0, 3], [1, 6]):
+            with pytest.raises(ValueError, match=r"keep_rows takes increasing indices into the 6 current rows"):
+                engine.keep_rows(np.asarray(rows))

@@ -1,6 +1,6 @@
 """The Generation numbers docs/PERFORMANCE.md and README.md quote, recomputed from the committed result files
-(docs/results/bench_generation_zen4*.jsonl, gsm8k_eval_speed.json): a number edited by hand, or a result file
-replaced without the text, fails here."""
+(docs/results/bench_generation_zen4*.jsonl, generation_*_zen4*.jsonl, gsm8k_eval_speed.json): a number edited by
+hand, or a result file replaced without the text, fails here."""
 import json
 
 import pytest
@@ -91,3 +91,22 @@ def test_the_third_sittings_table(repo_root, docs):
                        ("transformers.generate", "| Hugging Face `generate` |"), ("llama.cpp", "| llama.cpp, Q4_1 |")):
         row = f"{label} {table[key][0]} | {table[key][1]} |"
         assert row in doc, row
+
+
+def test_the_long_context_tables(repo_root, docs):
+    """'Long contexts': each cell lists the rounds' seconds of bench_generation.py for that code and configuration
+    (docs/results/generation_split_zen4.jsonl), and the GSM8K rows are the runs of gsm8k_eval_speed.json."""
+    rows = lines(repo_root, "docs/results/generation_split_zen4.jsonl")
+    doc = docs["docs/PERFORMANCE.md"]
+    for sitting, codes in (("first", ("before", "after", "after_nosplit")), ("confirmation", ("before", "shipped"))):
+        for (n, length), threads in (((32, 512), 2), ((32, 128), 2), ((32, 128), 1)):
+            cells = [", ".join(f"{d['seconds']:.2f}" for d in rows if d["tool"] == "paddle_grpo"
+                               and d["sitting"] == sitting and d["code"] == code
+                               and (d["rows"], d["length"], d["threads"]) == (n, length, threads)) for code in codes]
+            if all(cells):
+                row = f"| {n} x {length}, {threads} | " + " | ".join(cells) + " |"
+                assert row in doc, row
+    runs = json.loads((repo_root / "docs/results/gsm8k_eval_speed.json").read_text(encoding="utf-8"))["runs"]
+    t = {(r["code"], r["threads"]): r["generation_s"] for r in runs if r["precision"] == "float32"}
+    for code, label in (("e85c217", "e85c217"), ("compact_split", "rows moved in place, attention split")):
+        assert f"| {label} | {t[(code, 1)]:.0f} | {t[(code, 2)]:.0f} |" in doc, code
