@@ -9,15 +9,15 @@ numpy's OpenBLAS runs through its small-matrix kernel either way; q K^T past 1,2
 sum of d products either way; on that Zen 4 the two orientations gave the same bits, which other BLAS kernels need not
 (tests/policy/test_decode_attention.py bounds the difference).
 
-Threads: a step's attention mostly reads the cache (GSM8K's 100 rows x 3 key-value heads x ~300 slots: 1.4 GB a
-step over 30 layers), which one core does at ~8 GB/s here. With several threads (numpy_kernels.threads()) and at
-least SPLIT_FROM slots read per layer, the rows (per-row layout) or whole prompts (shared prefix, each part's groups
-at the whole's width) are split over numpy_kernels.parallel_ranges, whose threads run numpy's loops without the GIL.
-Each part runs the same products on the same operands per row or prompt as the whole would (numpy's batched matmul
-is one BLAS call per matrix) and the same softmax per row: the same bits at any thread count. Below SPLIT_FROM (a
-32-row rollout of 128 tokens after 47-token prompts reads 7,000 slots a layer on average, 13,400 at most) a layer's
-attention is a dozen numpy calls of 10-100 us, and two Python threads handing the GIL to each other between them
-made it slower (3.2 s a rollout against 2.1). The engine runs the steps whose attention splits under onednn.workers_sleep_between_products(),
+Threads: a step's attention mostly reads the cache (GSM8K's 100 rows x 3 key-value heads x ~300 slots: 1.4 GB a step
+over 30 layers), which one core does at ~8 GB/s here. With several threads (numpy_kernels.threads()) and at least
+SPLIT_FROM slots read per layer, the rows (per-row layout) or whole prompts (shared prefix, each part's groups at the
+whole's width) are split over numpy_kernels.parallel_ranges, whose threads run numpy's loops without the GIL. Each part
+runs the same products on the same operands per row or prompt as the whole would (numpy's batched matmul is one BLAS
+call per matrix) and the same softmax per row: the same bits at any thread count. Below SPLIT_FROM (a 32-row rollout of
+128 tokens after 47-token prompts reads 7,000 slots a layer on average, 13,400 at most) a layer's attention is a dozen
+numpy calls of 10-100 us, and two Python threads handing the GIL to each other between them made it slower (3.2 s a
+rollout against 2.1). The engine runs the steps whose attention splits under onednn.workers_sleep_between_products(),
 without which paddle's spinning OpenMP threads took the second core from the split; the others as before (with the
 workers put to sleep after every product, a 32 x 128 rollout at two threads took ~1 s longer: docs/PERFORMANCE.md,
 "Generation").
