@@ -376,8 +376,8 @@ def workers_sleep_between_products() -> Iterator[Optional[int]]:
     (KMP_BLOCKTIME 200 ms) they spin between products, on the cores where the decode step's attention and sampling
     split their numpy work between Python threads: measured on two Zen 4 cores, the attention of 256 decode steps
     of 100 GSM8K prompts, split in two, took 32-38 s with spinning threads, 24-25 s without, and 34-35 s unsplit
-    (docs/PERFORMANCE.md, "Generation"). Yields the previous blocktime (ms), or None where
-    oneDNN did not load (nothing is changed then)."""
+    (docs/PERFORMANCE.md, "Generation"). Yields the previous blocktime (ms), or None where oneDNN did not load
+    (nothing is changed then)."""
     if _omp is None and not available()[0]:
         yield None
         return

@@ -183,7 +183,7 @@ class DecodeEngine:
         (rollout.decode), which costs the remaining rows nothing but their products' rounding (another row count
         M)."""
         rows = np.asarray(rows, dtype=np.int64)
-        if (np.diff(rows) <= 0).any() or (len(rows) and not 0 <= rows[0] <= rows[-1] < self.N):
+        if (np.diff(rows) <= 0).any() or (len(rows) and not (rows[0] >= 0 and rows[-1] < self.N)):
             raise ValueError(f"keep_rows takes increasing indices into the {self.N} current rows, got {rows.tolist()}")
         # Every key a row's mask lets through lies before max(write) (an idle row's hidden write lands at its own
         # write position): only those slots move.

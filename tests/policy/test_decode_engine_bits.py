@@ -197,6 +197,6 @@ def test_keep_rows_refuses_rows_out_of_order():
     with paddle.no_grad():
         engine = decode_engine.DecodeEngine(fast_decoder.FastDecoder(model))
         engine.prefill(ids, mask, 2, 4)
-        for rows in ([2, 1], [0, 0, 3], [1, 6]):
+        for rows in ([2, 1], [0, 0, 3], [1, 6], [-1, 2]):
             with pytest.raises(ValueError, match=r"keep_rows takes increasing indices into the 6 current rows"):
                 engine.keep_rows(np.asarray(rows))
